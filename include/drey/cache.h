@@ -1,0 +1,36 @@
+/*
+ * cache — the drey.cache.v1.Cache service.
+ *
+ * Maps each RPC onto the store. Reads run on the completion-queue thread
+ * against the sharded table. Writes are handler `apply` functions: a
+ * deterministic state transition of (store, request, now), so the request
+ * chain can run them after the journal append and recovery can replay them.
+ *
+ * The service also runs the active expiry cycle (Redis's activeExpireCycle):
+ * every interval it frees expired entries nobody reads, using at most a
+ * quarter of the interval.
+ */
+#ifndef DREY_CACHE_H
+#define DREY_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "drey/server.h"
+#include "drey/store.h"
+
+typedef struct drey_cache drey_cache;
+
+drey_cache *drey_cache_create(drey_store *store);
+void drey_cache_destroy(drey_cache *c);
+
+bool drey_cache_register(drey_cache *c, drey_server *s);
+
+/* Starts and stops the expiry thread. */
+void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms);
+void drey_cache_stop_expiry(drey_cache *c);
+
+/* One expiry cycle at now_ms within budget_ns; returns entries freed. */
+uint64_t drey_cache_expire_cycle(drey_cache *c, int64_t now_ms, int64_t budget_ns);
+
+#endif

@@ -1,0 +1,50 @@
+/*
+ * config — every setting of dreyd, from one option table.
+ *
+ * Each option is a command-line flag (--max-key-bytes=1024) and an
+ * environment variable with the same name (DREY_MAX_KEY_BYTES=1024); a flag
+ * wins over the environment, which wins over the default. `dreyd --help`
+ * prints the table and `dreyd --help-markdown` prints the README's option
+ * table, which a test keeps in step.
+ */
+#ifndef DREY_CONFIG_H
+#define DREY_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct drey_config {
+    char *listen;                   /* host:port of the gRPC listener */
+    int64_t workers;                /* completion-queue threads; 0 = one per CPU */
+    int64_t max_recv_message_bytes; /* larger requests: RESOURCE_EXHAUSTED */
+    int64_t max_cache_name_bytes;   /* cache (namespace) name length limit */
+    int64_t max_key_bytes;          /* key length limit */
+    int64_t max_value_bytes;        /* encoded value size limit */
+    int64_t max_batch;              /* keys or entries per GetMany/SetMany */
+    int64_t drain_grace_ms;         /* NOT_SERVING before refusing new calls */
+    int64_t shutdown_timeout_ms;    /* wait for in-flight calls, then cancel */
+    int64_t expiry_sweep_interval_ms; /* active expiry cycle period */
+    char *log_level;                /* debug, info, warn, error */
+} drey_config;
+
+/* Fills cfg with the defaults of the option table. */
+void drey_config_defaults(drey_config *cfg);
+
+/* Applies DREY_* variables from envp, then argv[first..argc). Writes a clear
+ * message to err and returns false on an unknown option or a bad value.
+ * Sets *help when --help was given and *help_markdown for --help-markdown. */
+bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err, bool *help,
+                       bool *help_markdown);
+
+void drey_config_free(drey_config *cfg);
+
+void drey_config_print_help(FILE *out);
+void drey_config_print_markdown(FILE *out);
+
+/* "64MiB", "4k", "1024" -> bytes; "250ms", "5s", "2m", "1h", "100" (ms) -> ms. */
+bool drey_config_parse_bytes(const char *s, int64_t *out);
+bool drey_config_parse_duration_ms(const char *s, int64_t *out);
+
+#endif

@@ -1,0 +1,75 @@
+/*
+ * pipeline — the request chain every unary request passes.
+ *
+ *   decode -> validate -> ... -> apply
+ *
+ * The chain is a table of stages (src/pipeline/pipeline.c), read top to
+ * bottom. A stage passes the request on, rejects it with a status (nothing
+ * after it runs, and nothing it did stays), or parks it and resumes the chain
+ * later with drey_pipeline_resume(). Each stage says which methods it applies
+ * to by handler flags.
+ */
+#ifndef DREY_PIPELINE_H
+#define DREY_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/server.h"
+#include "drey/status.h"
+
+typedef struct drey_pipeline drey_pipeline;
+
+/* Limits the validation stage enforces (see the option table). */
+typedef struct drey_limits {
+    size_t max_cache_name_bytes;
+    size_t max_key_bytes;
+    size_t max_value_bytes;
+    size_t max_batch;
+} drey_limits;
+
+#define DREY_MAX_REQUEST_ID_BYTES 128
+#define DREY_MAX_TTL_MS ((int64_t)100 * 366 * 24 * 3600 * 1000)
+
+typedef struct drey_pipeline_options {
+    drey_limits limits;
+} drey_pipeline_options;
+
+typedef struct drey_request {
+    drey_call *call;
+    const drey_method *method;
+    const ProtobufCMessage *msg;
+    drey_pipeline *pipeline;
+    size_t next_stage;   /* index into the chain */
+    int64_t now_ms;      /* when the request is applied */
+    drey_status *status; /* set by a rejecting stage */
+} drey_request;
+
+typedef enum drey_stage_result {
+    DREY_STAGE_NEXT,   /* pass to the next stage */
+    DREY_STAGE_REJECT, /* r->status says why; the call fails */
+    DREY_STAGE_PARKED, /* the stage resumes the chain later */
+} drey_stage_result;
+
+drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
+void drey_pipeline_destroy(drey_pipeline *p);
+
+/* The server's dispatch function (drey_server_set_dispatch). */
+void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMessage *request);
+
+/* Continues a parked request with the stage after the one that parked it. */
+void drey_pipeline_resume(drey_request *r);
+
+/* The validation stage's checks, exposed for unit tests: validates a decoded
+ * request (and its wire bytes, for what protobuf-c does not check) and
+ * records violations in st. Returns true when the request is valid. */
+bool drey_validate_request(const drey_limits *lim, const ProtobufCMessage *msg, const uint8_t *wire, size_t wire_len,
+                           drey_arena *arena, drey_status *st);
+
+/* Key, cache name and UTF-8 rules, shared with clients' tests. */
+bool drey_validate_utf8(const uint8_t *s, size_t n);
+bool drey_validate_key(const char *key, size_t len, size_t max_len);
+bool drey_validate_cache_name(const char *name, size_t len, size_t max_len);
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * store — the sharded in-memory table.
+ *
+ * 256 shards, each a chained hash table behind its own rwlock: a read locks
+ * one shard for reading, so reads never wait behind writes to other shards
+ * and there is no global lock on the read path. An entry is one allocation
+ * holding its header, cache name, key and value.
+ *
+ * Expiry is absolute wall-clock milliseconds (0 = never). Every operation is
+ * given `now_ms`; an entry with expires_at_ms <= now_ms is invisible to it.
+ * drey_store_sweep() frees expired entries nobody reads.
+ *
+ * Writes go through a transaction that write-locks the shards of all its keys
+ * in ascending order, so a batch is applied atomically and two batches never
+ * deadlock.
+ */
+#ifndef DREY_STORE_H
+#define DREY_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DREY_STORE_SHARDS 256
+
+/* Value kinds; the numbers are drey.cache.v1.Value's oneof field numbers. */
+typedef enum drey_value_kind {
+    DREY_VALUE_BYTES = 1,
+    DREY_VALUE_STRING = 2,
+    DREY_VALUE_INT64 = 3,
+    DREY_VALUE_DOUBLE = 4,
+    DREY_VALUE_BOOL = 5,
+    DREY_VALUE_JSON = 6, /* a serialized google.protobuf.Struct */
+    DREY_VALUE_NULL = 7,
+} drey_value_kind;
+
+/* A value as stored: int64 and double as 8 little-endian bytes, bool as one
+ * byte, null as none. */
+typedef struct drey_value {
+    drey_value_kind kind;
+    const uint8_t *data;
+    uint32_t len;
+} drey_value;
+
+typedef struct drey_key {
+    const char *cache; /* "" is the default cache */
+    size_t cache_len;
+    const char *key;
+    size_t key_len;
+    uint64_t hash;     /* set by drey_store_key() */
+} drey_key;
+
+/* What a reader sees of a live entry; pointers are valid only while the
+ * shard is locked (inside the callback or the transaction). */
+typedef struct drey_entry_view {
+    drey_value value;
+    uint64_t version;
+    int64_t expires_at_ms; /* 0 = never */
+} drey_entry_view;
+
+typedef struct drey_store drey_store;
+
+typedef struct drey_store_stats {
+    uint64_t entries;       /* including expired entries not yet swept */
+    uint64_t bytes;         /* accounted bytes, see drey_store_entry_bytes() */
+    uint64_t buckets;       /* hash slots across shards */
+    uint64_t expired_swept; /* entries freed by the expiry sweep, ever */
+} drey_store_stats;
+
+drey_store *drey_store_create(void);
+void drey_store_destroy(drey_store *s);
+
+/* Normalizes the cache name ("default" and "" are the same cache) and hashes
+ * the key with the store's random seed (hash flooding needs the seed). */
+void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
+                    size_t key_len);
+
+/* Bytes accounted for an entry: its allocation plus its share of the bucket
+ * array. The same figure is added on insert and removed on delete, so the
+ * total is exact. */
+size_t drey_store_entry_bytes(size_t cache_len, size_t key_len, size_t value_len);
+
+/* Calls fn under the shard's read lock if the key is live; returns found. */
+bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
+                     void (*fn)(void *arg, const drey_entry_view *e), void *arg);
+
+/* Versions: increasing per node, never reused. */
+uint64_t drey_store_next_version(drey_store *s);
+uint64_t drey_store_last_version(const drey_store *s);
+void drey_store_raise_version(drey_store *s, uint64_t at_least);
+
+typedef struct drey_store_txn {
+    drey_store *store;
+    uint64_t locked[DREY_STORE_SHARDS / 64]; /* bitmap of write-locked shards */
+} drey_store_txn;
+
+void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n);
+void drey_store_txn_end(drey_store_txn *t);
+
+/* The live entry, or false. An expired entry found here is freed. */
+bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, drey_entry_view *out);
+/* Inserts or replaces; v may point into the entry it replaces. */
+void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *v, int64_t expires_at_ms,
+                        uint64_t version);
+/* Changes the expiry of an existing entry; false if there is none. */
+bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t expires_at_ms);
+bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k);
+
+/* One active-expiry step (Redis's active expire cycle): walks up to
+ * `max_buckets` buckets from a rotating cursor, freeing expired entries.
+ * Returns how many entries it examined; *expired is incremented by how
+ * many it freed. */
+size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired);
+
+void drey_store_get_stats(drey_store *s, drey_store_stats *out);
+
+#endif

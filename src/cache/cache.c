@@ -1,0 +1,529 @@
+/*
+ * cache — drey.cache.v1.Cache handlers; see include/drey/cache.h.
+ *
+ * Conditions (if_version) compare against the live entry's version, where an
+ * absent key has version 0: if_version 0 means "only if absent". Versions come
+ * from the store's counter and are consumed only by writes that change a
+ * value; Touch and Persist change the expiry and keep the version.
+ */
+#include "drey/cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/cache/v1/cache.pb-c.h"
+#include "drey/clock.h"
+#include "drey/log.h"
+#include "value.h"
+
+struct drey_cache {
+    drey_store *store;
+    pthread_t expiry_thread;
+    bool expiry_running;
+    int64_t expiry_interval_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool stopping;
+};
+
+static drey_store *store_of(void *ctx) {
+    return ((drey_cache *)ctx)->store;
+}
+
+static void make_key(drey_store *s, drey_key *k, const char *cache, const char *key) {
+    drey_store_key(s, k, cache, strlen(cache), key, strlen(key));
+}
+
+static bool condition_holds(bool live, const drey_entry_view *e, bool has_condition, uint64_t if_version) {
+    if (!has_condition)
+        return true;
+    return live ? e->version == if_version : if_version == 0;
+}
+
+static void *version_mismatch(drey_apply *ax, bool live, const drey_entry_view *e) {
+    drey_status_set(ax->status, DREY_ERR_VERSION_MISMATCH);
+    drey_status_add_metadata(ax->status, "currentVersion", "%llu", live ? (unsigned long long)e->version : 0ULL);
+    return NULL;
+}
+
+/* --- reads ---------------------------------------------------------------- */
+
+typedef struct read_out {
+    drey_arena *arena;
+    Drey__Cache__V1__Value *value;
+    uint64_t version;
+    int64_t expires_at_ms;
+} read_out;
+
+static void copy_out(void *arg, const drey_entry_view *e) {
+    read_out *o = arg;
+    o->value = drey_cache__value_out(o->arena, &e->value);
+    o->version = e->version;
+    o->expires_at_ms = e->expires_at_ms;
+}
+
+static void handle_get(drey_call *call, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__GetRequest *req = (const void *)msg;
+    drey_store *s = store_of(drey_call_service_ctx(call));
+    drey_arena *a = drey_call_arena(call);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    read_out o = {.arena = a};
+    Drey__Cache__V1__GetResponse resp = DREY__CACHE__V1__GET_RESPONSE__INIT;
+    if (drey_store_read(s, &k, drey_wall_ms(), copy_out, &o)) {
+        resp.found = true;
+        resp.value = o.value;
+        resp.version = o.version;
+        resp.expires_at = drey_cache__timestamp(a, o.expires_at_ms);
+    }
+    drey_call_reply(call, &resp.base);
+}
+
+static void handle_get_many(drey_call *call, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__GetManyRequest *req = (const void *)msg;
+    drey_store *s = store_of(drey_call_service_ctx(call));
+    drey_arena *a = drey_call_arena(call);
+    int64_t now = drey_wall_ms();
+    Drey__Cache__V1__GetManyResponse resp = DREY__CACHE__V1__GET_MANY_RESPONSE__INIT;
+    resp.n_results = req->n_keys;
+    resp.results = drey_arena_alloc(a, (req->n_keys ? req->n_keys : 1) * sizeof *resp.results);
+    for (size_t i = 0; i < req->n_keys; i++) {
+        Drey__Cache__V1__GetManyResponse__Result *r = drey_arena_alloc(a, sizeof *r);
+        drey__cache__v1__get_many_response__result__init(r);
+        r->key = req->keys[i];
+        drey_key k;
+        make_key(s, &k, req->cache, req->keys[i]);
+        read_out o = {.arena = a};
+        if (drey_store_read(s, &k, now, copy_out, &o)) {
+            r->found = true;
+            r->value = o.value;
+            r->version = o.version;
+            r->expires_at = drey_cache__timestamp(a, o.expires_at_ms);
+        }
+        resp.results[i] = r;
+    }
+    drey_call_reply(call, &resp.base);
+}
+
+static void copy_expiry(void *arg, const drey_entry_view *e) {
+    read_out *o = arg;
+    o->version = e->version;
+    o->expires_at_ms = e->expires_at_ms;
+}
+
+static void handle_get_expiration(drey_call *call, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__GetExpirationRequest *req = (const void *)msg;
+    drey_store *s = store_of(drey_call_service_ctx(call));
+    drey_arena *a = drey_call_arena(call);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    read_out o = {.arena = a};
+    int64_t now = drey_wall_ms();
+    Drey__Cache__V1__GetExpirationResponse resp = DREY__CACHE__V1__GET_EXPIRATION_RESPONSE__INIT;
+    if (drey_store_read(s, &k, now, copy_expiry, &o)) {
+        resp.found = true;
+        if (o.expires_at_ms != 0) {
+            resp.has_expiration = true;
+            resp.expires_at = drey_cache__timestamp(a, o.expires_at_ms);
+            resp.remaining = drey_cache__duration(a, o.expires_at_ms - now);
+        }
+    }
+    drey_call_reply(call, &resp.base);
+}
+
+/* --- writes --------------------------------------------------------------- */
+
+static ProtobufCMessage *apply_set(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__SetRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
+    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__SET_REQUEST__CONDITION_IF_VERSION,
+                         req->if_version)) {
+        drey_store_txn_end(&t);
+        return version_mismatch(ax, live, &e);
+    }
+    drey_cache__expiry ex = {
+        .ttl = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
+        .expires_at = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_EXPIRES_AT ? req->expires_at
+                                                                                                   : NULL,
+        .persist = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_PERSIST,
+    };
+    int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, live ? e.expires_at_ms : 0);
+    drey_value v;
+    drey_cache__value_in(req->value, ax->arena, &v);
+    Drey__Cache__V1__SetResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__set_response__init(resp);
+    resp->version = drey_store_next_version(s);
+    drey_store_txn_put(&t, &k, &v, expires, resp->version);
+    drey_store_txn_end(&t);
+    resp->expires_at = drey_cache__timestamp(ax->arena, expires);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_set_many(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__SetManyRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    size_t n = req->n_entries;
+    drey_key *keys = drey_arena_alloc(ax->arena, (n ? n : 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++)
+        make_key(s, &keys[i], req->cache, req->entries[i]->key);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, keys, n);
+    /* Every condition first: the batch applies whole or not at all. The
+     * entries' keys are distinct (validation), so checks don't interact. */
+    int64_t *keep = drey_arena_alloc(ax->arena, (n ? n : 1) * sizeof *keep);
+    for (size_t i = 0; i < n; i++) {
+        const Drey__Cache__V1__SetManyRequest__Entry *en = req->entries[i];
+        drey_entry_view e;
+        bool live = drey_store_txn_get(&t, &keys[i], ax->now_ms, &e);
+        keep[i] = live ? e.expires_at_ms : 0;
+        if (!condition_holds(live, &e,
+                             en->condition_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__CONDITION_IF_VERSION,
+                             en->if_version)) {
+            drey_store_txn_end(&t);
+            drey_status_add_metadata(ax->status, "entryIndex", "%zu", i);
+            return version_mismatch(ax, live, &e);
+        }
+    }
+    Drey__Cache__V1__SetManyResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__set_many_response__init(resp);
+    resp->n_results = n;
+    resp->results = drey_arena_alloc(ax->arena, (n ? n : 1) * sizeof *resp->results);
+    for (size_t i = 0; i < n; i++) {
+        const Drey__Cache__V1__SetManyRequest__Entry *en = req->entries[i];
+        drey_cache__expiry ex = {
+            .ttl = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_TTL ? en->ttl : NULL,
+            .expires_at = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_EXPIRES_AT
+                              ? en->expires_at
+                              : NULL,
+            .persist = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_PERSIST,
+        };
+        int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, keep[i]);
+        drey_value v;
+        drey_cache__value_in(en->value, ax->arena, &v);
+        Drey__Cache__V1__SetResponse *r = drey_arena_alloc(ax->arena, sizeof *r);
+        drey__cache__v1__set_response__init(r);
+        r->version = drey_store_next_version(s);
+        drey_store_txn_put(&t, &keys[i], &v, expires, r->version);
+        r->expires_at = drey_cache__timestamp(ax->arena, expires);
+        resp->results[i] = r;
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_add(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__AddRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    Drey__Cache__V1__AddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__add_response__init(resp);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
+        resp->version = e.version;
+        resp->current_value = drey_cache__value_out(ax->arena, &e.value);
+        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+    } else {
+        drey_cache__expiry ex = {
+            .ttl = req->expiration_case == DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
+            .expires_at = req->expiration_case == DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_EXPIRES_AT
+                              ? req->expires_at
+                              : NULL,
+        };
+        int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
+        drey_value v;
+        drey_cache__value_in(req->value, ax->arena, &v);
+        resp->added = true;
+        resp->version = drey_store_next_version(s);
+        drey_store_txn_put(&t, &k, &v, expires, resp->version);
+        resp->expires_at = drey_cache__timestamp(ax->arena, expires);
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_update(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
+    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__UPDATE_REQUEST__CONDITION_IF_VERSION,
+                         req->if_version)) {
+        drey_store_txn_end(&t);
+        return version_mismatch(ax, live, &e);
+    }
+    Drey__Cache__V1__UpdateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__update_response__init(resp);
+    if (live) {
+        drey_value v;
+        drey_cache__value_in(req->value, ax->arena, &v);
+        resp->updated = true;
+        resp->version = drey_store_next_version(s);
+        drey_store_txn_put(&t, &k, &v, e.expires_at_ms, resp->version);
+        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_get_or_add(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    Drey__Cache__V1__GetOrAddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__get_or_add_response__init(resp);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
+        resp->value = drey_cache__value_out(ax->arena, &e.value);
+        resp->version = e.version;
+        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+    } else {
+        drey_cache__expiry ex = {
+            .ttl = req->expiration_case == DREY__CACHE__V1__GET_OR_ADD_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
+            .expires_at = req->expiration_case == DREY__CACHE__V1__GET_OR_ADD_REQUEST__EXPIRATION_EXPIRES_AT
+                              ? req->expires_at
+                              : NULL,
+        };
+        int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
+        drey_value v;
+        drey_cache__value_in(req->value, ax->arena, &v);
+        resp->added = true;
+        resp->value = req->value;
+        resp->version = drey_store_next_version(s);
+        drey_store_txn_put(&t, &k, &v, expires, resp->version);
+        resp->expires_at = drey_cache__timestamp(ax->arena, expires);
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_remove(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__RemoveRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
+    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__REMOVE_REQUEST__CONDITION_IF_VERSION,
+                         req->if_version)) {
+        drey_store_txn_end(&t);
+        return version_mismatch(ax, live, &e);
+    }
+    Drey__Cache__V1__RemoveResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__remove_response__init(resp);
+    if (live) {
+        resp->removed = true;
+        resp->version = e.version;
+        if (req->return_previous)
+            resp->previous = drey_cache__value_out(ax->arena, &e.value); /* copy before the entry goes */
+        drey_store_txn_remove(&t, &k);
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_touch(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__TouchRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    Drey__Cache__V1__TouchResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__touch_response__init(resp);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
+        drey_cache__expiry ex = {.ttl = req->ttl};
+        int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
+        drey_store_txn_set_expiry(&t, &k, expires);
+        resp->found = true;
+        resp->version = e.version;
+        resp->expires_at = drey_cache__timestamp(ax->arena, expires);
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_persist(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__PersistRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    Drey__Cache__V1__PersistResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__persist_response__init(resp);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
+        resp->version = e.version;
+        if (e.expires_at_ms != 0) {
+            drey_store_txn_set_expiry(&t, &k, 0);
+            resp->found = true;
+        }
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__IncrementRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_key k;
+    make_key(s, &k, req->cache, req->key);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_entry_view e;
+    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
+    int64_t base = req->initial, expires;
+    if (live) {
+        if (e.value.kind != DREY_VALUE_INT64) {
+            drey_store_txn_end(&t);
+            drey_status_set(ax->status, DREY_ERR_NOT_AN_INTEGER);
+            return NULL;
+        }
+        base = drey_cache__int64_of(&e.value);
+        expires = e.expires_at_ms;
+    } else {
+        drey_cache__expiry ex = {
+            .ttl = req->expiration_case == DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
+            .expires_at = req->expiration_case == DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_EXPIRES_AT
+                              ? req->expires_at
+                              : NULL,
+        };
+        expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
+    }
+    int64_t result;
+    if (__builtin_add_overflow(base, req->delta, &result)) {
+        drey_store_txn_end(&t);
+        drey_status_set(ax->status, DREY_ERR_INTEGER_OVERFLOW);
+        return NULL;
+    }
+    uint8_t buf[8];
+    drey_value v;
+    drey_cache__int64_value(result, buf, &v);
+    Drey__Cache__V1__IncrementResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__increment_response__init(resp);
+    resp->value = result;
+    resp->created = !live;
+    resp->version = drey_store_next_version(s);
+    drey_store_txn_put(&t, &k, &v, expires, resp->version);
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static const drey_handler handlers[] = {
+    {.name = "Get", .flags = DREY_HANDLER_READ, .unary = handle_get},
+    {.name = "GetMany", .flags = DREY_HANDLER_READ, .unary = handle_get_many},
+    {.name = "GetExpiration", .flags = DREY_HANDLER_READ, .unary = handle_get_expiration},
+    {.name = "Set", .flags = DREY_HANDLER_WRITE, .apply = apply_set},
+    {.name = "SetMany", .flags = DREY_HANDLER_WRITE, .apply = apply_set_many},
+    {.name = "Add", .flags = DREY_HANDLER_WRITE, .apply = apply_add},
+    {.name = "Update", .flags = DREY_HANDLER_WRITE, .apply = apply_update},
+    {.name = "GetOrAdd", .flags = DREY_HANDLER_WRITE, .apply = apply_get_or_add},
+    {.name = "Remove", .flags = DREY_HANDLER_WRITE, .apply = apply_remove},
+    {.name = "Touch", .flags = DREY_HANDLER_WRITE, .apply = apply_touch},
+    {.name = "Persist", .flags = DREY_HANDLER_WRITE, .apply = apply_persist},
+    {.name = "Increment", .flags = DREY_HANDLER_WRITE, .apply = apply_increment},
+};
+
+drey_cache *drey_cache_create(drey_store *store) {
+    drey_cache *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        abort();
+    c->store = store;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    return c;
+}
+
+void drey_cache_destroy(drey_cache *c) {
+    if (c == NULL)
+        return;
+    drey_cache_stop_expiry(c);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cond);
+    free(c);
+}
+
+bool drey_cache_register(drey_cache *c, drey_server *s) {
+    return drey_server_add_service(s, &drey__cache__v1__cache__descriptor, handlers,
+                                   sizeof handlers / sizeof handlers[0], c);
+}
+
+/* --- active expiry -------------------------------------------------------- */
+
+/* Buckets visited per step; small enough that a step holds a shard's write
+ * lock for microseconds. */
+#define EXPIRE_STEP_BUCKETS 64
+/* After each lap over the shards, go on only while more than this share of
+ * the entries examined had expired (Redis uses 10%). */
+#define EXPIRE_CONTINUE_PERCENT 10
+
+uint64_t drey_cache_expire_cycle(drey_cache *c, int64_t now_ms, int64_t budget_ns) {
+    int64_t start = drey_mono_ns();
+    size_t examined = 0, expired = 0;
+    for (size_t steps = 1;; steps++) {
+        examined += drey_store_sweep(c->store, now_ms, EXPIRE_STEP_BUCKETS, &expired);
+        if (drey_mono_ns() - start >= budget_ns)
+            break;
+        if (steps % DREY_STORE_SHARDS == 0 && expired * 100 <= examined * EXPIRE_CONTINUE_PERCENT)
+            break;
+    }
+    return expired;
+}
+
+static void *expiry_main(void *arg) {
+    drey_cache *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping) {
+        pthread_mutex_unlock(&c->mu);
+        drey_cache_expire_cycle(c, drey_wall_ms(), c->expiry_interval_ms * 1000000 / 4);
+        pthread_mutex_lock(&c->mu);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        int64_t ns = until.tv_nsec + (c->expiry_interval_ms % 1000) * 1000000;
+        until.tv_sec += c->expiry_interval_ms / 1000 + ns / 1000000000;
+        until.tv_nsec = ns % 1000000000;
+        if (!c->stopping)
+            pthread_cond_timedwait(&c->cond, &c->mu, &until);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms) {
+    c->expiry_interval_ms = interval_ms;
+    c->stopping = false;
+    if (pthread_create(&c->expiry_thread, NULL, expiry_main, c) != 0)
+        abort();
+    c->expiry_running = true;
+}
+
+void drey_cache_stop_expiry(drey_cache *c) {
+    if (!c->expiry_running)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->stopping = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->expiry_thread, NULL);
+    c->expiry_running = false;
+}

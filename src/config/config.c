@@ -1,0 +1,285 @@
+/*
+ * config — the option table and its parser; see include/drey/config.h.
+ *
+ * The table is the single description of every setting: the parser, --help,
+ * the README table and the environment all read it. Adding a setting is one
+ * field in drey_config plus one row here.
+ */
+#include "drey/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum {
+    OPT_STRING,
+    OPT_INT,
+    OPT_BYTES,
+    OPT_DURATION,
+    OPT_BOOL,
+} opt_type;
+
+typedef struct option {
+    const char *name;     /* flag name; the variable is DREY_ + NAME */
+    opt_type type;
+    size_t offset;        /* field in drey_config */
+    const char *fallback; /* default, in the same syntax a user writes */
+    int64_t min, max;     /* accepted range for numeric types */
+    const char *help;     /* one sentence: what it does and the trade-off */
+} option;
+
+#define FIELD(f) offsetof(drey_config, f)
+#define MIB (1024 * 1024)
+
+static const option options[] = {
+    {"listen", OPT_STRING, FIELD(listen), "127.0.0.1:50051", 0, 0,
+     "Address of the gRPC listener (host:port; port 0 picks a free one)."},
+    {"workers", OPT_INT, FIELD(workers), "0", 0, 256,
+     "Completion-queue threads serving calls; 0 means one per CPU."},
+    {"max-recv-message-bytes", OPT_BYTES, FIELD(max_recv_message_bytes), "8MiB", 1024, INT32_MAX,
+     "Largest request message accepted; larger ones get RESOURCE_EXHAUSTED from the transport."},
+    {"max-cache-name-bytes", OPT_INT, FIELD(max_cache_name_bytes), "128", 1, 255,
+     "Longest cache (namespace) name, in bytes of [A-Za-z0-9._-]."},
+    {"max-key-bytes", OPT_INT, FIELD(max_key_bytes), "1024", 1, 65535,
+     "Longest key, in bytes of UTF-8 without control characters."},
+    {"max-value-bytes", OPT_BYTES, FIELD(max_value_bytes), "4MiB", 1, 64 * MIB,
+     "Largest value (its encoded size); larger ones get INVALID_ARGUMENT PAYLOAD_TOO_LARGE."},
+    {"max-batch", OPT_INT, FIELD(max_batch), "1000", 1, 100000,
+     "Most keys in a GetMany and entries in a SetMany."},
+    {"drain-grace", OPT_DURATION, FIELD(drain_grace_ms), "5s", 0, 3600 * 1000,
+     "On SIGTERM/SIGINT: how long health reports NOT_SERVING while calls are still accepted, so load balancers "
+     "move away first."},
+    {"shutdown-timeout", OPT_DURATION, FIELD(shutdown_timeout_ms), "10s", 0, 3600 * 1000,
+     "After the grace period: how long in-flight calls may run before they are cancelled."},
+    {"expiry-sweep-interval", OPT_DURATION, FIELD(expiry_sweep_interval_ms), "100ms", 1, 60 * 1000,
+     "Period of the active expiry cycle that frees expired entries nobody reads; each cycle uses at most a "
+     "quarter of it."},
+    {"log-level", OPT_STRING, FIELD(log_level), "info", 0, 0, "Least severe log level written: debug, info, warn or error."},
+};
+
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static const char *type_name(opt_type t) {
+    switch (t) {
+    case OPT_STRING: return "string";
+    case OPT_INT: return "int";
+    case OPT_BYTES: return "bytes";
+    case OPT_DURATION: return "duration";
+    case OPT_BOOL: return "bool";
+    }
+    return "?";
+}
+
+bool drey_config_parse_bytes(const char *s, int64_t *out) {
+    errno = 0;
+    char *end;
+    long long n = strtoll(s, &end, 10);
+    if (end == s || errno != 0 || n < 0)
+        return false;
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {
+        {"", 1},           {"b", 1},           {"k", 1000},       {"kb", 1000},      {"kib", 1024},
+        {"m", 1000000},    {"mb", 1000000},    {"mib", 1 << 20},  {"g", 1000000000}, {"gb", 1000000000},
+        {"gib", 1 << 30},  {"ki", 1024},       {"mi", 1 << 20},   {"gi", 1 << 30},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            if (n > INT64_MAX / units[i].mult)
+                return false;
+            *out = n * units[i].mult;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool drey_config_parse_duration_ms(const char *s, int64_t *out) {
+    errno = 0;
+    char *end;
+    long long n = strtoll(s, &end, 10);
+    if (end == s || errno != 0 || n < 0)
+        return false;
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            if (n > INT64_MAX / units[i].mult)
+                return false;
+            *out = n * units[i].mult;
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool parse_bool(const char *s, bool *out) {
+    if (strcmp(s, "true") == 0 || strcmp(s, "1") == 0 || strcmp(s, "yes") == 0) {
+        *out = true;
+        return true;
+    }
+    if (strcmp(s, "false") == 0 || strcmp(s, "0") == 0 || strcmp(s, "no") == 0) {
+        *out = false;
+        return true;
+    }
+    return false;
+}
+
+/* Sets one option from text; `origin` names the flag or variable in errors. */
+static bool set_option(drey_config *cfg, const option *o, const char *value, const char *origin, FILE *err) {
+    char *base = (char *)cfg + o->offset;
+    int64_t n = 0;
+    bool ok = true;
+    switch (o->type) {
+    case OPT_STRING: {
+        char **slot = (char **)(void *)base;
+        free(*slot);
+        *slot = strdup(value);
+        return true;
+    }
+    case OPT_BOOL: {
+        bool b;
+        if (!parse_bool(value, &b)) {
+            fprintf(err, "dreyd: %s: expected true or false\n", origin);
+            return false;
+        }
+        *(bool *)(void *)base = b;
+        return true;
+    }
+    case OPT_INT: {
+        errno = 0;
+        char *end;
+        long long v = strtoll(value, &end, 10);
+        ok = end != value && *end == '\0' && errno == 0;
+        n = v;
+        break;
+    }
+    case OPT_BYTES: ok = drey_config_parse_bytes(value, &n); break;
+    case OPT_DURATION: ok = drey_config_parse_duration_ms(value, &n); break;
+    }
+    if (!ok) {
+        fprintf(err, "dreyd: %s: expected %s, e.g. %s\n", origin, type_name(o->type), o->fallback);
+        return false;
+    }
+    if (n < o->min || n > o->max) {
+        fprintf(err, "dreyd: %s: must be between %lld and %lld\n", origin, (long long)o->min, (long long)o->max);
+        return false;
+    }
+    *(int64_t *)(void *)base = n;
+    return true;
+}
+
+void drey_config_defaults(drey_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (!set_option(cfg, &options[i], options[i].fallback, options[i].name, stderr))
+            abort(); /* a bad default is a bug in the table */
+    }
+}
+
+static const option *find_option(const char *name, size_t len) {
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0)
+            return &options[i];
+    }
+    return NULL;
+}
+
+static void env_name(const option *o, char *buf, size_t cap) {
+    size_t j = (size_t)snprintf(buf, cap, "DREY_");
+    for (const char *p = o->name; *p != '\0' && j + 1 < cap; p++)
+        buf[j++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    buf[j] = '\0';
+}
+
+bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err, bool *help,
+                       bool *help_markdown) {
+    *help = false;
+    *help_markdown = false;
+    for (size_t i = 0; i < N_OPTIONS && envp != NULL; i++) {
+        char var[96];
+        env_name(&options[i], var, sizeof var);
+        size_t vlen = strlen(var);
+        for (char **e = envp; *e != NULL; e++) {
+            if (strncmp(*e, var, vlen) == 0 && (*e)[vlen] == '=' &&
+                !set_option(cfg, &options[i], *e + vlen + 1, var, err))
+                return false;
+        }
+    }
+    for (int i = first; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            *help = true;
+            continue;
+        }
+        if (strcmp(arg, "--help-markdown") == 0) {
+            *help_markdown = true;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(err, "dreyd: unexpected argument (options start with --); see dreyd --help\n");
+            return false;
+        }
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t nlen = eq != NULL ? (size_t)(eq - name) : strlen(name);
+        const option *o = find_option(name, nlen);
+        if (o == NULL) {
+            fprintf(err, "dreyd: unknown option --%.*s; see dreyd --help\n", (int)nlen, name);
+            return false;
+        }
+        const char *value;
+        if (eq != NULL) {
+            value = eq + 1;
+        } else if (o->type == OPT_BOOL) {
+            value = "true";
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            fprintf(err, "dreyd: --%s needs a value\n", o->name);
+            return false;
+        }
+        char origin[96];
+        snprintf(origin, sizeof origin, "--%s", o->name);
+        if (!set_option(cfg, o, value, origin, err))
+            return false;
+    }
+    return true;
+}
+
+void drey_config_free(drey_config *cfg) {
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (options[i].type == OPT_STRING) {
+            char **slot = (char **)(void *)((char *)cfg + options[i].offset);
+            free(*slot);
+            *slot = NULL;
+        }
+    }
+}
+
+void drey_config_print_help(FILE *out) {
+    fprintf(out, "usage: dreyd [--option=value ...]\n\n"
+                 "Every option can also be set by the environment variable DREY_<NAME>\n"
+                 "(upper case, '-' as '_'); a flag wins over the variable.\n\n");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        char var[96];
+        env_name(&options[i], var, sizeof var);
+        fprintf(out, "  --%s=<%s>  (%s, default %s)\n      %s\n", options[i].name, type_name(options[i].type), var,
+                options[i].fallback, options[i].help);
+    }
+}
+
+void drey_config_print_markdown(FILE *out) {
+    fprintf(out, "| Flag | Environment | Type | Default | Meaning |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        char var[96];
+        env_name(&options[i], var, sizeof var);
+        fprintf(out, "| `--%s` | `%s` | %s | `%s` | %s |\n", options[i].name, var, type_name(options[i].type),
+                options[i].fallback, options[i].help);
+    }
+}

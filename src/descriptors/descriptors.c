@@ -1,0 +1,261 @@
+/*
+ * descriptors — index over a FileDescriptorSet; see include/drey/descriptors.h.
+ *
+ * The set is read twice: once at the wire level, to keep each file's exact
+ * bytes (field 1 of FileDescriptorSet, length-delimited), and once through
+ * protobuf-c, to index symbols. Lookups are binary searches over a sorted
+ * symbol table built at load time.
+ */
+#include "drey/descriptors.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "google/protobuf/descriptor.pb-c.h"
+
+typedef struct symbol {
+    char *name;
+    size_t file;
+} symbol;
+
+typedef struct file_info {
+    const uint8_t *data; /* inside the set */
+    size_t len;
+    size_t *deps;
+    size_t n_deps;
+} file_info;
+
+struct drey_descriptors {
+    Google__Protobuf__FileDescriptorSet *set;
+    file_info *files;
+    size_t n_files;
+    symbol *symbols;
+    size_t n_symbols, cap_symbols;
+    char **services;
+    size_t n_services;
+};
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n == 0 ? 1 : n);
+    if (p == NULL)
+        abort();
+    return p;
+}
+
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static char *join(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = xmalloc(la + lb + 2);
+    if (la == 0) {
+        memcpy(s, b, lb + 1);
+        return s;
+    }
+    memcpy(s, a, la);
+    s[la] = '.';
+    memcpy(s + la + 1, b, lb + 1);
+    return s;
+}
+
+static void add_symbol(drey_descriptors *d, char *name, size_t file) {
+    if (d->n_symbols == d->cap_symbols) {
+        d->cap_symbols = d->cap_symbols ? d->cap_symbols * 2 : 256;
+        d->symbols = realloc(d->symbols, d->cap_symbols * sizeof *d->symbols);
+        if (d->symbols == NULL)
+            abort();
+    }
+    d->symbols[d->n_symbols].name = name;
+    d->symbols[d->n_symbols].file = file;
+    d->n_symbols++;
+}
+
+static void index_enum(drey_descriptors *d, const char *scope, const Google__Protobuf__EnumDescriptorProto *e,
+                       size_t file) {
+    char *name = join(scope, e->name);
+    add_symbol(d, name, file);
+    /* Enum values live in the enum's enclosing scope, as in C++. */
+    for (size_t i = 0; i < e->n_value; i++)
+        add_symbol(d, join(scope, e->value[i]->name), file);
+}
+
+static void index_message(drey_descriptors *d, const char *scope, const Google__Protobuf__DescriptorProto *m,
+                          size_t file) {
+    char *name = join(scope, m->name);
+    add_symbol(d, name, file);
+    for (size_t i = 0; i < m->n_field; i++)
+        add_symbol(d, join(name, m->field[i]->name), file);
+    for (size_t i = 0; i < m->n_nested_type; i++)
+        index_message(d, name, m->nested_type[i], file);
+    for (size_t i = 0; i < m->n_enum_type; i++)
+        index_enum(d, name, m->enum_type[i], file);
+}
+
+static int symbol_cmp(const void *a, const void *b) {
+    return strcmp(((const symbol *)a)->name, ((const symbol *)b)->name);
+}
+
+drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
+    Google__Protobuf__FileDescriptorSet *fds = google__protobuf__file_descriptor_set__unpack(NULL, len, set);
+    if (fds == NULL)
+        return NULL;
+    drey_descriptors *d = xmalloc(sizeof *d);
+    memset(d, 0, sizeof *d);
+    d->set = fds;
+    d->n_files = fds->n_file;
+    d->files = xmalloc(d->n_files * sizeof *d->files);
+    memset(d->files, 0, d->n_files * sizeof *d->files);
+
+    /* Wire-level pass: the exact bytes of each file, in order. */
+    const uint8_t *p = set, *end = set + len;
+    size_t n = 0;
+    while (p < end) {
+        uint64_t key, flen;
+        if (!read_varint(&p, end, &key) || key != ((1 << 3) | 2) || !read_varint(&p, end, &flen) ||
+            flen > (uint64_t)(end - p) || n >= d->n_files)
+            goto fail;
+        d->files[n].data = p;
+        d->files[n].len = (size_t)flen;
+        p += flen;
+        n++;
+    }
+    if (n != d->n_files)
+        goto fail;
+
+    for (size_t f = 0; f < d->n_files; f++) {
+        const Google__Protobuf__FileDescriptorProto *fp = fds->file[f];
+        const char *pkg = fp->package != NULL ? fp->package : "";
+        d->files[f].deps = xmalloc(fp->n_dependency * sizeof(size_t));
+        for (size_t i = 0; i < fp->n_dependency; i++) {
+            long dep = -1;
+            for (size_t g = 0; g < d->n_files; g++) {
+                if (strcmp(fds->file[g]->name, fp->dependency[i]) == 0)
+                    dep = (long)g;
+            }
+            if (dep < 0)
+                goto fail; /* protoc --include_imports always includes them */
+            d->files[f].deps[d->files[f].n_deps++] = (size_t)dep;
+        }
+        for (size_t i = 0; i < fp->n_message_type; i++)
+            index_message(d, pkg, fp->message_type[i], f);
+        for (size_t i = 0; i < fp->n_enum_type; i++)
+            index_enum(d, pkg, fp->enum_type[i], f);
+        for (size_t i = 0; i < fp->n_service; i++) {
+            const Google__Protobuf__ServiceDescriptorProto *sp = fp->service[i];
+            char *sname = join(pkg, sp->name);
+            add_symbol(d, sname, f);
+            d->services = realloc(d->services, (d->n_services + 1) * sizeof *d->services);
+            if (d->services == NULL)
+                abort();
+            d->services[d->n_services++] = sname;
+            for (size_t m = 0; m < sp->n_method; m++)
+                add_symbol(d, join(sname, sp->method[m]->name), f);
+        }
+    }
+    qsort(d->symbols, d->n_symbols, sizeof *d->symbols, symbol_cmp);
+    return d;
+fail:
+    drey_descriptors_free(d);
+    return NULL;
+}
+
+static drey_descriptors *builtin;
+static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
+
+static void load_builtin(void) {
+    builtin = drey_descriptors_load(drey_descriptor_set, drey_descriptor_set_len);
+    if (builtin == NULL)
+        abort(); /* the build embedded a broken set */
+}
+
+const drey_descriptors *drey_descriptors_builtin(void) {
+    pthread_once(&builtin_once, load_builtin);
+    return builtin;
+}
+
+void drey_descriptors_free(drey_descriptors *d) {
+    if (d == NULL)
+        return;
+    for (size_t i = 0; i < d->n_symbols; i++)
+        free(d->symbols[i].name); /* service names are among them */
+    free(d->symbols);
+    free(d->services);
+    for (size_t i = 0; i < d->n_files; i++)
+        free(d->files[i].deps);
+    free(d->files);
+    google__protobuf__file_descriptor_set__free_unpacked(d->set, NULL);
+    free(d);
+}
+
+size_t drey_descriptors_file_count(const drey_descriptors *d) {
+    return d->n_files;
+}
+
+const char *drey_descriptors_file_name(const drey_descriptors *d, size_t i) {
+    return d->set->file[i]->name;
+}
+
+void drey_descriptors_file_bytes(const drey_descriptors *d, size_t i, const uint8_t **data, size_t *len) {
+    *data = d->files[i].data;
+    *len = d->files[i].len;
+}
+
+size_t drey_descriptors_file_deps(const drey_descriptors *d, size_t i, const size_t **deps) {
+    *deps = d->files[i].deps;
+    return d->files[i].n_deps;
+}
+
+long drey_descriptors_find_file(const drey_descriptors *d, const char *name) {
+    for (size_t i = 0; i < d->n_files; i++) {
+        if (strcmp(d->set->file[i]->name, name) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+long drey_descriptors_find_symbol(const drey_descriptors *d, const char *name) {
+    symbol key = {.name = (char *)name};
+    const symbol *s = bsearch(&key, d->symbols, d->n_symbols, sizeof key, symbol_cmp);
+    return s != NULL ? (long)s->file : -1;
+}
+
+size_t drey_descriptors_services(const drey_descriptors *d, const char *const **names) {
+    *names = (const char *const *)d->services;
+    return d->n_services;
+}
+
+bool drey_descriptors_method_kind(const drey_descriptors *d, const char *service, const char *method,
+                                  bool *client_streaming, bool *server_streaming) {
+    for (size_t f = 0; f < d->n_files; f++) {
+        const Google__Protobuf__FileDescriptorProto *fp = d->set->file[f];
+        const char *pkg = fp->package != NULL ? fp->package : "";
+        size_t plen = strlen(pkg);
+        for (size_t i = 0; i < fp->n_service; i++) {
+            const Google__Protobuf__ServiceDescriptorProto *sp = fp->service[i];
+            bool same = plen == 0 ? strcmp(service, sp->name) == 0
+                                  : strncmp(service, pkg, plen) == 0 && service[plen] == '.' &&
+                                        strcmp(service + plen + 1, sp->name) == 0;
+            if (!same)
+                continue;
+            for (size_t m = 0; m < sp->n_method; m++) {
+                if (strcmp(sp->method[m]->name, method) == 0) {
+                    *client_streaming = sp->method[m]->client_streaming;
+                    *server_streaming = sp->method[m]->server_streaming;
+                    return true;
+                }
+            }
+        }
+    }
+    return false;
+}

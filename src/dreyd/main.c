@@ -1,0 +1,151 @@
+/*
+ * dreyd — the drey cache server.
+ *
+ * Wires the modules together: configuration, the store and the cache
+ * service, health, reflection, the request chain, and the gRPC runtime. On
+ * SIGTERM or SIGINT it drains: health goes NOT_SERVING (watchers are told),
+ * calls are still accepted for the grace period so load balancers can move
+ * away, then the server stops accepting, lets in-flight calls finish, and the
+ * process exits 0. A second signal cuts the grace period short.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/support/log.h>
+
+#include "drey/cache.h"
+#include "drey/config.h"
+#include "drey/health.h"
+#include "drey/log.h"
+#include "drey/pipeline.h"
+#include "drey/reflect.h"
+#include "drey/server.h"
+#include "drey/store.h"
+
+/* gRPC core's own log lines, as JSON like everything else on stderr. */
+static void grpc_log_to_json(gpr_log_func_args *args) {
+    drey_log_level level = args->severity == GPR_LOG_SEVERITY_ERROR ? DREY_LOG_LEVEL_ERROR
+                           : args->severity == GPR_LOG_SEVERITY_INFO ? DREY_LOG_LEVEL_INFO
+                                                                      : DREY_LOG_LEVEL_DEBUG;
+    DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
+              DREY_LOG_INT("line", args->line));
+}
+
+/* Waits for SIGTERM/SIGINT for up to timeout_ms (< 0: forever); returns the
+ * signal or 0 on timeout. */
+static int wait_signal(const sigset_t *set, int64_t timeout_ms) {
+    for (;;) {
+        int sig;
+        if (timeout_ms < 0) {
+            if (sigwait(set, &sig) == 0)
+                return sig;
+            continue;
+        }
+        struct timespec ts = {.tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000};
+        sig = sigtimedwait(set, NULL, &ts);
+        if (sig > 0)
+            return sig;
+        return 0; /* EAGAIN: timed out (EINTR cannot happen: all blocked) */
+    }
+}
+
+int main(int argc, char **argv, char **envp) {
+    drey_config cfg;
+    drey_config_defaults(&cfg);
+    bool help, help_markdown;
+    if (!drey_config_parse(&cfg, argc, argv, 1, envp, stderr, &help, &help_markdown)) {
+        drey_config_free(&cfg);
+        return 2;
+    }
+    if (help || help_markdown) {
+        if (help_markdown)
+            drey_config_print_markdown(stdout);
+        else
+            drey_config_print_help(stdout);
+        drey_config_free(&cfg);
+        return 0;
+    }
+    drey_log_level level;
+    if (!drey_log_parse_level(cfg.log_level, &level)) {
+        fprintf(stderr, "dreyd: --log-level: expected debug, info, warn or error\n");
+        drey_config_free(&cfg);
+        return 2;
+    }
+    drey_log_set_level(level);
+    gpr_set_log_function(grpc_log_to_json);
+
+    /* Signals are taken synchronously by this thread; every thread created
+     * from here on inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t workers = cfg.workers > 0 ? (size_t)cfg.workers : (size_t)(ncpu > 0 ? ncpu : 1);
+
+    drey_store *store = drey_store_create();
+    drey_cache *cache = drey_cache_create(store);
+    drey_health *health = drey_health_create();
+    drey_pipeline_options popts = {
+        .limits = {
+            .max_cache_name_bytes = (size_t)cfg.max_cache_name_bytes,
+            .max_key_bytes = (size_t)cfg.max_key_bytes,
+            .max_value_bytes = (size_t)cfg.max_value_bytes,
+            .max_batch = (size_t)cfg.max_batch,
+        },
+    };
+    drey_pipeline *pipeline = drey_pipeline_create(&popts);
+    drey_server_options sopts = {
+        .listen = cfg.listen,
+        .workers = workers,
+        .max_recv_message_bytes = cfg.max_recv_message_bytes,
+    };
+    drey_server *server = drey_server_create(&sopts);
+    drey_server_set_dispatch(server, drey_pipeline_dispatch, pipeline);
+
+    int rc = 0;
+    if (!drey_cache_register(cache, server) || !drey_health_register(health, server) ||
+        !drey_reflect_register(server)) {
+        DREY_LOG_ERROR("service registration failed");
+        rc = 1;
+        goto out;
+    }
+    char err[256];
+    int port = drey_server_start(server, err, sizeof err);
+    if (port == 0) {
+        DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err), DREY_LOG_STR("listen", cfg.listen));
+        rc = 1;
+        goto out;
+    }
+    drey_health_set(health, "", DREY_HEALTH_SERVING);
+    drey_health_set(health, "drey.cache.v1.Cache", DREY_HEALTH_SERVING);
+    drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);
+    DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg.listen), DREY_LOG_INT("port", port),
+                  DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()));
+
+    int sig = wait_signal(&sigs, -1);
+    DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg.drain_grace_ms));
+    drey_health_drain(health);
+    if (wait_signal(&sigs, cfg.drain_grace_ms) != 0)
+        DREY_LOG_INFO("second signal: ending the grace period now");
+    DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
+    drey_server_shutdown(server, cfg.shutdown_timeout_ms);
+    drey_cache_stop_expiry(cache);
+
+out:
+    drey_server_destroy(server);
+    drey_pipeline_destroy(pipeline);
+    drey_health_destroy(health);
+    drey_cache_destroy(cache);
+    drey_store_destroy(store);
+    if (rc == 0)
+        DREY_LOG_INFO("stopped");
+    drey_config_free(&cfg);
+    return rc;
+}

@@ -1,0 +1,151 @@
+/*
+ * log — JSON lines on stderr; see include/drey/log.h.
+ *
+ * A line is formatted into a stack buffer and written with one write(2); a
+ * line that would not fit is cut and marked "truncated" rather than split, so
+ * a reader parsing line by line never sees half an object.
+ */
+#include "drey/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOG_LINE_MAX 4096
+
+drey_log_level drey_log_min_level = DREY_LOG_LEVEL_INFO;
+static int log_fd = 2;
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+bool drey_log_parse_level(const char *s, drey_log_level *out) {
+    for (size_t i = 0; i < sizeof level_names / sizeof level_names[0]; i++) {
+        if (strcmp(s, level_names[i]) == 0) {
+            *out = (drey_log_level)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+void drey_log_set_level(drey_log_level level) {
+    drey_log_min_level = level;
+}
+
+void drey_log_set_fd(int fd) {
+    log_fd = fd;
+}
+
+size_t drey_log_json_escape(char *buf, size_t len, size_t cap, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        char esc[6];
+        size_t n;
+        switch (*p) {
+        case '"': memcpy(esc, "\\\"", n = 2); break;
+        case '\\': memcpy(esc, "\\\\", n = 2); break;
+        case '\n': memcpy(esc, "\\n", n = 2); break;
+        case '\r': memcpy(esc, "\\r", n = 2); break;
+        case '\t': memcpy(esc, "\\t", n = 2); break;
+        default:
+            if (*p < 0x20) {
+                esc[0] = '\\', esc[1] = 'u', esc[2] = '0', esc[3] = '0';
+                esc[4] = hex[*p >> 4], esc[5] = hex[*p & 15];
+                n = 6;
+            } else {
+                esc[0] = (char)*p;
+                n = 1;
+            }
+        }
+        if (cap - len < n)
+            return cap;
+        memcpy(buf + len, esc, n);
+        len += n;
+    }
+    return len;
+}
+
+/* Appends raw text; returns cap when it does not fit. */
+static size_t put(char *buf, size_t len, size_t cap, const char *s, size_t n) {
+    if (len >= cap || cap - len < n)
+        return cap;
+    memcpy(buf + len, s, n);
+    return len + n;
+}
+
+static size_t put_str(char *buf, size_t len, size_t cap, const char *s) {
+    len = put(buf, len, cap, "\"", 1);
+    if (len < cap)
+        len = drey_log_json_escape(buf, len, cap, s != NULL ? s : "");
+    return put(buf, len, cap, "\"", 1);
+}
+
+static size_t put_fmt(char *buf, size_t len, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static size_t put_fmt(char *buf, size_t len, size_t cap, const char *fmt, ...) {
+    if (len >= cap)
+        return cap;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - len)
+        return cap;
+    return len + (size_t)n;
+}
+
+void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *fields, size_t n) {
+    char line[LOG_LINE_MAX];
+    /* Room kept back for the truncation marker and the closing brace. */
+    static const char truncated[] = ",\"truncated\":true";
+    const size_t cap = sizeof line - sizeof truncated - 2;
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+
+    size_t len = put_fmt(line, 0, cap, "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\",\"msg\":",
+                         tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                         ts.tv_nsec / 1000000, level_names[level]);
+    len = put_str(line, len, cap, msg);
+    bool cut = len >= cap;
+    for (size_t i = 0; i < n && !cut; i++) {
+        size_t mark = len;
+        len = put(line, len, cap, ",", 1);
+        len = put_str(line, len, cap, fields[i].key);
+        len = put(line, len, cap, ":", 1);
+        switch (fields[i].type) {
+        case DREY_LOG_FIELD_STR: len = put_str(line, len, cap, fields[i].v.s); break;
+        case DREY_LOG_FIELD_INT: len = put_fmt(line, len, cap, "%lld", (long long)fields[i].v.i); break;
+        case DREY_LOG_FIELD_UINT: len = put_fmt(line, len, cap, "%llu", (unsigned long long)fields[i].v.u); break;
+        case DREY_LOG_FIELD_DOUBLE: len = put_fmt(line, len, cap, "%.6g", fields[i].v.d); break;
+        case DREY_LOG_FIELD_BOOL: len = put_fmt(line, len, cap, "%s", fields[i].v.b ? "true" : "false"); break;
+        }
+        if (len >= cap) {
+            len = mark; /* drop the field that did not fit, keep the line valid */
+            cut = true;
+        }
+    }
+    if (cut) {
+        memcpy(line + len, truncated, sizeof truncated - 1);
+        len += sizeof truncated - 1;
+    }
+    line[len++] = '}';
+    line[len++] = '\n';
+
+    const char *p = line;
+    while (len > 0) {
+        ssize_t w = write(log_fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return; /* nowhere left to report it */
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+}

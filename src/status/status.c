@@ -1,0 +1,188 @@
+/*
+ * status — the error catalogue and google.rpc.Status encoding; see
+ * include/drey/status.h.
+ */
+#include "drey/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "google/protobuf/any.pb-c.h"
+#include "google/protobuf/duration.pb-c.h"
+#include "google/rpc/error_details.pb-c.h"
+#include "google/rpc/status.pb-c.h"
+
+static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
+    [DREY_ERR_NONE] = {DREY_ERR_NONE, GRPC_STATUS_OK, "", ""},
+    [DREY_ERR_MALFORMED_REQUEST] = {DREY_ERR_MALFORMED_REQUEST, GRPC_STATUS_INVALID_ARGUMENT, "MALFORMED_REQUEST",
+                                    "the request is not a valid protobuf message of the method's request type"},
+    [DREY_ERR_INVALID_CACHE_NAME] = {DREY_ERR_INVALID_CACHE_NAME, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_CACHE_NAME",
+                                     "cache names are 1 to max-cache-name-bytes bytes of [A-Za-z0-9._-], not . or .."},
+    [DREY_ERR_INVALID_KEY] = {DREY_ERR_INVALID_KEY, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_KEY",
+                              "keys are 1 to max-key-bytes bytes of valid UTF-8 without control characters"},
+    [DREY_ERR_INVALID_VALUE] = {DREY_ERR_INVALID_VALUE, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_VALUE",
+                                "a value must have exactly one kind set"},
+    [DREY_ERR_PAYLOAD_TOO_LARGE] = {DREY_ERR_PAYLOAD_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "PAYLOAD_TOO_LARGE",
+                                    "the value is larger than max-value-bytes"},
+    [DREY_ERR_BATCH_TOO_LARGE] = {DREY_ERR_BATCH_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "BATCH_TOO_LARGE",
+                                  "a batch holds at most max-batch keys or entries"},
+    [DREY_ERR_DUPLICATE_KEY] = {DREY_ERR_DUPLICATE_KEY, GRPC_STATUS_INVALID_ARGUMENT, "DUPLICATE_KEY",
+                                "a batch names the same key more than once"},
+    [DREY_ERR_INVALID_EXPIRATION] = {DREY_ERR_INVALID_EXPIRATION, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_EXPIRATION",
+                                     "ttl must be positive and at most 100 years; durations and timestamps must be "
+                                     "normalized"},
+    [DREY_ERR_INVALID_REQUEST_ID] = {DREY_ERR_INVALID_REQUEST_ID, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_REQUEST_ID",
+                                     "request_id is at most 128 bytes"},
+    [DREY_ERR_VERSION_MISMATCH] = {DREY_ERR_VERSION_MISMATCH, GRPC_STATUS_FAILED_PRECONDITION, "VERSION_MISMATCH",
+                                   "the entry's version is not if_version"},
+    [DREY_ERR_NOT_AN_INTEGER] = {DREY_ERR_NOT_AN_INTEGER, GRPC_STATUS_FAILED_PRECONDITION, "NOT_AN_INTEGER",
+                                 "the value is not an int64"},
+    [DREY_ERR_INTEGER_OVERFLOW] = {DREY_ERR_INTEGER_OVERFLOW, GRPC_STATUS_OUT_OF_RANGE, "INTEGER_OVERFLOW",
+                                   "the result does not fit in an int64"},
+    [DREY_ERR_UNKNOWN_METHOD] = {DREY_ERR_UNKNOWN_METHOD, GRPC_STATUS_UNIMPLEMENTED, "UNKNOWN_METHOD",
+                                 "this server does not implement the method"},
+    [DREY_ERR_UNKNOWN_SERVICE] = {DREY_ERR_UNKNOWN_SERVICE, GRPC_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",
+                                  "the health service does not know this service name"},
+    [DREY_ERR_DEADLINE_EXCEEDED] = {DREY_ERR_DEADLINE_EXCEEDED, GRPC_STATUS_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED",
+                                    "the call's deadline passed before it could run"},
+    [DREY_ERR_SHUTTING_DOWN] = {DREY_ERR_SHUTTING_DOWN, GRPC_STATUS_UNAVAILABLE, "SHUTTING_DOWN",
+                                "the server is shutting down"},
+    [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
+};
+
+const drey_error_info *drey_error_lookup(drey_error e) {
+    if ((unsigned)e >= DREY_ERR_COUNT_)
+        e = DREY_ERR_INTERNAL;
+    return &catalogue[e];
+}
+
+const drey_error_info *drey_error_catalogue(size_t *n) {
+    *n = DREY_ERR_COUNT_ - 1;
+    return catalogue + 1;
+}
+
+void drey_status_init(drey_status *st) {
+    st->error = DREY_ERR_NONE;
+    st->message = NULL;
+    st->n_metadata = 0;
+    st->n_violations = 0;
+    st->n_violations_total = 0;
+    st->quota_subject[0] = '\0';
+    st->quota_description = NULL;
+    st->retry_delay_ms = -1;
+}
+
+grpc_status_code drey_status_code(const drey_status *st) {
+    return drey_error_lookup(st->error)->code;
+}
+
+const char *drey_status_message(const drey_status *st) {
+    return st->message != NULL ? st->message : drey_error_lookup(st->error)->message;
+}
+
+void drey_status_set(drey_status *st, drey_error e) {
+    if (st->error == DREY_ERR_NONE)
+        st->error = e;
+}
+
+void drey_status_add_metadata(drey_status *st, const char *key, const char *fmt, ...) {
+    if (st->n_metadata == DREY_STATUS_MAX_METADATA)
+        return;
+    drey_status_metadata *m = &st->metadata[st->n_metadata++];
+    m->key = key;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->value, sizeof m->value, fmt, ap);
+    va_end(ap);
+}
+
+void drey_status_add_violation(drey_status *st, drey_error e, const char *fmt, ...) {
+    drey_status_set(st, e);
+    st->n_violations_total++;
+    if (st->n_violations == DREY_STATUS_MAX_VIOLATIONS)
+        return;
+    drey_field_violation *v = &st->violations[st->n_violations++];
+    v->error = e;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->field, sizeof v->field, fmt, ap);
+    va_end(ap);
+}
+
+static Google__Protobuf__Any *pack_any(drey_arena *a, const char *type, const ProtobufCMessage *m) {
+    Google__Protobuf__Any *any = drey_arena_alloc(a, sizeof *any);
+    google__protobuf__any__init(any);
+    any->type_url = drey_arena_sprintf(a, "type.googleapis.com/%s", type);
+    any->value.len = protobuf_c_message_get_packed_size(m);
+    any->value.data = drey_arena_alloc(a, any->value.len);
+    protobuf_c_message_pack(m, any->value.data);
+    return any;
+}
+
+void drey_status_encode(const drey_status *st, drey_arena *a, uint8_t **out, size_t *out_len) {
+    const drey_error_info *info = drey_error_lookup(st->error);
+    Google__Protobuf__Any *details[4];
+    size_t n_details = 0;
+
+    Google__Rpc__ErrorInfo ei = GOOGLE__RPC__ERROR_INFO__INIT;
+    ei.reason = (char *)info->reason;
+    ei.domain = DREY_ERROR_DOMAIN;
+    Google__Rpc__ErrorInfo__MetadataEntry entries[DREY_STATUS_MAX_METADATA];
+    Google__Rpc__ErrorInfo__MetadataEntry *entry_ptrs[DREY_STATUS_MAX_METADATA];
+    for (size_t i = 0; i < st->n_metadata; i++) {
+        google__rpc__error_info__metadata_entry__init(&entries[i]);
+        entries[i].key = (char *)st->metadata[i].key;
+        entries[i].value = (char *)st->metadata[i].value;
+        entry_ptrs[i] = &entries[i];
+    }
+    ei.n_metadata = st->n_metadata;
+    ei.metadata = entry_ptrs;
+    details[n_details++] = pack_any(a, "google.rpc.ErrorInfo", &ei.base);
+
+    if (st->n_violations > 0) {
+        Google__Rpc__BadRequest br = GOOGLE__RPC__BAD_REQUEST__INIT;
+        Google__Rpc__BadRequest__FieldViolation fv[DREY_STATUS_MAX_VIOLATIONS];
+        Google__Rpc__BadRequest__FieldViolation *fv_ptrs[DREY_STATUS_MAX_VIOLATIONS];
+        for (size_t i = 0; i < st->n_violations; i++) {
+            const drey_error_info *vi = drey_error_lookup(st->violations[i].error);
+            google__rpc__bad_request__field_violation__init(&fv[i]);
+            fv[i].field = (char *)st->violations[i].field;
+            fv[i].description = (char *)vi->message;
+            fv[i].reason = (char *)vi->reason;
+            fv_ptrs[i] = &fv[i];
+        }
+        br.n_field_violations = st->n_violations;
+        br.field_violations = fv_ptrs;
+        details[n_details++] = pack_any(a, "google.rpc.BadRequest", &br.base);
+    }
+
+    Google__Rpc__QuotaFailure qf = GOOGLE__RPC__QUOTA_FAILURE__INIT;
+    Google__Rpc__QuotaFailure__Violation qv = GOOGLE__RPC__QUOTA_FAILURE__VIOLATION__INIT;
+    Google__Rpc__QuotaFailure__Violation *qv_ptr = &qv;
+    if (st->quota_subject[0] != '\0') {
+        qv.subject = (char *)st->quota_subject;
+        qv.description = (char *)(st->quota_description != NULL ? st->quota_description : info->message);
+        qf.n_violations = 1;
+        qf.violations = &qv_ptr;
+        details[n_details++] = pack_any(a, "google.rpc.QuotaFailure", &qf.base);
+    }
+
+    Google__Protobuf__Duration delay = GOOGLE__PROTOBUF__DURATION__INIT;
+    Google__Rpc__RetryInfo ri = GOOGLE__RPC__RETRY_INFO__INIT;
+    if (st->retry_delay_ms >= 0) {
+        delay.seconds = st->retry_delay_ms / 1000;
+        delay.nanos = (int32_t)(st->retry_delay_ms % 1000) * 1000000;
+        ri.retry_delay = &delay;
+        details[n_details++] = pack_any(a, "google.rpc.RetryInfo", &ri.base);
+    }
+
+    Google__Rpc__Status s = GOOGLE__RPC__STATUS__INIT;
+    s.code = (int32_t)info->code;
+    s.message = (char *)drey_status_message(st);
+    s.n_details = n_details;
+    s.details = details;
+    *out_len = protobuf_c_message_get_packed_size(&s.base);
+    *out = drey_arena_alloc(a, *out_len);
+    protobuf_c_message_pack(&s.base, *out);
+}
