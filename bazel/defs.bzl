@@ -5,13 +5,21 @@ src/<name>/*.c and private headers; its unit tests are
 tests/unit/<name>/*_test.c. These macros keep that mapping in one place.
 """
 
-def drey_module(name, deps = [], hdrs = None):
+def drey_module(name, deps = []):
+    # The public header is included as "drey/<name>.h". Private headers are
+    # exported too, as "src/<name>/x.h", so the module's unit tests can reach
+    # its internals; the module's own sources include them as "x.h".
     native.cc_library(
-        name = name,
-        srcs = native.glob(["src/%s/*.c" % name, "src/%s/*.h" % name]),
-        hdrs = hdrs if hdrs != None else ["include/drey/%s.h" % name],
+        name = name + "_api",
+        hdrs = ["include/drey/%s.h" % name],
         strip_include_prefix = "include",
         deps = deps,
+    )
+    native.cc_library(
+        name = name,
+        srcs = native.glob(["src/%s/*.c" % name]),
+        hdrs = native.glob(["src/%s/*.h" % name]),
+        deps = [":%s_api" % name] + deps,
         visibility = ["//visibility:public"],
     )
 
@@ -25,3 +33,21 @@ def drey_unit_tests(module, deps = [], data = [], size = "small"):
             data = data,
             size = size,
         )
+
+def drey_py_test(name, src, data = [], size = "medium", tags = []):
+    """A Python integration test: Debian's /usr/bin/python3 runs `src`
+    against the real dreyd binary (DREY_BIN) with stubs generated from
+    proto/ at run time (see tests/integration/python/drey_harness.py)."""
+    native.sh_test(
+        name = name,
+        srcs = ["//tests/integration/python:run.sh"],
+        args = ["$(rootpath //:dreyd)", "$(rootpath %s)" % src],
+        data = [
+            src,
+            "//:dreyd",
+            "//:protos",
+            "//tests/integration/python:harness",
+        ] + data,
+        size = size,
+        tags = tags,
+    )

@@ -322,8 +322,13 @@ static void check_message(checker *c, const ProtobufCMessage *m) {
         const ProtobufCFieldDescriptor *fd = &d->fields[f];
         bool is_value = fd->type == PROTOBUF_C_TYPE_MESSAGE && fd->descriptor == &drey__cache__v1__value__descriptor;
         if (!present(m, fd)) {
-            if (is_value) /* every request field of type Value is required */
+            /* Every request field of type Value is required, and so is a
+             * ttl that is not one choice among several (Touch's). */
+            if (is_value)
                 violation(c, DREY_ERR_INVALID_VALUE, fd->name, -1);
+            else if (fd->type == PROTOBUF_C_TYPE_MESSAGE && fd->descriptor == &google__protobuf__duration__descriptor &&
+                     !(fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+                violation(c, DREY_ERR_INVALID_EXPIRATION, fd->name, -1);
             continue;
         }
         if (fd->label == PROTOBUF_C_LABEL_REPEATED) {

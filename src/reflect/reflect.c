@@ -17,7 +17,7 @@ typedef Grpc__Reflection__V1__ServerReflectionRequest request;
 typedef Grpc__Reflection__V1__ServerReflectionResponse response;
 
 /* gRPC status codes used in error_response. */
-enum { CODE_INVALID_ARGUMENT = 3, CODE_NOT_FOUND = 5, CODE_UNIMPLEMENTED = 12 };
+enum { CODE_INVALID_ARGUMENT = 3, CODE_NOT_FOUND = 5 };
 
 static void set_error(drey_arena *a, response *resp, int code, const char *message) {
     Grpc__Reflection__V1__ErrorResponse *e = drey_arena_alloc(a, sizeof *e);

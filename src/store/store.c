@@ -100,6 +100,8 @@ void drey_store_destroy(drey_store *s) {
 
 void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
                     size_t key_len) {
+    if (cache_len > 255 || key_len > UINT16_MAX)
+        abort(); /* validation bounds both far below this */
     if (cache_len == 7 && memcmp(cache, "default", 7) == 0)
         cache_len = 0;
     k->cache = cache_len == 0 ? "" : cache;
@@ -166,8 +168,7 @@ static void resize(shard *sh, size_t nbuckets) {
     sh->sweep_cursor &= nmask;
 }
 
-static void unlink_free(drey_store *s, shard *sh, entry **slot) {
-    (void)s;
+static void unlink_free(shard *sh, entry **slot) {
     entry *e = *slot;
     *slot = e->next;
     sh->count--;
@@ -246,7 +247,7 @@ bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, dr
     if (*slot == NULL)
         return false;
     if (!is_live(*slot, now_ms)) {
-        unlink_free(t->store, sh, slot);
+        unlink_free(sh, slot);
         return false;
     }
     view_of(*slot, out);
@@ -303,7 +304,7 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k) {
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
-    unlink_free(t->store, sh, slot);
+    unlink_free(sh, slot);
     return true;
 }
 
@@ -325,7 +326,7 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
                 continue;
             }
             size_t before = sh->mask;
-            unlink_free(s, sh, slot);
+            unlink_free(sh, slot);
             freed++;
             if (sh->mask != before)
                 goto out; /* the table shrank under the cursor: resume next step */
