@@ -51,3 +51,22 @@ def drey_py_test(name, src, data = [], size = "medium", tags = []):
         size = size,
         tags = tags,
     )
+
+def drey_node_test(name, src, data = [], size = "medium"):
+    """A Node.js interop test (@grpc/grpc-js) against the real dreyd.
+
+    node_modules is installed by `npm ci` in tests/interop/node (the README's
+    test command does it) and kept out of Bazel by .bazelignore; the runner
+    executes the test from its real path so Node finds node_modules there."""
+    native.sh_test(
+        name = name,
+        srcs = ["//tests/interop/node:run.sh"],
+        args = ["$(rootpath //:dreyd)", "$(rootpath %s)" % src],
+        data = [
+            src,
+            "//:dreyd",
+            "//:protos",
+            "//tests/interop/node:support",
+        ] + data,
+        size = size,
+    )

@@ -32,11 +32,19 @@ typedef struct drey_config {
 /* Fills cfg with the defaults of the option table. */
 void drey_config_defaults(drey_config *cfg);
 
+/* What --help asked for: the option list, the README's option table
+ * (--help-markdown) or the README's error catalogue (--help-errors). */
+typedef enum drey_config_help {
+    DREY_CONFIG_HELP_NONE,
+    DREY_CONFIG_HELP_TEXT,
+    DREY_CONFIG_HELP_MARKDOWN,
+    DREY_CONFIG_HELP_ERRORS,
+} drey_config_help;
+
 /* Applies DREY_* variables from envp, then argv[first..argc). Writes a clear
- * message to err and returns false on an unknown option or a bad value.
- * Sets *help when --help was given and *help_markdown for --help-markdown. */
-bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err, bool *help,
-                       bool *help_markdown);
+ * message to err and returns false on an unknown option or a bad value. */
+bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err,
+                       drey_config_help *help);
 
 void drey_config_free(drey_config *cfg);
 

@@ -52,6 +52,8 @@ typedef struct drey_error_info {
 } drey_error_info;
 
 const drey_error_info *drey_error_lookup(drey_error e);
+/* "INVALID_ARGUMENT" for GRPC_STATUS_INVALID_ARGUMENT, and so on. */
+const char *drey_status_code_name(grpc_status_code code);
 /* The whole catalogue, for the README and its test. */
 const drey_error_info *drey_error_catalogue(size_t *n);
 

@@ -197,10 +197,9 @@ static void env_name(const option *o, char *buf, size_t cap) {
     buf[j] = '\0';
 }
 
-bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err, bool *help,
-                       bool *help_markdown) {
-    *help = false;
-    *help_markdown = false;
+bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char **envp, FILE *err,
+                       drey_config_help *help) {
+    *help = DREY_CONFIG_HELP_NONE;
     for (size_t i = 0; i < N_OPTIONS && envp != NULL; i++) {
         char var[96];
         env_name(&options[i], var, sizeof var);
@@ -214,11 +213,15 @@ bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char 
     for (int i = first; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            *help = true;
+            *help = DREY_CONFIG_HELP_TEXT;
             continue;
         }
         if (strcmp(arg, "--help-markdown") == 0) {
-            *help_markdown = true;
+            *help = DREY_CONFIG_HELP_MARKDOWN;
+            continue;
+        }
+        if (strcmp(arg, "--help-errors") == 0) {
+            *help = DREY_CONFIG_HELP_ERRORS;
             continue;
         }
         if (strncmp(arg, "--", 2) != 0) {

@@ -23,6 +23,7 @@
 #include "drey/pipeline.h"
 #include "drey/reflect.h"
 #include "drey/server.h"
+#include "drey/status.h"
 #include "drey/store.h"
 
 /* gRPC core's own log lines, as JSON like everything else on stderr. */
@@ -32,6 +33,15 @@ static void grpc_log_to_json(gpr_log_func_args *args) {
                                                                       : DREY_LOG_LEVEL_DEBUG;
     DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
               DREY_LOG_INT("line", args->line));
+}
+
+/* The README's error table, from the catalogue in src/status/status.c. */
+static void print_error_catalogue(FILE *out) {
+    size_t n;
+    const drey_error_info *e = drey_error_catalogue(&n);
+    fprintf(out, "| Reason | gRPC code | Meaning |\n|---|---|---|\n");
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "| `%s` | %s | %s |\n", e[i].reason, drey_status_code_name(e[i].code), e[i].message);
 }
 
 /* Waits for SIGTERM/SIGINT for up to timeout_ms (< 0: forever); returns the
@@ -55,14 +65,16 @@ static int wait_signal(const sigset_t *set, int64_t timeout_ms) {
 int main(int argc, char **argv, char **envp) {
     drey_config cfg;
     drey_config_defaults(&cfg);
-    bool help, help_markdown;
-    if (!drey_config_parse(&cfg, argc, argv, 1, envp, stderr, &help, &help_markdown)) {
+    drey_config_help help;
+    if (!drey_config_parse(&cfg, argc, argv, 1, envp, stderr, &help)) {
         drey_config_free(&cfg);
         return 2;
     }
-    if (help || help_markdown) {
-        if (help_markdown)
+    if (help != DREY_CONFIG_HELP_NONE) {
+        if (help == DREY_CONFIG_HELP_MARKDOWN)
             drey_config_print_markdown(stdout);
+        else if (help == DREY_CONFIG_HELP_ERRORS)
+            print_error_catalogue(stdout);
         else
             drey_config_print_help(stdout);
         drey_config_free(&cfg);

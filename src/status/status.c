@@ -57,6 +57,15 @@ const drey_error_info *drey_error_lookup(drey_error e) {
     return &catalogue[e];
 }
 
+const char *drey_status_code_name(grpc_status_code code) {
+    static const char *const names[] = {
+        "OK",          "CANCELLED",      "UNKNOWN",        "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED", "NOT_FOUND",
+        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+        "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",    "UNAVAILABLE",        "DATA_LOSS",         "UNAUTHENTICATED",
+    };
+    return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : "UNKNOWN";
+}
+
 const drey_error_info *drey_error_catalogue(size_t *n) {
     *n = DREY_ERR_COUNT_ - 1;
     return catalogue + 1;

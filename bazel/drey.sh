@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The README's two commands, and what they share.
+#
+#   bazel/drey.sh serve [dreyd flags]   install what is missing, build, run dreyd
+#   bazel/drey.sh test                  install what is missing, run every test,
+#                                       then every test again under ASan+UBSan
+#   bazel/drey.sh deps                  only install what is missing
+#
+# Safe to run twice: each step checks before it acts. Needs root (or sudo)
+# only when Debian packages are missing.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+# Debian 12 packages the build and the tests use. Node.js comes from Debian
+# when the machine has none.
+packages=(
+  bazel-bootstrap gcc libc6-dev pkg-config
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
+  libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
+  python3 python3-grpcio python3-protobuf
+  curl procps util-linux
+)
+
+say() { printf 'drey.sh: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    say "need root to run: $*"; exit 1
+  fi
+}
+
+install_packages() {
+  local missing=() p
+  command -v node >/dev/null || packages+=(nodejs npm)
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]}"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# Node modules for the interop tests, from the committed lockfile. Reinstalled
+# only when the lockfile changed since the last install.
+install_node_modules() {
+  local dir stamp
+  for dir in tests/interop/node tests/deploy; do
+    [ -f "$dir/package-lock.json" ] || continue
+    stamp="$dir/node_modules/.drey-lock-sha"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(sha256sum < "$dir/package-lock.json")" ]; then
+      say "npm ci in $dir"
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+      sha256sum < "$dir/package-lock.json" > "$stamp"
+    fi
+  done
+}
+
+deps() {
+  install_packages
+  install_node_modules
+}
+
+case "${1:-}" in
+  deps)
+    deps
+    ;;
+  serve)
+    shift
+    install_packages
+    bazel build //:dreyd
+    exec "$top/bazel-bin/dreyd" "$@"
+    ;;
+  test)
+    shift
+    deps
+    bazel test //... "$@"
+    say "again under ASan+UBSan"
+    bazel test --config=asan //... "$@"
+    ;;
+  *)
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
