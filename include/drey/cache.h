@@ -26,6 +26,10 @@ void drey_cache_destroy(drey_cache *c);
 
 bool drey_cache_register(drey_cache *c, drey_server *s);
 
+/* On a durable node the journal bounds what the expiry cycle may free
+ * (drey_journal_sweep_horizon); set before starting it. */
+void drey_cache_set_expiry_horizon(drey_cache *c, int64_t (*fn)(void *ctx, int64_t now_ms), void *ctx);
+
 /* Starts and stops the expiry thread. */
 void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms);
 void drey_cache_stop_expiry(drey_cache *c);

@@ -27,6 +27,16 @@ typedef struct drey_config {
     int64_t shutdown_timeout_ms;    /* wait for in-flight calls, then cancel */
     int64_t expiry_sweep_interval_ms; /* active expiry cycle period */
     char *log_level;                /* debug, info, warn, error */
+    char *data_dir;                 /* the journal, snapshots and manifest */
+    bool ephemeral;                 /* memory only: no data directory */
+    char *fsync;                    /* always, interval:<duration>, never */
+    int64_t segment_bytes;          /* preallocated journal segment size */
+    int64_t batch_wait_ms;          /* group commit: wait for more records */
+    int64_t batch_max_bytes;        /* group commit: batch size bound */
+    int64_t snapshot_every_bytes;   /* journal growth that triggers a snapshot */
+    int64_t snapshot_every_ms;      /* time that triggers a snapshot */
+    int64_t retain_snapshots;       /* snapshots kept */
+    int64_t idempotency_retention_ms; /* how long request_id outcomes are kept */
 } drey_config;
 
 /* Fills cfg with the defaults of the option table. */

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drey/commit.h"
+#include "drey/journal.h"
 #include "drey/server.h"
 #include "drey/status.h"
 
@@ -34,6 +36,7 @@ typedef struct drey_limits {
 
 typedef struct drey_pipeline_options {
     drey_limits limits;
+    drey_commit *commit; /* applies writes (idempotency, then the method) */
 } drey_pipeline_options;
 
 typedef struct drey_request {
@@ -42,18 +45,29 @@ typedef struct drey_request {
     const ProtobufCMessage *msg;
     drey_pipeline *pipeline;
     size_t next_stage;   /* index into the chain */
-    int64_t now_ms;      /* when the request is applied */
+    int64_t now_ms;      /* when the request is applied (0: now) */
     drey_status *status; /* set by a rejecting stage */
+    const char *principal; /* idempotency scope ("" anonymous) */
+    drey_write write;    /* writes: what commit applies */
+    drey_journal_entry entry; /* writes: the journal append */
 } drey_request;
 
 typedef enum drey_stage_result {
-    DREY_STAGE_NEXT,   /* pass to the next stage */
-    DREY_STAGE_REJECT, /* r->status says why; the call fails */
-    DREY_STAGE_PARKED, /* the stage resumes the chain later */
+    DREY_STAGE_NEXT,     /* pass to the next stage */
+    DREY_STAGE_REJECT,   /* r->status says why; the call fails */
+    DREY_STAGE_PARKED,   /* the stage resumes the chain later */
+    DREY_STAGE_ANSWERED, /* the stage replied (a retry answered from its outcome) */
 } drey_stage_result;
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
 void drey_pipeline_destroy(drey_pipeline *p);
+
+/* Durable nodes: writes go through this journal (NULL: applied at once,
+ * the ephemeral mode). Set before drey_pipeline_set_ready. */
+void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
+/* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
+ * and reflection still answer). */
+void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
 
 /* The server's dispatch function (drey_server_set_dispatch). */
 void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMessage *request);

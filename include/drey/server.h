@@ -105,6 +105,8 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap);
 void drey_server_shutdown(drey_server *s, int64_t timeout_ms);
 void drey_server_destroy(drey_server *s);
 
+/* The method registered at path ("/pkg.Service/Method"), or NULL. */
+const drey_method *drey_server_find_method(const drey_server *s, const char *path);
 size_t drey_server_method_count(const drey_server *s);
 const drey_method *drey_server_method(const drey_server *s, size_t i);
 

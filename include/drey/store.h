@@ -114,4 +114,38 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out);
 
+/* --- snapshots ------------------------------------------------------------
+ *
+ * A capture copies the table as of one instant without stopping it: begin
+ * marks every shard, the first change to a marked shard (a write, an expiry)
+ * first hands the shard's entries to the capture callback, and the
+ * snapshotting thread hands over the shards nobody touched. Each shard is
+ * delivered exactly once, holding its lock for the copy only. */
+
+typedef struct drey_store_item {
+    const char *cache;
+    size_t cache_len;
+    const char *key;
+    size_t key_len;
+    drey_entry_view entry;
+} drey_store_item;
+
+/* Called with the shard locked, for every entry of the shard live at the
+ * capture's time, then once with item NULL: the shard is complete. */
+typedef void (*drey_store_capture_fn)(void *ctx, size_t shard, const drey_store_item *item);
+
+/* Starts a capture. The caller guarantees no write transaction is open (it
+ * runs between journal batches). */
+void drey_store_capture_begin(drey_store *s, drey_store_capture_fn fn, void *ctx, int64_t live_at_ms);
+/* Delivers the shard now if nobody has yet. */
+void drey_store_capture_shard(drey_store *s, size_t shard);
+/* Ends the capture once every shard was delivered. */
+void drey_store_capture_end(drey_store *s);
+
+/* Removes every entry (recovery starting over from an older snapshot). */
+void drey_store_clear(drey_store *s);
+
+/* Inserts an entry as recovery read it: no version is consumed. */
+void drey_store_load(drey_store *s, const drey_store_item *item);
+
 #endif

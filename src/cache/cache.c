@@ -25,6 +25,8 @@ struct drey_cache {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     bool stopping;
+    int64_t (*horizon)(void *ctx, int64_t now_ms);
+    void *horizon_ctx;
 };
 
 static drey_store *store_of(void *ctx) {
@@ -495,7 +497,10 @@ static void *expiry_main(void *arg) {
     pthread_mutex_lock(&c->mu);
     while (!c->stopping) {
         pthread_mutex_unlock(&c->mu);
-        drey_cache_expire_cycle(c, drey_wall_ms(), c->expiry_interval_ms * 1000000 / 4);
+        int64_t now = drey_wall_ms();
+        if (c->horizon != NULL)
+            now = c->horizon(c->horizon_ctx, now);
+        drey_cache_expire_cycle(c, now, c->expiry_interval_ms * 1000000 / 4);
         pthread_mutex_lock(&c->mu);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -507,6 +512,11 @@ static void *expiry_main(void *arg) {
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
+}
+
+void drey_cache_set_expiry_horizon(drey_cache *c, int64_t (*fn)(void *ctx, int64_t now_ms), void *ctx) {
+    c->horizon = fn;
+    c->horizon_ctx = ctx;
 }
 
 void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms) {

@@ -10,14 +10,23 @@
 
 #include "google/protobuf/struct.pb-c.h"
 
+/* The last millisecond a google.protobuf.Timestamp can express
+ * (9999-12-31T23:59:59.999Z): rounding up must not step past it, or the
+ * expires_at we return would be invalid for strict clients. */
+#define MAX_TIMESTAMP_MS (253402300799LL * 1000 + 999)
+
 static int64_t ceil_ms(int64_t seconds, int32_t nanos) {
-    return seconds * 1000 + (nanos + 999999) / 1000000;
+    int64_t ms = seconds * 1000 + (nanos + 999999) / 1000000;
+    return ms > MAX_TIMESTAMP_MS ? MAX_TIMESTAMP_MS : ms;
 }
 
 int64_t drey_cache__expiry_at(const drey_cache__expiry *ex, int64_t now_ms, int64_t keep) {
     int64_t at;
-    if (ex->ttl != NULL)
+    if (ex->ttl != NULL) {
         at = now_ms + ceil_ms(ex->ttl->seconds, ex->ttl->nanos);
+        if (at > MAX_TIMESTAMP_MS)
+            at = MAX_TIMESTAMP_MS;
+    }
     else if (ex->expires_at != NULL)
         at = ceil_ms(ex->expires_at->seconds, ex->expires_at->nanos);
     else if (ex->persist)

@@ -57,6 +57,32 @@ static const option options[] = {
      "Period of the active expiry cycle that frees expired entries nobody reads; each cycle uses at most a "
      "quarter of it."},
     {"log-level", OPT_STRING, FIELD(log_level), "info", 0, 0, "Least severe log level written: debug, info, warn or error."},
+    {"data-dir", OPT_STRING, FIELD(data_dir), "./drey-data", 0, 0,
+     "Data directory: journal segments, snapshots and the CURRENT manifest. Copying a stopped node's directory "
+     "moves its data."},
+    {"ephemeral", OPT_BOOL, FIELD(ephemeral), "false", 0, 0,
+     "Keep data in memory only: no journal, no snapshots, nothing survives a restart."},
+    {"fsync", OPT_STRING, FIELD(fsync), "always", 0, 0,
+     "When a write is durable. always: acknowledged after fdatasync (nothing acknowledged is lost); "
+     "interval:<duration>: acknowledged after write(2), synced that often (a crash of the machine, not just the "
+     "process, loses up to that much); never: the kernel decides (development only)."},
+    {"segment-bytes", OPT_BYTES, FIELD(segment_bytes), "64MiB", 64 * 1024, (int64_t)1 << 40,
+     "Size of a journal segment, preallocated when it is created (appending to preallocated space syncs faster)."},
+    {"batch-wait", OPT_DURATION, FIELD(batch_wait_ms), "0", 0, 1000,
+     "Group commit: how long the journal waits for more writes before writing a batch (a batch also closes when the "
+     "previous sync ends); 0 adds no latency."},
+    {"batch-max-bytes", OPT_BYTES, FIELD(batch_max_bytes), "16MiB", 4096, (int64_t)1 << 30,
+     "Group commit: a batch closes at this many bytes."},
+    {"snapshot-every-bytes", OPT_BYTES, FIELD(snapshot_every_bytes), "256MiB", 0, (int64_t)1 << 50,
+     "Take a snapshot after the journal has grown this much since the last one (0: never by size)."},
+    {"snapshot-every", OPT_DURATION, FIELD(snapshot_every_ms), "1h", 0, (int64_t)366 * 24 * 3600 * 1000,
+     "Take a snapshot this long after the last one if anything was written meanwhile (0: never by time)."},
+    {"retain-snapshots", OPT_INT, FIELD(retain_snapshots), "2", 1, 100,
+     "Snapshots kept; journal segments the newest one covers are deleted."},
+    {"idempotency-retention", OPT_DURATION, FIELD(idempotency_retention_ms), "15m", 1000,
+     (int64_t)7 * 24 * 3600 * 1000,
+     "How long the outcome of a write with a request_id is remembered, so a retry returns it instead of applying "
+     "again."},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -3,6 +3,7 @@
  */
 #include "drey/pipeline.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,15 +16,20 @@ typedef struct stage {
     drey_stage_result (*run)(drey_pipeline *p, drey_request *r);
 } stage;
 
-/* The chain, in order. The handler runs after the last stage. */
+/* The chain, in order. After the last stage the request is applied: a
+ * write through commit, anything else by its handler. */
 static const stage chain[] = {
+    {"ready", DREY_HANDLER_READ | DREY_HANDLER_WRITE, drey_pipeline__ready},
     {"validate", 0, drey_pipeline__validate},
+    {"journal", DREY_HANDLER_WRITE, drey_pipeline__journal},
 };
 
 #define N_STAGES (sizeof chain / sizeof chain[0])
 
 struct drey_pipeline {
     drey_pipeline_options opts;
+    drey_journal *journal;
+    _Atomic bool ready;
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
@@ -38,8 +44,59 @@ void drey_pipeline_destroy(drey_pipeline *p) {
     free(p);
 }
 
+void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j) {
+    p->journal = j;
+}
+
+void drey_pipeline_set_ready(drey_pipeline *p, bool ready) {
+    atomic_store(&p->ready, ready);
+}
+
 const drey_limits *drey_pipeline__limits(const drey_pipeline *p) {
     return &p->opts.limits;
+}
+
+drey_journal *drey_pipeline__journal_of(const drey_pipeline *p) {
+    return p->journal;
+}
+
+drey_commit *drey_pipeline__commit(const drey_pipeline *p) {
+    return p->opts.commit;
+}
+
+drey_status *drey_pipeline__status(drey_request *r, drey_error e) {
+    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    drey_status_init(st);
+    drey_status_set(st, e);
+    r->status = st;
+    return st;
+}
+
+drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r) {
+    if (atomic_load(&p->ready))
+        return DREY_STAGE_NEXT;
+    drey_pipeline__status(r, DREY_ERR_RECOVERING);
+    return DREY_STAGE_REJECT;
+}
+
+/* The end of the chain. */
+static void apply(drey_pipeline *p, drey_request *r) {
+    if (r->method->handler->apply == NULL) {
+        drey_call_run(r->call, r->msg, drey_wall_ms());
+        return;
+    }
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply ax = {
+        .now_ms = r->now_ms != 0 ? r->now_ms : drey_wall_ms(),
+        .arena = drey_call_arena(r->call),
+        .status = &st,
+    };
+    ProtobufCMessage *resp = drey_commit_apply(p->opts.commit, &r->write, &ax);
+    if (resp != NULL)
+        drey_call_reply(r->call, resp);
+    else
+        drey_call_fail(r->call, &st);
 }
 
 static void run_from(drey_request *r) {
@@ -51,10 +108,11 @@ static void run_from(drey_request *r) {
         switch (s->run(r->pipeline, r)) {
         case DREY_STAGE_NEXT: break;
         case DREY_STAGE_PARKED: return;
+        case DREY_STAGE_ANSWERED: return;
         case DREY_STAGE_REJECT: drey_call_fail(r->call, r->status); return;
         }
     }
-    drey_call_run(r->call, r->msg, r->now_ms != 0 ? r->now_ms : drey_wall_ms());
+    apply(r->pipeline, r);
 }
 
 void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMessage *request) {
@@ -63,6 +121,13 @@ void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMess
     r->method = drey_call_method(call);
     r->msg = request;
     r->pipeline = pipeline;
+    r->principal = "";
+    if (r->method->handler->apply != NULL) {
+        const uint8_t *bytes;
+        size_t len;
+        drey_call_request_bytes(call, &bytes, &len);
+        drey_commit_write_init(&r->write, r->method, request, bytes, len, r->principal);
+    }
     run_from(r);
 }
 

@@ -6,6 +6,14 @@
 
 const drey_limits *drey_pipeline__limits(const drey_pipeline *p);
 
+drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__validate(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r);
+
+drey_journal *drey_pipeline__journal_of(const drey_pipeline *p);
+drey_commit *drey_pipeline__commit(const drey_pipeline *p);
+
+/* A status in the request's arena, for a rejecting stage. */
+drey_status *drey_pipeline__status(drey_request *r, drey_error e);
 
 #endif

@@ -882,6 +882,14 @@ void drey_server_destroy(drey_server *s) {
     grpc_shutdown();
 }
 
+const drey_method *drey_server_find_method(const drey_server *s, const char *path) {
+    for (size_t m = 0; m < s->n_methods; m++) {
+        if (strcmp(s->methods[m]->path, path) == 0)
+            return &s->methods[m]->pub;
+    }
+    return NULL;
+}
+
 size_t drey_server_method_count(const drey_server *s) {
     return s->n_methods;
 }

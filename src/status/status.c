@@ -46,8 +46,19 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                   "the health service does not know this service name"},
     [DREY_ERR_DEADLINE_EXCEEDED] = {DREY_ERR_DEADLINE_EXCEEDED, GRPC_STATUS_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED",
                                     "the call's deadline passed before it could run"},
-    [DREY_ERR_SHUTTING_DOWN] = {DREY_ERR_SHUTTING_DOWN, GRPC_STATUS_UNAVAILABLE, "SHUTTING_DOWN",
-                                "the server is shutting down"},
+    [DREY_ERR_IDEMPOTENCY_KEY_REUSED] = {DREY_ERR_IDEMPOTENCY_KEY_REUSED, GRPC_STATUS_FAILED_PRECONDITION,
+                                         "IDEMPOTENCY_KEY_REUSED",
+                                         "this request_id was already used for a different request"},
+    [DREY_ERR_JOURNAL_WRITE_FAILED] = {DREY_ERR_JOURNAL_WRITE_FAILED, GRPC_STATUS_UNAVAILABLE,
+                                       "JOURNAL_WRITE_FAILED",
+                                       "the write could not be made durable and was not applied; retry with the "
+                                       "same request_id"},
+    [DREY_ERR_RECOVERING] = {DREY_ERR_RECOVERING, GRPC_STATUS_UNAVAILABLE, "RECOVERING",
+                             "the node is still recovering its data; retry shortly"},
+    [DREY_ERR_EPHEMERAL_NODE] = {DREY_ERR_EPHEMERAL_NODE, GRPC_STATUS_FAILED_PRECONDITION, "EPHEMERAL_NODE",
+                                 "the node runs with --ephemeral and keeps no data on disk"},
+    [DREY_ERR_SNAPSHOT_FAILED] = {DREY_ERR_SNAPSHOT_FAILED, GRPC_STATUS_INTERNAL, "SNAPSHOT_FAILED",
+                                  "the snapshot could not be written; see the node's log"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

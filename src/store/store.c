@@ -42,6 +42,11 @@ typedef struct shard {
 
 struct drey_store {
     shard shards[DREY_STORE_SHARDS];
+    /* The capture in progress (see drey_store_capture_begin). */
+    _Atomic bool capture_pending[DREY_STORE_SHARDS];
+    drey_store_capture_fn capture_fn;
+    void *capture_ctx;
+    int64_t capture_live_at;
     uint8_t seed[16];
     _Atomic uint64_t version;
     _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
@@ -79,23 +84,39 @@ drey_store *drey_store_create(void) {
     return s;
 }
 
+static void free_entries(shard *sh) {
+    for (size_t b = 0; b <= sh->mask; b++) {
+        entry *e = sh->buckets[b];
+        while (e != NULL) {
+            entry *next = e->next;
+            free(e);
+            e = next;
+        }
+        sh->buckets[b] = NULL;
+    }
+    sh->count = 0;
+    sh->bytes = 0;
+}
+
 void drey_store_destroy(drey_store *s) {
     if (s == NULL)
         return;
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
-        for (size_t b = 0; b <= sh->mask; b++) {
-            entry *e = sh->buckets[b];
-            while (e != NULL) {
-                entry *next = e->next;
-                free(e);
-                e = next;
-            }
-        }
+        free_entries(sh);
         free(sh->buckets);
         pthread_rwlock_destroy(&sh->lock);
     }
     free(s);
+}
+
+void drey_store_clear(drey_store *s) {
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+        shard *sh = &s->shards[i];
+        pthread_rwlock_wrlock(&sh->lock);
+        free_entries(sh);
+        pthread_rwlock_unlock(&sh->lock);
+    }
 }
 
 void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
@@ -209,6 +230,60 @@ void drey_store_raise_version(drey_store *s, uint64_t at_least) {
     }
 }
 
+/* Hands a shard to the capture if it is still marked. Called with the
+ * shard locked. */
+static void capture_if_pending(drey_store *s, size_t idx) {
+    if (!atomic_exchange(&s->capture_pending[idx], false))
+        return;
+    shard *sh = &s->shards[idx];
+    for (size_t b = 0; b <= sh->mask; b++) {
+        for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
+            if (!is_live(e, s->capture_live_at))
+                continue;
+            drey_store_item it = {
+                .cache = (const char *)e->data,
+                .cache_len = e->cache_len,
+                .key = (const char *)e->data + e->cache_len,
+                .key_len = e->key_len,
+            };
+            view_of(e, &it.entry);
+            s->capture_fn(s->capture_ctx, idx, &it);
+        }
+    }
+    s->capture_fn(s->capture_ctx, idx, NULL);
+}
+
+void drey_store_capture_begin(drey_store *s, drey_store_capture_fn fn, void *ctx, int64_t live_at_ms) {
+    s->capture_fn = fn;
+    s->capture_ctx = ctx;
+    s->capture_live_at = live_at_ms;
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        atomic_store(&s->capture_pending[i], true);
+}
+
+void drey_store_capture_shard(drey_store *s, size_t idx) {
+    shard *sh = &s->shards[idx];
+    pthread_rwlock_rdlock(&sh->lock);
+    capture_if_pending(s, idx);
+    pthread_rwlock_unlock(&sh->lock);
+}
+
+void drey_store_capture_end(drey_store *s) {
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        drey_store_capture_shard(s, i);
+    s->capture_fn = NULL;
+    s->capture_ctx = NULL;
+}
+
+void drey_store_load(drey_store *s, const drey_store_item *item) {
+    drey_key k;
+    drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    drey_store_txn_put(&t, &k, &item->entry.value, item->entry.expires_at_ms, item->entry.version);
+    drey_store_txn_end(&t);
+}
+
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n) {
     t->store = s;
     memset(t->locked, 0, sizeof t->locked);
@@ -219,8 +294,11 @@ void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys
     /* Ascending shard order: two transactions never wait on each other in a
      * cycle. */
     for (size_t w = 0; w < DREY_STORE_SHARDS / 64; w++) {
-        for (uint64_t bits = t->locked[w]; bits != 0; bits &= bits - 1)
-            pthread_rwlock_wrlock(&s->shards[w * 64 + (size_t)__builtin_ctzll(bits)].lock);
+        for (uint64_t bits = t->locked[w]; bits != 0; bits &= bits - 1) {
+            size_t idx = w * 64 + (size_t)__builtin_ctzll(bits);
+            pthread_rwlock_wrlock(&s->shards[idx].lock);
+            capture_if_pending(s, idx);
+        }
     }
 }
 
@@ -313,6 +391,7 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
     shard *sh = &s->shards[idx];
     size_t examined = 0, freed = 0;
     pthread_rwlock_wrlock(&sh->lock);
+    capture_if_pending(s, idx);
     size_t nbuckets = sh->mask + 1;
     size_t steps = max_buckets < nbuckets ? max_buckets : nbuckets;
     for (size_t i = 0; i < steps; i++) {

@@ -1,0 +1,76 @@
+/*
+ * commit — applies a write: idempotent retries first, then the method's
+ * state transition.
+ *
+ * The same function runs live (after the journal made the write durable)
+ * and on replay, so a retried request_id finds the same outcome after a
+ * crash as before it. Outcomes are kept in the store itself, in an internal
+ * cache no client can name, expiring after the retention window: snapshots,
+ * memory accounting and the expiry sweep cover them with no extra code.
+ *
+ * A write is identified by (principal, request_id). The principal is the
+ * verified token's subject, or "" for anonymous callers, who therefore share
+ * one namespace of request_ids (a retry may come on a new connection).
+ */
+#ifndef DREY_COMMIT_H
+#define DREY_COMMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/journal.h"
+#include "drey/server.h"
+#include "drey/store.h"
+
+/* The internal cache holding outcomes (its name is not a valid cache name). */
+#define DREY_COMMIT_OUTCOME_CACHE "#outcomes"
+
+typedef struct drey_commit drey_commit;
+
+typedef struct drey_commit_options {
+    drey_store *store;
+    drey_server *server;               /* to find a replayed record's method */
+    int64_t idempotency_retention_ms;  /* how long an outcome is remembered */
+} drey_commit_options;
+
+drey_commit *drey_commit_create(const drey_commit_options *opts);
+void drey_commit_destroy(drey_commit *c);
+
+typedef struct drey_write {
+    const drey_method *method;
+    const ProtobufCMessage *request;
+    const uint8_t *request_bytes; /* as received: the journal keeps these */
+    size_t request_len;
+    const char *principal;        /* idempotency scope; "" for anonymous */
+    const char *request_id;       /* the request's request_id field; "" for none */
+} drey_write;
+
+/* Fills w, taking request_id from the request's field of that name. */
+void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufCMessage *request,
+                            const uint8_t *bytes, size_t len, const char *principal);
+
+typedef enum drey_commit_known {
+    DREY_COMMIT_NEW,      /* no outcome yet: journal and apply it */
+    DREY_COMMIT_ANSWERED, /* a retry: *response or ax->status holds the first outcome */
+} drey_commit_known;
+
+/* Before journaling: the outcome of an earlier attempt, if there is one. A
+ * request_id reused for a different request is answered with
+ * IDEMPOTENCY_KEY_REUSED. */
+drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_apply *ax,
+                                     ProtobufCMessage **response);
+
+/* Applies w at ax->now_ms (or answers it from its remembered outcome) and
+ * remembers the outcome when it has a request_id. NULL with ax->status set
+ * when the write failed. */
+ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax);
+
+/* The journal payload of a write (a drey.journal.v1.JournalRecord). */
+void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
+
+/* Decodes and applies a journal record; -EINVAL for one that names no
+ * method of this server or does not decode (recovery stops there). */
+int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);
+
+#endif

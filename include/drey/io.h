@@ -1,0 +1,88 @@
+/*
+ * io — the one small interface every journal, snapshot and manifest byte
+ * goes through.
+ *
+ * Production uses drey_io_posix(). Tests use drey_io_fault (below): an
+ * in-memory file system that can fail the Nth write or sync with EIO or
+ * ENOSPC and can simulate a crash that loses everything not yet made durable,
+ * in the manner of SQLite's crash-test VFS. A file's bytes are durable after
+ * fdatasync/fsync of that file; a name (create, rename, unlink) is durable
+ * after sync_dir of its directory.
+ *
+ * Every function returns 0 (or a count) on success and -errno on failure.
+ */
+#ifndef DREY_IO_H
+#define DREY_IO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct drey_io drey_io;
+
+typedef struct drey_io_ops {
+    int (*open)(drey_io *io, const char *path, int flags, int mode); /* O_* flags; returns fd */
+    int (*close)(drey_io *io, int fd);
+    ssize_t (*pwrite)(drey_io *io, int fd, const void *buf, size_t n, off_t off);
+    ssize_t (*pread)(drey_io *io, int fd, void *buf, size_t n, off_t off);
+    int (*fdatasync)(drey_io *io, int fd);
+    int (*fallocate)(drey_io *io, int fd, off_t off, off_t len); /* reserve, extending the size */
+    int (*ftruncate)(drey_io *io, int fd, off_t len);
+    int (*fsize)(drey_io *io, int fd, off_t *size);
+    int (*rename)(drey_io *io, const char *from, const char *to);
+    int (*unlink)(drey_io *io, const char *path);
+    int (*mkdir)(drey_io *io, const char *path); /* 0 if it already exists */
+    int (*sync_dir)(drey_io *io, const char *path);
+    /* The names in a directory (no . or ..), sorted; free with drey_io_free_names. */
+    int (*list_dir)(drey_io *io, const char *path, char ***names, size_t *n);
+} drey_io_ops;
+
+struct drey_io {
+    const drey_io_ops *ops;
+};
+
+/* The real file system. */
+drey_io *drey_io_posix(void);
+
+/* Loops over short writes/reads; -errno on failure, -EIO on a short read
+ * past the end of the file. */
+int drey_io_pwrite_all(drey_io *io, int fd, const void *buf, size_t n, off_t off);
+int drey_io_pread_all(drey_io *io, int fd, void *buf, size_t n, off_t off);
+
+/* Writes a whole file atomically and durably: a temporary file next to it,
+ * fdatasync, rename over `path`, sync of the directory. */
+int drey_io_write_file_atomic(drey_io *io, const char *dir, const char *name, const void *data, size_t n);
+/* Reads a whole file (malloc'd). */
+int drey_io_read_file(drey_io *io, const char *path, uint8_t **data, size_t *n);
+
+void drey_io_free_names(char **names, size_t n);
+
+/* --- the faulting, crashing in-memory file system (for tests) ----------- */
+
+typedef struct drey_io_fault drey_io_fault;
+
+drey_io_fault *drey_io_fault_create(void);
+void drey_io_fault_destroy(drey_io_fault *f);
+drey_io *drey_io_fault_io(drey_io_fault *f);
+
+/* The Nth pwrite (fdatasync, fallocate) from now, counting from 1, fails
+ * with -err, and so does every one after it when `sticky`. 0 disarms. */
+void drey_io_fault_fail_write(drey_io_fault *f, unsigned nth, int err, bool sticky);
+void drey_io_fault_fail_sync(drey_io_fault *f, unsigned nth, int err, bool sticky);
+void drey_io_fault_fail_allocate(drey_io_fault *f, unsigned nth, int err, bool sticky);
+
+/* Simulates power loss: every file reverts to its durable bytes and every
+ * directory to its durable names. With torn=true, each 512-byte sector of
+ * each write not yet made durable survives or not at random (seeded), as a
+ * disk may persist some sectors of an interrupted write and not others.
+ * Open descriptors become invalid (-EBADF). */
+void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed);
+
+/* Counts, for assertions. */
+typedef struct drey_io_fault_stats {
+    uint64_t writes, syncs, dir_syncs, bytes_written;
+} drey_io_fault_stats;
+void drey_io_fault_get_stats(drey_io_fault *f, drey_io_fault_stats *out);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * journal — the write-ahead log: segments of CRC-checked frames, group
+ * commit, recovery.
+ *
+ * The journal knows nothing about what its records mean: a record is a
+ * payload, and the journal gives it an LSN (1, 2, 3, ... never reused) and a
+ * time. One writer thread takes every record queued while the previous batch
+ * was being synced, writes them with one pwrite and makes them durable with
+ * one fdatasync (group commit), then calls each record's `done` callback in
+ * LSN order on the writer thread. The caller applies the record there, so
+ * application order is LSN order, live and on replay alike.
+ *
+ * Segments live in <dir>/journal/<first LSN, 16 hex digits>.seg, are
+ * preallocated, and are created as a temporary file that is synced, renamed
+ * into place and made durable with a directory sync. The frame format and the
+ * torn-write rules are in src/journal/frame.h.
+ *
+ * Failure rules. A batch that cannot get space (a new segment cannot be
+ * created: ENOSPC) fails with that error and the journal goes on. A failed
+ * write or fdatasync fails its batch and marks the journal failed: the pages
+ * may or may not be on disk and the kernel may have dropped them (the lesson
+ * of PostgreSQL's fsync failures), so every later append fails too until the
+ * process restarts and recovery reads what is really there.
+ */
+#ifndef DREY_JOURNAL_H
+#define DREY_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/io.h"
+
+typedef enum drey_fsync_policy {
+    DREY_FSYNC_ALWAYS,   /* acknowledge after fdatasync */
+    DREY_FSYNC_INTERVAL, /* acknowledge after write; fdatasync every interval */
+    DREY_FSYNC_NEVER,    /* acknowledge after write; the OS decides */
+} drey_fsync_policy;
+
+typedef struct drey_journal_options {
+    const char *dir;          /* the data directory; the journal uses <dir>/journal */
+    drey_io *io;
+    uint64_t segment_bytes;   /* preallocated size of a segment */
+    drey_fsync_policy fsync;
+    int64_t fsync_interval_ms;
+    int64_t batch_wait_us;    /* wait this long for more records before writing (0: none) */
+    size_t batch_max_bytes;   /* a batch closes at this size */
+} drey_journal_options;
+
+typedef struct drey_journal_record {
+    uint64_t lsn;
+    int64_t time_ms; /* wall-clock ms the record is applied at */
+    const uint8_t *payload;
+    size_t len;
+} drey_journal_record;
+
+/* --- recovery and offline inspection -------------------------------------- */
+
+typedef enum drey_journal_problem {
+    DREY_JOURNAL_OK = 0,
+    DREY_JOURNAL_TORN_TAIL,   /* the last batch was cut short by a crash */
+    DREY_JOURNAL_BAD_HEADER,  /* a segment header is unreadable */
+    DREY_JOURNAL_BAD_FRAME,   /* a CRC mismatch or garbage where durable data was */
+    DREY_JOURNAL_LSN_GAP,     /* LSNs do not follow each other (a missing segment) */
+    DREY_JOURNAL_IO_ERROR,
+} drey_journal_problem;
+
+const char *drey_journal_problem_name(drey_journal_problem p);
+
+typedef struct drey_journal_segment_info {
+    char name[32];          /* file name under journal/ */
+    uint64_t first_lsn;     /* from the header */
+    uint64_t last_lsn;      /* last valid record; first_lsn - 1 if none */
+    uint64_t records;
+    uint64_t file_bytes;    /* size on disk, preallocation included */
+    uint64_t data_end;      /* offset where valid frames end */
+    drey_journal_problem problem;
+    uint64_t problem_offset;
+    uint64_t dirty_end;     /* for a torn tail: end of the bytes after it that are not zero */
+} drey_journal_segment_info;
+
+typedef struct drey_journal_scan {
+    drey_journal_segment_info *segments;
+    size_t n_segments;
+    uint64_t last_lsn;      /* last valid record before the first problem (0: none) */
+    int64_t last_time_ms;
+    drey_journal_problem problem; /* the first problem found, if any */
+    size_t problem_segment;
+    char message[320];      /* file and offset of the problem, for operators */
+} drey_journal_scan;
+
+typedef int (*drey_journal_replay_fn)(void *ctx, const drey_journal_record *rec);
+
+/* Reads every segment, calling replay (may be NULL) for each valid record
+ * with lsn > after_lsn, in order, until the first problem. Never changes the
+ * files. Returns 0, the replay function's non-zero result, or -errno. */
+int drey_journal_scan_dir(drey_io *io, const char *dir, uint64_t after_lsn, drey_journal_replay_fn replay, void *ctx,
+                          drey_journal_scan *out);
+void drey_journal_scan_free(drey_journal_scan *s);
+
+/* Operator repair: cuts the journal at its first problem (zeroing the rest of
+ * that segment and deleting later segments). Reports what it dropped. */
+int drey_journal_repair(drey_io *io, const char *dir, drey_journal_scan *before, uint64_t *dropped_segments);
+
+/* --- the live journal ------------------------------------------------------ */
+
+typedef struct drey_journal drey_journal;
+
+/* Opens <dir>/journal, replaying records after after_lsn through replay. A
+ * torn tail is cut (its bytes zeroed and synced) and counted; any other
+ * problem refuses to open with scan.message in err. Starts the writer. */
+int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey_journal_replay_fn replay, void *ctx,
+                      drey_journal **out, char *err, size_t err_cap);
+
+/* Stops the writer after it has written and completed what was queued,
+ * syncs, and frees the journal. */
+void drey_journal_close(drey_journal *j);
+
+typedef void (*drey_journal_done_fn)(void *arg, const drey_journal_record *rec, int err);
+
+/* A queued append. The caller owns it (typically in its request's arena)
+ * and keeps it and the payload alive until `done` has been called. */
+typedef struct drey_journal_entry {
+    const uint8_t *payload;
+    size_t len;
+    drey_journal_done_fn done; /* err 0: durable (per policy); else -errno, not written */
+    void *arg;
+    struct drey_journal_entry *next_; /* the journal's */
+} drey_journal_entry;
+
+void drey_journal_append(drey_journal *j, drey_journal_entry *e);
+
+/* Runs fn on the writer thread between batches, with the LSN and time of the
+ * last record applied. Used to start a snapshot at an exact LSN. */
+void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg);
+
+/* The time up to which expired entries may be freed without changing what a
+ * record not yet applied would see: min(now, the time of any record stamped
+ * but not applied). Later records are stamped no earlier than it. */
+int64_t drey_journal_sweep_horizon(drey_journal *j, int64_t now_ms);
+
+/* Deletes segments whose records all have lsn <= lsn (never the one being
+ * written). Returns how many were deleted. */
+int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed);
+
+typedef struct drey_journal_stats {
+    uint64_t last_lsn;
+    uint64_t segments;
+    uint64_t disk_bytes;         /* segment files, preallocation included */
+    uint64_t appends;            /* records written since open */
+    uint64_t bytes_written;
+    uint64_t batches;
+    uint64_t torn_tails_cut;     /* at open */
+    int64_t last_fsync_us;       /* duration of the last fdatasync */
+    bool failed;                 /* a write or sync failed: appends are refused */
+    int failed_errno;
+    drey_fsync_policy fsync;
+} drey_journal_stats;
+
+void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out);
+
+/* Histograms for metrics: called on the writer thread after each batch with
+ * its record count and fdatasync duration (0 when not synced). */
+void drey_journal_set_batch_observer(drey_journal *j, void (*fn)(void *ctx, size_t records, int64_t fsync_us),
+                                     void *ctx);
+
+#endif

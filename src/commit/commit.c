@@ -1,0 +1,258 @@
+/*
+ * commit — idempotent application of writes; see include/drey/commit.h.
+ *
+ * An outcome entry: key = principal, NUL, request_id; value (bytes) =
+ *   32-byte SHA-256 of the method path and the request bytes
+ *   u8 1, then the serialized response           (the write succeeded)
+ *   u8 0, u16 error, u8 n, n x (u8 len, key, u8 len, value)   (it failed)
+ * expiring `retention` after the write's time.
+ */
+#include "drey/commit.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "drey/journal/v1/journal.pb-c.h"
+
+#define FINGERPRINT 32
+#define OUTCOME_STRIPES 64
+
+struct drey_commit {
+    drey_commit_options opts;
+    pthread_mutex_t stripes[OUTCOME_STRIPES];
+};
+
+drey_commit *drey_commit_create(const drey_commit_options *opts) {
+    drey_commit *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        abort();
+    c->opts = *opts;
+    for (size_t i = 0; i < OUTCOME_STRIPES; i++)
+        pthread_mutex_init(&c->stripes[i], NULL);
+    return c;
+}
+
+void drey_commit_destroy(drey_commit *c) {
+    if (c == NULL)
+        return;
+    for (size_t i = 0; i < OUTCOME_STRIPES; i++)
+        pthread_mutex_destroy(&c->stripes[i]);
+    free(c);
+}
+
+void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufCMessage *request,
+                            const uint8_t *bytes, size_t len, const char *principal) {
+    w->method = m;
+    w->request = request;
+    w->request_bytes = bytes;
+    w->request_len = len;
+    w->principal = principal;
+    w->request_id = "";
+    const ProtobufCFieldDescriptor *fd =
+        protobuf_c_message_descriptor_get_field_by_name(request->descriptor, "request_id");
+    if (fd != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
+        w->request_id = *(char *const *)(const void *)((const char *)request + fd->offset);
+}
+
+static void fingerprint(const drey_write *w, uint8_t out[FINGERPRINT]) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
+        EVP_DigestUpdate(ctx, w->method->path, strlen(w->method->path) + 1) != 1 ||
+        EVP_DigestUpdate(ctx, w->request_bytes, w->request_len) != 1 || EVP_DigestFinal_ex(ctx, out, NULL) != 1)
+        abort(); /* OpenSSL cannot hash in memory: nothing sane to do */
+    EVP_MD_CTX_free(ctx);
+}
+
+/* The outcome entry's key: principal NUL request_id, in arena memory. */
+static void outcome_key(drey_commit *c, const drey_write *w, drey_arena *a, drey_key *k) {
+    size_t pl = strlen(w->principal), rl = strlen(w->request_id);
+    char *key = drey_arena_alloc(a, pl + 1 + rl);
+    memcpy(key, w->principal, pl);
+    key[pl] = '\0';
+    memcpy(key + pl + 1, w->request_id, rl);
+    drey_store_key(c->opts.store, k, DREY_COMMIT_OUTCOME_CACHE, sizeof DREY_COMMIT_OUTCOME_CACHE - 1, key,
+                   pl + 1 + rl);
+}
+
+/* Answers from a stored outcome: the response, or the failure, or a
+ * conflict when the request differs. */
+static ProtobufCMessage *answer(const drey_write *w, const drey_value *v, drey_apply *ax) {
+    uint8_t fp[FINGERPRINT];
+    fingerprint(w, fp);
+    if (v->len < FINGERPRINT + 1 || memcmp(v->data, fp, FINGERPRINT) != 0) {
+        drey_status_set(ax->status, DREY_ERR_IDEMPOTENCY_KEY_REUSED);
+        return NULL;
+    }
+    const uint8_t *p = v->data + FINGERPRINT + 1, *end = v->data + v->len;
+    if (v->data[FINGERPRINT] == 1) {
+        ProtobufCMessage *resp = protobuf_c_message_unpack(
+            w->method->desc->output, drey_arena_protobuf_allocator(ax->arena), (size_t)(end - p), p);
+        if (resp == NULL)
+            drey_status_set(ax->status, DREY_ERR_INTERNAL);
+        return resp;
+    }
+    if (end - p < 3) {
+        drey_status_set(ax->status, DREY_ERR_INTERNAL);
+        return NULL;
+    }
+    drey_status_set(ax->status, (drey_error)(p[0] | p[1] << 8));
+    size_t n = p[2];
+    p += 3;
+    for (size_t i = 0; i < n && end - p >= 2; i++) {
+        size_t kl = p[0];
+        if ((size_t)(end - p) < 2 + kl)
+            break;
+        const char *key = (const char *)p + 1;
+        size_t vl = p[1 + kl];
+        if ((size_t)(end - p) < 2 + kl + vl)
+            break;
+        /* Metadata keys are static strings in the catalogue's callers;
+         * keep this one alive in the arena. */
+        drey_status_add_metadata(ax->status, drey_arena_strndup(ax->arena, key, kl), "%.*s", (int)vl,
+                                 (const char *)p + 2 + kl);
+        p += 2 + kl + vl;
+    }
+    return NULL;
+}
+
+typedef struct found {
+    drey_arena *arena;
+    drey_value value;
+} found;
+
+static void copy_value(void *arg, const drey_entry_view *e) {
+    found *f = arg;
+    uint8_t *copy = drey_arena_alloc(f->arena, e->value.len);
+    memcpy(copy, e->value.data, e->value.len);
+    f->value = e->value;
+    f->value.data = copy;
+}
+
+drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_apply *ax,
+                                     ProtobufCMessage **response) {
+    *response = NULL;
+    if (w->request_id[0] == '\0')
+        return DREY_COMMIT_NEW;
+    drey_key k;
+    outcome_key(c, w, ax->arena, &k);
+    found f = {.arena = ax->arena};
+    if (!drey_store_read(c->opts.store, &k, ax->now_ms, copy_value, &f))
+        return DREY_COMMIT_NEW;
+    *response = answer(w, &f.value, ax);
+    return DREY_COMMIT_ANSWERED;
+}
+
+static void remember(drey_commit *c, const drey_write *w, drey_apply *ax, const drey_key *k,
+                     const ProtobufCMessage *resp) {
+    size_t len = FINGERPRINT + 1;
+    if (resp != NULL) {
+        len += protobuf_c_message_get_packed_size(resp);
+    } else {
+        len += 3;
+        for (size_t i = 0; i < ax->status->n_metadata; i++)
+            len += 2 + strlen(ax->status->metadata[i].key) + strlen(ax->status->metadata[i].value);
+    }
+    uint8_t *buf = drey_arena_alloc(ax->arena, len);
+    fingerprint(w, buf);
+    uint8_t *p = buf + FINGERPRINT;
+    if (resp != NULL) {
+        *p++ = 1;
+        protobuf_c_message_pack(resp, p);
+    } else {
+        *p++ = 0;
+        *p++ = (uint8_t)ax->status->error;
+        *p++ = (uint8_t)(ax->status->error >> 8);
+        *p++ = (uint8_t)ax->status->n_metadata;
+        for (size_t i = 0; i < ax->status->n_metadata; i++) {
+            size_t kl = strlen(ax->status->metadata[i].key), vl = strlen(ax->status->metadata[i].value);
+            *p++ = (uint8_t)kl;
+            memcpy(p, ax->status->metadata[i].key, kl);
+            p += kl;
+            *p++ = (uint8_t)vl;
+            memcpy(p, ax->status->metadata[i].value, vl);
+            p += vl;
+        }
+    }
+    drey_value v = {.kind = DREY_VALUE_BYTES, .data = buf, .len = (uint32_t)len};
+    drey_store_txn t;
+    drey_store_txn_begin(c->opts.store, &t, k, 1);
+    drey_store_txn_put(&t, k, &v, ax->now_ms + c->opts.idempotency_retention_ms, 0);
+    drey_store_txn_end(&t);
+}
+
+ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
+    void *ctx = w->method->service_ctx;
+    if (w->request_id[0] == '\0')
+        return w->method->handler->apply(ctx, ax, w->request);
+
+    /* Check, apply and remember under the request_id's stripe lock, so two
+     * attempts racing (ephemeral nodes apply on many threads) apply once.
+     * Stripe locks are taken before any shard lock, never inside one. */
+    drey_key k;
+    outcome_key(c, w, ax->arena, &k);
+    pthread_mutex_t *stripe = &c->stripes[k.hash % OUTCOME_STRIPES];
+    pthread_mutex_lock(stripe);
+    found f = {.arena = ax->arena};
+    ProtobufCMessage *resp;
+    if (drey_store_read(c->opts.store, &k, ax->now_ms, copy_value, &f)) {
+        resp = answer(w, &f.value, ax);
+    } else {
+        resp = w->method->handler->apply(ctx, ax, w->request);
+        remember(c, w, ax, &k, resp);
+    }
+    pthread_mutex_unlock(stripe);
+    return resp;
+}
+
+void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
+    Drey__Journal__V1__JournalRecord rec = DREY__JOURNAL__V1__JOURNAL_RECORD__INIT;
+    rec.method = (char *)w->method->path + 1; /* without the leading '/' */
+    rec.request.data = (uint8_t *)w->request_bytes;
+    rec.request.len = w->request_len;
+    rec.principal = (char *)w->principal;
+    rec.request_id = (char *)w->request_id;
+    *len = protobuf_c_message_get_packed_size(&rec.base);
+    *out = drey_arena_alloc(a, *len);
+    protobuf_c_message_pack(&rec.base, *out);
+}
+
+int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
+    char scratch[4096];
+    drey_arena a;
+    drey_arena_init(&a, scratch, sizeof scratch);
+    int rc = -EINVAL;
+    Drey__Journal__V1__JournalRecord *jr =
+        drey__journal__v1__journal_record__unpack(drey_arena_protobuf_allocator(&a), rec->len, rec->payload);
+    if (jr == NULL)
+        goto out;
+    char path[512];
+    snprintf(path, sizeof path, "/%s", jr->method);
+    const drey_method *m = drey_server_find_method(c->opts.server, path);
+    if (m == NULL || m->handler->apply == NULL)
+        goto out;
+    ProtobufCMessage *req = protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&a),
+                                                      jr->request.len, jr->request.data);
+    if (req == NULL)
+        goto out;
+    drey_write w = {
+        .method = m,
+        .request = req,
+        .request_bytes = jr->request.data,
+        .request_len = jr->request.len,
+        .principal = jr->principal,
+        .request_id = jr->request_id,
+    };
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply ax = {.now_ms = rec->time_ms, .arena = &a, .status = &st};
+    drey_commit_apply(c, &w, &ax);
+    rc = 0;
+out:
+    drey_arena_destroy(&a);
+    return rc;
+}

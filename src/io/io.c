@@ -1,0 +1,91 @@
+/*
+ * io — helpers over any drey_io; see include/drey/io.h.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/io.h"
+
+int drey_io_pwrite_all(drey_io *io, int fd, const void *buf, size_t n, off_t off) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = io->ops->pwrite(io, fd, p, n, off);
+        if (w < 0)
+            return (int)w;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+int drey_io_pread_all(drey_io *io, int fd, void *buf, size_t n, off_t off) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = io->ops->pread(io, fd, p, n, off);
+        if (r < 0)
+            return (int)r;
+        if (r == 0)
+            return -EIO;
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+int drey_io_write_file_atomic(drey_io *io, const char *dir, const char *name, const void *data, size_t n) {
+    char tmp[4096], dst[4096];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    int fd = io->ops->open(io, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return fd;
+    int rc = drey_io_pwrite_all(io, fd, data, n, 0);
+    if (rc == 0)
+        rc = io->ops->fdatasync(io, fd);
+    int crc = io->ops->close(io, fd);
+    if (rc == 0)
+        rc = crc;
+    if (rc == 0)
+        rc = io->ops->rename(io, tmp, dst);
+    if (rc == 0)
+        rc = io->ops->sync_dir(io, dir);
+    if (rc != 0)
+        io->ops->unlink(io, tmp);
+    return rc;
+}
+
+int drey_io_read_file(drey_io *io, const char *path, uint8_t **data, size_t *n) {
+    int fd = io->ops->open(io, path, O_RDONLY, 0);
+    if (fd < 0)
+        return fd;
+    off_t size;
+    int rc = io->ops->fsize(io, fd, &size);
+    uint8_t *buf = NULL;
+    if (rc == 0) {
+        buf = malloc(size > 0 ? (size_t)size : 1);
+        if (buf == NULL)
+            abort();
+        rc = drey_io_pread_all(io, fd, buf, (size_t)size, 0);
+    }
+    io->ops->close(io, fd);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    *data = buf;
+    *n = (size_t)size;
+    return 0;
+}
+
+void drey_io_free_names(char **names, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}

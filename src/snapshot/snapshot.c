@@ -1,0 +1,288 @@
+/*
+ * snapshot — writing and reading snapshot files; see include/drey/snapshot.h.
+ *
+ * Each shard is serialized into its own buffer when the store hands it over
+ * (on whichever thread touched it first); finish walks the shards in order,
+ * forcing the capture of any not yet delivered, and streams each buffer to
+ * the file before freeing it, so memory beyond the file itself stays bounded
+ * by the shards writers touched first.
+ */
+#include "drey/snapshot.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/crc32c.h"
+
+#define SNAP_MAGIC "DREYSNP"
+#define SNAP_END_MAGIC "DREYEND"
+#define SNAP_VERSION 1u
+#define SNAP_HEADER 64u
+#define SNAP_TRAILER 32u
+#define RECORD_HEAD 8u  /* length + CRC */
+#define BODY_FIXED 24u  /* lengths, kind, version, expiry */
+
+typedef struct buffer {
+    uint8_t *data;
+    size_t len, cap;
+    uint64_t count;
+    _Atomic bool complete;
+} buffer;
+
+struct drey_snapshot {
+    drey_store *store;
+    uint64_t lsn;
+    int64_t time_ms;
+    uint64_t last_version;
+    buffer shards[DREY_STORE_SHARDS];
+};
+
+static void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p) {
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static uint8_t *reserve(buffer *b, size_t n) {
+    if (b->cap - b->len < n) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap - b->len < n)
+            cap *= 2;
+        b->data = realloc(b->data, cap);
+        if (b->data == NULL)
+            abort();
+        b->cap = cap;
+    }
+    uint8_t *p = b->data + b->len;
+    b->len += n;
+    return p;
+}
+
+static void on_item(void *ctx, size_t shard, const drey_store_item *it) {
+    drey_snapshot *snap = ctx;
+    buffer *b = &snap->shards[shard];
+    if (it == NULL) {
+        atomic_store(&b->complete, true);
+        return;
+    }
+    size_t body = BODY_FIXED + it->cache_len + it->key_len + it->entry.value.len;
+    uint8_t *p = reserve(b, RECORD_HEAD + body);
+    uint8_t *q = p + RECORD_HEAD;
+    q[0] = (uint8_t)it->cache_len;
+    q[1] = (uint8_t)it->entry.value.kind;
+    put16(q + 2, (uint16_t)it->key_len);
+    put32(q + 4, it->entry.value.len);
+    put64(q + 8, it->entry.version);
+    put64(q + 16, (uint64_t)it->entry.expires_at_ms);
+    memcpy(q + BODY_FIXED, it->cache, it->cache_len);
+    memcpy(q + BODY_FIXED + it->cache_len, it->key, it->key_len);
+    if (it->entry.value.len > 0)
+        memcpy(q + BODY_FIXED + it->cache_len + it->key_len, it->entry.value.data, it->entry.value.len);
+    put32(p, (uint32_t)body);
+    put32(p + 4, drey_crc32c(0, q, body));
+    b->count++;
+}
+
+drey_snapshot *drey_snapshot_begin(drey_store *s, uint64_t lsn, int64_t time_ms) {
+    drey_snapshot *snap = calloc(1, sizeof *snap);
+    if (snap == NULL)
+        abort();
+    snap->store = s;
+    snap->lsn = lsn;
+    snap->time_ms = time_ms;
+    snap->last_version = drey_store_last_version(s);
+    drey_store_capture_begin(s, on_item, snap, time_ms);
+    return snap;
+}
+
+static void free_snapshot(drey_snapshot *snap) {
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        free(snap->shards[i].data);
+    free(snap);
+}
+
+int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char *name, size_t name_cap,
+                         drey_snapshot_info *info) {
+    char sdir[4096], path[4096 + 64], tmp[4096 + 80];
+    snprintf(sdir, sizeof sdir, "%s/snapshots", dir);
+    snprintf(name, name_cap, "snap-%016" PRIx64 ".snap", snap->lsn);
+    snprintf(path, sizeof path, "%s/%s", sdir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = io->ops->mkdir(io, sdir);
+    int fd = rc == 0 ? io->ops->open(io, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : rc;
+    uint8_t head[SNAP_HEADER] = {0};
+    memcpy(head, SNAP_MAGIC, 8);
+    put32(head + 8, SNAP_VERSION);
+    put32(head + 12, SNAP_HEADER);
+    put64(head + 16, snap->lsn);
+    put64(head + 24, (uint64_t)snap->time_ms);
+    put64(head + 32, snap->last_version);
+    put32(head + 48, drey_crc32c(0, head, 48));
+    uint64_t off = 0, count = 0;
+    uint32_t chain = 0;
+    if (fd >= 0) {
+        rc = drey_io_pwrite_all(io, fd, head, sizeof head, 0);
+        off = sizeof head;
+    } else {
+        rc = fd;
+    }
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+        drey_store_capture_shard(snap->store, i);
+        buffer *b = &snap->shards[i];
+        if (rc == 0 && b->len > 0) {
+            rc = drey_io_pwrite_all(io, fd, b->data, b->len, (off_t)off);
+            off += b->len;
+            chain = drey_crc32c(chain, b->data, b->len);
+        }
+        count += b->count;
+        free(b->data);
+        b->data = NULL;
+        b->len = b->cap = 0;
+    }
+    drey_store_capture_end(snap->store);
+    if (rc == 0) {
+        uint8_t trailer[SNAP_TRAILER] = {0};
+        memcpy(trailer, SNAP_END_MAGIC, 8);
+        put64(trailer + 8, count);
+        put32(trailer + 16, chain);
+        put32(trailer + 20, drey_crc32c(0, trailer, 20));
+        rc = drey_io_pwrite_all(io, fd, trailer, sizeof trailer, (off_t)off);
+        off += sizeof trailer;
+    }
+    if (rc == 0)
+        rc = io->ops->fdatasync(io, fd);
+    if (fd >= 0)
+        io->ops->close(io, fd);
+    if (rc == 0)
+        rc = io->ops->rename(io, tmp, path);
+    if (rc == 0)
+        rc = io->ops->sync_dir(io, sdir);
+    if (rc != 0)
+        io->ops->unlink(io, tmp);
+    if (info != NULL) {
+        info->lsn = snap->lsn;
+        info->time_ms = snap->time_ms;
+        info->last_version = snap->last_version;
+        info->entries = count;
+        info->bytes = off;
+    }
+    free_snapshot(snap);
+    return rc;
+}
+
+bool drey_snapshot_parse_name(const char *name, uint64_t *lsn) {
+    if (strlen(name) != 26 || strncmp(name, "snap-", 5) != 0 || strcmp(name + 21, ".snap") != 0)
+        return false;
+    uint64_t v = 0;
+    for (int i = 5; i < 21; i++) {
+        char c = name[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+            return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    *lsn = v;
+    return true;
+}
+
+#define FAIL(...)                                                                                                    \
+    do {                                                                                                             \
+        snprintf(err, err_cap, __VA_ARGS__);                                                                         \
+        rc = -EINVAL;                                                                                                \
+        goto out;                                                                                                    \
+    } while (0)
+
+int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, const drey_store_item *item), void *ctx,
+                       drey_snapshot_info *info, char *err, size_t err_cap) {
+    uint8_t *buf;
+    size_t size;
+    int rc = drey_io_read_file(io, path, &buf, &size);
+    if (rc != 0) {
+        snprintf(err, err_cap, "cannot read %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    if (size < SNAP_HEADER + SNAP_TRAILER || memcmp(buf, SNAP_MAGIC, 8) != 0 || get32(buf + 8) != SNAP_VERSION ||
+        get32(buf + 48) != drey_crc32c(0, buf, 48))
+        FAIL("%s: bad snapshot header", path);
+    memset(info, 0, sizeof *info);
+    info->lsn = get64(buf + 16);
+    info->time_ms = (int64_t)get64(buf + 24);
+    info->last_version = get64(buf + 32);
+    info->bytes = size;
+    size_t off = get32(buf + 12), end = size - SNAP_TRAILER;
+    const uint8_t *t = buf + end;
+    if (memcmp(t, SNAP_END_MAGIC, 8) != 0 || get32(t + 20) != drey_crc32c(0, t, 20))
+        FAIL("%s: the trailer is missing or damaged (a truncated snapshot)", path);
+    uint32_t chain = 0;
+    uint64_t count = 0;
+    while (off < end) {
+        if (end - off < RECORD_HEAD + BODY_FIXED)
+            FAIL("%s: record at offset %zu is cut short", path, off);
+        uint32_t body = get32(buf + off);
+        const uint8_t *q = buf + off + RECORD_HEAD;
+        if (body < BODY_FIXED || body > end - off - RECORD_HEAD || get32(buf + off + 4) != drey_crc32c(0, q, body))
+            FAIL("%s: record at offset %zu is damaged", path, off);
+        drey_store_item it = {
+            .cache_len = q[0],
+            .key_len = get16(q + 2),
+        };
+        it.entry.value.kind = (drey_value_kind)q[1];
+        it.entry.value.len = get32(q + 4);
+        it.entry.version = get64(q + 8);
+        it.entry.expires_at_ms = (int64_t)get64(q + 16);
+        if ((uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len != body)
+            FAIL("%s: record at offset %zu has inconsistent lengths", path, off);
+        it.cache = (const char *)q + BODY_FIXED;
+        it.key = it.cache + it.cache_len;
+        it.entry.value.data = (const uint8_t *)it.key + it.key_len;
+        if (fn != NULL)
+            fn(ctx, &it);
+        chain = drey_crc32c(chain, buf + off, RECORD_HEAD + body);
+        off += RECORD_HEAD + body;
+        count++;
+    }
+    if (count != get64(t + 8) || chain != get32(t + 16))
+        FAIL("%s: holds %" PRIu64 " records where its trailer says %" PRIu64, path, count, get64(t + 8));
+    info->entries = count;
+out:
+    free(buf);
+    return rc;
+}
+
+static void load_item(void *ctx, const drey_store_item *it) {
+    drey_store_load(ctx, it);
+}
+
+int drey_snapshot_load(drey_io *io, const char *path, drey_store *s, drey_snapshot_info *info, char *err,
+                       size_t err_cap) {
+    int rc = drey_snapshot_read(io, path, load_item, s, info, err, err_cap);
+    if (rc == 0)
+        drey_store_raise_version(s, info->last_version);
+    return rc;
+}

@@ -1,0 +1,446 @@
+/*
+ * storage — recovery, snapshots and compaction; see include/drey/storage.h.
+ *
+ * The manifest (CURRENT) is "DREYMAN\0", u32 length, u32 CRC-32C of the
+ * payload, then a drey.journal.v1.Manifest. It is replaced atomically
+ * (temporary file, fdatasync, rename, directory sync) only after the snapshot
+ * it names is durable, so a crash at any point leaves a manifest naming a
+ * complete snapshot and a journal that continues it.
+ */
+#include "drey/storage.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/clock.h"
+#include "drey/crc32c.h"
+#include "drey/journal/v1/journal.pb-c.h"
+#include "drey/log.h"
+#include "storage_internal.h"
+
+typedef struct waiter {
+    struct waiter *next;
+    void (*done)(void *arg, const drey_snapshot_result *r);
+    void *arg;
+} waiter;
+
+struct drey_storage {
+    drey_storage_options opts;
+    char *dir;
+    drey_io *io;
+    drey_store *store;
+    drey_journal *journal;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool stopping;
+    waiter *waiters;            /* requested snapshots */
+    drey_snapshot *begun;       /* handed over by the writer thread */
+    bool begin_done;
+    uint64_t bytes_at_snapshot; /* journal bytes_written at the last snapshot */
+    uint64_t appends_at_snapshot;
+    int64_t last_snapshot_mono;
+    drey_storage_stats stats;
+};
+
+/* --- manifest ------------------------------------------------------------- */
+
+#define MANIFEST_MAGIC "DREYMAN"
+
+int drey_storage__read_manifest(drey_io *io, const char *dir, char *snapshot, size_t cap, uint64_t *lsn) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/CURRENT", dir);
+    uint8_t *buf;
+    size_t n;
+    int rc = drey_io_read_file(io, path, &buf, &n);
+    if (rc != 0)
+        return rc;
+    rc = -EINVAL;
+    if (n >= 16 && memcmp(buf, MANIFEST_MAGIC, 8) == 0) {
+        uint32_t len = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
+        uint32_t crc = (uint32_t)buf[12] | (uint32_t)buf[13] << 8 | (uint32_t)buf[14] << 16 | (uint32_t)buf[15] << 24;
+        if (len == n - 16 && crc == drey_crc32c(0, buf + 16, len)) {
+            Drey__Journal__V1__Manifest *m = drey__journal__v1__manifest__unpack(NULL, len, buf + 16);
+            if (m != NULL) {
+                snprintf(snapshot, cap, "%s", m->snapshot);
+                *lsn = m->snapshot_lsn;
+                drey__journal__v1__manifest__free_unpacked(m, NULL);
+                rc = 0;
+            }
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+static int write_manifest(drey_io *io, const char *dir, const char *snapshot, uint64_t lsn, char **retained,
+                          size_t n_retained) {
+    Drey__Journal__V1__Manifest m = DREY__JOURNAL__V1__MANIFEST__INIT;
+    m.snapshot = (char *)snapshot;
+    m.snapshot_lsn = lsn;
+    m.retained_snapshots = retained;
+    m.n_retained_snapshots = n_retained;
+    size_t len = protobuf_c_message_get_packed_size(&m.base);
+    uint8_t *buf = malloc(16 + len);
+    if (buf == NULL)
+        abort();
+    memcpy(buf, MANIFEST_MAGIC, 8);
+    protobuf_c_message_pack(&m.base, buf + 16);
+    uint32_t crc = drey_crc32c(0, buf + 16, len);
+    for (int i = 0; i < 4; i++) {
+        buf[8 + i] = (uint8_t)(len >> (8 * i));
+        buf[12 + i] = (uint8_t)(crc >> (8 * i));
+    }
+    int rc = drey_io_write_file_atomic(io, dir, "CURRENT", buf, 16 + len);
+    free(buf);
+    return rc;
+}
+
+/* Snapshot files, newest (highest LSN) first. */
+size_t drey_storage__list_snapshots(drey_io *io, const char *dir, char ***names) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/snapshots", dir);
+    char **all;
+    size_t n;
+    *names = NULL;
+    if (io->ops->list_dir(io, path, &all, &n) != 0)
+        return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t lsn;
+        if (drey_snapshot_parse_name(all[i], &lsn))
+            all[k++] = all[i];
+        else
+            free(all[i]);
+    }
+    /* Names sort by LSN (fixed-width hex): reverse for newest first. */
+    for (size_t i = 0; i < k / 2; i++) {
+        char *t = all[i];
+        all[i] = all[k - 1 - i];
+        all[k - 1 - i] = t;
+    }
+    *names = all;
+    return k;
+}
+
+/* --- recovery ------------------------------------------------------------- */
+
+typedef struct replay_ctx {
+    drey_commit *commit;
+    uint64_t records;
+    int64_t last_log_ms;
+} replay_ctx;
+
+static int replay_one(void *arg, const drey_journal_record *rec) {
+    replay_ctx *r = arg;
+    int rc = drey_commit_replay(r->commit, rec);
+    if (rc != 0) {
+        DREY_LOG_ERROR("recovery: a journal record cannot be applied", DREY_LOG_UINT("lsn", rec->lsn));
+        return rc;
+    }
+    r->records++;
+    int64_t now = drey_mono_ms();
+    if (now - r->last_log_ms >= 1000) {
+        r->last_log_ms = now;
+        DREY_LOG_INFO("recovery: replaying the journal", DREY_LOG_UINT("records", r->records),
+                      DREY_LOG_UINT("lsn", rec->lsn));
+    }
+    return 0;
+}
+
+/* Loads the newest usable snapshot: the manifest's, else older ones. */
+static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap) {
+    char named[256] = "";
+    uint64_t named_lsn = 0;
+    int rc = drey_storage__read_manifest(st->io, st->dir, named, sizeof named, &named_lsn);
+    if (rc == -ENOENT) {
+        *lsn = 0;
+        return 0; /* a new data directory */
+    }
+    if (rc != 0) {
+        snprintf(err, cap, "%s/CURRENT is damaged; `dreyd storage inspect %s` shows what is there", st->dir,
+                 st->dir);
+        return -EINVAL;
+    }
+    if (named[0] == '\0') {
+        *lsn = 0;
+        return 0;
+    }
+    char **names;
+    size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
+    /* The named one first, then the others newest first. */
+    rc = -ENOENT;
+    char why[512] = "";
+    for (size_t pass = 0; pass < 2 && rc != 0; pass++) {
+        for (size_t i = 0; i < n && rc != 0; i++) {
+            char rel[300];
+            snprintf(rel, sizeof rel, "snapshots/%s", names[i]);
+            bool is_named = strcmp(rel, named) == 0;
+            if (is_named != (pass == 0))
+                continue;
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", st->dir, rel);
+            drey_snapshot_info info;
+            char e[512];
+            int64_t t0 = drey_mono_ms();
+            rc = drey_snapshot_load(st->io, path, st->store, &info, e, sizeof e);
+            if (rc != 0) {
+                DREY_LOG_WARN("recovery: snapshot unusable", DREY_LOG_STR("file", rel), DREY_LOG_STR("error", e));
+                snprintf(why, sizeof why, "%s", e);
+                drey_store_clear(st->store);
+                continue;
+            }
+            *lsn = info.lsn;
+            st->stats.recovered_snapshot_entries = info.entries;
+            st->stats.snapshot_lsn = info.lsn;
+            st->stats.snapshot_time_ms = info.time_ms;
+            DREY_LOG_INFO("recovery: snapshot loaded", DREY_LOG_STR("file", rel), DREY_LOG_UINT("lsn", info.lsn),
+                          DREY_LOG_UINT("entries", info.entries), DREY_LOG_INT("ms", drey_mono_ms() - t0));
+        }
+    }
+    drey_io_free_names(names, n);
+    if (rc != 0)
+        snprintf(err, cap, "no usable snapshot in %s/snapshots (the manifest names %s): %s", st->dir, named,
+                 why[0] ? why : "missing");
+    return rc;
+}
+
+/* --- snapshots ------------------------------------------------------------ */
+
+static void begin_on_writer(void *arg, uint64_t lsn, int64_t time_ms) {
+    drey_storage *st = arg;
+    drey_snapshot *snap = drey_snapshot_begin(st->store, lsn, time_ms);
+    pthread_mutex_lock(&st->mu);
+    st->begun = snap;
+    st->begin_done = true;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Deletes snapshots beyond the retention; returns the names kept. */
+static size_t apply_retention(drey_storage *st, char ***kept) {
+    char **names;
+    size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
+    size_t keep = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
+    for (size_t i = keep; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/snapshots/%s", st->dir, names[i]);
+        st->io->ops->unlink(st->io, path);
+        free(names[i]);
+    }
+    *kept = names;
+    return keep;
+}
+
+static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
+    memset(r, 0, sizeof *r);
+    int64_t t0 = drey_mono_ms();
+    drey_journal_stats js;
+    drey_journal_get_stats(st->journal, &js);
+
+    pthread_mutex_lock(&st->mu);
+    st->begin_done = false;
+    st->stats.snapshot_in_flight = true;
+    pthread_mutex_unlock(&st->mu);
+    drey_journal_on_writer(st->journal, begin_on_writer, st);
+    pthread_mutex_lock(&st->mu);
+    while (!st->begin_done)
+        pthread_cond_wait(&st->cond, &st->mu);
+    drey_snapshot *snap = st->begun;
+    st->begun = NULL;
+    pthread_mutex_unlock(&st->mu);
+
+    char name[64];
+    r->rc = drey_snapshot_finish(snap, st->io, st->dir, name, sizeof name, &r->info);
+    if (r->rc == 0) {
+        snprintf(r->file, sizeof r->file, "snapshots/%s", name);
+        char **kept;
+        size_t n_kept = apply_retention(st, &kept);
+        for (size_t i = 0; i < n_kept; i++) {
+            char *rel = malloc(strlen(kept[i]) + 12);
+            if (rel == NULL)
+                abort();
+            sprintf(rel, "snapshots/%s", kept[i]);
+            free(kept[i]);
+            kept[i] = rel;
+        }
+        r->rc = write_manifest(st->io, st->dir, r->file, r->info.lsn, kept, n_kept);
+        drey_io_free_names(kept, n_kept);
+    }
+    int compaction_rc = 0;
+    if (r->rc == 0)
+        compaction_rc = drey_journal_remove_through(st->journal, r->info.lsn, &r->segments_removed);
+    r->duration_ms = drey_mono_ms() - t0;
+
+    pthread_mutex_lock(&st->mu);
+    st->stats.snapshot_in_flight = false;
+    st->stats.last_snapshot_duration_ms = r->duration_ms;
+    if (r->rc == 0) {
+        st->stats.snapshots_taken++;
+        st->stats.snapshot_lsn = r->info.lsn;
+        st->stats.snapshot_time_ms = drey_wall_ms();
+        st->stats.last_compaction_ms = drey_wall_ms();
+        st->stats.segments_removed += r->segments_removed;
+        st->stats.compaction_failed = compaction_rc != 0;
+        st->bytes_at_snapshot = js.bytes_written;
+        st->appends_at_snapshot = js.appends;
+    } else {
+        st->stats.snapshots_failed++;
+    }
+    st->last_snapshot_mono = drey_mono_ms();
+    pthread_mutex_unlock(&st->mu);
+
+    if (r->rc == 0)
+        DREY_LOG_INFO("snapshot written", DREY_LOG_STR("file", r->file), DREY_LOG_UINT("lsn", r->info.lsn),
+                      DREY_LOG_UINT("entries", r->info.entries), DREY_LOG_UINT("bytes", r->info.bytes),
+                      DREY_LOG_INT("ms", r->duration_ms), DREY_LOG_UINT("segments_removed", r->segments_removed));
+    else
+        DREY_LOG_ERROR("snapshot failed", DREY_LOG_STR("error", strerror(-r->rc)));
+    if (compaction_rc != 0)
+        DREY_LOG_ERROR("compaction failed", DREY_LOG_STR("error", strerror(-compaction_rc)));
+}
+
+/* Whether the size or time trigger has fired. Needs st->mu. */
+static bool snapshot_due(drey_storage *st) {
+    drey_journal_stats js;
+    drey_journal_get_stats(st->journal, &js);
+    if (st->opts.snapshot_every_bytes > 0 && js.bytes_written - st->bytes_at_snapshot >= st->opts.snapshot_every_bytes)
+        return true;
+    return st->opts.snapshot_every_ms > 0 && js.appends > st->appends_at_snapshot &&
+           drey_mono_ms() - st->last_snapshot_mono >= st->opts.snapshot_every_ms;
+}
+
+static void *snapshot_main(void *arg) {
+    drey_storage *st = arg;
+    pthread_mutex_lock(&st->mu);
+    while (!st->stopping) {
+        if (st->waiters == NULL && !snapshot_due(st)) {
+            /* Triggers are checked once a second: they are coarse by nature. */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&st->cond, &st->mu, &until);
+            continue;
+        }
+        waiter *w = st->waiters;
+        st->waiters = NULL;
+        pthread_mutex_unlock(&st->mu);
+        drey_snapshot_result r;
+        take_snapshot(st, &r);
+        while (w != NULL) {
+            waiter *next = w->next;
+            w->done(w->arg, &r);
+            free(w);
+            w = next;
+        }
+        pthread_mutex_lock(&st->mu);
+    }
+    /* Requests that arrive during shutdown are answered, not dropped. */
+    waiter *w = st->waiters;
+    st->waiters = NULL;
+    pthread_mutex_unlock(&st->mu);
+    drey_snapshot_result r = {.rc = -ECANCELED};
+    while (w != NULL) {
+        waiter *next = w->next;
+        w->done(w->arg, &r);
+        free(w);
+        w = next;
+    }
+    return NULL;
+}
+
+void drey_storage_request_snapshot(drey_storage *st, void (*done)(void *arg, const drey_snapshot_result *r),
+                                   void *arg) {
+    waiter *w = malloc(sizeof *w);
+    if (w == NULL)
+        abort();
+    w->done = done;
+    w->arg = arg;
+    pthread_mutex_lock(&st->mu);
+    w->next = st->waiters;
+    st->waiters = w;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* --- lifecycle ------------------------------------------------------------ */
+
+int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
+                      char *err, size_t err_cap) {
+    drey_storage *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        abort();
+    st->opts = *opts;
+    st->dir = strdup(opts->journal.dir);
+    st->io = opts->journal.io;
+    st->store = store;
+    if (st->opts.retain_snapshots == 0)
+        st->opts.retain_snapshots = 1;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cond, NULL);
+
+    int64_t t0 = drey_mono_ms();
+    int rc = st->io->ops->mkdir(st->io, st->dir);
+    if (rc != 0) {
+        snprintf(err, err_cap, "cannot create the data directory %s: %s", st->dir, strerror(-rc));
+        goto fail;
+    }
+    DREY_LOG_INFO("recovery: starting", DREY_LOG_STR("dir", st->dir));
+    uint64_t snapshot_lsn = 0;
+    rc = load_snapshot(st, &snapshot_lsn, err, err_cap);
+    if (rc != 0)
+        goto fail;
+    replay_ctx rctx = {.commit = commit, .last_log_ms = drey_mono_ms()};
+    drey_journal_options jo = opts->journal;
+    jo.dir = st->dir;
+    rc = drey_journal_open(&jo, snapshot_lsn, replay_one, &rctx, &st->journal, err, err_cap);
+    if (rc != 0)
+        goto fail;
+    drey_journal_stats js;
+    drey_journal_get_stats(st->journal, &js);
+    st->stats.replayed_records = rctx.records;
+    st->stats.recovery_ms = drey_mono_ms() - t0;
+    st->last_snapshot_mono = drey_mono_ms();
+    DREY_LOG_INFO("recovery: done", DREY_LOG_UINT("snapshot_lsn", snapshot_lsn),
+                  DREY_LOG_UINT("replayed_records", rctx.records), DREY_LOG_UINT("last_lsn", js.last_lsn),
+                  DREY_LOG_UINT("torn_tails_cut", js.torn_tails_cut), DREY_LOG_INT("ms", st->stats.recovery_ms));
+    if (pthread_create(&st->thread, NULL, snapshot_main, st) != 0)
+        abort();
+    *out = st;
+    return 0;
+fail:
+    free(st->dir);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+    return rc;
+}
+
+void drey_storage_close(drey_storage *st) {
+    if (st == NULL)
+        return;
+    pthread_mutex_lock(&st->mu);
+    st->stopping = true;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->thread, NULL);
+    drey_journal_close(st->journal);
+    free(st->dir);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+}
+
+drey_journal *drey_storage_journal(drey_storage *st) {
+    return st->journal;
+}
+
+void drey_storage_get_stats(drey_storage *st, drey_storage_stats *out) {
+    pthread_mutex_lock(&st->mu);
+    *out = st->stats;
+    pthread_mutex_unlock(&st->mu);
+}
