@@ -1,0 +1,184 @@
+/*
+ * client — a gRPC client on the C core API, for the CLI, the integration
+ * tests and load generators.
+ *
+ *   drey_client *c = drey_client_open(&(drey_client_options){.target = "127.0.0.1:50051"}, err, sizeof err);
+ *   Drey__Cache__V1__GetRequest req = DREY__CACHE__V1__GET_REQUEST__INIT;
+ *   req.key = "k";
+ *   ProtobufCMessage *resp;
+ *   drey_client_status st;
+ *   if (drey_client_unary(c, DREY_CLIENT_CACHE("Get"), &req.base, &drey__cache__v1__get_response__descriptor,
+ *                         5000, &arena, &resp, &st) != GRPC_STATUS_OK)
+ *       printf("%s %s\n", drey_client_code_name(st.code), drey_client_status_reason(&st));
+ *   drey_client_close(c);
+ *
+ * Memory: everything a call returns (the response, the status message and its
+ * decoded details) lives in the drey_arena the caller passes, so one
+ * drey_arena_reset() frees a call's results. The client owns nothing the
+ * caller sees.
+ *
+ * Connections: each client opens its own channel and its own connection (a
+ * local subchannel pool), so a load generator with one client per thread gets
+ * one connection per thread. Transparent retries are off: a call's outcome
+ * is what the server answered. A client is used by one thread at a time.
+ *
+ * Deadlines: timeout_ms is relative to the start of the call;
+ * DREY_CLIENT_NO_DEADLINE means none, and 0 gives a deadline that has already
+ * passed when the call starts.
+ *
+ * This module is the only client-side user of grpc/grpc.h: the C core API
+ * has no compatibility promise across releases.
+ */
+#ifndef DREY_CLIENT_H
+#define DREY_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "drey/arena.h"
+#include "google/rpc/error_details.pb-c.h"
+#include "google/rpc/status.pb-c.h"
+
+#define DREY_CLIENT_NO_DEADLINE ((int64_t)-1)
+
+/* Method paths of the services dreyd serves. */
+#define DREY_CLIENT_CACHE(method) ("/drey.cache.v1.Cache/" method)
+#define DREY_CLIENT_HEALTH(method) ("/grpc.health.v1.Health/" method)
+
+typedef struct drey_client drey_client;
+
+/* One request header sent on every call. */
+typedef struct drey_client_header {
+    const char *key;   /* lowercase; "-bin" keys carry binary values */
+    const char *value; /* NUL-terminated */
+} drey_client_header;
+
+typedef struct drey_client_options {
+    const char *target;                /* "host:port" or any gRPC target URI */
+    const char *token;                 /* sent as "authorization: Bearer <token>"; NULL or "": none */
+    const drey_client_header *headers; /* more request headers for every call */
+    size_t n_headers;
+    int max_recv_message_bytes;        /* 0: gRPC's default (4 MiB); -1: unlimited */
+} drey_client_options;
+
+/* Opens a channel (insecure; the connection is made by the first call).
+ * Returns NULL with a message in err when the options are unusable (no
+ * target, a header gRPC would refuse). grpc_init() is balanced by close. */
+drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t err_cap);
+
+/* Cancels calls and streams still in flight, waits for them, and frees
+ * everything. NULL is accepted. */
+void drey_client_close(drey_client *c);
+
+/* --- status --------------------------------------------------------------- */
+
+/* The outcome of a call. For a non-OK status from a drey server the details
+ * (`grpc-status-details-bin`, a google.rpc.Status) are decoded and the known
+ * detail types picked out; each is NULL when absent (and all are when the
+ * trailer is missing or undecodable). A status made by the client itself
+ * (connection refused, deadline, an undecodable response) has no details. */
+typedef struct drey_client_status {
+    grpc_status_code code;
+    const char *message;                          /* never NULL; "" when none */
+    const Google__Rpc__Status *details;           /* the whole google.rpc.Status */
+    const Google__Rpc__ErrorInfo *error_info;     /* the first of each type */
+    const Google__Rpc__BadRequest *bad_request;
+    const Google__Rpc__QuotaFailure *quota_failure;
+    const Google__Rpc__RetryInfo *retry_info;
+} drey_client_status;
+
+/* Sets code and message and clears the details (message NULL: ""). */
+void drey_client_status_set(drey_client_status *st, grpc_status_code code, const char *message);
+
+/* Decodes a serialized google.rpc.Status into st's details, in arena memory.
+ * Detail types other than the four above are kept in st->details only; an
+ * Any whose payload does not decode is skipped. Returns false (details left
+ * NULL) when the bytes are not a google.rpc.Status. */
+bool drey_client_status_decode_details(drey_client_status *st, const uint8_t *data, size_t len, drey_arena *arena);
+
+/* ErrorInfo.reason and .domain, or "" without an ErrorInfo. */
+const char *drey_client_status_reason(const drey_client_status *st);
+const char *drey_client_status_domain(const drey_client_status *st);
+/* ErrorInfo.metadata[key], or NULL. */
+const char *drey_client_status_metadata(const drey_client_status *st, const char *key);
+/* The BadRequest violation naming exactly this field path, or NULL. */
+const Google__Rpc__BadRequest__FieldViolation *drey_client_status_violation(const drey_client_status *st,
+                                                                           const char *field);
+/* RetryInfo.retry_delay in milliseconds, or -1 without one. */
+int64_t drey_client_status_retry_delay_ms(const drey_client_status *st);
+
+/* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" outside the enum. */
+const char *drey_client_code_name(grpc_status_code code);
+
+/* --- synchronous unary calls ---------------------------------------------- */
+
+/* Sends request to method (a path, "/pkg.Service/Method") and waits for the
+ * outcome. On OK, *response is the decoded response (in arena) and the
+ * return value is GRPC_STATUS_OK; a response that does not decode as
+ * response_type makes the call INTERNAL. Otherwise *response is NULL and st
+ * says why. Returns st->code. */
+grpc_status_code drey_client_unary(drey_client *c, const char *method, const ProtobufCMessage *request,
+                                   const ProtobufCMessageDescriptor *response_type, int64_t timeout_ms,
+                                   drey_arena *arena, ProtobufCMessage **response, drey_client_status *st);
+
+/* The same with pre-encoded request bytes, for servers whose types drey does
+ * not know: *response is the raw response message (in arena; empty unless
+ * OK). Returns st->code. */
+grpc_status_code drey_client_unary_raw(drey_client *c, const char *method, const void *request, size_t request_len,
+                                       int64_t timeout_ms, drey_arena *arena, ProtobufCBinaryData *response,
+                                       drey_client_status *st);
+
+/* --- asynchronous unary calls (load generators) --------------------------- */
+
+/* A finished asynchronous call. */
+typedef struct drey_client_completion {
+    void *user;                   /* as given to drey_client_start_call */
+    drey_client_status status;
+    ProtobufCBinaryData response; /* raw response message (in arena); empty unless OK */
+    int64_t elapsed_ns;           /* from start_call until drey_client_next took the completion */
+} drey_client_completion;
+
+/* Starts a unary call with pre-encoded request bytes (copied: the caller may
+ * reuse them at once) and returns without waiting. Any number may be in
+ * flight. Returns false only when gRPC refused to start the call. */
+bool drey_client_start_call(drey_client *c, const char *method, const void *request, size_t request_len,
+                            int64_t timeout_ms, void *user);
+
+/* Waits up to timeout_ms (DREY_CLIENT_NO_DEADLINE: no limit) for a call
+ * started by drey_client_start_call to finish and describes it in *out, its
+ * strings and bytes in arena. Returns true with a completion, false on
+ * timeout or when no call is in flight (it never blocks then). */
+bool drey_client_next(drey_client *c, int64_t timeout_ms, drey_arena *arena, drey_client_completion *out);
+
+/* Calls started and not yet returned by drey_client_next. */
+size_t drey_client_in_flight(const drey_client *c);
+
+/* --- server streaming ----------------------------------------------------- */
+
+typedef struct drey_client_stream drey_client_stream;
+
+/* Starts a server-streaming call: sends request and half-closes. timeout_ms
+ * bounds the whole stream. Returns NULL (with st set) when gRPC refused to
+ * start it. */
+drey_client_stream *drey_client_stream_start(drey_client *c, const char *method, const ProtobufCMessage *request,
+                                             int64_t timeout_ms, drey_client_status *st);
+
+/* Waits for the next message and decodes it as type into arena. Returns
+ * false when the stream has ended (or a message did not decode, which
+ * drey_client_stream_finish reports as INTERNAL). */
+bool drey_client_stream_read(drey_client_stream *s, const ProtobufCMessageDescriptor *type, drey_arena *arena,
+                             ProtobufCMessage **message);
+
+/* Cancels the stream (its status becomes CANCELLED unless it had ended). */
+void drey_client_stream_cancel(drey_client_stream *s);
+
+/* Waits for the stream to end (messages not read are discarded: cancel first
+ * to stop early), describes its status in st (in arena) and frees the
+ * stream. Returns st->code. */
+grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *arena, drey_client_status *st);
+
+#endif
