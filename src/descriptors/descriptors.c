@@ -102,6 +102,61 @@ static void index_message(drey_descriptors *d, const char *scope, const Google__
         index_enum(d, name, m->enum_type[i], file);
 }
 
+static bool enum_names_present(const Google__Protobuf__EnumDescriptorProto *e) {
+    if (e->name == NULL)
+        return false;
+    for (size_t i = 0; i < e->n_value; i++) {
+        if (e->value[i]->name == NULL)
+            return false;
+    }
+    return true;
+}
+
+static bool message_names_present(const Google__Protobuf__DescriptorProto *m) {
+    if (m->name == NULL)
+        return false;
+    for (size_t i = 0; i < m->n_field; i++) {
+        if (m->field[i]->name == NULL)
+            return false;
+    }
+    for (size_t i = 0; i < m->n_nested_type; i++) {
+        if (!message_names_present(m->nested_type[i]))
+            return false;
+    }
+    for (size_t i = 0; i < m->n_enum_type; i++) {
+        if (!enum_names_present(m->enum_type[i]))
+            return false;
+    }
+    return true;
+}
+
+/* Every name the index reads is present (and every dependency). */
+static bool names_present(const Google__Protobuf__FileDescriptorProto *fp) {
+    if (fp->name == NULL)
+        return false;
+    for (size_t i = 0; i < fp->n_dependency; i++) {
+        if (fp->dependency[i] == NULL)
+            return false;
+    }
+    for (size_t i = 0; i < fp->n_message_type; i++) {
+        if (!message_names_present(fp->message_type[i]))
+            return false;
+    }
+    for (size_t i = 0; i < fp->n_enum_type; i++) {
+        if (!enum_names_present(fp->enum_type[i]))
+            return false;
+    }
+    for (size_t i = 0; i < fp->n_service; i++) {
+        if (fp->service[i]->name == NULL)
+            return false;
+        for (size_t m = 0; m < fp->service[i]->n_method; m++) {
+            if (fp->service[i]->method[m]->name == NULL)
+                return false;
+        }
+    }
+    return true;
+}
+
 static int symbol_cmp(const void *a, const void *b) {
     return strcmp(((const symbol *)a)->name, ((const symbol *)b)->name);
 }
@@ -134,6 +189,10 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
         goto fail;
 
     for (size_t f = 0; f < d->n_files; f++) {
+        if (!names_present(fds->file[f]))
+            goto fail; /* names are optional on the wire, required here */
+    }
+    for (size_t f = 0; f < d->n_files; f++) {
         const Google__Protobuf__FileDescriptorProto *fp = fds->file[f];
         const char *pkg = fp->package != NULL ? fp->package : "";
         d->files[f].deps = xmalloc(fp->n_dependency * sizeof(size_t));
@@ -163,7 +222,8 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
                 add_symbol(d, join(sname, sp->method[m]->name), f);
         }
     }
-    qsort(d->symbols, d->n_symbols, sizeof *d->symbols, symbol_cmp);
+    if (d->n_symbols > 0)
+        qsort(d->symbols, d->n_symbols, sizeof *d->symbols, symbol_cmp);
     return d;
 fail:
     drey_descriptors_free(d);
@@ -225,6 +285,8 @@ long drey_descriptors_find_file(const drey_descriptors *d, const char *name) {
 }
 
 long drey_descriptors_find_symbol(const drey_descriptors *d, const char *name) {
+    if (d->n_symbols == 0)
+        return -1;
     symbol key = {.name = (char *)name};
     const symbol *s = bsearch(&key, d->symbols, d->n_symbols, sizeof key, symbol_cmp);
     return s != NULL ? (long)s->file : -1;

@@ -8,6 +8,7 @@
 #include "drey/log.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,11 +40,30 @@ void drey_log_set_fd(int fd) {
     log_fd = fd;
 }
 
+/* The length of the valid UTF-8 sequence at p (n bytes left), 0 if invalid. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+    size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
+    if (p[0] < 0xc2 || p[0] > 0xf4 || n < len)
+        return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    }
+    /* Overlong 3- and 4-byte forms, surrogates, beyond U+10FFFF. */
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) || (p[0] == 0xf0 && p[1] < 0x90) ||
+        (p[0] == 0xf4 && p[1] >= 0x90))
+        return 0;
+    return len;
+}
+
 size_t drey_log_json_escape(char *buf, size_t len, size_t cap, const char *s) {
     static const char hex[] = "0123456789abcdef";
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        char esc[6];
-        size_t n;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t left = strlen(s);
+    while (left > 0) {
+        char esc[8];
+        size_t n, used = 1;
+        const char *src = esc;
         switch (*p) {
         case '"': memcpy(esc, "\\\"", n = 2); break;
         case '\\': memcpy(esc, "\\\\", n = 2); break;
@@ -55,15 +75,25 @@ size_t drey_log_json_escape(char *buf, size_t len, size_t cap, const char *s) {
                 esc[0] = '\\', esc[1] = 'u', esc[2] = '0', esc[3] = '0';
                 esc[4] = hex[*p >> 4], esc[5] = hex[*p & 15];
                 n = 6;
-            } else {
+            } else if (*p < 0x80) {
                 esc[0] = (char)*p;
                 n = 1;
+            } else if ((used = utf8_seq(p, left)) > 0) {
+                src = (const char *)p;
+                n = used;
+            } else {
+                /* Not UTF-8 (gRPC's messages can carry anything): the
+                 * replacement character keeps the line valid JSON. */
+                memcpy(esc, "\\ufffd", n = 6);
+                used = 1;
             }
         }
         if (cap - len < n)
             return cap;
-        memcpy(buf + len, esc, n);
+        memcpy(buf + len, src, n);
         len += n;
+        p += used;
+        left -= used;
     }
     return len;
 }
@@ -111,8 +141,32 @@ void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *
     size_t len = put_fmt(line, 0, cap, "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\",\"msg\":",
                          tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                          ts.tv_nsec / 1000000, level_names[level]);
+    /* The message is cut, not dropped, and its string closed, so even an
+     * absurdly long one yields a valid line. */
+    size_t mark = len;
     len = put_str(line, len, cap, msg);
     bool cut = len >= cap;
+    if (cut) {
+        len = put(line, mark, cap, "\"", 1);
+        size_t room = cap - len - 2; /* the closing quote, and spare */
+        size_t end = drey_log_json_escape(line, len, len + room, msg);
+        if (end >= len + room) {
+            /* Escape the longest prefix that fits, on a character boundary. */
+            char tmp[LOG_LINE_MAX];
+            size_t take = strlen(msg);
+            if (take > sizeof tmp - 1)
+                take = sizeof tmp - 1;
+            do {
+                take = take * 3 / 4;
+                while (take > 0 && ((unsigned char)msg[take] & 0xc0) == 0x80)
+                    take--;
+                memcpy(tmp, msg, take);
+                tmp[take] = '\0';
+                end = drey_log_json_escape(line, len, len + room, tmp);
+            } while (end >= len + room && take > 0);
+        }
+        len = put(line, end, cap, "\"", 1);
+    }
     for (size_t i = 0; i < n && !cut; i++) {
         size_t mark = len;
         len = put(line, len, cap, ",", 1);
@@ -122,7 +176,11 @@ void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *
         case DREY_LOG_FIELD_STR: len = put_str(line, len, cap, fields[i].v.s); break;
         case DREY_LOG_FIELD_INT: len = put_fmt(line, len, cap, "%lld", (long long)fields[i].v.i); break;
         case DREY_LOG_FIELD_UINT: len = put_fmt(line, len, cap, "%llu", (unsigned long long)fields[i].v.u); break;
-        case DREY_LOG_FIELD_DOUBLE: len = put_fmt(line, len, cap, "%.6g", fields[i].v.d); break;
+        case DREY_LOG_FIELD_DOUBLE:
+            /* JSON has no NaN or infinity. */
+            len = isfinite(fields[i].v.d) ? put_fmt(line, len, cap, "%.6g", fields[i].v.d)
+                                           : put(line, len, cap, "null", 4);
+            break;
         case DREY_LOG_FIELD_BOOL: len = put_fmt(line, len, cap, "%s", fields[i].v.b ? "true" : "false"); break;
         }
         if (len >= cap) {

@@ -243,7 +243,7 @@ static bool duration_ok(const Google__Protobuf__Duration *d) {
     /* Positive, and at most DREY_MAX_TTL_MS. */
     if (d->seconds < 0 || (d->seconds == 0 && d->nanos <= 0))
         return false;
-    return d->seconds <= DREY_MAX_TTL_MS / 1000;
+    return d->seconds < DREY_MAX_TTL_MS / 1000 || (d->seconds == DREY_MAX_TTL_MS / 1000 && d->nanos == 0);
 }
 
 static bool timestamp_ok(const Google__Protobuf__Timestamp *t) {
