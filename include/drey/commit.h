@@ -66,6 +66,10 @@ drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_a
  * when the write failed. */
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax);
 
+/* What remembering w's outcome will add to the store (0 without a
+ * request_id); an estimate, for memory admission. */
+size_t drey_commit_outcome_bytes(const drey_write *w);
+
 /* The journal payload of a write (a drey.journal.v1.JournalRecord). */
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
 

@@ -37,6 +37,24 @@ typedef struct drey_config {
     int64_t snapshot_every_ms;      /* time that triggers a snapshot */
     int64_t retain_snapshots;       /* snapshots kept */
     int64_t idempotency_retention_ms; /* how long request_id outcomes are kept */
+    char *node_id;                  /* QuotaFailure subjects, metrics */
+    char *jwt_jwks_file;            /* JWKS key set */
+    char *jwt_keys_dir;             /* <kid>.<ALG>.pem / .key files */
+    char *jwt_issuer, *jwt_audience;
+    int64_t jwt_clock_skew_ms;
+    int64_t jwt_max_token_bytes;
+    int64_t jwt_cache_entries;
+    int64_t jwt_reload_interval_ms;
+    bool insecure_allow_anonymous_remote;
+    char *tls_cert, *tls_key, *tls_client_ca;
+    int64_t max_inflight, max_queued, queue_max_wait_ms;
+    int64_t slowdown_at, slowdown_max_delay_ms;
+    int64_t node_rate, node_burst;
+    int64_t principal_max_inflight, principal_max_queued;
+    int64_t principal_rate, principal_burst;
+    int64_t max_principals;
+    int64_t memory_limit_bytes;
+    char *ops_listen;               /* the HTTP listener: health, details, metrics */
 } drey_config;
 
 /* Fills cfg with the defaults of the option table. */

@@ -36,6 +36,10 @@ typedef struct drey_io_ops {
     int (*sync_dir)(drey_io *io, const char *path);
     /* The names in a directory (no . or ..), sorted; free with drey_io_free_names. */
     int (*list_dir)(drey_io *io, const char *path, char ***names, size_t *n);
+    /* Takes an exclusive advisory lock on path (created if absent) without
+     * waiting: returns an fd to close() to release, or -EWOULDBLOCK when
+     * another process holds it. Optional (NULL: no locking). */
+    int (*lock)(drey_io *io, const char *path);
 } drey_io_ops;
 
 struct drey_io {

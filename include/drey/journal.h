@@ -143,6 +143,15 @@ int64_t drey_journal_sweep_horizon(drey_journal *j, int64_t now_ms);
  * written). Returns how many were deleted. */
 int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed);
 
+/* The journal disk quota (see drey_journal_options.max_bytes). */
+typedef enum drey_journal_quota_state {
+    DREY_JOURNAL_QUOTA_NORMAL,   /* below the high-water mark */
+    DREY_JOURNAL_QUOTA_HIGH,     /* from high water: observability only */
+    DREY_JOURNAL_QUOTA_CRITICAL, /* the next append would not fit: refused */
+} drey_journal_quota_state;
+
+const char *drey_journal_quota_state_name(drey_journal_quota_state s);
+
 typedef struct drey_journal_stats {
     uint64_t last_lsn;
     uint64_t segments;
@@ -155,6 +164,10 @@ typedef struct drey_journal_stats {
     bool failed;                 /* a write or sync failed: appends are refused */
     int failed_errno;
     drey_fsync_policy fsync;
+    uint64_t quota_max_bytes;    /* 0: no quota */
+    uint64_t quota_high_water_bytes;
+    drey_journal_quota_state quota_state;
+    uint64_t quota_rejections;
 } drey_journal_stats;
 
 void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out);

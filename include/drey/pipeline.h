@@ -16,8 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drey/auth.h"
+#include "drey/backpressure.h"
 #include "drey/commit.h"
 #include "drey/journal.h"
+#include "drey/memory.h"
+#include "drey/metrics.h"
 #include "drey/server.h"
 #include "drey/status.h"
 
@@ -36,7 +40,12 @@ typedef struct drey_limits {
 
 typedef struct drey_pipeline_options {
     drey_limits limits;
-    drey_commit *commit; /* applies writes (idempotency, then the method) */
+    drey_commit *commit;     /* applies writes (idempotency, then the method) */
+    drey_auth *auth;         /* NULL: no keys; a request with a token is refused */
+    bool auth_required;      /* a request without a token is refused */
+    drey_bp *backpressure;   /* NULL: no runtime admission */
+    drey_memory *memory;     /* NULL: no memory admission */
+    drey_metrics *metrics;   /* NULL: not counted */
 } drey_pipeline_options;
 
 typedef struct drey_request {
@@ -47,9 +56,11 @@ typedef struct drey_request {
     size_t next_stage;   /* index into the chain */
     int64_t now_ms;      /* when the request is applied (0: now) */
     drey_status *status; /* set by a rejecting stage */
-    const char *principal; /* idempotency scope ("" anonymous) */
-    drey_write write;    /* writes: what commit applies */
+    const char *principal; /* jwt:{sub} or conn:{id}: backpressure, metrics, logs */
+    drey_write write;    /* writes: what commit applies (its principal is the
+                            idempotency scope: jwt:{sub}, or "" when anonymous) */
     drey_journal_entry entry; /* writes: the journal append */
+    drey_bp_ticket ticket;    /* the backpressure slot */
 } drey_request;
 
 typedef enum drey_stage_result {

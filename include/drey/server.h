@@ -34,7 +34,8 @@ typedef struct drey_method drey_method;
 enum {
     DREY_HANDLER_READ = 1u << 0,   /* reads the store */
     DREY_HANDLER_WRITE = 1u << 1,  /* mutates the store: memory admission, journal */
-    DREY_HANDLER_SYSTEM = 1u << 2, /* health, reflection: must answer under overload */
+    DREY_HANDLER_SYSTEM = 1u << 2, /* health, reflection: answer without a token, under overload */
+    DREY_HANDLER_ADMIN = 1u << 3,  /* operator actions: authenticated and admitted, no store access */
 };
 
 /* What a write's state transition gets: the time it happens at (the
@@ -53,6 +54,9 @@ typedef struct drey_handler {
      * again on replay, so it may depend only on the store, the request and
      * ax->now_ms. Returns the response, or NULL with ax->status set. */
     ProtobufCMessage *(*apply)(void *service_ctx, drey_apply *ax, const ProtobufCMessage *request);
+    /* Write methods that can grow memory: the bytes the write would add to
+     * the store's accounting (new size - old size) if applied now. */
+    int64_t (*growth)(void *service_ctx, const ProtobufCMessage *request, int64_t now_ms);
     /* Other unary methods: called once with the decoded request. The handler must
      * eventually call drey_call_reply() or drey_call_fail(), from any thread,
      * even if the call was cancelled meanwhile. */
@@ -84,6 +88,10 @@ typedef struct drey_server_options {
     const char *listen;           /* host:port */
     size_t workers;               /* completion queues and threads; >= 1 */
     int64_t max_recv_message_bytes;
+    /* TLS when tls_cert is set: PEM certificate chain and key; with
+     * tls_client_ca, clients must present a certificate it signed (mTLS).
+     * The files are re-read when they change (no restart). */
+    const char *tls_cert, *tls_key, *tls_client_ca;
 } drey_server_options;
 
 drey_server *drey_server_create(const drey_server_options *opts);
@@ -95,6 +103,11 @@ bool drey_server_add_service(drey_server *s, const ProtobufCServiceDescriptor *s
                              size_t n_handlers, void *service_ctx);
 
 void drey_server_set_dispatch(drey_server *s, drey_dispatch_fn fn, void *ctx);
+
+/* Called for every call of a registered method as its status is sent: the
+ * method's index, the gRPC status code and the time since it arrived. */
+typedef void (*drey_call_observer_fn)(void *ctx, size_t method, int code, int64_t duration_ns);
+void drey_server_set_call_observer(drey_server *s, drey_call_observer_fn fn, void *ctx);
 
 /* Binds and starts serving; returns the bound port, or 0 with a message
  * (naming the cause, e.g. the address is in use) written to err_buf. */
@@ -120,12 +133,25 @@ void drey_call_request_bytes(const drey_call *c, const uint8_t **data, size_t *l
 /* A request metadata value by lowercase key; NULL if absent. The value is
  * not NUL-terminated. */
 const char *drey_call_metadata(const drey_call *c, const char *key, size_t *len);
-/* The client's transport address ("ipv4:127.0.0.1:53712"): stable for the
- * life of its connection. Never an identity. */
+/* The client's transport address ("ipv4:127.0.0.1:53712"). Never an
+ * identity. */
 const char *drey_call_peer(drey_call *c);
+/* "conn:<n>": one number per client HTTP/2 connection, stable for its life,
+ * never reused within the process. */
+const char *drey_call_connection(drey_call *c);
 /* Milliseconds until the deadline; INT64_MAX without one. */
 int64_t drey_call_remaining_ms(const drey_call *c);
 bool drey_call_cancelled(const drey_call *c);
+
+/* Unary calls: fn runs once, when the reply or failure is issued (before it
+ * is sent), from the replying thread. */
+void drey_call_on_finish(drey_call *c, void (*fn)(void *arg), void *arg);
+/* Unary calls: fn runs once if the client cancels (or the deadline passes)
+ * before the handler replied, on the completion-queue thread. The handler
+ * must still reply. */
+void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg);
+/* The call's deadline on the monotonic clock (ns); INT64_MAX without one. */
+int64_t drey_call_deadline_mono_ns(const drey_call *c);
 
 void drey_call_set_user(drey_call *c, void *user);
 void *drey_call_user(const drey_call *c);

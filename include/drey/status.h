@@ -39,11 +39,31 @@ typedef enum drey_error {
     DREY_ERR_UNKNOWN_METHOD,
     DREY_ERR_UNKNOWN_SERVICE,
     DREY_ERR_DEADLINE_EXCEEDED,
+    DREY_ERR_CANCELLED,
     DREY_ERR_IDEMPOTENCY_KEY_REUSED,
     DREY_ERR_JOURNAL_WRITE_FAILED,
     DREY_ERR_RECOVERING,
     DREY_ERR_EPHEMERAL_NODE,
     DREY_ERR_SNAPSHOT_FAILED,
+    /* Identity (UNAUTHENTICATED). */
+    DREY_ERR_TOKEN_MISSING,
+    DREY_ERR_TOKEN_MALFORMED,
+    DREY_ERR_TOKEN_TOO_LARGE,
+    DREY_ERR_TOKEN_ALGORITHM,
+    DREY_ERR_TOKEN_UNKNOWN_KEY,
+    DREY_ERR_TOKEN_BAD_SIGNATURE,
+    DREY_ERR_TOKEN_EXPIRED,
+    DREY_ERR_TOKEN_NOT_YET_VALID,
+    DREY_ERR_TOKEN_WRONG_ISSUER,
+    DREY_ERR_TOKEN_WRONG_AUDIENCE,
+    DREY_ERR_TOKEN_INVALID,
+    /* Admission (RESOURCE_EXHAUSTED). */
+    DREY_ERR_NODE_RATE_LIMIT,
+    DREY_ERR_PRINCIPAL_RATE_LIMIT,
+    DREY_ERR_PRINCIPAL_CONCURRENCY_LIMIT,
+    DREY_ERR_QUEUE_FULL,
+    DREY_ERR_QUEUE_TIMEOUT,
+    DREY_ERR_MEMORY_PRESSURE,
     DREY_ERR_INTERNAL,
     DREY_ERR_COUNT_
 } drey_error;
@@ -82,7 +102,7 @@ typedef struct drey_status {
     size_t n_violations;                  /* recorded (at most the max) */
     size_t n_violations_total;            /* found, for the message */
     drey_field_violation violations[DREY_STATUS_MAX_VIOLATIONS];
-    char quota_subject[96];               /* QuotaFailure subject; "" = none */
+    char quota_subject[128];              /* QuotaFailure subject; "" = none */
     const char *quota_description;
     int64_t retry_delay_ms;               /* RetryInfo; < 0 = none */
 } drey_status;

@@ -114,6 +114,11 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out);
 
+/* Accounted bytes of all entries, kept as a running total: O(1). */
+int64_t drey_store_bytes(const drey_store *s);
+/* Accounted bytes of the key's live entry; 0 if there is none. */
+size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms);
+
 /* --- snapshots ------------------------------------------------------------
  *
  * A capture copies the table as of one instant without stopping it: begin

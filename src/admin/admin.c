@@ -7,24 +7,32 @@
 #include "drey/admin.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#include "drey/admin/v1/admin.pb-c.h"
+#include "drey/clock.h"
 
 struct drey_admin {
-    bool durable;
+    drey_admin_options opts;
+    char *fsync_policy;
     _Atomic(drey_storage *) storage;
 };
 
-drey_admin *drey_admin_create(bool durable) {
+drey_admin *drey_admin_create(const drey_admin_options *opts) {
     drey_admin *a = calloc(1, sizeof *a);
     if (a == NULL)
         abort();
-    a->durable = durable;
+    a->opts = *opts;
+    a->fsync_policy = strdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
     return a;
 }
 
 void drey_admin_destroy(drey_admin *a) {
+    if (a == NULL)
+        return;
+    free(a->fsync_policy);
     free(a);
 }
 
@@ -63,14 +71,219 @@ static void handle_snapshot(drey_call *call, const ProtobufCMessage *msg) {
     drey_admin *a = drey_call_service_ctx(call);
     drey_storage *st = atomic_load(&a->storage);
     if (st == NULL) {
-        fail(call, a->durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
+        fail(call, a->opts.durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
         return;
     }
     drey_storage_request_snapshot(st, snapshot_done, call);
 }
 
+/* --- readiness ------------------------------------------------------------ */
+
+#define NEW(a, T, init) ((T *)init_msg(drey_arena_alloc((a), sizeof(T)), (void (*)(void *))(init)))
+
+static void *init_msg(void *p, void (*init)(void *)) {
+    init(p);
+    return p;
+}
+
+static const char *fsync_name(drey_fsync_policy p) {
+    return p == DREY_FSYNC_ALWAYS ? "always" : p == DREY_FSYNC_INTERVAL ? "interval" : "never";
+}
+
+static char *rfc3339(drey_arena *a, int64_t ms) {
+    time_t sec = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&sec, &tm);
+    char buf[32];
+    strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return drey_arena_strndup(a, buf, strlen(buf));
+}
+
+/* The nested message types' names, shortened. */
+#define RD_(x) Drey__Admin__V1__ReadinessDetails__##x
+typedef Drey__Admin__V1__ReadinessDetails RD;
+
+Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_arena *arena) {
+    RD *d = NEW(arena, RD, drey__admin__v1__readiness_details__init);
+    drey_storage *st = atomic_load(&a->storage);
+
+    RD_(JournalDisk) *jd = NEW(arena, RD_(JournalDisk), drey__admin__v1__readiness_details__journal_disk__init);
+    RD_(Journal) *j = NEW(arena, RD_(Journal), drey__admin__v1__readiness_details__journal__init);
+    RD_(Snapshot) *sn = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
+    RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
+    RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
+    jd->state = "normal";
+    j->fsync_policy = a->fsync_policy;
+    co->state = "idle";
+    co->last_run = "";
+    re->state = !a->opts.durable ? "ephemeral" : st == NULL ? "recovering" : "done";
+    d->ready = !a->opts.durable || st != NULL;
+    if (st != NULL) {
+        drey_journal_stats js;
+        drey_journal_get_stats(drey_storage_journal(st), &js);
+        drey_storage_stats ss;
+        drey_storage_get_stats(st, &ss);
+        jd->used_bytes = js.disk_bytes;
+        jd->max_bytes = js.quota_max_bytes;
+        jd->high_water_bytes = js.quota_high_water_bytes;
+        jd->state = (char *)drey_journal_quota_state_name(js.quota_state);
+        jd->write_rejection_active = js.quota_state == DREY_JOURNAL_QUOTA_CRITICAL;
+        j->fsync_policy = (char *)fsync_name(js.fsync);
+        j->last_lsn = js.last_lsn;
+        j->segments = (uint32_t)js.segments;
+        j->last_fsync_micros = js.last_fsync_us;
+        j->failed = js.failed;
+        d->ready = !js.failed;
+        sn->last_lsn = ss.snapshot_lsn;
+        sn->age_seconds = ss.snapshot_time_ms > 0 ? (drey_wall_ms() - ss.snapshot_time_ms) / 1000 : 0;
+        sn->in_flight = ss.snapshot_in_flight;
+        co->state = ss.compaction_failed ? "failed" : "idle";
+        co->last_run = ss.last_compaction_ms > 0 ? rfc3339(arena, ss.last_compaction_ms) : "";
+        re->replayed_records = ss.replayed_records;
+    }
+    d->journal_disk = jd;
+    d->journal = j;
+    d->snapshot = sn;
+    d->compaction = co;
+    d->recovery = re;
+
+    RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
+    drey_memory_stats ms;
+    drey_memory_get_stats(a->opts.memory, &ms);
+    m->state = (char *)drey_memory_state_name(ms.state);
+    m->limit_bytes = ms.limit_bytes;
+    m->used_bytes = ms.used_bytes;
+    m->high_bytes = ms.high_bytes;
+    m->critical_bytes = ms.critical_bytes;
+    m->jemalloc_allocated_bytes = ms.jemalloc_allocated_bytes;
+    m->write_rejection_active = ms.state == DREY_MEMORY_CRITICAL;
+    d->memory = m;
+
+    RD_(Backpressure) *b = NEW(arena, RD_(Backpressure), drey__admin__v1__readiness_details__backpressure__init);
+    if (a->opts.backpressure != NULL) {
+        drey_bp_stats bs;
+        drey_bp_get_stats(a->opts.backpressure, &bs);
+        b->in_flight = bs.inflight;
+        b->queued = bs.queued;
+        b->tracked_principals = bs.principals;
+        b->n_rejections_by_reason = DREY_BP_REASONS;
+        b->rejections_by_reason = drey_arena_alloc(arena, DREY_BP_REASONS * sizeof *b->rejections_by_reason);
+        for (size_t i = 0; i < DREY_BP_REASONS; i++) {
+            RD_(Backpressure__RejectionsByReasonEntry) *e =
+                NEW(arena, RD_(Backpressure__RejectionsByReasonEntry),
+                    drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__init);
+            e->key = (char *)drey_bp_reject_reason_name(i);
+            e->value = bs.rejected[i];
+            b->rejections_by_reason[i] = e;
+        }
+    }
+    d->backpressure = b;
+    return d;
+}
+
+/* --- metrics --------------------------------------------------------------- */
+
+#define TOP_PRINCIPALS 10
+
+static void gauge(FILE *out, const char *name, const char *help, double v) {
+    drey_metrics_header(out, name, "gauge", help);
+    drey_metrics_sample(out, name, NULL, v);
+}
+
+static void state_gauge(FILE *out, const char *name, const char *help, const char *current,
+                        const char *const *states, size_t n) {
+    drey_metrics_header(out, name, "gauge", help);
+    char labels[64];
+    for (size_t i = 0; i < n; i++) {
+        drey_metrics_labels(labels, sizeof labels, "state", states[i], NULL);
+        drey_metrics_sample(out, name, labels, strcmp(states[i], current) == 0 ? 1 : 0);
+    }
+}
+
+void drey_admin_collect_metrics(void *ctx, FILE *out) {
+    drey_admin *a = ctx;
+    char scratch[4096];
+    drey_arena arena;
+    drey_arena_init(&arena, scratch, sizeof scratch);
+    RD *d = drey_admin_readiness(a, &arena);
+    static const char *const levels[] = {"normal", "high", "critical"};
+
+    gauge(out, "drey_ready", "1 when the node can serve (recovered, journal not failed).", d->ready);
+    gauge(out, "drey_journal_disk_used_bytes", "Journal segment bytes on disk, preallocation included.",
+          (double)d->journal_disk->used_bytes);
+    gauge(out, "drey_journal_disk_max_bytes", "The journal disk quota (0: none).", (double)d->journal_disk->max_bytes);
+    state_gauge(out, "drey_journal_disk_state", "Journal disk quota state (1 for the current one).",
+                d->journal_disk->state, levels, 3);
+    gauge(out, "drey_journal_last_lsn", "LSN of the last journal record.", (double)d->journal->last_lsn);
+    gauge(out, "drey_journal_segments", "Journal segment files.", d->journal->segments);
+    gauge(out, "drey_journal_failed", "1 once a journal write or sync failed (until a restart).", d->journal->failed);
+    gauge(out, "drey_memory_used_bytes", "Bytes of entries, as accounted.", (double)d->memory->used_bytes);
+    gauge(out, "drey_memory_limit_bytes", "The memory limit for entries.", (double)d->memory->limit_bytes);
+    gauge(out, "drey_memory_jemalloc_allocated_bytes", "jemalloc's stats.allocated (-1 without jemalloc).",
+          (double)d->memory->jemalloc_allocated_bytes);
+    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state, levels, 3);
+    gauge(out, "drey_inflight_calls", "Calls admitted and running.", d->backpressure->in_flight);
+    gauge(out, "drey_queued_calls", "Calls waiting for a slot.", d->backpressure->queued);
+    gauge(out, "drey_tracked_principals", "Principals in the backpressure table.",
+          d->backpressure->tracked_principals);
+    gauge(out, "drey_snapshot_last_lsn", "LSN of the newest snapshot.", (double)d->snapshot->last_lsn);
+    gauge(out, "drey_snapshot_age_seconds", "Age of the newest snapshot.", (double)d->snapshot->age_seconds);
+    gauge(out, "drey_recovery_replayed_records", "Journal records replayed at start.",
+          (double)d->recovery->replayed_records);
+
+    drey_storage *st = atomic_load(&a->storage);
+    if (st != NULL) {
+        drey_storage_stats sst;
+        drey_storage_get_stats(st, &sst);
+        drey_metrics_header(out, "drey_snapshots_total", "counter", "Snapshots written, by result.");
+        drey_metrics_sample(out, "drey_snapshots_total", "result=\"ok\"", (double)sst.snapshots_taken);
+        drey_metrics_sample(out, "drey_snapshots_total", "result=\"failed\"", (double)sst.snapshots_failed);
+        gauge(out, "drey_snapshot_last_duration_seconds", "Duration of the last snapshot, compaction included.",
+              (double)sst.last_snapshot_duration_ms / 1e3);
+        drey_metrics_header(out, "drey_compaction_segments_removed_total", "counter",
+                            "Journal segments deleted because a snapshot covers them.");
+        drey_metrics_sample(out, "drey_compaction_segments_removed_total", NULL, (double)sst.segments_removed);
+        gauge(out, "drey_compaction_failed", "1 when the last compaction could not delete segments.",
+              sst.compaction_failed);
+    }
+
+    drey_store_stats ss;
+    drey_store_get_stats(a->opts.store, &ss);
+    gauge(out, "drey_store_entries", "Entries in the store, expired ones not yet swept included.",
+          (double)ss.entries);
+    drey_metrics_header(out, "drey_store_expired_swept_total", "counter",
+                        "Expired entries freed by the active expiry cycle.");
+    drey_metrics_sample(out, "drey_store_expired_swept_total", NULL, (double)ss.expired_swept);
+
+    if (a->opts.backpressure != NULL) {
+        drey_bp_principal_stats top[TOP_PRINCIPALS];
+        size_t n = drey_bp_top_principals(a->opts.backpressure, top, TOP_PRINCIPALS);
+        drey_metrics_header(out, "drey_principal_admitted_total", "counter",
+                            "Calls admitted, for the principals with the most refusals (top 10).");
+        char labels[256];
+        for (size_t i = 0; i < n; i++) {
+            drey_metrics_labels(labels, sizeof labels, "principal", top[i].name, NULL);
+            drey_metrics_sample(out, "drey_principal_admitted_total", labels, (double)top[i].admitted);
+        }
+        drey_metrics_header(out, "drey_principal_rejected_total", "counter",
+                            "Calls refused by backpressure, for the same top 10 principals.");
+        for (size_t i = 0; i < n; i++) {
+            drey_metrics_labels(labels, sizeof labels, "principal", top[i].name, NULL);
+            drey_metrics_sample(out, "drey_principal_rejected_total", labels, (double)top[i].rejected);
+        }
+    }
+    drey_arena_destroy(&arena);
+}
+
+static void handle_readiness(drey_call *call, const ProtobufCMessage *msg) {
+    (void)msg;
+    drey_admin *a = drey_call_service_ctx(call);
+    drey_call_reply(call, &drey_admin_readiness(a, drey_call_arena(call))->base);
+}
+
 static const drey_handler handlers[] = {
-    {.name = "Snapshot", .flags = DREY_HANDLER_SYSTEM, .unary = handle_snapshot},
+    {.name = "Snapshot", .flags = DREY_HANDLER_ADMIN, .unary = handle_snapshot},
+    {.name = "GetReadinessDetails", .flags = DREY_HANDLER_ADMIN, .unary = handle_readiness},
 };
 
 bool drey_admin_register(drey_admin *a, drey_server *s) {

@@ -431,19 +431,64 @@ static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const Protob
     return &resp->base;
 }
 
+/* --- growth estimates (memory admission) --------------------------------- */
+
+/* What storing `value_len` bytes under the key would add, now. */
+static int64_t key_growth(drey_store *s, const char *cache, const char *key, uint32_t value_len, int64_t now_ms) {
+    drey_key k;
+    make_key(s, &k, cache, key);
+    size_t old = drey_store_entry_size(s, &k, now_ms);
+    return (int64_t)drey_store_entry_bytes(k.cache_len, k.key_len, value_len) - (int64_t)old;
+}
+
+static int64_t growth_set(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__SetRequest *req = (const void *)msg;
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+}
+
+static int64_t growth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__SetManyRequest *req = (const void *)msg;
+    int64_t sum = 0;
+    for (size_t i = 0; i < req->n_entries; i++)
+        sum += key_growth(store_of(ctx), req->cache, req->entries[i]->key,
+                          drey_cache__value_len(req->entries[i]->value), now_ms);
+    return sum;
+}
+
+/* Add, Update and GetOrAdd: at most what a Set of the same value adds. */
+static int64_t growth_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__AddRequest *req = (const void *)msg;
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+}
+
+static int64_t growth_update(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+}
+
+static int64_t growth_get_or_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+}
+
+static int64_t growth_increment(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    const Drey__Cache__V1__IncrementRequest *req = (const void *)msg;
+    return key_growth(store_of(ctx), req->cache, req->key, 8, now_ms);
+}
+
 static const drey_handler handlers[] = {
     {.name = "Get", .flags = DREY_HANDLER_READ, .unary = handle_get},
     {.name = "GetMany", .flags = DREY_HANDLER_READ, .unary = handle_get_many},
     {.name = "GetExpiration", .flags = DREY_HANDLER_READ, .unary = handle_get_expiration},
-    {.name = "Set", .flags = DREY_HANDLER_WRITE, .apply = apply_set},
-    {.name = "SetMany", .flags = DREY_HANDLER_WRITE, .apply = apply_set_many},
-    {.name = "Add", .flags = DREY_HANDLER_WRITE, .apply = apply_add},
-    {.name = "Update", .flags = DREY_HANDLER_WRITE, .apply = apply_update},
-    {.name = "GetOrAdd", .flags = DREY_HANDLER_WRITE, .apply = apply_get_or_add},
+    {.name = "Set", .flags = DREY_HANDLER_WRITE, .apply = apply_set, .growth = growth_set},
+    {.name = "SetMany", .flags = DREY_HANDLER_WRITE, .apply = apply_set_many, .growth = growth_set_many},
+    {.name = "Add", .flags = DREY_HANDLER_WRITE, .apply = apply_add, .growth = growth_add},
+    {.name = "Update", .flags = DREY_HANDLER_WRITE, .apply = apply_update, .growth = growth_update},
+    {.name = "GetOrAdd", .flags = DREY_HANDLER_WRITE, .apply = apply_get_or_add, .growth = growth_get_or_add},
     {.name = "Remove", .flags = DREY_HANDLER_WRITE, .apply = apply_remove},
     {.name = "Touch", .flags = DREY_HANDLER_WRITE, .apply = apply_touch},
     {.name = "Persist", .flags = DREY_HANDLER_WRITE, .apply = apply_persist},
-    {.name = "Increment", .flags = DREY_HANDLER_WRITE, .apply = apply_increment},
+    {.name = "Increment", .flags = DREY_HANDLER_WRITE, .apply = apply_increment, .growth = growth_increment},
 };
 
 drey_cache *drey_cache_create(drey_store *store) {

@@ -49,6 +49,19 @@ static uint64_t get_le64(const uint8_t *buf) {
     return v;
 }
 
+uint32_t drey_cache__value_len(const Drey__Cache__V1__Value *v) {
+    switch (v->kind_case) {
+    case DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE: return (uint32_t)v->bytes_value.len;
+    case DREY__CACHE__V1__VALUE__KIND_STRING_VALUE: return (uint32_t)strlen(v->string_value);
+    case DREY__CACHE__V1__VALUE__KIND_INT64_VALUE:
+    case DREY__CACHE__V1__VALUE__KIND_DOUBLE_VALUE: return 8;
+    case DREY__CACHE__V1__VALUE__KIND_BOOL_VALUE: return 1;
+    case DREY__CACHE__V1__VALUE__KIND_JSON_VALUE:
+        return (uint32_t)protobuf_c_message_get_packed_size(&v->json_value->base);
+    default: return 0;
+    }
+}
+
 void drey_cache__value_in(const Drey__Cache__V1__Value *v, drey_arena *a, drey_value *out) {
     out->kind = (drey_value_kind)v->kind_case;
     out->data = NULL;

@@ -209,6 +209,17 @@ ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_ap
     return resp;
 }
 
+/* A typical response: a version and a timestamp or two. */
+#define RESPONSE_ESTIMATE 48
+
+size_t drey_commit_outcome_bytes(const drey_write *w) {
+    if (w->request_id[0] == '\0')
+        return 0;
+    return drey_store_entry_bytes(sizeof DREY_COMMIT_OUTCOME_CACHE - 1,
+                                  strlen(w->principal) + 1 + strlen(w->request_id),
+                                  FINGERPRINT + 1 + RESPONSE_ESTIMATE);
+}
+
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
     Drey__Journal__V1__JournalRecord rec = DREY__JOURNAL__V1__JOURNAL_RECORD__INIT;
     rec.method = (char *)w->method->path + 1; /* without the leading '/' */

@@ -83,6 +83,63 @@ static const option options[] = {
      (int64_t)7 * 24 * 3600 * 1000,
      "How long the outcome of a write with a request_id is remembered, so a retry returns it instead of applying "
      "again."},
+    {"node-id", OPT_STRING, FIELD(node_id), "", 0, 0,
+     "This node's name in quota errors (QuotaFailure subject node:<id>) and metrics; empty means the host name."},
+    {"jwt-jwks-file", OPT_STRING, FIELD(jwt_jwks_file), "", 0, 0,
+     "JWKS file of the keys that sign bearer tokens (each key needs kid and alg). With any JWT keys configured, "
+     "every cache and admin call needs a valid token."},
+    {"jwt-keys-dir", OPT_STRING, FIELD(jwt_keys_dir), "", 0, 0,
+     "Directory of token keys: <kid>.<ALG>.pem (RS256/384/512, ES256/384/512 public keys) and <kid>.<ALG>.key "
+     "(HS256/384/512 secrets). Reloaded on SIGHUP and when the files change."},
+    {"jwt-issuer", OPT_STRING, FIELD(jwt_issuer), "", 0, 0, "Required iss claim; empty: not checked."},
+    {"jwt-audience", OPT_STRING, FIELD(jwt_audience), "", 0, 0, "Required aud claim; empty: not checked."},
+    {"jwt-clock-skew", OPT_DURATION, FIELD(jwt_clock_skew_ms), "60s", 0, 3600 * 1000,
+     "Clock difference tolerated when checking exp, nbf and iat."},
+    {"jwt-max-token-bytes", OPT_BYTES, FIELD(jwt_max_token_bytes), "8KiB", 256, 1 << 20,
+     "Longest bearer token accepted (TOKEN_TOO_LARGE beyond)."},
+    {"jwt-cache-entries", OPT_INT, FIELD(jwt_cache_entries), "10000", 16, 10000000,
+     "Verified tokens remembered until they expire, so a signature is checked once per token, not per call."},
+    {"jwt-reload-interval", OPT_DURATION, FIELD(jwt_reload_interval_ms), "2s", 100, 3600 * 1000,
+     "How often the key files are checked for changes."},
+    {"insecure-allow-anonymous-remote", OPT_BOOL, FIELD(insecure_allow_anonymous_remote), "false", 0, 0,
+     "DANGER: allow listening on a non-loopback address without JWT keys, so anyone who can reach the port can "
+     "read and write every cache. For isolated lab setups only."},
+    {"tls-cert", OPT_STRING, FIELD(tls_cert), "", 0, 0,
+     "PEM certificate chain: serve TLS instead of plaintext. Re-read when the file changes."},
+    {"tls-key", OPT_STRING, FIELD(tls_key), "", 0, 0, "PEM private key of --tls-cert."},
+    {"tls-client-ca", OPT_STRING, FIELD(tls_client_ca), "", 0, 0,
+     "PEM CA bundle: require client certificates it signed (mutual TLS)."},
+    {"max-inflight", OPT_INT, FIELD(max_inflight), "256", 1, 1000000,
+     "Calls running at once on the node; more wait in the queue."},
+    {"max-queued", OPT_INT, FIELD(max_queued), "128", 0, 1000000,
+     "Calls waiting for a slot; beyond it: RESOURCE_EXHAUSTED QUEUE_FULL."},
+    {"queue-max-wait", OPT_DURATION, FIELD(queue_max_wait_ms), "250ms", 0, 3600 * 1000,
+     "Longest wait in the queue: RESOURCE_EXHAUSTED QUEUE_TIMEOUT after it (or DEADLINE_EXCEEDED at the call's "
+     "deadline, if sooner)."},
+    {"slowdown-at", OPT_INT, FIELD(slowdown_at), "192", 0, 1000000,
+     "Running calls from which each newly admitted call is held back, linearly more up to --slowdown-max-delay at "
+     "--max-inflight, so overload shows as latency before refusals."},
+    {"slowdown-max-delay", OPT_DURATION, FIELD(slowdown_max_delay_ms), "10ms", 0, 60 * 1000,
+     "The hold-back at --max-inflight (0: no slowdown)."},
+    {"node-rate", OPT_INT, FIELD(node_rate), "0", 0, 100000000,
+     "Node rate limit, calls per second (token bucket; 0: none): RESOURCE_EXHAUSTED NODE_RATE_LIMIT beyond."},
+    {"node-burst", OPT_INT, FIELD(node_burst), "0", 0, 100000000, "Node token bucket size (0: one second of --node-rate)."},
+    {"principal-max-inflight", OPT_INT, FIELD(principal_max_inflight), "64", 1, 1000000,
+     "Calls one principal (jwt:<sub> or conn:<connection>) may have running."},
+    {"principal-max-queued", OPT_INT, FIELD(principal_max_queued), "64", 0, 1000000,
+     "Calls one principal may have waiting; beyond: RESOURCE_EXHAUSTED PRINCIPAL_CONCURRENCY_LIMIT."},
+    {"principal-rate", OPT_INT, FIELD(principal_rate), "0", 0, 100000000,
+     "Per-principal rate limit, calls per second (0: none): RESOURCE_EXHAUSTED PRINCIPAL_RATE_LIMIT beyond."},
+    {"principal-burst", OPT_INT, FIELD(principal_burst), "0", 0, 100000000,
+     "Per-principal token bucket size (0: one second of --principal-rate)."},
+    {"max-principals", OPT_INT, FIELD(max_principals), "10000", 16, 10000000,
+     "Principals tracked at once; idle ones are forgotten first, so a flood of new names cannot exhaust memory."},
+    {"ops-listen", OPT_STRING, FIELD(ops_listen), "127.0.0.1:9090", 0, 0,
+     "Address of the operators' HTTP listener: /health/live, /health/ready, /health/ready/details, /metrics "
+     "(details and metrics need a JWT from outside loopback); empty: none."},
+    {"memory-limit", OPT_BYTES, FIELD(memory_limit_bytes), "0", 0, (int64_t)1 << 50,
+     "Memory for entries; 0: 80% of the cgroup limit or of RAM. High at 80% and critical at 95% of it; writes "
+     "that would grow past critical get RESOURCE_EXHAUSTED MEMORY_PRESSURE."},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -23,17 +23,24 @@
 #include <grpc/support/log.h>
 
 #include "drey/admin.h"
+#include "drey/auth.h"
+#include "drey/backpressure.h"
 #include "drey/cache.h"
+#include "drey/clock.h"
 #include "drey/commit.h"
 #include "drey/config.h"
 #include "drey/health.h"
 #include "drey/log.h"
+#include "drey/memory.h"
+#include "drey/metrics.h"
+#include "drey/ops.h"
 #include "drey/pipeline.h"
 #include "drey/reflect.h"
 #include "drey/server.h"
 #include "drey/status.h"
 #include "drey/storage.h"
 #include "drey/store.h"
+#include "drey/timer.h"
 
 /* gRPC core's own log lines, as JSON like everything else on stderr. */
 static void grpc_log_to_json(gpr_log_func_args *args) {
@@ -89,6 +96,22 @@ static bool parse_fsync(const char *s, drey_fsync_policy *policy, int64_t *inter
     return false;
 }
 
+/* Loopback addresses may serve anonymous callers; anything else needs keys. */
+static bool is_loopback(const char *listen) {
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon != NULL ? (size_t)(colon - listen) : strlen(listen);
+    return (n >= 4 && strncmp(listen, "127.", 4) == 0) || (n == 9 && strncmp(listen, "localhost", 9) == 0) ||
+           (n == 5 && strncmp(listen, "[::1]", 5) == 0);
+}
+
+static void observe_call(void *ctx, size_t method, int code, int64_t duration_ns) {
+    drey_metrics_observe_call(ctx, method, code, duration_ns);
+}
+
+static void observe_batch(void *ctx, size_t records, int64_t fsync_us) {
+    drey_metrics_observe_batch(ctx, records, fsync_us);
+}
+
 static int64_t journal_horizon(void *ctx, int64_t now_ms) {
     return drey_journal_sweep_horizon(ctx, now_ms);
 }
@@ -129,6 +152,21 @@ int main(int argc, char **argv, char **envp) {
     }
     drey_log_set_level(level);
     gpr_set_log_function(grpc_log_to_json);
+    bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
+    if (!jwt && !is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
+        fprintf(stderr, "dreyd: refusing to listen on %s without JWT keys: anyone who reaches it could read and "
+                        "write every cache. Configure --jwt-keys-dir or --jwt-jwks-file, listen on loopback, or "
+                        "pass --insecure-allow-anonymous-remote for an isolated lab.\n",
+                cfg.listen);
+        drey_config_free(&cfg);
+        return 2;
+    }
+    char node_id[96];
+    if (cfg.node_id[0] != '\0')
+        snprintf(node_id, sizeof node_id, "%s", cfg.node_id);
+    else if (gethostname(node_id, sizeof node_id) != 0)
+        snprintf(node_id, sizeof node_id, "drey");
+    node_id[sizeof node_id - 1] = '\0';
 
     /* Signals are taken synchronously by this thread; every thread created
      * from here on inherits the mask. */
@@ -136,20 +174,72 @@ int main(int argc, char **argv, char **envp) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t workers = cfg.workers > 0 ? (size_t)cfg.workers : (size_t)(ncpu > 0 ? ncpu : 1);
 
+    char err[512];
+    drey_auth *auth = NULL;
+    if (jwt) {
+        drey_auth_options ao = {
+            .jwks_file = cfg.jwt_jwks_file,
+            .keys_dir = cfg.jwt_keys_dir,
+            .issuer = cfg.jwt_issuer,
+            .audience = cfg.jwt_audience,
+            .clock_skew_ms = cfg.jwt_clock_skew_ms,
+            .max_token_bytes = (size_t)cfg.jwt_max_token_bytes,
+            .cache_entries = (size_t)cfg.jwt_cache_entries,
+        };
+        auth = drey_auth_create(&ao, err, sizeof err);
+        if (auth == NULL) {
+            DREY_LOG_ERROR("cannot load the JWT keys", DREY_LOG_STR("error", err));
+            drey_config_free(&cfg);
+            return 2;
+        }
+        drey_auth_watch(auth, cfg.jwt_reload_interval_ms);
+    }
+    drey_timers *timers = drey_timers_create();
+    drey_bp_options bo = {
+        .max_inflight = (uint32_t)cfg.max_inflight,
+        .max_queued = (uint32_t)cfg.max_queued,
+        .max_wait_ms = cfg.queue_max_wait_ms,
+        .slowdown_at = (uint32_t)cfg.slowdown_at,
+        .slowdown_max_ms = cfg.slowdown_max_delay_ms,
+        .node_rate = (double)cfg.node_rate,
+        .node_burst = (double)(cfg.node_burst > 0 ? cfg.node_burst : cfg.node_rate),
+        .principal_max_inflight = (uint32_t)cfg.principal_max_inflight,
+        .principal_max_queued = (uint32_t)cfg.principal_max_queued,
+        .principal_rate = (double)cfg.principal_rate,
+        .principal_burst = (double)(cfg.principal_burst > 0 ? cfg.principal_burst : cfg.principal_rate),
+        .max_principals = (uint32_t)cfg.max_principals,
+        .node_id = node_id,
+    };
+    drey_bp *bp = drey_bp_create(&bo, timers);
     drey_store *store = drey_store_create();
+    drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id};
+    drey_memory *memory = drey_memory_create(&mo, store);
     drey_cache *cache = drey_cache_create(store);
     drey_health *health = drey_health_create();
-    drey_admin *admin = drey_admin_create(!cfg.ephemeral);
+    drey_metrics *metrics = drey_metrics_create();
+    drey_ops *ops = NULL;
+    drey_admin_options adm = {
+        .durable = !cfg.ephemeral,
+        .fsync_policy = cfg.fsync,
+        .memory = memory,
+        .backpressure = bp,
+        .store = store,
+    };
+    drey_admin *admin = drey_admin_create(&adm);
     drey_server_options sopts = {
         .listen = cfg.listen,
         .workers = workers,
         .max_recv_message_bytes = cfg.max_recv_message_bytes,
+        .tls_cert = cfg.tls_cert,
+        .tls_key = cfg.tls_key,
+        .tls_client_ca = cfg.tls_client_ca,
     };
     drey_server *server = drey_server_create(&sopts);
     drey_commit_options copts = {
@@ -166,6 +256,11 @@ int main(int argc, char **argv, char **envp) {
             .max_batch = (size_t)cfg.max_batch,
         },
         .commit = commit,
+        .auth = auth,
+        .auth_required = auth != NULL,
+        .backpressure = bp,
+        .memory = memory,
+        .metrics = metrics,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
     drey_server_set_dispatch(server, drey_pipeline_dispatch, pipeline);
@@ -178,19 +273,42 @@ int main(int argc, char **argv, char **envp) {
         rc = 1;
         goto out;
     }
+    const char *method_names[64];
+    size_t n_methods = drey_server_method_count(server);
+    for (size_t i = 0; i < n_methods && i < 64; i++)
+        method_names[i] = drey_server_method(server, i)->path;
+    drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
+    drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
+    drey_server_set_call_observer(server, observe_call, metrics);
     /* Health answers from the start; the node is SERVING once recovered. */
     drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
     drey_health_set(health, "drey.cache.v1.Cache", DREY_HEALTH_NOT_SERVING);
-    char err[512];
     int port = drey_server_start(server, err, sizeof err);
     if (port == 0) {
         DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err), DREY_LOG_STR("listen", cfg.listen));
         rc = 1;
         goto out;
     }
+    int ops_port = 0;
+    if (cfg.ops_listen[0] != '\0') {
+        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth};
+        ops = drey_ops_start(&oo, err, sizeof err);
+        if (ops == NULL) {
+            DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err));
+            rc = 1;
+            drey_server_shutdown(server, 0);
+            goto out;
+        }
+        ops_port = drey_ops_port(ops);
+    }
     DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg.listen), DREY_LOG_INT("port", port),
-                  DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()),
-                  DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync));
+                  DREY_LOG_INT("ops_port", ops_port),
+                  DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
+                  DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
+                  DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL));
+    if (!jwt && !is_loopback(cfg.listen))
+        DREY_LOG_WARN("INSECURE: serving anonymous callers on a non-loopback address",
+                      DREY_LOG_STR("listen", cfg.listen));
 
     if (!cfg.ephemeral) {
         drey_storage_options so = {
@@ -214,6 +332,7 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
         drey_pipeline_set_journal(pipeline, drey_storage_journal(storage));
+        drey_journal_set_batch_observer(drey_storage_journal(storage), observe_batch, metrics);
         drey_cache_set_expiry_horizon(cache, journal_horizon, drey_storage_journal(storage));
         drey_admin_set_storage(admin, storage);
     }
@@ -223,16 +342,31 @@ int main(int argc, char **argv, char **envp) {
     drey_health_set(health, "drey.cache.v1.Cache", DREY_HEALTH_SERVING);
     DREY_LOG_INFO("serving");
 
-    int sig = wait_signal(&sigs, -1);
+    int sig;
+    while ((sig = wait_signal(&sigs, -1)) == SIGHUP) {
+        if (auth == NULL)
+            continue;
+        drey_auth_reload(auth, err, sizeof err); /* logs its outcome */
+    }
     DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg.drain_grace_ms));
     drey_health_drain(health);
-    if (wait_signal(&sigs, cfg.drain_grace_ms) != 0)
-        DREY_LOG_INFO("second signal: ending the grace period now");
+    int64_t grace_end = drey_mono_ms() + cfg.drain_grace_ms;
+    for (;;) {
+        int64_t left = grace_end - drey_mono_ms();
+        if (left <= 0)
+            break;
+        sig = wait_signal(&sigs, left);
+        if (sig == SIGTERM || sig == SIGINT) {
+            DREY_LOG_INFO("second signal: ending the grace period now");
+            break;
+        }
+    }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
     drey_server_shutdown(server, cfg.shutdown_timeout_ms);
     drey_cache_stop_expiry(cache);
 
 out:
+    drey_ops_stop(ops);
     /* The journal completes what it holds before the server goes. */
     drey_storage_close(storage);
     drey_server_destroy(server);
@@ -241,7 +375,15 @@ out:
     drey_admin_destroy(admin);
     drey_health_destroy(health);
     drey_cache_destroy(cache);
+    drey_metrics_destroy(metrics);
+    drey_memory_destroy(memory);
     drey_store_destroy(store);
+    drey_bp_destroy(bp);
+    drey_timers_destroy(timers);
+    if (auth != NULL) {
+        drey_auth_stop_watch(auth);
+        drey_auth_destroy(auth);
+    }
     if (rc == 0)
         DREY_LOG_INFO("stopped");
     drey_config_free(&cfg);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -129,6 +130,19 @@ static int px_list_dir(drey_io *io, const char *path, char ***names, size_t *n) 
     return 0;
 }
 
+static int px_lock(drey_io *io, const char *path) {
+    (void)io;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    return fd;
+}
+
 static const drey_io_ops posix_ops = {
     .open = px_open,
     .close = px_close,
@@ -143,6 +157,7 @@ static const drey_io_ops posix_ops = {
     .mkdir = px_mkdir,
     .sync_dir = px_sync_dir,
     .list_dir = px_list_dir,
+    .lock = px_lock,
 };
 
 static drey_io posix_io = {.ops = &posix_ops};

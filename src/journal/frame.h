@@ -9,7 +9,8 @@
  *     8  u32 format version (1)
  *    12  u32 header size (64)
  *    16  u64 first LSN of the segment
- *    24  u64 preallocated size
+ *    24  u64 preallocated size at creation (an empty segment may later
+ *        grow in place to fit a record larger than it; nothing reads this)
  *    32  u32 CRC-32C of bytes 0..32
  *    36  zeros
  *
@@ -17,7 +18,8 @@
  *     0  u32 payload length
  *     4  u32 CRC-32C of bytes 0..4 and 8..40+length (everything but itself)
  *     8  u64 LSN
- *    16  u64 first LSN of the write batch the frame was written in
+ *    16  u64 batch LSN: the first LSN written to the segment since it was
+ *        last synced (with fsync always, the first LSN of the write batch)
  *    24  i64 time, wall-clock ms: the time the record is applied at
  *    32  u32 type (1 = record)
  *    36  u32 reserved (0)
@@ -25,11 +27,13 @@
  *
  * All integers are little-endian. Because frames are 8-byte aligned, a
  * frame's length never straddles a sector, so it cannot be half-written.
- * A crash can tear only the batch being written when it struck (batches are
- * written one after another, each made durable before the next starts); the
- * batch LSN lets recovery tell that torn tail (every intact frame after the
- * damage belongs to the same, last batch) from damage to data that was
- * already durable (an intact frame of a later batch follows it).
+ * A crash can tear only what was written since the last sync of the last
+ * segment (a segment is synced before the next one is created; with fsync
+ * always, that is the one batch being written when it struck); the batch
+ * LSN lets recovery tell that torn tail (every intact frame after the damage
+ * carries the same batch LSN, no later than the damaged record) from damage
+ * to data that was already durable (an intact frame with a later batch LSN
+ * follows it: it was written after a sync that covered the damaged one).
  */
 #ifndef DREY_JOURNAL_FRAME_H
 #define DREY_JOURNAL_FRAME_H

@@ -65,6 +65,7 @@ struct drey_journal {
     size_t buf_cap;
     int64_t last_sync_ms; /* monotonic, for the interval policy */
     bool dirty;           /* written since the last sync */
+    uint64_t epoch_lsn;   /* first LSN written since the last sync; 0: none */
 };
 
 static void *xrealloc(void *p, size_t n) {
@@ -87,6 +88,9 @@ static void add_segment(drey_journal *j, const char *name, uint64_t first_lsn, u
     j->stats.disk_bytes += size;
 }
 
+static void mark_failed(drey_journal *j, int err, const char *what);
+static int64_t sync_now(drey_journal *j, int *rc);
+
 /* Creates and switches to a new segment starting at next_lsn, large enough
  * for `need` bytes of frames. On failure nothing changes. */
 static int rotate(drey_journal *j, uint64_t need) {
@@ -99,6 +103,33 @@ static int rotate(drey_journal *j, uint64_t need) {
         size = (DREY_SEGMENT_HEADER + need + 4095) & ~(uint64_t)4095;
 
     drey_io *io = j->io;
+    if (j->fd >= 0 && j->off == DREY_SEGMENT_HEADER) {
+        /* The current segment holds no record (a record larger than a
+         * segment right after open or a switch): a new segment would have
+         * its very name. Grow this one instead. The header keeps the size it
+         * was created with; nothing reads it back. */
+        int rc = io->ops->fallocate(io, j->fd, 0, (off_t)size);
+        if (rc != 0)
+            return rc;
+        pthread_mutex_lock(&j->mu);
+        segment *cur = &j->segs[j->n_segs - 1];
+        j->stats.disk_bytes += size - cur->size;
+        cur->size = size;
+        pthread_mutex_unlock(&j->mu);
+        j->seg_size = size;
+        return 0;
+    }
+    if (j->fd >= 0 && j->dirty) {
+        /* fsync interval/never: the segment being left must be complete on
+         * disk before its successor is, or a power loss leaves a hole in
+         * the LSNs between them (and a torn tail before a durable one). */
+        int rc;
+        sync_now(j, &rc);
+        if (rc != 0) {
+            mark_failed(j, rc, "fdatasync");
+            return rc;
+        }
+    }
     io->ops->unlink(io, tmp); /* a leftover from a crash mid-rotation */
     int fd = io->ops->open(io, tmp, O_RDWR | O_CREAT | O_EXCL, 0644);
     if (fd < 0)
@@ -158,6 +189,8 @@ static int64_t sync_now(drey_journal *j, int *rc) {
     int64_t us = (drey_mono_ns() - t0) / 1000;
     j->last_sync_ms = drey_mono_ms();
     j->dirty = false;
+    if (*rc == 0)
+        j->epoch_lsn = 0;
     pthread_mutex_lock(&j->mu);
     j->stats.last_fsync_us = us;
     pthread_mutex_unlock(&j->mu);
@@ -186,10 +219,15 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
         }
     }
     uint64_t first = j->next_lsn;
+    /* The frames' batch LSN is the first LSN written since the segment was
+     * last synced: with fsync always that is this batch; with interval or
+     * never, every batch a power loss may tear shares it, so recovery tells
+     * their torn tail from damage to synced data (frame.h). */
+    uint64_t epoch = j->epoch_lsn != 0 ? j->epoch_lsn : first;
     size_t pos = 0;
     uint64_t lsn = first;
     for (drey_journal_entry *e = batch; e != NULL; e = e->next_, lsn++) {
-        drey_frame f = {.lsn = lsn, .batch_lsn = first, .time_ms = time_ms, .length = (uint32_t)e->len};
+        drey_frame f = {.lsn = lsn, .batch_lsn = epoch, .time_ms = time_ms, .length = (uint32_t)e->len};
         drey_frame_encode(&f, e->payload, j->buf + pos);
         pos += drey_frame_size(e->len);
     }
@@ -203,6 +241,7 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
         return;
     }
     j->dirty = true;
+    j->epoch_lsn = epoch;
     int64_t fsync_us = 0;
     if (j->opts.fsync == DREY_FSYNC_ALWAYS) {
         fsync_us = sync_now(j, &rc);

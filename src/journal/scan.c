@@ -61,11 +61,13 @@ static size_t dirty_end(const uint8_t *buf, size_t from, size_t size) {
 }
 
 /* After damage at `off` in the last segment, where the next record expected
- * is `expect`: is any intact frame after it from a later batch? */
-static bool later_batch_follows(const uint8_t *buf, size_t off, size_t end, uint64_t expect) {
-    for (size_t p = off + 8; p + DREY_FRAME_HEADER <= end; p += 8) {
+ * is `expect`: is any intact frame at or after it, starting before `dirty`
+ * (the end of the non-zero bytes), from a later batch? A frame is decoded
+ * against the whole segment (`size`): its zero padding lies past `dirty`. */
+static bool later_batch_follows(const uint8_t *buf, size_t off, size_t dirty, size_t size, uint64_t expect) {
+    for (size_t p = off; p < dirty && p + DREY_FRAME_HEADER <= size; p += 8) {
         drey_frame f;
-        if (drey_frame_decode(buf + p, end - p, &f) == DREY_FRAME_OK && f.batch_lsn > expect)
+        if (drey_frame_decode(buf + p, size - p, &f) == DREY_FRAME_OK && f.batch_lsn > expect)
             return true;
     }
     return false;
@@ -173,7 +175,7 @@ int drey_journal_scan_dir(drey_io *io, const char *dir, uint64_t after_lsn, drey
             if (st == DREY_FRAME_END && dirty == off)
                 break; /* clean: zeros from here on */
             si->dirty_end = dirty;
-            if (last && !later_batch_follows(buf, off, dirty, expect))
+            if (last && !later_batch_follows(buf, off, dirty, size, expect))
                 set_problem(out, seg, DREY_JOURNAL_TORN_TAIL, off, dir, "");
             else if (st == DREY_FRAME_OK)
                 set_problem(out, seg, DREY_JOURNAL_LSN_GAP, off, dir, "a record out of sequence");

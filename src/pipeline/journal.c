@@ -16,6 +16,9 @@ static void on_durable(void *arg, const drey_journal_record *rec, int err) {
     if (err != 0) {
         drey_status *st = drey_pipeline__status(r, DREY_ERR_JOURNAL_WRITE_FAILED);
         drey_status_add_metadata(st, "errno", "%d", -err);
+        drey_metrics *m = drey_pipeline__options(r->pipeline)->metrics;
+        if (m != NULL)
+            drey_metrics_observe_rejection(m, "journal", drey_error_lookup(st->error)->reason);
         drey_call_fail(r->call, st);
         return;
     }

@@ -16,11 +16,18 @@ typedef struct stage {
     drey_stage_result (*run)(drey_pipeline *p, drey_request *r);
 } stage;
 
+#define DATA (DREY_HANDLER_READ | DREY_HANDLER_WRITE)
+
 /* The chain, in order. After the last stage the request is applied: a
- * write through commit, anything else by its handler. */
+ * write through commit, anything else by its handler. Health and reflection
+ * (SYSTEM) only get validated: probes must answer under overload and
+ * without tokens. */
 static const stage chain[] = {
-    {"ready", DREY_HANDLER_READ | DREY_HANDLER_WRITE, drey_pipeline__ready},
+    {"ready", DATA, drey_pipeline__ready},
     {"validate", 0, drey_pipeline__validate},
+    {"principal", DATA | DREY_HANDLER_ADMIN, drey_pipeline__principal},
+    {"backpressure", DATA | DREY_HANDLER_ADMIN, drey_pipeline__backpressure},
+    {"memory", DREY_HANDLER_WRITE, drey_pipeline__memory},
     {"journal", DREY_HANDLER_WRITE, drey_pipeline__journal},
 };
 
@@ -54,6 +61,10 @@ void drey_pipeline_set_ready(drey_pipeline *p, bool ready) {
 
 const drey_limits *drey_pipeline__limits(const drey_pipeline *p) {
     return &p->opts.limits;
+}
+
+const drey_pipeline_options *drey_pipeline__options(const drey_pipeline *p) {
+    return &p->opts;
 }
 
 drey_journal *drey_pipeline__journal_of(const drey_pipeline *p) {
@@ -109,7 +120,12 @@ static void run_from(drey_request *r) {
         case DREY_STAGE_NEXT: break;
         case DREY_STAGE_PARKED: return;
         case DREY_STAGE_ANSWERED: return;
-        case DREY_STAGE_REJECT: drey_call_fail(r->call, r->status); return;
+        case DREY_STAGE_REJECT:
+            if (r->pipeline->opts.metrics != NULL)
+                drey_metrics_observe_rejection(r->pipeline->opts.metrics, s->name,
+                                               drey_error_lookup(r->status->error)->reason);
+            drey_call_fail(r->call, r->status);
+            return;
         }
     }
     apply(r->pipeline, r);
@@ -121,7 +137,7 @@ void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMess
     r->method = drey_call_method(call);
     r->msg = request;
     r->pipeline = pipeline;
-    r->principal = "";
+    r->principal = "runtime";
     if (r->method->handler->apply != NULL) {
         const uint8_t *bytes;
         size_t len;

@@ -6,8 +6,13 @@
 
 const drey_limits *drey_pipeline__limits(const drey_pipeline *p);
 
+const drey_pipeline_options *drey_pipeline__options(const drey_pipeline *p);
+
 drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__validate(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r);
 
 drey_journal *drey_pipeline__journal_of(const drey_pipeline *p);

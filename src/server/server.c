@@ -31,6 +31,7 @@
 #include "drey/clock.h"
 #include "drey/descriptors.h"
 #include "drey/log.h"
+#include "tls.h"
 #include "wire.h"
 
 /* Outstanding grpc_server_request_*_call per method and queue. The core
@@ -79,8 +80,15 @@ struct drey_call {
     grpc_metadata_array md;
     grpc_slice request; /* raw unary payload */
     bool has_request;
+    int64_t started_ns; /* monotonic, at arrival */
     char *peer;
+    char conn[32];
     void *user;
+    bool replied;                    /* unary: reply or fail issued (under mu) */
+    void (*finish_hook)(void *arg);  /* unary: runs when replying */
+    void *finish_arg;
+    void (*cancel_hook)(void *arg);  /* unary: runs on cancellation before replying */
+    void *cancel_arg;
     _Atomic int refs;
 
     tag close_tag;
@@ -119,9 +127,12 @@ struct drey_server {
     size_t n_methods;
     drey_dispatch_fn dispatch;
     void *dispatch_ctx;
+    drey_call_observer_fn observer;
+    void *observer_ctx;
     drey_server_options opts;
     char *listen;
     grpc_server_credentials *creds;
+    drey_server__tls *tls;
 
     tag shutdown_tag;
     pthread_mutex_t mu;
@@ -183,6 +194,7 @@ static drey_call *call_new(drey_server *s, request_slot *slot) {
     c->method = slot->method;
     c->call = slot->call;
     c->cq = slot->cq;
+    c->started_ns = drey_mono_ns();
     c->deadline = slot->method != NULL ? slot->deadline : slot->details.deadline;
     c->md = slot->md; /* moved: the slot re-initializes its own */
     c->close_tag.done = on_close;
@@ -245,6 +257,11 @@ static void start_batch(drey_call *c, const grpc_op *ops, size_t n, tag *t) {
 
 /* Fills the status ops of a batch from st (NULL = OK). */
 static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
+    drey_server *s = c->server;
+    if (s->observer != NULL && c->method != NULL)
+        s->observer(s->observer_ctx, c->method->pub.index,
+                    st == NULL || drey_status_ok(st) ? GRPC_STATUS_OK : (int)drey_status_code(st),
+                    drey_mono_ns() - c->started_ns);
     grpc_op *op = ops;
     memset(op, 0, sizeof *op);
     op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
@@ -274,6 +291,14 @@ static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
 /* Unary replies: initial metadata, the message (if any) and the status in
  * one batch. The batch inherits the handler's reference. */
 static void unary_finish(drey_call *c, const ProtobufCMessage *response, const drey_status *st) {
+    pthread_mutex_lock(&c->mu);
+    c->replied = true;
+    void (*hook)(void *) = c->finish_hook;
+    c->finish_hook = NULL;
+    c->cancel_hook = NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (hook != NULL)
+        hook(c->finish_arg);
     grpc_op ops[3];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
@@ -405,6 +430,14 @@ static void on_close(tag *t, bool ok) {
     drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, close_tag));
     (void)ok;
     atomic_store(&c->closed, true);
+    if (c->cancelled && !is_streaming(c)) {
+        pthread_mutex_lock(&c->mu);
+        void (*hook)(void *) = c->replied ? NULL : c->cancel_hook;
+        c->cancel_hook = NULL;
+        pthread_mutex_unlock(&c->mu);
+        if (hook != NULL)
+            hook(c->cancel_arg);
+    }
     if (is_streaming(c)) {
         if (c->method->pub.handler->on_done != NULL)
             c->method->pub.handler->on_done(c);
@@ -593,6 +626,69 @@ const char *drey_call_peer(drey_call *c) {
     return c->peer;
 }
 
+/* Connection numbers live on the connection's auth context, which grpc core
+ * shares between all calls of one connection (drey installs no auth metadata
+ * processor, which would give each call its own). Properties are read and
+ * added under a lock striped by context, since adding may reallocate the
+ * property array another thread is reading. */
+#define CONN_STRIPES 64
+static pthread_mutex_t conn_stripes[CONN_STRIPES] = {[0 ... CONN_STRIPES - 1] = PTHREAD_MUTEX_INITIALIZER};
+static _Atomic uint64_t next_conn = 1;
+
+const char *drey_call_connection(drey_call *c) {
+    if (c->conn[0] != '\0')
+        return c->conn;
+    grpc_auth_context *ac = grpc_call_auth_context(c->call);
+    if (ac == NULL) {
+        snprintf(c->conn, sizeof c->conn, "conn:0");
+        return c->conn;
+    }
+    pthread_mutex_t *mu = &conn_stripes[((uintptr_t)ac >> 4) % CONN_STRIPES];
+    pthread_mutex_lock(mu);
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, "drey.connection");
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p != NULL) {
+        snprintf(c->conn, sizeof c->conn, "conn:%.*s", (int)p->value_length, p->value);
+    } else {
+        char n[24];
+        snprintf(n, sizeof n, "%llu", (unsigned long long)atomic_fetch_add(&next_conn, 1));
+        grpc_auth_context_add_cstring_property(ac, "drey.connection", n);
+        snprintf(c->conn, sizeof c->conn, "conn:%s", n);
+    }
+    pthread_mutex_unlock(mu);
+    grpc_auth_context_release(ac);
+    return c->conn;
+}
+
+void drey_call_on_finish(drey_call *c, void (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&c->mu);
+    c->finish_hook = fn;
+    c->finish_arg = arg;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&c->mu);
+    bool already = atomic_load(&c->closed) && c->cancelled && !c->replied;
+    if (!already) {
+        c->cancel_hook = fn;
+        c->cancel_arg = arg;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (already)
+        fn(arg); /* cancelled before the hook was set */
+}
+
+int64_t drey_call_deadline_mono_ns(const drey_call *c) {
+    if (gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0)
+        return INT64_MAX;
+    gpr_timespec mono = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+    /* gpr's monotonic clock and CLOCK_MONOTONIC share an origin on Linux
+     * only up to an offset, so measure what is left and add it to ours. */
+    gpr_timespec left = gpr_time_sub(mono, gpr_now(GPR_CLOCK_MONOTONIC));
+    return drey_mono_ns() + (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
+}
+
 int64_t drey_call_remaining_ms(const drey_call *c) {
     if (gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0)
         return INT64_MAX;
@@ -649,6 +745,9 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     s->opts = *opts;
     s->listen = strdup(opts->listen);
     s->opts.listen = s->listen;
+    s->opts.tls_cert = opts->tls_cert != NULL ? strdup(opts->tls_cert) : NULL;
+    s->opts.tls_key = opts->tls_key != NULL ? strdup(opts->tls_key) : NULL;
+    s->opts.tls_client_ca = opts->tls_client_ca != NULL ? strdup(opts->tls_client_ca) : NULL;
     s->n_cqs = opts->workers > 0 ? opts->workers : 1;
     s->dispatch = default_dispatch;
     s->shutdown_tag.done = on_shutdown;
@@ -744,6 +843,11 @@ bool drey_server_add_service(drey_server *s, const ProtobufCServiceDescriptor *s
     return true;
 }
 
+void drey_server_set_call_observer(drey_server *s, drey_call_observer_fn fn, void *ctx) {
+    s->observer = fn;
+    s->observer_ctx = ctx;
+}
+
 void drey_server_set_dispatch(drey_server *s, drey_dispatch_fn fn, void *ctx) {
     s->dispatch = fn;
     s->dispatch_ctx = ctx;
@@ -791,7 +895,14 @@ static void explain_bind_failure(const char *listen, char *buf, size_t cap) {
 }
 
 int drey_server_start(drey_server *s, char *err_buf, size_t err_cap) {
-    s->creds = grpc_insecure_server_credentials_create();
+    if (s->opts.tls_cert != NULL && s->opts.tls_cert[0] != '\0') {
+        s->tls = drey_server__tls_create(s->opts.tls_cert, s->opts.tls_key != NULL ? s->opts.tls_key : "",
+                                         s->opts.tls_client_ca, &s->creds, err_buf, err_cap);
+        if (s->tls == NULL)
+            return 0;
+    } else {
+        s->creds = grpc_insecure_server_credentials_create();
+    }
     int port = grpc_server_add_http2_port(s->grpc, s->listen, s->creds);
     if (port == 0) {
         explain_bind_failure(s->listen, err_buf, err_cap);
@@ -867,6 +978,7 @@ void drey_server_destroy(drey_server *s) {
         grpc_completion_queue_destroy(s->cqs[q]);
     if (s->creds != NULL)
         grpc_server_credentials_release(s->creds);
+    drey_server__tls_destroy(s->tls);
     for (size_t m = 0; m < s->n_methods; m++) {
         free(s->methods[m]->path);
         free(s->methods[m]->service);
@@ -876,6 +988,9 @@ void drey_server_destroy(drey_server *s) {
     free(s->cqs);
     free(s->threads);
     free(s->listen);
+    free((char *)s->opts.tls_cert);
+    free((char *)s->opts.tls_key);
+    free((char *)s->opts.tls_client_ca);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
     free(s);

@@ -46,6 +46,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                   "the health service does not know this service name"},
     [DREY_ERR_DEADLINE_EXCEEDED] = {DREY_ERR_DEADLINE_EXCEEDED, GRPC_STATUS_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED",
                                     "the call's deadline passed before it could run"},
+    [DREY_ERR_CANCELLED] = {DREY_ERR_CANCELLED, GRPC_STATUS_CANCELLED, "CANCELLED",
+                            "the client cancelled the call while it waited"},
     [DREY_ERR_IDEMPOTENCY_KEY_REUSED] = {DREY_ERR_IDEMPOTENCY_KEY_REUSED, GRPC_STATUS_FAILED_PRECONDITION,
                                          "IDEMPOTENCY_KEY_REUSED",
                                          "this request_id was already used for a different request"},
@@ -59,6 +61,29 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                  "the node runs with --ephemeral and keeps no data on disk"},
     [DREY_ERR_SNAPSHOT_FAILED] = {DREY_ERR_SNAPSHOT_FAILED, GRPC_STATUS_INTERNAL, "SNAPSHOT_FAILED",
                                   "the snapshot could not be written; see the node's log"},
+#define TOKEN(e, reason, msg) [DREY_ERR_##e] = {DREY_ERR_##e, GRPC_STATUS_UNAUTHENTICATED, reason, msg}
+    TOKEN(TOKEN_MISSING, "TOKEN_MISSING", "this method needs an authorization: Bearer <JWT> header"),
+    TOKEN(TOKEN_MALFORMED, "TOKEN_MALFORMED", "the authorization header is not Bearer <header.payload.signature>"),
+    TOKEN(TOKEN_TOO_LARGE, "TOKEN_TOO_LARGE", "the token is longer than the node accepts"),
+    TOKEN(TOKEN_ALGORITHM, "TOKEN_ALGORITHM",
+          "the token's alg is not the algorithm configured for its key (alg none is never accepted)"),
+    TOKEN(TOKEN_UNKNOWN_KEY, "TOKEN_UNKNOWN_KEY", "no configured key has the token's kid"),
+    TOKEN(TOKEN_BAD_SIGNATURE, "TOKEN_BAD_SIGNATURE", "the token's signature does not verify"),
+    TOKEN(TOKEN_EXPIRED, "TOKEN_EXPIRED", "the token has expired"),
+    TOKEN(TOKEN_NOT_YET_VALID, "TOKEN_NOT_YET_VALID", "the token is not valid yet (nbf or iat in the future)"),
+    TOKEN(TOKEN_WRONG_ISSUER, "TOKEN_WRONG_ISSUER", "the token's iss is not the configured issuer"),
+    TOKEN(TOKEN_WRONG_AUDIENCE, "TOKEN_WRONG_AUDIENCE", "the token's aud does not name the configured audience"),
+    TOKEN(TOKEN_INVALID, "TOKEN_INVALID", "the token's claims are unusable (exp is required)"),
+#undef TOKEN
+#define QUOTA(e, reason, msg) [DREY_ERR_##e] = {DREY_ERR_##e, GRPC_STATUS_RESOURCE_EXHAUSTED, reason, msg}
+    QUOTA(NODE_RATE_LIMIT, "NODE_RATE_LIMIT", "the node's request rate limit is reached"),
+    QUOTA(PRINCIPAL_RATE_LIMIT, "PRINCIPAL_RATE_LIMIT", "the caller's request rate limit is reached"),
+    QUOTA(PRINCIPAL_CONCURRENCY_LIMIT, "PRINCIPAL_CONCURRENCY_LIMIT",
+          "the caller has as many calls in flight and queued as it may"),
+    QUOTA(QUEUE_FULL, "QUEUE_FULL", "the node is at its concurrency limit and its wait queue is full"),
+    QUOTA(QUEUE_TIMEOUT, "QUEUE_TIMEOUT", "the call waited in the queue for the longest time allowed"),
+    QUOTA(MEMORY_PRESSURE, "MEMORY_PRESSURE", "the write would grow memory past the node's critical level"),
+#undef QUOTA
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

@@ -33,6 +33,7 @@ struct drey_storage {
     drey_io *io;
     drey_store *store;
     drey_journal *journal;
+    int lock_fd; /* <dir>/LOCK, held for the node's life; -1 without one */
 
     pthread_t thread;
     pthread_mutex_t mu;
@@ -152,8 +153,10 @@ static int replay_one(void *arg, const drey_journal_record *rec) {
     return 0;
 }
 
-/* Loads the newest usable snapshot: the manifest's, else older ones. */
-static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap) {
+/* Loads the newest usable snapshot: the manifest's, else older ones. When
+ * it had to fall back, `fallback` says why (for the error if the journal
+ * then does not continue the older snapshot). */
+static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap, char *fallback, size_t fcap) {
     char named[256] = "";
     uint64_t named_lsn = 0;
     int rc = drey_storage__read_manifest(st->io, st->dir, named, sizeof named, &named_lsn);
@@ -174,7 +177,7 @@ static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap)
     size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
     /* The named one first, then the others newest first. */
     rc = -ENOENT;
-    char why[512] = "";
+    char why[512] = "", named_why[512] = "";
     for (size_t pass = 0; pass < 2 && rc != 0; pass++) {
         for (size_t i = 0; i < n && rc != 0; i++) {
             char rel[300];
@@ -191,10 +194,15 @@ static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap)
             if (rc != 0) {
                 DREY_LOG_WARN("recovery: snapshot unusable", DREY_LOG_STR("file", rel), DREY_LOG_STR("error", e));
                 snprintf(why, sizeof why, "%s", e);
+                if (is_named)
+                    snprintf(named_why, sizeof named_why, "%s", e);
                 drey_store_clear(st->store);
                 continue;
             }
             *lsn = info.lsn;
+            if (!is_named && snprintf(fallback, fcap, "%s/CURRENT names %s, which is unusable (%s); %s was loaded instead",
+                                      st->dir, named, named_why[0] ? named_why : "missing", rel) < 0)
+                fallback[0] = '\0';
             st->stats.recovered_snapshot_entries = info.entries;
             st->stats.snapshot_lsn = info.lsn;
             st->stats.snapshot_time_ms = info.time_ms;
@@ -383,23 +391,44 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cond, NULL);
 
+    st->lock_fd = -1;
     int64_t t0 = drey_mono_ms();
     int rc = st->io->ops->mkdir(st->io, st->dir);
     if (rc != 0) {
         snprintf(err, err_cap, "cannot create the data directory %s: %s", st->dir, strerror(-rc));
         goto fail;
     }
+    if (st->io->ops->lock != NULL) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/LOCK", st->dir);
+        rc = st->io->ops->lock(st->io, path);
+        if (rc < 0) {
+            snprintf(err, err_cap, "%s: %s", path,
+                     rc == -EWOULDBLOCK ? "the data directory is in use by another dreyd" : strerror(-rc));
+            goto fail;
+        }
+        st->lock_fd = rc;
+    }
     DREY_LOG_INFO("recovery: starting", DREY_LOG_STR("dir", st->dir));
     uint64_t snapshot_lsn = 0;
-    rc = load_snapshot(st, &snapshot_lsn, err, err_cap);
+    char fallback[1024] = "";
+    rc = load_snapshot(st, &snapshot_lsn, err, err_cap, fallback, sizeof fallback);
     if (rc != 0)
         goto fail;
     replay_ctx rctx = {.commit = commit, .last_log_ms = drey_mono_ms()};
     drey_journal_options jo = opts->journal;
     jo.dir = st->dir;
     rc = drey_journal_open(&jo, snapshot_lsn, replay_one, &rctx, &st->journal, err, err_cap);
-    if (rc != 0)
+    if (rc != 0) {
+        if (fallback[0] != '\0') {
+            /* The journal's own advice (repair) would cut what the damaged
+             * snapshot is needed for: say what really happened first. */
+            char jerr[1024];
+            snprintf(jerr, sizeof jerr, "%s", err);
+            snprintf(err, err_cap, "%s, but the journal does not continue it: %s", fallback, jerr);
+        }
         goto fail;
+    }
     drey_journal_stats js;
     drey_journal_get_stats(st->journal, &js);
     st->stats.replayed_records = rctx.records;
@@ -413,6 +442,8 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     *out = st;
     return 0;
 fail:
+    if (st->lock_fd >= 0)
+        st->io->ops->close(st->io, st->lock_fd);
     free(st->dir);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->cond);
@@ -429,6 +460,8 @@ void drey_storage_close(drey_storage *st) {
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->thread, NULL);
     drey_journal_close(st->journal);
+    if (st->lock_fd >= 0)
+        st->io->ops->close(st->io, st->lock_fd);
     free(st->dir);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->cond);

@@ -49,6 +49,7 @@ struct drey_store {
     int64_t capture_live_at;
     uint8_t seed[16];
     _Atomic uint64_t version;
+    _Atomic int64_t bytes;      /* sum of the shards' accounted bytes */
     _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
     _Atomic uint64_t expired_swept;
 };
@@ -114,6 +115,7 @@ void drey_store_clear(drey_store *s) {
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
         pthread_rwlock_wrlock(&sh->lock);
+        atomic_fetch_sub_explicit(&s->bytes, (int64_t)sh->bytes, memory_order_relaxed);
         free_entries(sh);
         pthread_rwlock_unlock(&sh->lock);
     }
@@ -189,11 +191,17 @@ static void resize(shard *sh, size_t nbuckets) {
     sh->sweep_cursor &= nmask;
 }
 
-static void unlink_free(shard *sh, entry **slot) {
+/* Accounted bytes change here and only here (and in free_entries). */
+static void account(drey_store *s, shard *sh, int64_t delta) {
+    sh->bytes += (size_t)delta;
+    atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
+}
+
+static void unlink_free(drey_store *s, shard *sh, entry **slot) {
     entry *e = *slot;
     *slot = e->next;
     sh->count--;
-    sh->bytes -= entry_bytes(e);
+    account(s, sh, -(int64_t)entry_bytes(e));
     free(e);
     if (sh->mask + 1 > SHARD_MIN_BUCKETS && sh->count < (sh->mask + 1) / 8)
         resize(sh, (sh->mask + 1) / 2);
@@ -325,7 +333,7 @@ bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, dr
     if (*slot == NULL)
         return false;
     if (!is_live(*slot, now_ms)) {
-        unlink_free(sh, slot);
+        unlink_free(t->store, sh, slot);
         return false;
     }
     view_of(*slot, out);
@@ -356,15 +364,14 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
     if (old != NULL) {
         e->next = old->next;
         *slot = e;
-        sh->bytes -= entry_bytes(old);
-        sh->bytes += entry_bytes(e);
+        account(t->store, sh, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
         free(old); /* after the copy: v may point into it */
         return;
     }
     e->next = NULL;
     *slot = e;
     sh->count++;
-    sh->bytes += entry_bytes(e);
+    account(t->store, sh, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
 }
@@ -382,7 +389,7 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k) {
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
-    unlink_free(sh, slot);
+    unlink_free(t->store, sh, slot);
     return true;
 }
 
@@ -405,7 +412,7 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
                 continue;
             }
             size_t before = sh->mask;
-            unlink_free(sh, slot);
+            unlink_free(s, sh, slot);
             freed++;
             if (sh->mask != before)
                 goto out; /* the table shrank under the cursor: resume next step */
@@ -416,6 +423,19 @@ out:
     atomic_fetch_add_explicit(&s->expired_swept, freed, memory_order_relaxed);
     *expired += freed;
     return examined;
+}
+
+int64_t drey_store_bytes(const drey_store *s) {
+    return atomic_load_explicit(&s->bytes, memory_order_relaxed);
+}
+
+size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms) {
+    shard *sh = shard_of(s, k->hash);
+    pthread_rwlock_rdlock(&sh->lock);
+    entry *e = *find_slot(sh, k);
+    size_t n = e != NULL && is_live(e, now_ms) ? entry_bytes(e) : 0;
+    pthread_rwlock_unlock(&sh->lock);
+    return n;
 }
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out) {

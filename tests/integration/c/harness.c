@@ -220,8 +220,10 @@ void harness_start(harness_server *s, const char *const *extra_flags) {
     cr_assert_not_null(mkdtemp(s->data_dir), "mkdtemp: %s", strerror(errno));
     char data_flag[600];
     snprintf(data_flag, sizeof data_flag, "--data-dir=%s", s->data_dir);
-    const char *argv[64] = {bin, "--listen=127.0.0.1:0", "--drain-grace=0", data_flag};
-    size_t argc = 4;
+    /* The ops listener's default port (9090) is shared by every server:
+     * each test server takes a free one instead. */
+    const char *argv[64] = {bin, "--listen=127.0.0.1:0", "--ops-listen=127.0.0.1:0", "--drain-grace=0", data_flag};
+    size_t argc = 5;
     for (size_t i = 0; extra_flags != NULL && extra_flags[i] != NULL; i++) {
         cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
         argv[argc++] = extra_flags[i];

@@ -78,13 +78,18 @@ function parseLogLines(text) {
  * Starts dreyd on 127.0.0.1 with a kernel-chosen port and waits, polling its
  * stderr with a deadline, for the "listening" log line that names the port.
  * extraArgs are added to the command line; --drain-grace defaults to 0s so
- * that stop() is quick, unless extraArgs set it.
+ * that stop() is quick, and the data directory to a fresh one of its own,
+ * unless extraArgs set them.
  */
 async function startServer(extraArgs = []) {
   const dir = fs.mkdtempSync(path.join(tmpBase(), 'dreyd-'));
   const logPath = path.join(dir, 'stderr.log');
-  const args = ['--listen=127.0.0.1:0'];
+  // The ops listener's default port (9090) is shared by every server: each
+  // test server takes a free one.
+  const args = ['--listen=127.0.0.1:0', '--ops-listen=127.0.0.1:0'];
   if (!extraArgs.some((a) => a.startsWith('--drain-grace'))) args.push('--drain-grace=0s');
+  if (!extraArgs.some((a) => a.startsWith('--data-dir') || a.startsWith('--ephemeral')))
+    args.push(`--data-dir=${path.join(dir, 'data')}`);
   args.push(...extraArgs);
 
   const fd = fs.openSync(logPath, 'w');

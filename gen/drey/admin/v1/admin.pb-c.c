@@ -97,6 +97,144 @@ void   drey__admin__v1__snapshot_response__free_unpacked
   assert(message->base.descriptor == &drey__admin__v1__snapshot_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__admin__v1__get_readiness_details_request__init
+                     (Drey__Admin__V1__GetReadinessDetailsRequest         *message)
+{
+  static const Drey__Admin__V1__GetReadinessDetailsRequest init_value = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__admin__v1__get_readiness_details_request__get_packed_size
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest *message)
+{
+  assert(message->base.descriptor == &drey__admin__v1__get_readiness_details_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__admin__v1__get_readiness_details_request__pack
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__admin__v1__get_readiness_details_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__admin__v1__get_readiness_details_request__pack_to_buffer
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__admin__v1__get_readiness_details_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Admin__V1__GetReadinessDetailsRequest *
+       drey__admin__v1__get_readiness_details_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Admin__V1__GetReadinessDetailsRequest *)
+     protobuf_c_message_unpack (&drey__admin__v1__get_readiness_details_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__admin__v1__get_readiness_details_request__free_unpacked
+                     (Drey__Admin__V1__GetReadinessDetailsRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__admin__v1__get_readiness_details_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__admin__v1__readiness_details__journal_disk__init
+                     (Drey__Admin__V1__ReadinessDetails__JournalDisk         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__JournalDisk init_value = DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL_DISK__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__memory__init
+                     (Drey__Admin__V1__ReadinessDetails__Memory         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Memory init_value = DREY__ADMIN__V1__READINESS_DETAILS__MEMORY__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__init
+                     (Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry init_value = DREY__ADMIN__V1__READINESS_DETAILS__BACKPRESSURE__REJECTIONS_BY_REASON_ENTRY__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__backpressure__init
+                     (Drey__Admin__V1__ReadinessDetails__Backpressure         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Backpressure init_value = DREY__ADMIN__V1__READINESS_DETAILS__BACKPRESSURE__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__journal__init
+                     (Drey__Admin__V1__ReadinessDetails__Journal         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Journal init_value = DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__snapshot__init
+                     (Drey__Admin__V1__ReadinessDetails__Snapshot         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Snapshot init_value = DREY__ADMIN__V1__READINESS_DETAILS__SNAPSHOT__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__compaction__init
+                     (Drey__Admin__V1__ReadinessDetails__Compaction         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Compaction init_value = DREY__ADMIN__V1__READINESS_DETAILS__COMPACTION__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__recovery__init
+                     (Drey__Admin__V1__ReadinessDetails__Recovery         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Recovery init_value = DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__init
+                     (Drey__Admin__V1__ReadinessDetails         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails init_value = DREY__ADMIN__V1__READINESS_DETAILS__INIT;
+  *message = init_value;
+}
+size_t drey__admin__v1__readiness_details__get_packed_size
+                     (const Drey__Admin__V1__ReadinessDetails *message)
+{
+  assert(message->base.descriptor == &drey__admin__v1__readiness_details__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__admin__v1__readiness_details__pack
+                     (const Drey__Admin__V1__ReadinessDetails *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__admin__v1__readiness_details__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__admin__v1__readiness_details__pack_to_buffer
+                     (const Drey__Admin__V1__ReadinessDetails *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__admin__v1__readiness_details__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Admin__V1__ReadinessDetails *
+       drey__admin__v1__readiness_details__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Admin__V1__ReadinessDetails *)
+     protobuf_c_message_unpack (&drey__admin__v1__readiness_details__descriptor,
+                                allocator, len, data);
+}
+void   drey__admin__v1__readiness_details__free_unpacked
+                     (Drey__Admin__V1__ReadinessDetails *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__admin__v1__readiness_details__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 #define drey__admin__v1__snapshot_request__field_descriptors NULL
 #define drey__admin__v1__snapshot_request__field_indices_by_name NULL
 #define drey__admin__v1__snapshot_request__number_ranges NULL
@@ -218,11 +356,750 @@ const ProtobufCMessageDescriptor drey__admin__v1__snapshot_response__descriptor 
   (ProtobufCMessageInit) drey__admin__v1__snapshot_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor drey__admin__v1__admin__method_descriptors[1] =
+#define drey__admin__v1__get_readiness_details_request__field_descriptors NULL
+#define drey__admin__v1__get_readiness_details_request__field_indices_by_name NULL
+#define drey__admin__v1__get_readiness_details_request__number_ranges NULL
+const ProtobufCMessageDescriptor drey__admin__v1__get_readiness_details_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.GetReadinessDetailsRequest",
+  "GetReadinessDetailsRequest",
+  "Drey__Admin__V1__GetReadinessDetailsRequest",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__GetReadinessDetailsRequest),
+  0,
+  drey__admin__v1__get_readiness_details_request__field_descriptors,
+  drey__admin__v1__get_readiness_details_request__field_indices_by_name,
+  0,  drey__admin__v1__get_readiness_details_request__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__get_readiness_details_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal_disk__field_descriptors[5] =
+{
+  {
+    "state",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__JournalDisk, state),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "max_bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__JournalDisk, max_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "used_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__JournalDisk, used_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "high_water_bytes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__JournalDisk, high_water_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "write_rejection_active",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__JournalDisk, write_rejection_active),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__journal_disk__field_indices_by_name[] = {
+  3,   /* field[3] = high_water_bytes */
+  1,   /* field[1] = max_bytes */
+  0,   /* field[0] = state */
+  2,   /* field[2] = used_bytes */
+  4,   /* field[4] = write_rejection_active */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__journal_disk__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal_disk__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.JournalDisk",
+  "JournalDisk",
+  "Drey__Admin__V1__ReadinessDetails__JournalDisk",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__JournalDisk),
+  5,
+  drey__admin__v1__readiness_details__journal_disk__field_descriptors,
+  drey__admin__v1__readiness_details__journal_disk__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__journal_disk__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__journal_disk__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__memory__field_descriptors[7] =
+{
+  {
+    "state",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, state),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "limit_bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, limit_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "used_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, used_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "high_bytes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, high_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "critical_bytes",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, critical_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "jemalloc_allocated_bytes",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, jemalloc_allocated_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "write_rejection_active",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Memory, write_rejection_active),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__memory__field_indices_by_name[] = {
+  4,   /* field[4] = critical_bytes */
+  3,   /* field[3] = high_bytes */
+  5,   /* field[5] = jemalloc_allocated_bytes */
+  1,   /* field[1] = limit_bytes */
+  0,   /* field[0] = state */
+  2,   /* field[2] = used_bytes */
+  6,   /* field[6] = write_rejection_active */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__memory__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__memory__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Memory",
+  "Memory",
+  "Drey__Admin__V1__ReadinessDetails__Memory",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Memory),
+  7,
+  drey__admin__v1__readiness_details__memory__field_descriptors,
+  drey__admin__v1__readiness_details__memory__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__memory__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__memory__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__field_descriptors[2] =
+{
+  {
+    "key",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry, key),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "value",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry, value),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__field_indices_by_name[] = {
+  0,   /* field[0] = key */
+  1,   /* field[1] = value */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Backpressure.RejectionsByReasonEntry",
+  "RejectionsByReasonEntry",
+  "Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry),
+  2,
+  drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__field_descriptors,
+  drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__backpressure__field_descriptors[4] =
+{
+  {
+    "in_flight",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure, in_flight),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queued",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure, queued),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tracked_principals",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure, tracked_principals),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rejections_by_reason",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure, n_rejections_by_reason),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Backpressure, rejections_by_reason),
+    &drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__backpressure__field_indices_by_name[] = {
+  0,   /* field[0] = in_flight */
+  1,   /* field[1] = queued */
+  3,   /* field[3] = rejections_by_reason */
+  2,   /* field[2] = tracked_principals */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__backpressure__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressure__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Backpressure",
+  "Backpressure",
+  "Drey__Admin__V1__ReadinessDetails__Backpressure",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Backpressure),
+  4,
+  drey__admin__v1__readiness_details__backpressure__field_descriptors,
+  drey__admin__v1__readiness_details__backpressure__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__backpressure__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__backpressure__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal__field_descriptors[5] =
+{
+  {
+    "fsync_policy",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, fsync_policy),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_lsn",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, last_lsn),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "segments",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, segments),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_fsync_micros",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, last_fsync_micros),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "failed",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, failed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__journal__field_indices_by_name[] = {
+  4,   /* field[4] = failed */
+  0,   /* field[0] = fsync_policy */
+  3,   /* field[3] = last_fsync_micros */
+  1,   /* field[1] = last_lsn */
+  2,   /* field[2] = segments */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__journal__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Journal",
+  "Journal",
+  "Drey__Admin__V1__ReadinessDetails__Journal",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Journal),
+  5,
+  drey__admin__v1__readiness_details__journal__field_descriptors,
+  drey__admin__v1__readiness_details__journal__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__journal__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__journal__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__snapshot__field_descriptors[3] =
+{
+  {
+    "last_lsn",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Snapshot, last_lsn),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "age_seconds",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Snapshot, age_seconds),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "in_flight",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Snapshot, in_flight),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__snapshot__field_indices_by_name[] = {
+  1,   /* field[1] = age_seconds */
+  2,   /* field[2] = in_flight */
+  0,   /* field[0] = last_lsn */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__snapshot__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snapshot__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Snapshot",
+  "Snapshot",
+  "Drey__Admin__V1__ReadinessDetails__Snapshot",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Snapshot),
+  3,
+  drey__admin__v1__readiness_details__snapshot__field_descriptors,
+  drey__admin__v1__readiness_details__snapshot__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__snapshot__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__snapshot__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__compaction__field_descriptors[2] =
+{
+  {
+    "state",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Compaction, state),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_run",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Compaction, last_run),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__compaction__field_indices_by_name[] = {
+  1,   /* field[1] = last_run */
+  0,   /* field[0] = state */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__compaction__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Compaction",
+  "Compaction",
+  "Drey__Admin__V1__ReadinessDetails__Compaction",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Compaction),
+  2,
+  drey__admin__v1__readiness_details__compaction__field_descriptors,
+  drey__admin__v1__readiness_details__compaction__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__compaction__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__compaction__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__recovery__field_descriptors[2] =
+{
+  {
+    "state",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Recovery, state),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "replayed_records",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Recovery, replayed_records),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__recovery__field_indices_by_name[] = {
+  1,   /* field[1] = replayed_records */
+  0,   /* field[0] = state */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__recovery__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Recovery",
+  "Recovery",
+  "Drey__Admin__V1__ReadinessDetails__Recovery",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Recovery),
+  2,
+  drey__admin__v1__readiness_details__recovery__field_descriptors,
+  drey__admin__v1__readiness_details__recovery__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__recovery__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__recovery__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[8] =
+{
+  {
+    "ready",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, ready),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "journal_disk",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, journal_disk),
+    &drey__admin__v1__readiness_details__journal_disk__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "memory",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, memory),
+    &drey__admin__v1__readiness_details__memory__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "backpressure",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, backpressure),
+    &drey__admin__v1__readiness_details__backpressure__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "journal",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, journal),
+    &drey__admin__v1__readiness_details__journal__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, snapshot),
+    &drey__admin__v1__readiness_details__snapshot__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "compaction",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, compaction),
+    &drey__admin__v1__readiness_details__compaction__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "recovery",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, recovery),
+    &drey__admin__v1__readiness_details__recovery__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
+  3,   /* field[3] = backpressure */
+  6,   /* field[6] = compaction */
+  4,   /* field[4] = journal */
+  1,   /* field[1] = journal_disk */
+  2,   /* field[2] = memory */
+  0,   /* field[0] = ready */
+  7,   /* field[7] = recovery */
+  5,   /* field[5] = snapshot */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 8 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails",
+  "ReadinessDetails",
+  "Drey__Admin__V1__ReadinessDetails",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails),
+  8,
+  drey__admin__v1__readiness_details__field_descriptors,
+  drey__admin__v1__readiness_details__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCMethodDescriptor drey__admin__v1__admin__method_descriptors[2] =
 {
   { "Snapshot", &drey__admin__v1__snapshot_request__descriptor, &drey__admin__v1__snapshot_response__descriptor },
+  { "GetReadinessDetails", &drey__admin__v1__get_readiness_details_request__descriptor, &drey__admin__v1__readiness_details__descriptor },
 };
 const unsigned drey__admin__v1__admin__method_indices_by_name[] = {
+  1,        /* GetReadinessDetails */
   0         /* Snapshot */
 };
 const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor =
@@ -232,7 +1109,7 @@ const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor =
   "Admin",
   "Drey__Admin__V1__Admin",
   "drey.admin.v1",
-  1,
+  2,
   drey__admin__v1__admin__method_descriptors,
   drey__admin__v1__admin__method_indices_by_name
 };
@@ -243,6 +1120,14 @@ void drey__admin__v1__admin__snapshot(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__admin__v1__admin__descriptor);
   service->invoke(service, 0, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__admin__v1__admin__get_readiness_details(ProtobufCService *service,
+                                                   const Drey__Admin__V1__GetReadinessDetailsRequest *input,
+                                                   Drey__Admin__V1__ReadinessDetails_Closure closure,
+                                                   void *closure_data)
+{
+  assert(service->descriptor == &drey__admin__v1__admin__descriptor);
+  service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__admin__v1__admin__init (Drey__Admin__V1__Admin_Service *service,
                                    Drey__Admin__V1__Admin_ServiceDestroy destroy)

@@ -18,6 +18,16 @@ PROTOBUF_C__BEGIN_DECLS
 
 typedef struct Drey__Admin__V1__SnapshotRequest Drey__Admin__V1__SnapshotRequest;
 typedef struct Drey__Admin__V1__SnapshotResponse Drey__Admin__V1__SnapshotResponse;
+typedef struct Drey__Admin__V1__GetReadinessDetailsRequest Drey__Admin__V1__GetReadinessDetailsRequest;
+typedef struct Drey__Admin__V1__ReadinessDetails Drey__Admin__V1__ReadinessDetails;
+typedef struct Drey__Admin__V1__ReadinessDetails__JournalDisk Drey__Admin__V1__ReadinessDetails__JournalDisk;
+typedef struct Drey__Admin__V1__ReadinessDetails__Memory Drey__Admin__V1__ReadinessDetails__Memory;
+typedef struct Drey__Admin__V1__ReadinessDetails__Backpressure Drey__Admin__V1__ReadinessDetails__Backpressure;
+typedef struct Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry;
+typedef struct Drey__Admin__V1__ReadinessDetails__Journal Drey__Admin__V1__ReadinessDetails__Journal;
+typedef struct Drey__Admin__V1__ReadinessDetails__Snapshot Drey__Admin__V1__ReadinessDetails__Snapshot;
+typedef struct Drey__Admin__V1__ReadinessDetails__Compaction Drey__Admin__V1__ReadinessDetails__Compaction;
+typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__ReadinessDetails__Recovery;
 
 
 /* --- enums --- */
@@ -58,6 +68,155 @@ struct  Drey__Admin__V1__SnapshotResponse
     , 0, (char *)protobuf_c_empty_string, 0, 0, NULL, 0 }
 
 
+struct  Drey__Admin__V1__GetReadinessDetailsRequest
+{
+  ProtobufCMessage base;
+};
+#define DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__get_readiness_details_request__descriptor) \
+     }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__JournalDisk
+{
+  ProtobufCMessage base;
+  /*
+   * normal (below high water), high (from high water: observability
+   * only), critical (the next append would not fit: writes are refused).
+   */
+  char *state;
+  uint64_t max_bytes;
+  uint64_t used_bytes;
+  uint64_t high_water_bytes;
+  protobuf_c_boolean write_rejection_active;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL_DISK__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__journal_disk__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Memory
+{
+  ProtobufCMessage base;
+  char *state;
+  int64_t limit_bytes;
+  int64_t used_bytes;
+  int64_t high_bytes;
+  int64_t critical_bytes;
+  /*
+   * -1 when jemalloc is not the allocator.
+   */
+  int64_t jemalloc_allocated_bytes;
+  protobuf_c_boolean write_rejection_active;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__MEMORY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__memory__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry
+{
+  ProtobufCMessage base;
+  char *key;
+  uint64_t value;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__BACKPRESSURE__REJECTIONS_BY_REASON_ENTRY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Backpressure
+{
+  ProtobufCMessage base;
+  uint32_t in_flight;
+  uint32_t queued;
+  uint32_t tracked_principals;
+  size_t n_rejections_by_reason;
+  Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry **rejections_by_reason;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__BACKPRESSURE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__backpressure__descriptor) \
+    , 0, 0, 0, 0,NULL }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Journal
+{
+  ProtobufCMessage base;
+  char *fsync_policy;
+  uint64_t last_lsn;
+  uint32_t segments;
+  int64_t last_fsync_micros;
+  protobuf_c_boolean failed;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__journal__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Snapshot
+{
+  ProtobufCMessage base;
+  uint64_t last_lsn;
+  int64_t age_seconds;
+  protobuf_c_boolean in_flight;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__SNAPSHOT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__snapshot__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Compaction
+{
+  ProtobufCMessage base;
+  /*
+   * idle, or failed when the last compaction could not delete segments.
+   */
+  char *state;
+  /*
+   * RFC 3339 time of the last compaction; empty if none yet.
+   */
+  char *last_run;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__COMPACTION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__compaction__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Recovery
+{
+  ProtobufCMessage base;
+  /*
+   * recovering, done, or ephemeral.
+   */
+  char *state;
+  uint64_t replayed_records;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__recovery__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
+
+
+struct  Drey__Admin__V1__ReadinessDetails
+{
+  ProtobufCMessage base;
+  /*
+   * The node can serve: recovered, and its journal is not failed. Disk and
+   * memory pressure do not make it unready: they refuse writes, precisely.
+   */
+  protobuf_c_boolean ready;
+  Drey__Admin__V1__ReadinessDetails__JournalDisk *journal_disk;
+  Drey__Admin__V1__ReadinessDetails__Memory *memory;
+  Drey__Admin__V1__ReadinessDetails__Backpressure *backpressure;
+  Drey__Admin__V1__ReadinessDetails__Journal *journal;
+  Drey__Admin__V1__ReadinessDetails__Snapshot *snapshot;
+  Drey__Admin__V1__ReadinessDetails__Compaction *compaction;
+  Drey__Admin__V1__ReadinessDetails__Recovery *recovery;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+
+
 /* Drey__Admin__V1__SnapshotRequest methods */
 void   drey__admin__v1__snapshot_request__init
                      (Drey__Admin__V1__SnapshotRequest         *message);
@@ -96,6 +255,68 @@ Drey__Admin__V1__SnapshotResponse *
 void   drey__admin__v1__snapshot_response__free_unpacked
                      (Drey__Admin__V1__SnapshotResponse *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Admin__V1__GetReadinessDetailsRequest methods */
+void   drey__admin__v1__get_readiness_details_request__init
+                     (Drey__Admin__V1__GetReadinessDetailsRequest         *message);
+size_t drey__admin__v1__get_readiness_details_request__get_packed_size
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest   *message);
+size_t drey__admin__v1__get_readiness_details_request__pack
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest   *message,
+                      uint8_t             *out);
+size_t drey__admin__v1__get_readiness_details_request__pack_to_buffer
+                     (const Drey__Admin__V1__GetReadinessDetailsRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Admin__V1__GetReadinessDetailsRequest *
+       drey__admin__v1__get_readiness_details_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__admin__v1__get_readiness_details_request__free_unpacked
+                     (Drey__Admin__V1__GetReadinessDetailsRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Admin__V1__ReadinessDetails__JournalDisk methods */
+void   drey__admin__v1__readiness_details__journal_disk__init
+                     (Drey__Admin__V1__ReadinessDetails__JournalDisk         *message);
+/* Drey__Admin__V1__ReadinessDetails__Memory methods */
+void   drey__admin__v1__readiness_details__memory__init
+                     (Drey__Admin__V1__ReadinessDetails__Memory         *message);
+/* Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry methods */
+void   drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__init
+                     (Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry         *message);
+/* Drey__Admin__V1__ReadinessDetails__Backpressure methods */
+void   drey__admin__v1__readiness_details__backpressure__init
+                     (Drey__Admin__V1__ReadinessDetails__Backpressure         *message);
+/* Drey__Admin__V1__ReadinessDetails__Journal methods */
+void   drey__admin__v1__readiness_details__journal__init
+                     (Drey__Admin__V1__ReadinessDetails__Journal         *message);
+/* Drey__Admin__V1__ReadinessDetails__Snapshot methods */
+void   drey__admin__v1__readiness_details__snapshot__init
+                     (Drey__Admin__V1__ReadinessDetails__Snapshot         *message);
+/* Drey__Admin__V1__ReadinessDetails__Compaction methods */
+void   drey__admin__v1__readiness_details__compaction__init
+                     (Drey__Admin__V1__ReadinessDetails__Compaction         *message);
+/* Drey__Admin__V1__ReadinessDetails__Recovery methods */
+void   drey__admin__v1__readiness_details__recovery__init
+                     (Drey__Admin__V1__ReadinessDetails__Recovery         *message);
+/* Drey__Admin__V1__ReadinessDetails methods */
+void   drey__admin__v1__readiness_details__init
+                     (Drey__Admin__V1__ReadinessDetails         *message);
+size_t drey__admin__v1__readiness_details__get_packed_size
+                     (const Drey__Admin__V1__ReadinessDetails   *message);
+size_t drey__admin__v1__readiness_details__pack
+                     (const Drey__Admin__V1__ReadinessDetails   *message,
+                      uint8_t             *out);
+size_t drey__admin__v1__readiness_details__pack_to_buffer
+                     (const Drey__Admin__V1__ReadinessDetails   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Admin__V1__ReadinessDetails *
+       drey__admin__v1__readiness_details__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__admin__v1__readiness_details__free_unpacked
+                     (Drey__Admin__V1__ReadinessDetails *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Drey__Admin__V1__SnapshotRequest_Closure)
@@ -103,6 +324,36 @@ typedef void (*Drey__Admin__V1__SnapshotRequest_Closure)
                   void *closure_data);
 typedef void (*Drey__Admin__V1__SnapshotResponse_Closure)
                  (const Drey__Admin__V1__SnapshotResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__GetReadinessDetailsRequest_Closure)
+                 (const Drey__Admin__V1__GetReadinessDetailsRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__JournalDisk_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__JournalDisk *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Memory_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Memory *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Backpressure__RejectionsByReasonEntry *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Backpressure_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Backpressure *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Journal_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Journal *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Snapshot_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Snapshot *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Compaction_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Compaction *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Recovery_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Recovery *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
 
 /* --- services --- */
@@ -115,6 +366,10 @@ struct Drey__Admin__V1__Admin_Service
                    const Drey__Admin__V1__SnapshotRequest *input,
                    Drey__Admin__V1__SnapshotResponse_Closure closure,
                    void *closure_data);
+  void (*get_readiness_details)(Drey__Admin__V1__Admin_Service *service,
+                                const Drey__Admin__V1__GetReadinessDetailsRequest *input,
+                                Drey__Admin__V1__ReadinessDetails_Closure closure,
+                                void *closure_data);
 };
 typedef void (*Drey__Admin__V1__Admin_ServiceDestroy)(Drey__Admin__V1__Admin_Service *);
 void drey__admin__v1__admin__init (Drey__Admin__V1__Admin_Service *service,
@@ -123,16 +378,31 @@ void drey__admin__v1__admin__init (Drey__Admin__V1__Admin_Service *service,
     { &drey__admin__v1__admin__descriptor, protobuf_c_service_invoke_internal, NULL }
 #define DREY__ADMIN__V1__ADMIN__INIT(function_prefix__) \
     { DREY__ADMIN__V1__ADMIN__BASE_INIT,\
-      function_prefix__ ## snapshot  }
+      function_prefix__ ## snapshot,\
+      function_prefix__ ## get_readiness_details  }
 void drey__admin__v1__admin__snapshot(ProtobufCService *service,
                                       const Drey__Admin__V1__SnapshotRequest *input,
                                       Drey__Admin__V1__SnapshotResponse_Closure closure,
                                       void *closure_data);
+void drey__admin__v1__admin__get_readiness_details(ProtobufCService *service,
+                                                   const Drey__Admin__V1__GetReadinessDetailsRequest *input,
+                                                   Drey__Admin__V1__ReadinessDetails_Closure closure,
+                                                   void *closure_data);
 
 /* --- descriptors --- */
 
 extern const ProtobufCMessageDescriptor drey__admin__v1__snapshot_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__snapshot_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__get_readiness_details_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal_disk__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__memory__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressure__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressure__rejections_by_reason_entry__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snapshot__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS

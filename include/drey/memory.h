@@ -1,0 +1,61 @@
+/*
+ * memory — memory admission: refuse writes that would grow memory past the
+ * critical level, and never anything else.
+ *
+ * "Used" is the store's exact accounting (every entry's bytes, counted when
+ * it is stored and when it goes: expiry, removal, recovery and snapshots
+ * included). The limit defaults to 80% of the cgroup's memory limit, or of
+ * RAM without one; high is 80% and critical 95% of the limit. A write whose
+ * growth (new size - old size, estimated by its method) is positive and would
+ * take used past critical is refused with MEMORY_PRESSURE; reads, removes,
+ * Touch and Persist never are. jemalloc's own figure (stats.allocated) is read
+ * alongside, so operators can see how the accounting compares with what the
+ * allocator really holds.
+ */
+#ifndef DREY_MEMORY_H
+#define DREY_MEMORY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "drey/status.h"
+#include "drey/store.h"
+
+typedef struct drey_memory drey_memory;
+
+typedef enum drey_memory_state {
+    DREY_MEMORY_NORMAL,
+    DREY_MEMORY_HIGH,     /* used >= high: observability only */
+    DREY_MEMORY_CRITICAL, /* used >= critical: growing writes are refused */
+} drey_memory_state;
+
+const char *drey_memory_state_name(drey_memory_state s);
+
+typedef struct drey_memory_options {
+    int64_t limit_bytes; /* 0: 80% of the cgroup limit or of RAM */
+    const char *node_id; /* QuotaFailure subject "node:<id>" */
+} drey_memory_options;
+
+drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *store);
+void drey_memory_destroy(drey_memory *m);
+
+/* The default limit on this machine: 80% of memory.max (cgroup v2),
+ * memory.limit_in_bytes (v1) or physical RAM. */
+int64_t drey_memory_default_limit(void);
+
+/* True if a write growing memory by `growth` bytes may proceed; otherwise
+ * st is RESOURCE_EXHAUSTED MEMORY_PRESSURE with ErrorInfo metadata,
+ * QuotaFailure and RetryInfo. */
+bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
+
+typedef struct drey_memory_stats {
+    drey_memory_state state;
+    int64_t limit_bytes, used_bytes, high_bytes, critical_bytes;
+    int64_t jemalloc_allocated_bytes; /* -1 when jemalloc is not the allocator */
+    uint64_t rejections;
+} drey_memory_stats;
+
+/* Reads jemalloc's figure afresh (a mallctl call: not for every request). */
+void drey_memory_get_stats(drey_memory *m, drey_memory_stats *out);
+
+#endif

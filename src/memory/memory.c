@@ -1,0 +1,120 @@
+/*
+ * memory — memory admission; see include/drey/memory.h.
+ *
+ * jemalloc is looked up at run time (dlsym of mallctl), so the same code runs
+ * in the ASan build, which uses the system allocator and reports -1.
+ */
+#include "drey/memory.h"
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A refused write may retry after about this long: memory frees as entries
+ * expire or are removed, not on a clock. */
+#define RETRY_MS 1000
+
+struct drey_memory {
+    drey_store *store;
+    int64_t limit, high, critical;
+    char node_id[96];
+    _Atomic uint64_t rejections;
+};
+
+const char *drey_memory_state_name(drey_memory_state s) {
+    switch (s) {
+    case DREY_MEMORY_NORMAL: return "normal";
+    case DREY_MEMORY_HIGH: return "high";
+    case DREY_MEMORY_CRITICAL: return "critical";
+    }
+    return "?";
+}
+
+static int64_t read_limit_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char buf[64] = "";
+    int64_t v = 0;
+    if (fgets(buf, sizeof buf, f) != NULL && strncmp(buf, "max", 3) != 0)
+        v = strtoll(buf, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+int64_t drey_memory_default_limit(void) {
+    int64_t ram = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
+    int64_t cg = read_limit_file("/sys/fs/cgroup/memory.max");
+    if (cg <= 0)
+        cg = read_limit_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    /* cgroup v1 reports "no limit" as a huge number. */
+    int64_t base = cg > 0 && cg < ram ? cg : ram;
+    return base / 10 * 8;
+}
+
+drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *store) {
+    drey_memory *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        abort();
+    m->store = store;
+    m->limit = opts->limit_bytes > 0 ? opts->limit_bytes : drey_memory_default_limit();
+    m->high = m->limit / 100 * 80;
+    m->critical = m->limit / 100 * 95;
+    snprintf(m->node_id, sizeof m->node_id, "%s", opts->node_id != NULL ? opts->node_id : "");
+    return m;
+}
+
+void drey_memory_destroy(drey_memory *m) {
+    free(m);
+}
+
+static drey_memory_state state_of(const drey_memory *m, int64_t used) {
+    return used >= m->critical ? DREY_MEMORY_CRITICAL : used >= m->high ? DREY_MEMORY_HIGH : DREY_MEMORY_NORMAL;
+}
+
+bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st) {
+    if (growth <= 0)
+        return true;
+    int64_t used = drey_store_bytes(m->store);
+    if (used + growth <= m->critical)
+        return true;
+    atomic_fetch_add_explicit(&m->rejections, 1, memory_order_relaxed);
+    drey_status_init(st);
+    drey_status_set(st, DREY_ERR_MEMORY_PRESSURE);
+    drey_status_add_metadata(st, "limitBytes", "%lld", (long long)m->limit);
+    drey_status_add_metadata(st, "usedBytes", "%lld", (long long)used);
+    drey_status_add_metadata(st, "criticalBytes", "%lld", (long long)m->critical);
+    drey_status_add_metadata(st, "requestBytes", "%lld", (long long)growth);
+    snprintf(st->quota_subject, sizeof st->quota_subject, "node:%s", m->node_id);
+    st->quota_description = "memory in use would pass the node's critical level";
+    st->retry_delay_ms = RETRY_MS;
+    return false;
+}
+
+static int64_t jemalloc_allocated(void) {
+    typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+    mallctl_fn mallctl = (mallctl_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "mallctl");
+    if (mallctl == NULL)
+        return -1;
+    uint64_t epoch = 1;
+    size_t sz = sizeof epoch;
+    mallctl("epoch", &epoch, &sz, &epoch, sz); /* refresh the cached statistics */
+    size_t allocated;
+    sz = sizeof allocated;
+    if (mallctl("stats.allocated", &allocated, &sz, NULL, 0) != 0)
+        return -1;
+    return (int64_t)allocated;
+}
+
+void drey_memory_get_stats(drey_memory *m, drey_memory_stats *out) {
+    out->limit_bytes = m->limit;
+    out->high_bytes = m->high;
+    out->critical_bytes = m->critical;
+    out->used_bytes = drey_store_bytes(m->store);
+    out->state = state_of(m, out->used_bytes);
+    out->jemalloc_allocated_bytes = jemalloc_allocated();
+    out->rejections = atomic_load_explicit(&m->rejections, memory_order_relaxed);
+}

@@ -1,0 +1,129 @@
+/*
+ * admission — stages 2 to 4: who is calling, may it run now, may it grow
+ * memory.
+ *
+ * principal: a bearer token is verified (auth) and names the caller
+ *   jwt:{sub}; without one the caller is conn:{connection}. A node with
+ *   keys refuses token-less calls (auth_required); a node without keys
+ *   refuses calls that bring a token it cannot check.
+ * backpressure: takes a slot, waits in the queue, or is refused. The slot is
+ *   released in exactly one place, the call's finish hook, which runs when
+ *   the call replies whatever stage replied; a cancelled waiter leaves the
+ *   queue at once.
+ * memory: a write that would grow memory past the critical level is refused.
+ *
+ * Nothing before the journal changes state: a refusal here leaves no trace.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "drey/clock.h"
+#include "drey/log.h"
+#include "stages.h"
+
+#define SUB_MAX 256
+
+drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
+    const drey_pipeline_options *o = drey_pipeline__options(p);
+    size_t len;
+    const char *header = drey_call_metadata(r->call, "authorization", &len);
+    const char *conn = drey_call_connection(r->call);
+    if (header == NULL) {
+        if (o->auth_required) {
+            drey_pipeline__status(r, DREY_ERR_TOKEN_MISSING);
+            return DREY_STAGE_REJECT;
+        }
+        r->principal = conn;
+        return DREY_STAGE_NEXT;
+    }
+    if (o->auth == NULL) {
+        drey_pipeline__status(r, DREY_ERR_TOKEN_UNKNOWN_KEY);
+        return DREY_STAGE_REJECT;
+    }
+    char sub[SUB_MAX];
+    drey_error e = drey_auth_verify(o->auth, header, len, drey_wall_ms(), sub, sizeof sub);
+    if (e != DREY_ERR_NONE) {
+        drey_pipeline__status(r, e);
+        DREY_LOG_DEBUG("token refused", DREY_LOG_STR("principal", conn), DREY_LOG_STR("method", r->method->path),
+                       DREY_LOG_STR("reason", drey_error_lookup(e)->reason));
+        return DREY_STAGE_REJECT;
+    }
+    if (sub[0] == '\0') {
+        r->principal = conn; /* verified, but names nobody */
+        return DREY_STAGE_NEXT;
+    }
+    r->principal = drey_arena_sprintf(drey_call_arena(r->call), "jwt:%s", sub);
+    r->write.principal = r->principal; /* idempotency scope */
+    return DREY_STAGE_NEXT;
+}
+
+/* --- backpressure --------------------------------------------------------- */
+
+static void on_finish(void *arg) {
+    drey_request *r = arg;
+    drey_bp_release(drey_pipeline__options(r->pipeline)->backpressure, &r->ticket);
+}
+
+static void on_cancel(void *arg) {
+    drey_request *r = arg;
+    if (drey_bp_release(drey_pipeline__options(r->pipeline)->backpressure, &r->ticket)) {
+        /* It was waiting: nobody else will answer it. */
+        drey_call_fail(r->call, drey_pipeline__status(r, DREY_ERR_CANCELLED));
+    }
+}
+
+static void on_resume(void *arg) {
+    drey_pipeline_resume(arg);
+}
+
+static void on_fail(void *arg, const drey_status *st) {
+    drey_request *r = arg;
+    r->status = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    memcpy(r->status, st, sizeof *st);
+    drey_call_fail(r->call, r->status);
+}
+
+drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r) {
+    drey_bp *bp = drey_pipeline__options(p)->backpressure;
+    if (bp == NULL)
+        return DREY_STAGE_NEXT;
+    r->ticket.principal = r->principal;
+    r->ticket.deadline_ns = drey_call_deadline_mono_ns(r->call);
+    r->ticket.resume = on_resume;
+    r->ticket.fail = on_fail;
+    r->ticket.arg = r;
+    drey_call_on_finish(r->call, on_finish, r);
+    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    switch (drey_bp_admit(bp, &r->ticket, st)) {
+    case DREY_BP_ADMITTED:
+        break;
+    case DREY_BP_PARKED:
+        drey_call_on_cancel(r->call, on_cancel, r);
+        return DREY_STAGE_PARKED;
+    case DREY_BP_REJECTED:
+        r->status = st;
+        DREY_LOG_DEBUG("request refused", DREY_LOG_STR("principal", r->principal),
+                       DREY_LOG_STR("method", r->method->path),
+                       DREY_LOG_STR("reason", drey_error_lookup(st->error)->reason));
+        return DREY_STAGE_REJECT;
+    }
+    drey_call_on_cancel(r->call, on_cancel, r);
+    return DREY_STAGE_NEXT;
+}
+
+/* --- memory --------------------------------------------------------------- */
+
+drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
+    const drey_pipeline_options *o = drey_pipeline__options(p);
+    const drey_handler *h = r->method->handler;
+    if (o->memory == NULL || h->growth == NULL)
+        return DREY_STAGE_NEXT;
+    int64_t growth = h->growth(r->method->service_ctx, r->msg, drey_wall_ms());
+    if (growth > 0)
+        growth += (int64_t)drey_commit_outcome_bytes(&r->write);
+    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    if (drey_memory_admit(o->memory, growth, st))
+        return DREY_STAGE_NEXT;
+    r->status = st;
+    return DREY_STAGE_REJECT;
+}

@@ -1,0 +1,149 @@
+/*
+ * timer — a heap of deadlines and the thread that serves it; see
+ * include/drey/timer.h.
+ *
+ * A callback runs without the mutex held, so it may arm or cancel timers.
+ * cancel() of a timer whose callback is running returns false and does not
+ * wait: callers decide who owns the wake-up with their own state.
+ */
+#include "drey/timer.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "drey/clock.h"
+
+#define NOT_ARMED SIZE_MAX
+
+struct drey_timers {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    drey_timer **heap;
+    size_t n, cap;
+    bool stopping;
+    pthread_t thread;
+};
+
+static void swap(drey_timers *t, size_t i, size_t j) {
+    drey_timer *a = t->heap[i];
+    t->heap[i] = t->heap[j];
+    t->heap[j] = a;
+    t->heap[i]->heap_index_ = i;
+    t->heap[j]->heap_index_ = j;
+}
+
+static void sift_up(drey_timers *t, size_t i) {
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (t->heap[p]->at_ns <= t->heap[i]->at_ns)
+            break;
+        swap(t, i, p);
+        i = p;
+    }
+}
+
+static void sift_down(drey_timers *t, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < t->n && t->heap[l]->at_ns < t->heap[m]->at_ns)
+            m = l;
+        if (r < t->n && t->heap[r]->at_ns < t->heap[m]->at_ns)
+            m = r;
+        if (m == i)
+            return;
+        swap(t, i, m);
+        i = m;
+    }
+}
+
+static void remove_at(drey_timers *t, size_t i) {
+    drey_timer *gone = t->heap[i];
+    t->n--;
+    if (i != t->n) {
+        t->heap[i] = t->heap[t->n];
+        t->heap[i]->heap_index_ = i;
+        sift_down(t, i);
+        sift_up(t, i);
+    }
+    gone->heap_index_ = NOT_ARMED;
+}
+
+static void *timer_main(void *arg) {
+    drey_timers *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->stopping) {
+        if (t->n == 0) {
+            pthread_cond_wait(&t->cond, &t->mu);
+            continue;
+        }
+        int64_t now = drey_mono_ns();
+        drey_timer *first = t->heap[0];
+        if (first->at_ns > now) {
+            /* The condition variable waits on CLOCK_MONOTONIC (see create). */
+            struct timespec until = {.tv_sec = first->at_ns / 1000000000, .tv_nsec = first->at_ns % 1000000000};
+            pthread_cond_timedwait(&t->cond, &t->mu, &until);
+            continue;
+        }
+        remove_at(t, 0);
+        pthread_mutex_unlock(&t->mu);
+        first->fn(first->arg);
+        pthread_mutex_lock(&t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+drey_timers *drey_timers_create(void) {
+    drey_timers *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        abort();
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&t->thread, NULL, timer_main, t) != 0)
+        abort();
+    return t;
+}
+
+void drey_timers_destroy(drey_timers *t) {
+    if (t == NULL)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->stopping = true;
+    pthread_cond_signal(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->thread, NULL);
+    free(t->heap);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cond);
+    free(t);
+}
+
+void drey_timer_arm(drey_timers *t, drey_timer *timer) {
+    pthread_mutex_lock(&t->mu);
+    if (t->n == t->cap) {
+        t->cap = t->cap ? t->cap * 2 : 64;
+        t->heap = realloc(t->heap, t->cap * sizeof *t->heap);
+        if (t->heap == NULL)
+            abort();
+    }
+    timer->heap_index_ = t->n;
+    t->heap[t->n++] = timer;
+    sift_up(t, timer->heap_index_);
+    if (t->heap[0] == timer)
+        pthread_cond_signal(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+}
+
+bool drey_timer_cancel(drey_timers *t, drey_timer *timer) {
+    pthread_mutex_lock(&t->mu);
+    bool armed = timer->heap_index_ != NOT_ARMED && timer->heap_index_ < t->n && t->heap[timer->heap_index_] == timer;
+    if (armed)
+        remove_at(t, timer->heap_index_);
+    pthread_mutex_unlock(&t->mu);
+    return armed;
+}
