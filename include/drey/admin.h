@@ -31,6 +31,8 @@ typedef struct drey_admin_options {
 drey_admin *drey_admin_create(const drey_admin_options *opts);
 void drey_admin_destroy(drey_admin *a);
 void drey_admin_set_storage(drey_admin *a, drey_storage *st);
+/* The node is draining (SIGTERM): it reports not ready from now on. */
+void drey_admin_set_draining(drey_admin *a);
 bool drey_admin_register(drey_admin *a, drey_server *s);
 
 /* The readiness document, built in the arena. */

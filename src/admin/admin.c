@@ -18,6 +18,7 @@ struct drey_admin {
     drey_admin_options opts;
     char *fsync_policy;
     _Atomic(drey_storage *) storage;
+    _Atomic bool draining;
 };
 
 drey_admin *drey_admin_create(const drey_admin_options *opts) {
@@ -38,6 +39,10 @@ void drey_admin_destroy(drey_admin *a) {
 
 void drey_admin_set_storage(drey_admin *a, drey_storage *st) {
     atomic_store(&a->storage, st);
+}
+
+void drey_admin_set_draining(drey_admin *a) {
+    atomic_store(&a->draining, true);
 }
 
 static void fail(drey_call *call, drey_error e) {
@@ -141,6 +146,8 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         co->last_run = ss.last_compaction_ms > 0 ? rfc3339(arena, ss.last_compaction_ms) : "";
         re->replayed_records = ss.replayed_records;
     }
+    if (atomic_load(&a->draining))
+        d->ready = false;
     d->journal_disk = jd;
     d->journal = j;
     d->snapshot = sn;

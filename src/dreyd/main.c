@@ -350,6 +350,7 @@ int main(int argc, char **argv, char **envp) {
     }
     DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg.drain_grace_ms));
     drey_health_drain(health);
+    drey_admin_set_draining(admin);
     int64_t grace_end = drey_mono_ms() + cfg.drain_grace_ms;
     for (;;) {
         int64_t left = grace_end - drey_mono_ms();

@@ -53,10 +53,19 @@ test('probes, ports and grace periods fit drey', () => {
   const pod = sts.spec.template.spec;
   const c = pod.containers.find((x) => x.name === 'dreyd');
   const grpcPort = c.ports.find((p) => p.name === 'grpc').containerPort;
+  const opsPort = c.ports.find((p) => p.name === 'ops').containerPort;
   assert.ok(c.args.includes(`--listen=0.0.0.0:${grpcPort}`));
-  for (const probe of ['readinessProbe', 'livenessProbe', 'startupProbe'])
-    assert.equal(c[probe].grpc.port, grpcPort, probe);
-  assert.equal(c.readinessProbe.grpc.service, 'drey.cache.v1.Cache');
+  assert.ok(c.args.includes(`--ops-listen=0.0.0.0:${opsPort}`));
+  // A non-loopback listener needs token keys (dreyd refuses to start otherwise).
+  const keysArg = c.args.find((a) => a.startsWith('--jwt-keys-dir='));
+  assert.ok(keysArg, 'JWT keys configured');
+  const keysDir = keysArg.split('=')[1];
+  assert.ok(c.volumeMounts.some((m) => m.mountPath === keysDir), 'the keys directory is mounted');
+  assert.ok(!c.args.some((a) => a.startsWith('--insecure')), 'no insecure flags in the shipped manifest');
+  assert.equal(c.startupProbe.grpc.port, grpcPort);
+  assert.equal(c.readinessProbe.httpGet.path, '/health/ready');
+  assert.equal(c.readinessProbe.httpGet.port, 'ops');
+  assert.equal(c.livenessProbe.httpGet.path, '/health/live');
   const env = Object.fromEntries(c.env.map((e) => [e.name, e.value]));
   const grace = durationSeconds(env.DREY_DRAIN_GRACE) + durationSeconds(env.DREY_SHUTDOWN_TIMEOUT);
   assert.ok(pod.terminationGracePeriodSeconds > grace, 'the kubelet must not kill dreyd mid-drain');

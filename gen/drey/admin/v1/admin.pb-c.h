@@ -200,8 +200,9 @@ struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
   /*
-   * The node can serve: recovered, and its journal is not failed. Disk and
-   * memory pressure do not make it unready: they refuse writes, precisely.
+   * The node can serve: recovered, its journal is not failed, and it is not
+   * draining. Disk and memory pressure do not make it unready: they refuse
+   * writes, precisely.
    */
   protobuf_c_boolean ready;
   Drey__Admin__V1__ReadinessDetails__JournalDisk *journal_disk;
