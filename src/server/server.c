@@ -138,6 +138,7 @@ struct drey_server {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     bool shutdown_done;
+    size_t live_calls; /* under mu: calls not yet freed */
     _Atomic bool shutting_down;
 };
 
@@ -188,6 +189,9 @@ static void on_send(tag *t, bool ok);
 static void on_recv(tag *t, bool ok);
 
 static drey_call *call_new(drey_server *s, request_slot *slot) {
+    pthread_mutex_lock(&s->mu);
+    s->live_calls++;
+    pthread_mutex_unlock(&s->mu);
     drey_call *c = xmalloc(sizeof *c);
     memset(c, 0, offsetof(drey_call, arena_buf));
     c->server = s;
@@ -233,7 +237,12 @@ static void call_free(drey_call *c) {
     grpc_call_unref(c->call);
     pthread_mutex_destroy(&c->mu);
     drey_arena_destroy(&c->arena);
+    drey_server *s = c->server;
     free(c);
+    pthread_mutex_lock(&s->mu);
+    if (--s->live_calls == 0)
+        pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void call_ref(drey_call *c) {
@@ -957,6 +966,13 @@ void drey_server_shutdown(drey_server *s, int64_t timeout_ms) {
             grpc_server_cancel_all_calls(s->grpc);
             wait_shutdown(s, -1);
         }
+        /* The server's shutdown tag can come before the last calls are
+         * freed (a cancelled stream's handler may still be finishing it):
+         * the queues must outlive every batch those calls start. */
+        pthread_mutex_lock(&s->mu);
+        while (s->live_calls > 0)
+            pthread_cond_wait(&s->cond, &s->mu);
+        pthread_mutex_unlock(&s->mu);
     }
     for (size_t q = 0; q < s->n_cqs; q++)
         grpc_completion_queue_shutdown(s->cqs[q]);

@@ -22,7 +22,7 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     [DREY_ERR_INVALID_KEY] = {DREY_ERR_INVALID_KEY, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_KEY",
                               "keys are 1 to max-key-bytes bytes of valid UTF-8 without control characters"},
     [DREY_ERR_INVALID_VALUE] = {DREY_ERR_INVALID_VALUE, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_VALUE",
-                                "a value must have exactly one kind set"},
+                                "a value must have exactly one kind set; its strings must be UTF-8 without NUL"},
     [DREY_ERR_PAYLOAD_TOO_LARGE] = {DREY_ERR_PAYLOAD_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "PAYLOAD_TOO_LARGE",
                                     "the value is larger than max-value-bytes"},
     [DREY_ERR_BATCH_TOO_LARGE] = {DREY_ERR_BATCH_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "BATCH_TOO_LARGE",
