@@ -80,6 +80,9 @@ static void on_fail(void *arg, const drey_status *st) {
     drey_request *r = arg;
     r->status = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
     memcpy(r->status, st, sizeof *st);
+    drey_metrics *m = drey_pipeline__options(r->pipeline)->metrics;
+    if (m != NULL)
+        drey_metrics_observe_rejection(m, "backpressure", drey_error_lookup(st->error)->reason);
     drey_call_fail(r->call, r->status);
 }
 
