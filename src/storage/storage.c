@@ -229,19 +229,14 @@ static void begin_on_writer(void *arg, uint64_t lsn, int64_t time_ms) {
     pthread_mutex_unlock(&st->mu);
 }
 
-/* Deletes snapshots beyond the retention; returns the names kept. */
-static size_t apply_retention(drey_storage *st, char ***kept) {
-    char **names;
-    size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
-    size_t keep = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
+/* Deletes the snapshots beyond the newest `keep` of names (newest first).
+ * Only once CURRENT names the newest: until then it may name one of them. */
+static void apply_retention(drey_storage *st, char **names, size_t n, size_t keep) {
     for (size_t i = keep; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/snapshots/%s", st->dir, names[i]);
         st->io->ops->unlink(st->io, path);
-        free(names[i]);
     }
-    *kept = names;
-    return keep;
 }
 
 static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
@@ -266,18 +261,23 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
     r->rc = drey_snapshot_finish(snap, st->io, st->dir, name, sizeof name, &r->info);
     if (r->rc == 0) {
         snprintf(r->file, sizeof r->file, "snapshots/%s", name);
-        char **kept;
-        size_t n_kept = apply_retention(st, &kept);
+        char **names;
+        size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
+        size_t n_kept = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
+        char **kept = malloc((n_kept ? n_kept : 1) * sizeof *kept);
+        if (kept == NULL)
+            abort();
         for (size_t i = 0; i < n_kept; i++) {
-            char *rel = malloc(strlen(kept[i]) + 12);
-            if (rel == NULL)
+            kept[i] = malloc(strlen(names[i]) + 12);
+            if (kept[i] == NULL)
                 abort();
-            sprintf(rel, "snapshots/%s", kept[i]);
-            free(kept[i]);
-            kept[i] = rel;
+            sprintf(kept[i], "snapshots/%s", names[i]);
         }
         r->rc = write_manifest(st->io, st->dir, r->file, r->info.lsn, kept, n_kept);
+        if (r->rc == 0)
+            apply_retention(st, names, n, n_kept);
         drey_io_free_names(kept, n_kept);
+        drey_io_free_names(names, n);
     }
     int compaction_rc = 0;
     if (r->rc == 0)
