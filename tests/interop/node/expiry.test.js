@@ -207,14 +207,10 @@ test('SetMany entries carry their own expiry; GetMany reports it', async () => {
   assert.deepEqual(later.results.map((r) => r.found), [false, true]);
 });
 
-// dreyd keeps expiries in whole milliseconds, rounded up (value.c ceil_ms), so
-// the largest valid Timestamp, 9999-12-31T23:59:59.999999999Z, comes back as
-// 253402300800 s: one past google.protobuf.Timestamp's valid range, which
-// strict clients (JSON mapping, grpcurl, Go's CheckValid) reject. Kept as a
-// todo so the suite stays green while it reports the bug.
-test('expires_at at the end of the Timestamp range comes back as a valid Timestamp', {
-  todo: 'server bug: rounding up to ms yields expires_at 10000-01-01T00:00:00Z, outside the Timestamp range',
-}, async () => {
+// dreyd keeps expiries in whole milliseconds, rounded up; rounding must not
+// step past google.protobuf.Timestamp's valid range (strict clients — JSON
+// mapping, grpcurl, Go's CheckValid — reject 10000-01-01T00:00:00Z).
+test('expires_at at the end of the Timestamp range comes back as a valid Timestamp', async () => {
   const key = uniqueKey('max-ts');
   const max = { seconds: '253402300799', nanos: 999999999 };
   const set = await unary(client, 'Set', { key, value: { bool_value: true }, expires_at: max });

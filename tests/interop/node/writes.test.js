@@ -191,14 +191,9 @@ test('Increment of a non-int64 value is FAILED_PRECONDITION NOT_AN_INTEGER', asy
   }
 });
 
-// cache.proto promises that "a retry with the same id returns the first
-// outcome instead of applying twice", but dreyd only validates request_id's
-// length (src/pipeline/validate.c) and never remembers it: the retry applies
-// again. Kept as a todo so the suite stays green while it reports the bug;
-// drop the todo option once the server deduplicates.
-test('a retried request_id returns the first outcome instead of applying twice', {
-  todo: 'server bug: request_id is not deduplicated (the retry is applied again)',
-}, async () => {
+// cache.proto: "a retry with the same id returns the first outcome instead
+// of applying twice".
+test('a retried request_id returns the first outcome instead of applying twice', async () => {
   const key = uniqueKey('idem');
   const requestId = uniqueKey('req');
   const first = await unary(client, 'Increment', { key, delta: '1', request_id: requestId });
