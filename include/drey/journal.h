@@ -45,6 +45,10 @@ typedef struct drey_journal_options {
     int64_t fsync_interval_ms;
     int64_t batch_wait_us;    /* wait this long for more records before writing (0: none) */
     size_t batch_max_bytes;   /* a batch closes at this size */
+    /* Disk quota: segment bytes (preallocation included) the journal may
+     * hold; 0 for none. An append that would grow the segments past it is
+     * refused (drey_journal_append returns -EDQUOT) before it is queued. */
+    uint64_t max_bytes;
 } drey_journal_options;
 
 typedef struct drey_journal_record {
@@ -128,7 +132,10 @@ typedef struct drey_journal_entry {
     struct drey_journal_entry *next_; /* the journal's */
 } drey_journal_entry;
 
-void drey_journal_append(drey_journal *j, drey_journal_entry *e);
+/* Queues e. Refused before anything happens with -EDQUOT when it would
+ * cross the disk quota, and with -EIO once the journal has failed; then
+ * `done` is never called. */
+int drey_journal_append(drey_journal *j, drey_journal_entry *e);
 
 /* Runs fn on the writer thread between batches, with the LSN and time of the
  * last record applied. Used to start a snapshot at an exact LSN. */

@@ -46,6 +46,7 @@ typedef struct drey_pipeline_options {
     drey_bp *backpressure;   /* NULL: no runtime admission */
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
+    const char *node_id;     /* QuotaFailure subject node:<id> */
 } drey_pipeline_options;
 
 typedef struct drey_request {

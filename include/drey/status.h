@@ -64,6 +64,7 @@ typedef enum drey_error {
     DREY_ERR_QUEUE_FULL,
     DREY_ERR_QUEUE_TIMEOUT,
     DREY_ERR_MEMORY_PRESSURE,
+    DREY_ERR_JOURNAL_DISK_QUOTA,
     DREY_ERR_INTERNAL,
     DREY_ERR_COUNT_
 } drey_error;

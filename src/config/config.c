@@ -68,6 +68,10 @@ static const option options[] = {
      "process, loses up to that much); never: the kernel decides (development only)."},
     {"segment-bytes", OPT_BYTES, FIELD(segment_bytes), "64MiB", 64 * 1024, (int64_t)1 << 40,
      "Size of a journal segment, preallocated when it is created (appending to preallocated space syncs faster)."},
+    {"journal-max-bytes", OPT_BYTES, FIELD(journal_max_bytes), "0", 0, (int64_t)1 << 50,
+     "Hard cap on the journal's segment bytes on disk, preallocation included (not snapshots). A write that would "
+     "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot and "
+     "compaction free space and writes resume by themselves. 0: no cap. At least --segment-bytes."},
     {"batch-wait", OPT_DURATION, FIELD(batch_wait_ms), "0", 0, 1000,
      "Group commit: how long the journal waits for more writes before writing a batch (a batch also closes when the "
      "previous sync ends); 0 adds no latency."},

@@ -150,6 +150,11 @@ int main(int argc, char **argv, char **envp) {
         drey_config_free(&cfg);
         return 2;
     }
+    if (cfg.journal_max_bytes > 0 && cfg.journal_max_bytes < cfg.segment_bytes) {
+        fprintf(stderr, "dreyd: --journal-max-bytes must be 0 or at least --segment-bytes (one segment)\n");
+        drey_config_free(&cfg);
+        return 2;
+    }
     drey_log_set_level(level);
     gpr_set_log_function(grpc_log_to_json);
     bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
@@ -261,6 +266,7 @@ int main(int argc, char **argv, char **envp) {
         .backpressure = bp,
         .memory = memory,
         .metrics = metrics,
+        .node_id = node_id,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
     drey_server_set_dispatch(server, drey_pipeline_dispatch, pipeline);
@@ -320,6 +326,7 @@ int main(int argc, char **argv, char **envp) {
                 .fsync_interval_ms = fsync_interval_ms,
                 .batch_wait_us = cfg.batch_wait_ms * 1000,
                 .batch_max_bytes = (size_t)cfg.batch_max_bytes,
+                .max_bytes = (uint64_t)cfg.journal_max_bytes,
             },
             .snapshot_every_bytes = (uint64_t)cfg.snapshot_every_bytes,
             .snapshot_every_ms = cfg.snapshot_every_ms,

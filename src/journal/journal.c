@@ -53,6 +53,12 @@ struct drey_journal {
     bool batch_pending;    /* a stamped batch is not yet applied */
     int64_t pending_time;
     drey_journal_stats stats;
+    /* The disk quota's plan: where queued records will land. Appends reserve
+     * in queue order by the writer's own placement rule, so a record is
+     * refused exactly when writing it would grow the segments past the cap.
+     * The plan is re-based on the real figures whenever the queue drains. */
+    uint64_t plan_used; /* segment bytes once every queued record is written */
+    uint64_t plan_free; /* room left in the segment the next record goes to */
     void (*observer)(void *ctx, size_t records, int64_t fsync_us);
     void *observer_ctx;
 
@@ -91,6 +97,21 @@ static void add_segment(drey_journal *j, const char *name, uint64_t first_lsn, u
 static void mark_failed(drey_journal *j, int err, const char *what);
 static int64_t sync_now(drey_journal *j, int *rc);
 
+/* The size of a new segment for a first frame of `need` bytes. */
+static uint64_t new_segment_size(const drey_journal *j, uint64_t need) {
+    uint64_t size = j->opts.segment_bytes;
+    if (size < DREY_SEGMENT_HEADER + need)
+        size = (DREY_SEGMENT_HEADER + need + 4095) & ~(uint64_t)4095;
+    return size;
+}
+
+/* Re-bases the quota plan on the real segments. Needs j->mu; only when no
+ * record is queued or being written. */
+static void plan_from_actual(drey_journal *j) {
+    j->plan_used = j->stats.disk_bytes;
+    j->plan_free = j->seg_size > j->off ? j->seg_size - j->off : 0;
+}
+
 /* Creates and switches to a new segment starting at next_lsn, large enough
  * for `need` bytes of frames. On failure nothing changes. */
 static int rotate(drey_journal *j, uint64_t need) {
@@ -98,9 +119,7 @@ static int rotate(drey_journal *j, uint64_t need) {
     snprintf(name, sizeof name, "%016" PRIx64 ".seg", j->next_lsn);
     drey_journal__path(path, sizeof path, j->dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    uint64_t size = j->opts.segment_bytes;
-    if (size < DREY_SEGMENT_HEADER + need)
-        size = (DREY_SEGMENT_HEADER + need + 4095) & ~(uint64_t)4095;
+    uint64_t size = new_segment_size(j, need);
 
     drey_io *io = j->io;
     if (j->fd >= 0 && j->off == DREY_SEGMENT_HEADER) {
@@ -197,26 +216,16 @@ static int64_t sync_now(drey_journal *j, int *rc) {
     return us;
 }
 
-static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time_ms,
-                        void (*observer)(void *ctx, size_t records, int64_t fsync_us), void *observer_ctx) {
-    if (j->stats.failed) { /* only the writer sets it: no lock needed to read */
-        fail_batch(batch, -EIO);
-        return;
-    }
+/* Writes records that all fit in the current segment with one pwrite (and
+ * one fdatasync), then completes them. */
+static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
+                      void (*observer)(void *ctx, size_t records, int64_t fsync_us), void *observer_ctx) {
     size_t total = 0, n = 0;
-    for (drey_journal_entry *e = batch; e != NULL; e = e->next_, n++)
+    for (drey_journal_entry *e = run; e != NULL; e = e->next_, n++)
         total += drey_frame_size(e->len);
     if (total > j->buf_cap) {
         j->buf_cap = total > 2 * j->buf_cap ? total : 2 * j->buf_cap;
         j->buf = xrealloc(j->buf, j->buf_cap);
-    }
-    if (j->off + total > j->seg_size) {
-        int rc = rotate(j, total);
-        if (rc != 0) {
-            DREY_LOG_WARN("journal cannot start a new segment", DREY_LOG_STR("error", strerror(-rc)));
-            fail_batch(batch, rc);
-            return;
-        }
     }
     uint64_t first = j->next_lsn;
     /* The frames' batch LSN is the first LSN written since the segment was
@@ -226,7 +235,7 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
     uint64_t epoch = j->epoch_lsn != 0 ? j->epoch_lsn : first;
     size_t pos = 0;
     uint64_t lsn = first;
-    for (drey_journal_entry *e = batch; e != NULL; e = e->next_, lsn++) {
+    for (drey_journal_entry *e = run; e != NULL; e = e->next_, lsn++) {
         drey_frame f = {.lsn = lsn, .batch_lsn = epoch, .time_ms = time_ms, .length = (uint32_t)e->len};
         drey_frame_encode(&f, e->payload, j->buf + pos);
         pos += drey_frame_size(e->len);
@@ -237,7 +246,7 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
         /* Best effort: zeros where the batch went, so recovery does not
          * replay writes that were reported failed. */
         drey_journal__zero_range(j->io, j->fd, j->off, j->off + total);
-        fail_batch(batch, rc);
+        fail_batch(run, rc);
         return;
     }
     j->dirty = true;
@@ -247,7 +256,7 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
         fsync_us = sync_now(j, &rc);
         if (rc != 0) {
             mark_failed(j, rc, "fdatasync");
-            fail_batch(batch, rc);
+            fail_batch(run, rc);
             return;
         }
     }
@@ -262,7 +271,7 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
     pthread_mutex_unlock(&j->mu);
 
     lsn = first;
-    for (drey_journal_entry *e = batch; e != NULL; lsn++) {
+    for (drey_journal_entry *e = run; e != NULL; lsn++) {
         drey_journal_entry *next = e->next_; /* done may free e */
         drey_journal_record rec = {.lsn = lsn, .time_ms = time_ms, .payload = e->payload, .len = e->len};
         e->done(e->arg, &rec, 0);
@@ -270,6 +279,38 @@ static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time
     }
     if (observer != NULL)
         observer(observer_ctx, n, fsync_us);
+}
+
+/* Places a batch record by record: those that fit in the current segment
+ * go in one write; a record that does not fit starts a new segment (the
+ * rule the quota plan follows, so the plan and the disk agree). */
+static void write_batch(drey_journal *j, drey_journal_entry *batch, int64_t time_ms,
+                        void (*observer)(void *ctx, size_t records, int64_t fsync_us), void *observer_ctx) {
+    while (batch != NULL) {
+        if (j->stats.failed) { /* only the writer sets it: no lock needed to read */
+            fail_batch(batch, -EIO);
+            return;
+        }
+        uint64_t need = drey_frame_size(batch->len);
+        if (j->off + need > j->seg_size) {
+            int rc = rotate(j, need);
+            if (rc != 0) {
+                DREY_LOG_WARN("journal cannot start a new segment", DREY_LOG_STR("error", strerror(-rc)));
+                fail_batch(batch, rc);
+                return;
+            }
+        }
+        drey_journal_entry *last = batch;
+        uint64_t used = need;
+        while (last->next_ != NULL && j->off + used + drey_frame_size(last->next_->len) <= j->seg_size) {
+            used += drey_frame_size(last->next_->len);
+            last = last->next_;
+        }
+        drey_journal_entry *rest = last->next_;
+        last->next_ = NULL;
+        write_run(j, batch, time_ms, observer, observer_ctx);
+        batch = rest;
+    }
 }
 
 static void run_tasks(drey_journal *j, task *t) {
@@ -354,6 +395,8 @@ static void *writer_main(void *arg) {
         }
         pthread_mutex_lock(&j->mu);
         j->batch_pending = false;
+        if (j->q_head == NULL)
+            plan_from_actual(j);
     }
     pthread_mutex_unlock(&j->mu);
     if (j->dirty && !j->stats.failed) {
@@ -478,6 +521,7 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
         }
     }
     drey_journal_scan_free(&scan);
+    plan_from_actual(j);
     if (pthread_create(&j->thread, NULL, writer_main, j) != 0)
         abort();
     *out = j;
@@ -512,9 +556,38 @@ void drey_journal_close(drey_journal *j) {
     free(j);
 }
 
-void drey_journal_append(drey_journal *j, drey_journal_entry *e) {
+/* Whether a frame of `need` bytes fits the quota after what is queued;
+ * reserves it when `reserve`. Needs j->mu. */
+static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
+    if (j->opts.max_bytes == 0)
+        return true;
+    if (need <= j->plan_free) {
+        if (reserve)
+            j->plan_free -= need;
+        return true;
+    }
+    uint64_t size = new_segment_size(j, need);
+    if (j->plan_used + size > j->opts.max_bytes)
+        return false;
+    if (reserve) {
+        j->plan_used += size;
+        j->plan_free = size - DREY_SEGMENT_HEADER - need;
+    }
+    return true;
+}
+
+int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     e->next_ = NULL;
     pthread_mutex_lock(&j->mu);
+    if (j->stats.failed) {
+        pthread_mutex_unlock(&j->mu);
+        return -EIO;
+    }
+    if (!quota_fits(j, drey_frame_size(e->len), true)) {
+        j->stats.quota_rejections++;
+        pthread_mutex_unlock(&j->mu);
+        return -EDQUOT;
+    }
     if (j->q_tail != NULL)
         j->q_tail->next_ = e;
     else
@@ -522,6 +595,7 @@ void drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     j->q_tail = e;
     pthread_cond_signal(&j->cond);
     pthread_mutex_unlock(&j->mu);
+    return 0;
 }
 
 void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg) {
@@ -564,6 +638,7 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
         rc = j->io->ops->unlink(j->io, path);
         if (rc == 0) {
             j->stats.disk_bytes -= j->segs[i].size;
+            j->plan_used -= j->segs[i].size;
             (*removed)++;
         }
     }
@@ -581,9 +656,22 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
     return rc;
 }
 
+/* The smallest record a client can send: the quota is critical when even
+ * it would not fit. */
+#define SMALLEST_RECORD 64
+
 void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out) {
     pthread_mutex_lock(&j->mu);
     *out = j->stats;
+    out->quota_max_bytes = j->opts.max_bytes;
+    out->quota_high_water_bytes = j->opts.max_bytes / 10 * 8;
+    out->quota_state = DREY_JOURNAL_QUOTA_NORMAL;
+    if (j->opts.max_bytes > 0) {
+        if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false))
+            out->quota_state = DREY_JOURNAL_QUOTA_CRITICAL;
+        else if (out->disk_bytes >= out->quota_high_water_bytes)
+            out->quota_state = DREY_JOURNAL_QUOTA_HIGH;
+    }
     pthread_mutex_unlock(&j->mu);
 }
 

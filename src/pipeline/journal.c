@@ -7,9 +7,21 @@
  * once the record is durable, at the record's time, so the write is applied
  * (and becomes visible) only after it can no longer be lost. An ephemeral
  * node has no journal: the write goes straight on.
+ *
+ * An append that would cross the journal's disk quota is refused here,
+ * before it is queued: RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA, with no record
+ * written, nothing applied, no outcome remembered. The client may treat it
+ * as definitive for that attempt.
  */
+#include <errno.h>
+#include <stdio.h>
+
 #include "drey/clock.h"
 #include "stages.h"
+
+/* A refused append may retry once a snapshot and compaction freed segments:
+ * seconds, not milliseconds. */
+#define QUOTA_RETRY_MS 1000
 
 static void on_durable(void *arg, const drey_journal_record *rec, int err) {
     drey_request *r = arg;
@@ -49,6 +61,23 @@ drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r) {
     r->entry.len = len;
     r->entry.done = on_durable;
     r->entry.arg = r;
-    drey_journal_append(j, &r->entry);
-    return DREY_STAGE_PARKED;
+    int rc = drey_journal_append(j, &r->entry);
+    if (rc == 0)
+        return DREY_STAGE_PARKED;
+    /* Refused before it reached the journal: no record, no trace. */
+    if (rc != -EDQUOT) {
+        drey_status_add_metadata(drey_pipeline__status(r, DREY_ERR_JOURNAL_WRITE_FAILED), "errno", "%d", -rc);
+        return DREY_STAGE_REJECT;
+    }
+    drey_journal_stats js;
+    drey_journal_get_stats(j, &js);
+    st = drey_pipeline__status(r, DREY_ERR_JOURNAL_DISK_QUOTA);
+    drey_status_add_metadata(st, "usedBytes", "%llu", (unsigned long long)js.disk_bytes);
+    drey_status_add_metadata(st, "maxBytes", "%llu", (unsigned long long)js.quota_max_bytes);
+    drey_status_add_metadata(st, "highWaterBytes", "%llu", (unsigned long long)js.quota_high_water_bytes);
+    drey_status_add_metadata(st, "requestBytes", "%zu", len);
+    snprintf(st->quota_subject, sizeof st->quota_subject, "node:%s", drey_pipeline__options(p)->node_id);
+    st->quota_description = "the journal's segments would grow past --journal-max-bytes";
+    st->retry_delay_ms = QUOTA_RETRY_MS;
+    return DREY_STAGE_REJECT;
 }

@@ -83,6 +83,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(QUEUE_FULL, "QUEUE_FULL", "the node is at its concurrency limit and its wait queue is full"),
     QUOTA(QUEUE_TIMEOUT, "QUEUE_TIMEOUT", "the call waited in the queue for the longest time allowed"),
     QUOTA(MEMORY_PRESSURE, "MEMORY_PRESSURE", "the write would grow memory past the node's critical level"),
+    QUOTA(JOURNAL_DISK_QUOTA, "JOURNAL_DISK_QUOTA",
+          "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
 #undef QUOTA
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };

@@ -18,6 +18,7 @@
 #include "drey/cache.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/commit.h"
+#include "drey/journal.h"
 #include "drey/server.h"
 #include "drey/status.h"
 #include "drey/store.h"
@@ -146,6 +147,14 @@ static inline uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
     uint8_t *b = malloc(*len ? *len : 1);
     protobuf_c_message_pack(m, b);
     return b;
+}
+
+/* Appends e; a refusal (quota, failed journal) is reported through e's done
+ * callback like any other failure, so tests wait on one path. */
+static inline void append_or_done(drey_journal *j, drey_journal_entry *e) {
+    int rc = drey_journal_append(j, e);
+    if (rc != 0)
+        e->done(e->arg, NULL, rc);
 }
 
 #endif

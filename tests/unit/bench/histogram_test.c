@@ -5,6 +5,7 @@
  * (1/128 of the value).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

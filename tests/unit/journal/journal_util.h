@@ -248,7 +248,7 @@ static inline void wait_done(waiter *w, size_t total) {
 typedef struct gate {
     pthread_mutex_t mu;
     pthread_cond_t cond;
-    bool entered, open;
+    bool entered, open, left;
     uint64_t lsn; /* what the task was given */
     int64_t time_ms;
 } gate;
@@ -262,6 +262,8 @@ static inline void gate_task(void *arg, uint64_t lsn, int64_t time_ms) {
     pthread_cond_broadcast(&g->cond);
     while (!g->open)
         pthread_cond_wait(&g->cond, &g->mu);
+    g->left = true;
+    pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -269,7 +271,7 @@ static inline void gate_task(void *arg, uint64_t lsn, int64_t time_ms) {
 static inline void gate_close(gate *g, drey_journal *j) {
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
-    g->entered = g->open = false;
+    g->entered = g->open = g->left = false;
     drey_journal_on_writer(j, gate_task, g);
     pthread_mutex_lock(&g->mu);
     while (!g->entered)
@@ -284,13 +286,25 @@ static inline void gate_open(gate *g) {
     pthread_mutex_unlock(&g->mu);
 }
 
-/* Frees the gate's resources. The writer may still be leaving gate_task
- * right after gate_open, so only once it has provably left: after the
- * journal is closed, or once a record appended while the gate was closed
- * has completed (its batch is written after gate_task returned). */
+/* Frees the gate's resources once the writer has left gate_task (it may
+ * still be on its way out right after gate_open, and records refused at
+ * once by drey_journal_append complete without it). */
 static inline void gate_destroy(gate *g) {
+    pthread_mutex_lock(&g->mu);
+    while (g->entered && !g->left)
+        pthread_cond_wait(&g->cond, &g->mu);
+    pthread_mutex_unlock(&g->mu);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cond);
+}
+
+
+/* Appends e; a refusal (quota, failed journal) is reported through e's done
+ * callback like any other failure, so tests wait on one path. */
+static inline void append_or_done(drey_journal *j, drey_journal_entry *e) {
+    int rc = drey_journal_append(j, e);
+    if (rc != 0)
+        e->done(e->arg, NULL, rc);
 }
 
 #endif

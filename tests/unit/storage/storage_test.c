@@ -181,7 +181,7 @@ static void submit(write_stack *s, drey_storage *st, const spec *sp, result *r) 
     f.e.len = len;
     f.e.done = on_durable;
     f.e.arg = &f;
-    drey_journal_append(drey_storage_journal(st), &f.e);
+    append_or_done(drey_storage_journal(st), &f.e);
     pthread_mutex_lock(&f.mu);
     while (!f.done)
         pthread_cond_wait(&f.cond, &f.mu);

@@ -83,7 +83,7 @@ static void write_n(write_stack *s, drey_storage *st, unsigned from, unsigned n)
         drey_commit_encode(&w, &a, &payload, &len);
         waitw f = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .s = s, .w = &w, .a = &a};
         drey_journal_entry e = {.payload = payload, .len = len, .done = on_durable, .arg = &f};
-        drey_journal_append(drey_storage_journal(st), &e);
+        append_or_done(drey_storage_journal(st), &e);
         pthread_mutex_lock(&f.mu);
         while (!f.done)
             pthread_cond_wait(&f.cond, &f.mu);

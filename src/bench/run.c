@@ -1,0 +1,271 @@
+/*
+ * run — the load: one thread per connection, each with its own drey_client
+ * (so its own channel, connection and completion queue), keeping --streams
+ * asynchronous calls in flight and starting the next call the moment one
+ * finishes (a closed loop).
+ *
+ * Time: all threads open their client, meet at a barrier, then the clock
+ * starts. A call is measured when it finishes inside the window [start +
+ * warmup, start + warmup + duration); its latency is the client's elapsed
+ * time from start_call to the completion being taken. After the window no
+ * call is started; those still in flight are drained (for at most the call
+ * timeout) and not measured. With --count each thread starts its share of
+ * the calls and the window ends with the last completion.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "drey/arena.h"
+#include "drey/client.h"
+
+#define POLL_MS 50
+#define ARENA_RESET_BYTES (1u << 20)
+
+typedef struct run_shared {
+    const drey_bench_options *o;
+    drey_bench_workload w;
+    pthread_barrier_t barrier;
+    int64_t start_ns;         /* set by the main thread before the barrier's second round */
+    int64_t window_start_ns;
+    int64_t window_end_ns;    /* INT64_MAX with --count and no duration */
+} run_shared;
+
+typedef struct conn_thread {
+    pthread_t tid;
+    int index;
+    run_shared *sh;
+    uint64_t quota;           /* calls to start; UINT64_MAX: until the window ends */
+    drey_bench_stats *stats;
+    int64_t last_done_ns;     /* last measured completion */
+    bool ran_out;             /* stopped starting calls before the window ended (count, one pass) */
+    char err[256];
+} conn_thread;
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void drey_bench_stats_init(drey_bench_stats *s) {
+    memset(s, 0, sizeof *s);
+    for (int op = 0; op < DREY_BENCH_N_OPS; op++)
+        drey_bench_hist_init(&s->ops[op].latency);
+}
+
+void drey_bench_stats_add_error(drey_bench_stats *s, drey_bench_op op, int code, const char *reason, uint64_t n) {
+    for (size_t i = 0; i < s->n_error_kinds; i++) {
+        drey_bench_error_kind *k = &s->errors[i];
+        if (k->op == op && k->code == code && strncmp(k->reason, reason, sizeof k->reason - 1) == 0) {
+            k->count += n;
+            return;
+        }
+    }
+    if (s->n_error_kinds == DREY_BENCH_MAX_ERROR_KINDS) {
+        s->error_kinds_dropped += n;
+        return;
+    }
+    drey_bench_error_kind *k = &s->errors[s->n_error_kinds++];
+    k->op = op;
+    k->code = code;
+    snprintf(k->reason, sizeof k->reason, "%s", reason);
+    k->count = n;
+}
+
+void drey_bench_stats_merge(drey_bench_stats *dst, const drey_bench_stats *src) {
+    for (int op = 0; op < DREY_BENCH_N_OPS; op++) {
+        dst->ops[op].ok += src->ops[op].ok;
+        dst->ops[op].errors += src->ops[op].errors;
+        drey_bench_hist_merge(&dst->ops[op].latency, &src->ops[op].latency);
+    }
+    for (size_t i = 0; i < src->n_error_kinds; i++)
+        drey_bench_stats_add_error(dst, src->errors[i].op, src->errors[i].code, src->errors[i].reason,
+                                   src->errors[i].count);
+    dst->error_kinds_dropped += src->error_kinds_dropped;
+    dst->get_hits += src->get_hits;
+    dst->get_misses += src->get_misses;
+    dst->start_failures += src->start_failures;
+}
+
+/* GetResponse.found (field 1, a varint): a scan of the top-level fields. */
+static bool response_found(const uint8_t *p, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        uint64_t tag = 0;
+        for (int shift = 0; i < len && shift < 64; shift += 7) {
+            uint8_t b = p[i++];
+            tag |= (uint64_t)(b & 0x7f) << shift;
+            if (!(b & 0x80))
+                break;
+        }
+        uint32_t wire = tag & 7;
+        if (tag >> 3 == 1 && wire == 0)
+            return i < len && p[i] != 0;
+        if (wire == 0) {
+            while (i < len && (p[i++] & 0x80))
+                ;
+        } else if (wire == 2) {
+            uint64_t l = 0;
+            for (int shift = 0; i < len && shift < 64; shift += 7) {
+                uint8_t b = p[i++];
+                l |= (uint64_t)(b & 0x7f) << shift;
+                if (!(b & 0x80))
+                    break;
+            }
+            i += l;
+        } else if (wire == 1) {
+            i += 8;
+        } else if (wire == 5) {
+            i += 4;
+        } else {
+            return false;
+        }
+    }
+    return false;
+}
+
+static bool start_one(drey_client *c, drey_bench_gen *g, conn_thread *t, uint64_t *started, bool *exhausted) {
+    drey_bench_request req;
+    if (!drey_bench_next_request(g, &req)) {
+        *exhausted = true;
+        return false;
+    }
+    (*started)++;
+    if (!drey_client_start_call(c, req.method, req.data, req.len, t->sh->o->timeout_ms,
+                                (void *)(uintptr_t)req.op)) {
+        t->stats->start_failures++;
+        return false;
+    }
+    return true;
+}
+
+static void *conn_main(void *arg) {
+    conn_thread *t = arg;
+    run_shared *sh = t->sh;
+    const drey_bench_options *o = sh->o;
+    drey_client_options copts = {.target = o->target};
+    if (o->n_tokens > 0)
+        copts.token = o->tokens[(size_t)t->index % o->n_tokens];
+    drey_client *c = drey_client_open(&copts, t->err, sizeof t->err);
+    pthread_barrier_wait(&sh->barrier); /* every client open */
+    pthread_barrier_wait(&sh->barrier); /* the clock is set */
+    if (c == NULL)
+        return NULL;
+
+    drey_bench_gen g;
+    drey_bench_gen_init(&g, &sh->w, t->index);
+    drey_arena arena;
+    drey_arena_init(&arena, NULL, 0);
+    uint64_t started = 0;
+    bool exhausted = false;
+    size_t in_flight = 0;
+    for (int i = 0; i < o->streams && started < t->quota && !exhausted; i++) {
+        if (start_one(c, &g, t, &started, &exhausted))
+            in_flight++;
+    }
+    int64_t drain_deadline = INT64_MAX;
+    while (in_flight > 0) {
+        drey_client_completion done;
+        if (!drey_client_next(c, POLL_MS, &arena, &done)) {
+            int64_t now = mono_ns();
+            if (now >= sh->window_end_ns && drain_deadline == INT64_MAX)
+                drain_deadline = now + (o->timeout_ms + 1000) * 1000000;
+            if (now >= drain_deadline)
+                break; /* close cancels the rest */
+            continue;
+        }
+        in_flight--;
+        int64_t now = mono_ns();
+        drey_bench_op op = (drey_bench_op)(uintptr_t)done.user;
+        if (now >= sh->window_start_ns && now < sh->window_end_ns) {
+            drey_bench_op_stats *s = &t->stats->ops[op];
+            drey_bench_hist_record(&s->latency, (uint64_t)done.elapsed_ns);
+            if (done.status.code == GRPC_STATUS_OK) {
+                s->ok++;
+                if (op == DREY_BENCH_GET) {
+                    if (response_found(done.response.data, done.response.len))
+                        t->stats->get_hits++;
+                    else
+                        t->stats->get_misses++;
+                }
+            } else {
+                s->errors++;
+                drey_bench_stats_add_error(t->stats, op, done.status.code,
+                                           drey_client_status_reason(&done.status), 1);
+            }
+            t->last_done_ns = now;
+        }
+        if (arena.allocated > ARENA_RESET_BYTES)
+            drey_arena_reset(&arena);
+        if (now < sh->window_end_ns && started < t->quota && !exhausted) {
+            if (start_one(c, &g, t, &started, &exhausted))
+                in_flight++;
+        }
+    }
+    t->ran_out = exhausted || started >= t->quota;
+    drey_client_close(c);
+    drey_arena_destroy(&arena);
+    drey_bench_gen_free(&g);
+    return NULL;
+}
+
+bool drey_bench_run(const drey_bench_options *o, drey_bench_result *r, char *err, size_t err_cap) {
+    run_shared *sh = calloc(1, sizeof *sh);
+    sh->o = o;
+    drey_bench_workload_init(&sh->w, o);
+    int n = o->connections;
+    conn_thread *threads = calloc((size_t)n, sizeof *threads);
+    pthread_barrier_init(&sh->barrier, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++) {
+        conn_thread *t = &threads[i];
+        t->index = i;
+        t->sh = sh;
+        t->stats = malloc(sizeof *t->stats);
+        drey_bench_stats_init(t->stats);
+        t->quota = UINT64_MAX;
+        if (o->count > 0)
+            t->quota = o->count / (uint64_t)n + ((uint64_t)i < o->count % (uint64_t)n ? 1 : 0);
+        if (pthread_create(&t->tid, NULL, conn_main, t) != 0) {
+            fprintf(stderr, "drey-bench: cannot start thread %d\n", i);
+            exit(1);
+        }
+    }
+    pthread_barrier_wait(&sh->barrier);
+    sh->start_ns = mono_ns();
+    sh->window_start_ns = sh->start_ns + o->warmup_ms * 1000000;
+    sh->window_end_ns = o->duration_ms > 0 ? sh->window_start_ns + o->duration_ms * 1000000 : INT64_MAX;
+    pthread_barrier_wait(&sh->barrier);
+
+    bool ok = true;
+    drey_bench_stats_init(&r->total);
+    int64_t last_done = sh->window_start_ns;
+    bool ran_out = false;
+    for (int i = 0; i < n; i++) {
+        conn_thread *t = &threads[i];
+        pthread_join(t->tid, NULL);
+        if (t->err[0] != '\0' && ok) {
+            snprintf(err, err_cap, "connection %d: %s", i, t->err);
+            ok = false;
+        }
+        drey_bench_stats_merge(&r->total, t->stats);
+        if (t->last_done_ns > last_done)
+            last_done = t->last_done_ns;
+        ran_out = ran_out || t->ran_out;
+        free(t->stats);
+    }
+    /* A run that ran out of calls ends with its last completion; a timed
+     * one measured the whole window. */
+    int64_t end = ran_out || sh->window_end_ns == INT64_MAX ? last_done : sh->window_end_ns;
+    if (end > sh->window_end_ns)
+        end = sh->window_end_ns;
+    r->elapsed_s = (double)(end - sh->window_start_ns) / 1e9;
+    pthread_barrier_destroy(&sh->barrier);
+    drey_bench_workload_free(&sh->w);
+    free(threads);
+    free(sh);
+    return ok;
+}

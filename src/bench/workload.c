@@ -1,0 +1,336 @@
+/*
+ * workload — what each call sends: an operation drawn from the mix, a key
+ * drawn from the distribution, and the request encoded with protobuf-c into
+ * the thread's buffer (or, in raw mode, a pre-encoded payload).
+ *
+ * Randomness is splitmix64 per thread (seeded from --seed and the thread
+ * number, so runs repeat). Zipf draws search a precomputed CDF of the key
+ * space (8 bytes a key: 8 MB for a million keys); key 0 is the hottest.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "drey/cache/v1/cache.pb-c.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define ZIPF_MAX_KEYS 100000000ull
+
+const char *drey_bench_op_name(drey_bench_op op) {
+    static const char *const names[DREY_BENCH_N_OPS] = {
+        [DREY_BENCH_GET] = "get",         [DREY_BENCH_SET] = "set",       [DREY_BENCH_ADD] = "add",
+        [DREY_BENCH_INCREMENT] = "increment", [DREY_BENCH_REMOVE] = "remove", [DREY_BENCH_HEALTH] = "health",
+        [DREY_BENCH_RAW] = "raw",
+    };
+    return (unsigned)op < DREY_BENCH_N_OPS ? names[op] : "?";
+}
+
+static const char *const methods[DREY_BENCH_N_OPS] = {
+    [DREY_BENCH_GET] = "/drey.cache.v1.Cache/Get",
+    [DREY_BENCH_SET] = "/drey.cache.v1.Cache/Set",
+    [DREY_BENCH_ADD] = "/drey.cache.v1.Cache/Add",
+    [DREY_BENCH_INCREMENT] = "/drey.cache.v1.Cache/Increment",
+    [DREY_BENCH_REMOVE] = "/drey.cache.v1.Cache/Remove",
+    [DREY_BENCH_HEALTH] = "/grpc.health.v1.Health/Check",
+};
+
+/* --- randomness ----------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n) (Lemire's multiply-shift; the bias is below 2^-40 for
+ * any key space a benchmark uses). */
+static uint64_t uniform_below(uint64_t *state, uint64_t n) {
+    return (uint64_t)(((unsigned __int128)splitmix64(state) * n) >> 64);
+}
+
+static double unit_interval(uint64_t *state) {
+    return (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* --- the shared workload ---------------------------------------------------- */
+
+void drey_bench_workload_init(drey_bench_workload *w, const drey_bench_options *o) {
+    memset(w, 0, sizeof *w);
+    w->o = o;
+    for (int op = 0; op < DREY_BENCH_N_OPS; op++)
+        w->mix_total += o->mix[op];
+    w->value = malloc(o->value_bytes > 0 ? o->value_bytes : 1);
+    uint64_t st = o->seed ^ 0xA5A5A5A5ull;
+    for (size_t i = 0; i < o->value_bytes; i++)
+        w->value[i] = (uint8_t)('a' + splitmix64(&st) % 26); /* incompressible enough, printable */
+    if (o->dist == DREY_BENCH_ZIPF) {
+        uint64_t n = o->keys;
+        if (n > ZIPF_MAX_KEYS) {
+            fprintf(stderr, "drey-bench: zipf over more than %llu keys is not supported\n", ZIPF_MAX_KEYS);
+            exit(2);
+        }
+        w->zipf_cdf = malloc(n * sizeof *w->zipf_cdf);
+        if (w->zipf_cdf == NULL)
+            abort();
+        double sum = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            sum += 1.0 / pow((double)(i + 1), o->zipf_s);
+            w->zipf_cdf[i] = sum;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            w->zipf_cdf[i] /= sum;
+        w->zipf_cdf[n - 1] = 1.0;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t id_state = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    w->run_id = splitmix64(&id_state);
+    atomic_init(&w->next_seq, 0);
+}
+
+void drey_bench_workload_free(drey_bench_workload *w) {
+    free(w->zipf_cdf);
+    free(w->value);
+}
+
+void drey_bench_gen_init(drey_bench_gen *g, const drey_bench_workload *w, int thread) {
+    memset(g, 0, sizeof *g);
+    g->w = w;
+    g->thread = thread;
+    g->rng = w->o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)thread * 0xD1B54A32D192ED03ull + 1;
+    g->cap = w->o->value_bytes + (size_t)w->o->key_bytes + strlen(w->o->cache) + 256;
+    g->buf = malloc(g->cap);
+    if (g->buf == NULL)
+        abort();
+}
+
+void drey_bench_gen_free(drey_bench_gen *g) {
+    free(g->buf);
+}
+
+uint64_t drey_bench_next_key(drey_bench_gen *g, uint64_t n, bool *exhausted) {
+    *exhausted = false;
+    switch (g->w->o->dist) {
+    case DREY_BENCH_UNIFORM:
+        return uniform_below(&g->rng, n);
+    case DREY_BENCH_ZIPF: {
+        const double *cdf = g->w->zipf_cdf;
+        double u = unit_interval(&g->rng);
+        uint64_t lo = 0, hi = n - 1; /* first i with cdf[i] > u */
+        while (lo < hi) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            if (cdf[mid] > u)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        return lo;
+    }
+    case DREY_BENCH_SEQUENTIAL: {
+        drey_bench_workload *w = (drey_bench_workload *)g->w;
+        uint64_t i = atomic_fetch_add_explicit(&w->next_seq, 1, memory_order_relaxed);
+        if (i >= n) {
+            *exhausted = true;
+            return 0;
+        }
+        return i;
+    }
+    }
+    return 0;
+}
+
+/* "k0012345": prefix and the index zero-padded to key_bytes - 1 digits. */
+static void format_key(char *out, int key_bytes, char prefix, uint64_t index) {
+    out[0] = prefix;
+    for (int i = key_bytes - 1; i >= 1; i--) {
+        out[i] = (char)('0' + index % 10);
+        index /= 10;
+    }
+    out[key_bytes] = '\0';
+}
+
+static drey_bench_op pick_op(drey_bench_gen *g) {
+    const drey_bench_options *o = g->w->o;
+    if (g->w->mix_total == o->mix[DREY_BENCH_GET])
+        return DREY_BENCH_GET;
+    uint64_t r = uniform_below(&g->rng, g->w->mix_total);
+    for (int op = 0; op < DREY_BENCH_N_OPS; op++) {
+        if (r < o->mix[op])
+            return op;
+        r -= o->mix[op];
+    }
+    return DREY_BENCH_GET;
+}
+
+bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
+    const drey_bench_options *o = g->w->o;
+    drey_bench_op op = pick_op(g);
+    bool exhausted = false;
+    out->op = op;
+    if (op == DREY_BENCH_RAW) {
+        uint64_t i = drey_bench_next_key(g, o->keys, &exhausted);
+        out->method = o->raw_method;
+        out->data = o->payloads[i].data;
+        out->len = o->payloads[i].len;
+        return !exhausted;
+    }
+    out->method = methods[op];
+    if (op == DREY_BENCH_HEALTH) {
+        Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+        out->len = grpc__health__v1__health_check_request__pack(&req, g->buf);
+        out->data = g->buf;
+        return true;
+    }
+
+    char key[64];
+    uint64_t index = drey_bench_next_key(g, o->keys, &exhausted);
+    format_key(key, o->key_bytes < (int)sizeof key - 1 ? o->key_bytes : (int)sizeof key - 1,
+               op == DREY_BENCH_INCREMENT ? 'c' : 'k', index);
+    char request_id[64];
+    request_id[0] = '\0';
+    if (o->request_ids && op != DREY_BENCH_GET)
+        snprintf(request_id, sizeof request_id, "%016llx-%d-%llu", (unsigned long long)g->w->run_id, g->thread,
+                 (unsigned long long)g->seq++);
+    Google__Protobuf__Duration ttl = GOOGLE__PROTOBUF__DURATION__INIT;
+    ttl.seconds = o->ttl_ms / 1000;
+    ttl.nanos = (int32_t)(o->ttl_ms % 1000) * 1000000;
+    Drey__Cache__V1__Value value = DREY__CACHE__V1__VALUE__INIT;
+    value.kind_case = DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE;
+    value.bytes_value.data = g->w->value;
+    value.bytes_value.len = o->value_bytes;
+    char *cache = (char *)o->cache;
+
+    switch (op) {
+    case DREY_BENCH_GET: {
+        Drey__Cache__V1__GetRequest req = DREY__CACHE__V1__GET_REQUEST__INIT;
+        req.cache = cache;
+        req.key = key;
+        out->len = drey__cache__v1__get_request__pack(&req, g->buf);
+        break;
+    }
+    case DREY_BENCH_SET: {
+        Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
+        req.cache = cache;
+        req.key = key;
+        req.value = &value;
+        req.request_id = request_id;
+        if (o->ttl_ms > 0) {
+            req.expiration_case = DREY__CACHE__V1__SET_REQUEST__EXPIRATION_TTL;
+            req.ttl = &ttl;
+        }
+        out->len = drey__cache__v1__set_request__pack(&req, g->buf);
+        break;
+    }
+    case DREY_BENCH_ADD: {
+        Drey__Cache__V1__AddRequest req = DREY__CACHE__V1__ADD_REQUEST__INIT;
+        req.cache = cache;
+        req.key = key;
+        req.value = &value;
+        req.request_id = request_id;
+        if (o->ttl_ms > 0) {
+            req.expiration_case = DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_TTL;
+            req.ttl = &ttl;
+        }
+        out->len = drey__cache__v1__add_request__pack(&req, g->buf);
+        break;
+    }
+    case DREY_BENCH_INCREMENT: {
+        Drey__Cache__V1__IncrementRequest req = DREY__CACHE__V1__INCREMENT_REQUEST__INIT;
+        req.cache = cache;
+        req.key = key;
+        req.delta = 1;
+        req.request_id = request_id;
+        if (o->ttl_ms > 0) {
+            req.expiration_case = DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_TTL;
+            req.ttl = &ttl;
+        }
+        out->len = drey__cache__v1__increment_request__pack(&req, g->buf);
+        break;
+    }
+    case DREY_BENCH_REMOVE: {
+        Drey__Cache__V1__RemoveRequest req = DREY__CACHE__V1__REMOVE_REQUEST__INIT;
+        req.cache = cache;
+        req.key = key;
+        req.request_id = request_id;
+        out->len = drey__cache__v1__remove_request__pack(&req, g->buf);
+        break;
+    }
+    default:
+        abort();
+    }
+    out->data = g->buf;
+    return !exhausted;
+}
+
+/* --- raw payloads ----------------------------------------------------------- */
+
+bool drey_bench_load_payloads(const char *path, drey_bench_payload **out, size_t *n, char *err, size_t err_cap) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, err_cap, "cannot read --raw-payloads %s", path);
+        return false;
+    }
+    uint8_t *data = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            data = realloc(data, cap);
+            if (data == NULL)
+                abort();
+        }
+        size_t got = fread(data + len, 1, cap - len, f);
+        if (got == 0)
+            break;
+        len += got;
+    }
+    fclose(f);
+    /* The payloads point into data, which lives as long as the process. */
+    drey_bench_payload *p = NULL;
+    size_t count = 0, pcap = 0;
+    for (size_t off = 0; off < len;) {
+        if (len - off < 5) {
+            snprintf(err, err_cap, "%s: a frame header is cut off at byte %zu", path, off);
+            free(data);
+            free(p);
+            return false;
+        }
+        if (data[off] != 0) {
+            snprintf(err, err_cap, "%s: frame at byte %zu is compressed (flag %u)", path, off, data[off]);
+            free(data);
+            free(p);
+            return false;
+        }
+        size_t mlen = (size_t)data[off + 1] << 24 | (size_t)data[off + 2] << 16 | (size_t)data[off + 3] << 8 |
+                      (size_t)data[off + 4];
+        if (mlen > len - off - 5) {
+            snprintf(err, err_cap, "%s: frame at byte %zu is cut off", path, off);
+            free(data);
+            free(p);
+            return false;
+        }
+        if (count == pcap) {
+            pcap = pcap ? pcap * 2 : 64;
+            p = realloc(p, pcap * sizeof *p);
+            if (p == NULL)
+                abort();
+        }
+        p[count].data = data + off + 5;
+        p[count].len = mlen;
+        count++;
+        off += 5 + mlen;
+    }
+    if (count == 0) {
+        snprintf(err, err_cap, "%s holds no message", path);
+        free(data);
+        free(p);
+        return false;
+    }
+    *out = p;
+    *n = count;
+    return true;
+}
