@@ -59,6 +59,7 @@ struct drey_journal {
      * The plan is re-based on the real figures whenever the queue drains. */
     uint64_t plan_used; /* segment bytes once every queued record is written */
     uint64_t plan_free; /* room left in the segment the next record goes to */
+    uint64_t refused_need; /* frame size of the last refused append; 0: none */
     void (*observer)(void *ctx, size_t records, int64_t fsync_us);
     void *observer_ctx;
 
@@ -585,6 +586,7 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     }
     if (!quota_fits(j, drey_frame_size(e->len), true)) {
         j->stats.quota_rejections++;
+        j->refused_need = drey_frame_size(e->len);
         pthread_mutex_unlock(&j->mu);
         return -EDQUOT;
     }
@@ -667,7 +669,11 @@ void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out) {
     out->quota_high_water_bytes = j->opts.max_bytes / 10 * 8;
     out->quota_state = DREY_JOURNAL_QUOTA_NORMAL;
     if (j->opts.max_bytes > 0) {
-        if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false))
+        /* Critical while even the smallest record, or the last one refused,
+         * would not fit: the state tells what writes see now, never what
+         * they saw once. */
+        if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false) ||
+            (j->refused_need > 0 && !quota_fits(j, j->refused_need, false)))
             out->quota_state = DREY_JOURNAL_QUOTA_CRITICAL;
         else if (out->disk_bytes >= out->quota_high_water_bytes)
             out->quota_state = DREY_JOURNAL_QUOTA_HIGH;
