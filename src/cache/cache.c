@@ -49,6 +49,52 @@ static void *version_mismatch(drey_apply *ax, bool live, const drey_entry_view *
     return NULL;
 }
 
+/* A write's expiration choice; the generated enum names differ per message
+ * (PREFIX), the fields do not. */
+#define EXPIRY_OF(req, PREFIX)                                                                                      \
+    ((drey_cache__expiry){                                                                                         \
+        .ttl = (req)->expiration_case == PREFIX##_TTL ? (req)->ttl : NULL,                                         \
+        .expires_at = (req)->expiration_case == PREFIX##_EXPIRES_AT ? (req)->expires_at : NULL,                    \
+    })
+
+/* The one-key write: the key's shard locked and its live entry, if any. */
+typedef struct one_key {
+    drey_store *store;
+    drey_key key;
+    drey_store_txn txn;
+    drey_entry_view entry;
+    bool live;
+} one_key;
+
+static void one_key_begin(one_key *o, void *ctx, const char *cache, const char *key, int64_t now_ms) {
+    o->store = store_of(ctx);
+    make_key(o->store, &o->key, cache, key);
+    drey_store_txn_begin(o->store, &o->txn, &o->key, 1);
+    o->live = drey_store_txn_get(&o->txn, &o->key, now_ms, &o->entry);
+}
+
+static void one_key_end(one_key *o) {
+    drey_store_txn_end(&o->txn);
+}
+
+/* Ends the transaction with VERSION_MISMATCH unless the condition holds. */
+static bool one_key_condition(one_key *o, drey_apply *ax, bool has_condition, uint64_t if_version) {
+    if (condition_holds(o->live, &o->entry, has_condition, if_version))
+        return true;
+    one_key_end(o);
+    version_mismatch(ax, o->live, &o->entry);
+    return false;
+}
+
+/* Stores the value with a new version; returns the version. */
+static uint64_t one_key_put(one_key *o, drey_apply *ax, const Drey__Cache__V1__Value *value, int64_t expires_at_ms) {
+    drey_value v;
+    drey_cache__value_in(value, ax->arena, &v);
+    uint64_t version = drey_store_next_version(o->store);
+    drey_store_txn_put(&o->txn, &o->key, &v, expires_at_ms, version);
+    return version;
+}
+
 /* --- reads ---------------------------------------------------------------- */
 
 typedef struct read_out {
@@ -138,32 +184,18 @@ static void handle_get_expiration(drey_call *call, const ProtobufCMessage *msg) 
 
 static ProtobufCMessage *apply_set(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__SetRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
-    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__SET_REQUEST__CONDITION_IF_VERSION,
-                         req->if_version)) {
-        drey_store_txn_end(&t);
-        return version_mismatch(ax, live, &e);
-    }
-    drey_cache__expiry ex = {
-        .ttl = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
-        .expires_at = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_EXPIRES_AT ? req->expires_at
-                                                                                                   : NULL,
-        .persist = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_PERSIST,
-    };
-    int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, live ? e.expires_at_ms : 0);
-    drey_value v;
-    drey_cache__value_in(req->value, ax->arena, &v);
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__SET_REQUEST__CONDITION_IF_VERSION,
+                           req->if_version))
+        return NULL;
+    drey_cache__expiry ex = EXPIRY_OF(req, DREY__CACHE__V1__SET_REQUEST__EXPIRATION);
+    ex.persist = req->expiration_case == DREY__CACHE__V1__SET_REQUEST__EXPIRATION_PERSIST;
+    int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, o.live ? o.entry.expires_at_ms : 0);
     Drey__Cache__V1__SetResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__set_response__init(resp);
-    resp->version = drey_store_next_version(s);
-    drey_store_txn_put(&t, &k, &v, expires, resp->version);
-    drey_store_txn_end(&t);
+    resp->version = one_key_put(&o, ax, req->value, expires);
+    one_key_end(&o);
     resp->expires_at = drey_cache__timestamp(ax->arena, expires);
     return &resp->base;
 }
@@ -199,13 +231,8 @@ static ProtobufCMessage *apply_set_many(void *ctx, drey_apply *ax, const Protobu
     resp->results = drey_arena_alloc(ax->arena, (n ? n : 1) * sizeof *resp->results);
     for (size_t i = 0; i < n; i++) {
         const Drey__Cache__V1__SetManyRequest__Entry *en = req->entries[i];
-        drey_cache__expiry ex = {
-            .ttl = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_TTL ? en->ttl : NULL,
-            .expires_at = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_EXPIRES_AT
-                              ? en->expires_at
-                              : NULL,
-            .persist = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_PERSIST,
-        };
+        drey_cache__expiry ex = EXPIRY_OF(en, DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION);
+        ex.persist = en->expiration_case == DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__EXPIRATION_PERSIST;
         int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, keep[i]);
         drey_value v;
         drey_cache__value_in(en->value, ax->arena, &v);
@@ -222,199 +249,140 @@ static ProtobufCMessage *apply_set_many(void *ctx, drey_apply *ax, const Protobu
 
 static ProtobufCMessage *apply_add(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__AddRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
     Drey__Cache__V1__AddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__add_response__init(resp);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
-        resp->version = e.version;
-        resp->current_value = drey_cache__value_out(ax->arena, &e.value);
-        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (o.live) {
+        resp->version = o.entry.version;
+        resp->current_value = drey_cache__value_out(ax->arena, &o.entry.value);
+        resp->expires_at = drey_cache__timestamp(ax->arena, o.entry.expires_at_ms);
     } else {
-        drey_cache__expiry ex = {
-            .ttl = req->expiration_case == DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
-            .expires_at = req->expiration_case == DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_EXPIRES_AT
-                              ? req->expires_at
-                              : NULL,
-        };
+        drey_cache__expiry ex = EXPIRY_OF(req, DREY__CACHE__V1__ADD_REQUEST__EXPIRATION);
         int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
-        drey_value v;
-        drey_cache__value_in(req->value, ax->arena, &v);
         resp->added = true;
-        resp->version = drey_store_next_version(s);
-        drey_store_txn_put(&t, &k, &v, expires, resp->version);
+        resp->version = one_key_put(&o, ax, req->value, expires);
         resp->expires_at = drey_cache__timestamp(ax->arena, expires);
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_update(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
-    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__UPDATE_REQUEST__CONDITION_IF_VERSION,
-                         req->if_version)) {
-        drey_store_txn_end(&t);
-        return version_mismatch(ax, live, &e);
-    }
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__UPDATE_REQUEST__CONDITION_IF_VERSION,
+                           req->if_version))
+        return NULL;
     Drey__Cache__V1__UpdateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__update_response__init(resp);
-    if (live) {
-        drey_value v;
-        drey_cache__value_in(req->value, ax->arena, &v);
+    if (o.live) {
         resp->updated = true;
-        resp->version = drey_store_next_version(s);
-        drey_store_txn_put(&t, &k, &v, e.expires_at_ms, resp->version);
-        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+        resp->version = one_key_put(&o, ax, req->value, o.entry.expires_at_ms);
+        resp->expires_at = drey_cache__timestamp(ax->arena, o.entry.expires_at_ms);
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_get_or_add(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
     Drey__Cache__V1__GetOrAddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__get_or_add_response__init(resp);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
-        resp->value = drey_cache__value_out(ax->arena, &e.value);
-        resp->version = e.version;
-        resp->expires_at = drey_cache__timestamp(ax->arena, e.expires_at_ms);
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (o.live) {
+        resp->value = drey_cache__value_out(ax->arena, &o.entry.value);
+        resp->version = o.entry.version;
+        resp->expires_at = drey_cache__timestamp(ax->arena, o.entry.expires_at_ms);
     } else {
-        drey_cache__expiry ex = {
-            .ttl = req->expiration_case == DREY__CACHE__V1__GET_OR_ADD_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
-            .expires_at = req->expiration_case == DREY__CACHE__V1__GET_OR_ADD_REQUEST__EXPIRATION_EXPIRES_AT
-                              ? req->expires_at
-                              : NULL,
-        };
+        drey_cache__expiry ex = EXPIRY_OF(req, DREY__CACHE__V1__GET_OR_ADD_REQUEST__EXPIRATION);
         int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
-        drey_value v;
-        drey_cache__value_in(req->value, ax->arena, &v);
         resp->added = true;
         resp->value = req->value;
-        resp->version = drey_store_next_version(s);
-        drey_store_txn_put(&t, &k, &v, expires, resp->version);
+        resp->version = one_key_put(&o, ax, req->value, expires);
         resp->expires_at = drey_cache__timestamp(ax->arena, expires);
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_remove(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__RemoveRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
-    if (!condition_holds(live, &e, req->condition_case == DREY__CACHE__V1__REMOVE_REQUEST__CONDITION_IF_VERSION,
-                         req->if_version)) {
-        drey_store_txn_end(&t);
-        return version_mismatch(ax, live, &e);
-    }
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__REMOVE_REQUEST__CONDITION_IF_VERSION,
+                           req->if_version))
+        return NULL;
     Drey__Cache__V1__RemoveResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__remove_response__init(resp);
-    if (live) {
+    if (o.live) {
         resp->removed = true;
-        resp->version = e.version;
+        resp->version = o.entry.version;
         if (req->return_previous)
-            resp->previous = drey_cache__value_out(ax->arena, &e.value); /* copy before the entry goes */
-        drey_store_txn_remove(&t, &k);
+            resp->previous = drey_cache__value_out(ax->arena, &o.entry.value); /* copy before the entry goes */
+        drey_store_txn_remove(&o.txn, &o.key);
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_touch(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__TouchRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
     Drey__Cache__V1__TouchResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__touch_response__init(resp);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (o.live) {
         drey_cache__expiry ex = {.ttl = req->ttl};
         int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
-        drey_store_txn_set_expiry(&t, &k, expires);
+        drey_store_txn_set_expiry(&o.txn, &o.key, expires);
         resp->found = true;
-        resp->version = e.version;
+        resp->version = o.entry.version;
         resp->expires_at = drey_cache__timestamp(ax->arena, expires);
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_persist(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__PersistRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
     Drey__Cache__V1__PersistResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__persist_response__init(resp);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    if (drey_store_txn_get(&t, &k, ax->now_ms, &e)) {
-        resp->version = e.version;
-        if (e.expires_at_ms != 0) {
-            drey_store_txn_set_expiry(&t, &k, 0);
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    if (o.live) {
+        resp->version = o.entry.version;
+        if (o.entry.expires_at_ms != 0) {
+            drey_store_txn_set_expiry(&o.txn, &o.key, 0);
             resp->found = true;
         }
     }
-    drey_store_txn_end(&t);
+    one_key_end(&o);
     return &resp->base;
 }
 
 static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__IncrementRequest *req = (const void *)msg;
-    drey_store *s = store_of(ctx);
-    drey_key k;
-    make_key(s, &k, req->cache, req->key);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_entry_view e;
-    bool live = drey_store_txn_get(&t, &k, ax->now_ms, &e);
+    one_key o;
+    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
     int64_t base = req->initial, expires;
-    if (live) {
-        if (e.value.kind != DREY_VALUE_INT64) {
-            drey_store_txn_end(&t);
+    if (o.live) {
+        if (o.entry.value.kind != DREY_VALUE_INT64) {
+            one_key_end(&o);
             drey_status_set(ax->status, DREY_ERR_NOT_AN_INTEGER);
             return NULL;
         }
-        base = drey_cache__int64_of(&e.value);
-        expires = e.expires_at_ms;
+        base = drey_cache__int64_of(&o.entry.value);
+        expires = o.entry.expires_at_ms;
     } else {
-        drey_cache__expiry ex = {
-            .ttl = req->expiration_case == DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_TTL ? req->ttl : NULL,
-            .expires_at = req->expiration_case == DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_EXPIRES_AT
-                              ? req->expires_at
-                              : NULL,
-        };
+        drey_cache__expiry ex = EXPIRY_OF(req, DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION);
         expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
     }
     int64_t result;
     if (__builtin_add_overflow(base, req->delta, &result)) {
-        drey_store_txn_end(&t);
+        one_key_end(&o);
         drey_status_set(ax->status, DREY_ERR_INTEGER_OVERFLOW);
         return NULL;
     }
@@ -424,10 +392,10 @@ static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const Protob
     Drey__Cache__V1__IncrementResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__increment_response__init(resp);
     resp->value = result;
-    resp->created = !live;
-    resp->version = drey_store_next_version(s);
-    drey_store_txn_put(&t, &k, &v, expires, resp->version);
-    drey_store_txn_end(&t);
+    resp->created = !o.live;
+    resp->version = drey_store_next_version(o.store);
+    drey_store_txn_put(&o.txn, &o.key, &v, expires, resp->version);
+    one_key_end(&o);
     return &resp->base;
 }
 
