@@ -423,19 +423,32 @@ static int64_t growth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t n
     return sum;
 }
 
-/* Add, Update and GetOrAdd: at most what a Set of the same value adds. */
+/* Whether the key is live now (Add and GetOrAdd store nothing when it is,
+ * Update nothing when it is not: such calls are never refused). */
+static bool key_live(drey_store *s, const char *cache, const char *key, int64_t now_ms) {
+    drey_key k;
+    make_key(s, &k, cache, key);
+    return drey_store_entry_size(s, &k, now_ms) > 0;
+}
+
 static int64_t growth_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__AddRequest *req = (const void *)msg;
+    if (key_live(store_of(ctx), req->cache, req->key, now_ms))
+        return 0;
     return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
 }
 
 static int64_t growth_update(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
+    if (!key_live(store_of(ctx), req->cache, req->key, now_ms))
+        return 0;
     return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
 }
 
 static int64_t growth_get_or_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
+    if (key_live(store_of(ctx), req->cache, req->key, now_ms))
+        return 0;
     return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
 }
 

@@ -482,7 +482,11 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
             snprintf(err, err_cap, "cannot cut the torn tail of %s: %s", path, strerror(-rc));
             goto fail;
         }
-        DREY_LOG_WARN("journal: cut a torn final batch left by a crash (it was never acknowledged)",
+        /* With fsync always the cut batch was never acknowledged; with
+         * interval or never it may hold acknowledged writes (the documented
+         * loss window of those policies). */
+        DREY_LOG_WARN("journal: cut a torn final batch left by a crash",
+                      DREY_LOG_BOOL("acknowledged_writes_possible", opts->fsync != DREY_FSYNC_ALWAYS),
                       DREY_LOG_STR("segment", si->name), DREY_LOG_UINT("offset", si->problem_offset),
                       DREY_LOG_UINT("bytes", si->dirty_end - si->problem_offset));
         j->stats.torn_tails_cut = 1;

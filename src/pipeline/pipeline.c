@@ -142,7 +142,8 @@ void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMess
         const uint8_t *bytes;
         size_t len;
         drey_call_request_bytes(call, &bytes, &len);
-        drey_commit_write_init(&r->write, r->method, request, bytes, len, r->principal);
+        /* Anonymous until the principal stage names a token subject. */
+        drey_commit_write_init(&r->write, r->method, request, bytes, len, "");
     }
     run_from(r);
 }

@@ -14,6 +14,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include "drey/log.h"
 
 typedef struct file_id {
@@ -60,6 +65,49 @@ static char *read_all(const char *path, char *err, size_t cap) {
     return buf;
 }
 
+/* grpc core takes the PEM text as is and only fails later, at a handshake;
+ * check it here: the chain parses, the key parses and belongs to the first
+ * certificate, the client CA bundle parses. */
+static bool pem_usable(char *const pem[3], char *err, size_t cap) {
+    bool ok = false;
+    X509 *cert = NULL;
+    EVP_PKEY *key = NULL;
+    BIO *b = BIO_new_mem_buf(pem[0], -1);
+    cert = b != NULL ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    if (cert == NULL) {
+        snprintf(err, cap, "the certificate file holds no PEM certificate");
+        goto out;
+    }
+    b = BIO_new_mem_buf(pem[1], -1);
+    key = b != NULL ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    if (key == NULL) {
+        snprintf(err, cap, "the key file holds no PEM private key");
+        goto out;
+    }
+    if (X509_check_private_key(cert, key) != 1) {
+        snprintf(err, cap, "the private key does not belong to the certificate");
+        goto out;
+    }
+    if (pem[2] != NULL) {
+        b = BIO_new_mem_buf(pem[2], -1);
+        X509 *ca = b != NULL ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+        BIO_free(b);
+        if (ca == NULL) {
+            snprintf(err, cap, "the client CA file holds no PEM certificate");
+            goto out;
+        }
+        X509_free(ca);
+    }
+    ok = true;
+out:
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    ERR_clear_error();
+    return ok;
+}
+
 static grpc_ssl_certificate_config_reload_status fetch(void *user, grpc_ssl_server_certificate_config **config) {
     drey_server__tls *t = user;
     pthread_mutex_lock(&t->mu);
@@ -83,9 +131,13 @@ static grpc_ssl_certificate_config_reload_status fetch(void *user, grpc_ssl_serv
             if (t->paths[i] != NULL)
                 ok = (pem[i] = read_all(t->paths[i], err, sizeof err)) != NULL;
         }
+        ok = ok && pem_usable(pem, err, sizeof err);
         if (ok) {
             grpc_ssl_pem_key_cert_pair pair = {.private_key = pem[1], .cert_chain = pem[0]};
-            *config = grpc_ssl_server_certificate_config_create(pem[2], &pair, 1);
+            /* grpc core insists on root certificates even when it asks for
+             * no client certificate; the server's own chain is never used
+             * for anything then. */
+            *config = grpc_ssl_server_certificate_config_create(pem[2] != NULL ? pem[2] : pem[0], &pair, 1);
             ok = *config != NULL;
         }
         for (int i = 0; i < 3; i++)

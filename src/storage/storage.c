@@ -377,6 +377,27 @@ void drey_storage_request_snapshot(drey_storage *st, void (*done)(void *arg, con
 
 /* --- lifecycle ------------------------------------------------------------ */
 
+/* Temporary files a crash left mid-snapshot or mid-manifest: never named by
+ * CURRENT, never counted by retention, so nothing else would delete them. */
+static void remove_leftovers(drey_storage *st) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/CURRENT.tmp", st->dir);
+    st->io->ops->unlink(st->io, path);
+    snprintf(path, sizeof path, "%s/snapshots", st->dir);
+    char **names;
+    size_t n;
+    if (st->io->ops->list_dir(st->io, path, &names, &n) != 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        if (len > 4 && strcmp(names[i] + len - 4, ".tmp") == 0) {
+            snprintf(path, sizeof path, "%s/snapshots/%s", st->dir, names[i]);
+            st->io->ops->unlink(st->io, path);
+        }
+    }
+    drey_io_free_names(names, n);
+}
+
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap) {
     drey_storage *st = calloc(1, sizeof *st);
@@ -409,6 +430,7 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
         }
         st->lock_fd = rc;
     }
+    remove_leftovers(st);
     DREY_LOG_INFO("recovery: starting", DREY_LOG_STR("dir", st->dir));
     uint64_t snapshot_lsn = 0;
     char fallback[1024] = "";

@@ -28,14 +28,25 @@ static void iso_time(int64_t ms, char *buf, size_t cap) {
     snprintf(buf + n, cap - n, ".%03dZ", (int)(ms % 1000));
 }
 
+/* n bytes as a JSON string; NUL (which internal keys contain) as \u0000. */
 static void json_string(FILE *out, const char *s, size_t n) {
-    char tmp[2048], esc[8192];
-    size_t len = n < sizeof tmp - 1 ? n : sizeof tmp - 1;
-    memcpy(tmp, s, len);
-    tmp[len] = '\0';
-    size_t e = drey_log_json_escape(esc, 0, sizeof esc - 1, tmp);
-    esc[e < sizeof esc ? e : sizeof esc - 1] = '\0';
-    fprintf(out, "\"%s\"", esc);
+    fputc('"', out);
+    for (size_t i = 0; i < n;) {
+        const char *nul = memchr(s + i, '\0', n - i);
+        size_t run = nul != NULL ? (size_t)(nul - (s + i)) : n - i;
+        char tmp[2048], esc[8192];
+        size_t len = run < sizeof tmp - 1 ? run : sizeof tmp - 1;
+        memcpy(tmp, s + i, len);
+        tmp[len] = '\0';
+        size_t e = drey_log_json_escape(esc, 0, sizeof esc - 1, tmp);
+        fwrite(esc, 1, e < sizeof esc ? e : sizeof esc - 1, out);
+        i += len;
+        if (nul != NULL && i < n && s[i] == '\0') {
+            fputs("\\u0000", out);
+            i++;
+        }
+    }
+    fputc('"', out);
 }
 
 typedef struct report {
@@ -160,6 +171,41 @@ static int usage(FILE *err) {
     return 2;
 }
 
+/* Cuts the journal at its first problem, saying what goes. */
+static int repair(drey_io *io, const char *dir, FILE *out, FILE *err) {
+    char snap[256];
+    uint64_t manifest_lsn = 0;
+    drey_storage__read_manifest(io, dir, snap, sizeof snap, &manifest_lsn);
+    drey_journal_scan scan;
+    int rc = drey_journal_scan_dir(io, dir, manifest_lsn, NULL, NULL, &scan);
+    if (rc != 0) {
+        fprintf(err, "dreyd storage repair: cannot read the journal: %s\n", strerror(-rc));
+        drey_journal_scan_free(&scan);
+        return 1;
+    }
+    if (scan.problem == DREY_JOURNAL_OK) {
+        fprintf(out, "repair: the journal is intact; nothing to do\n");
+        drey_journal_scan_free(&scan);
+        return 0;
+    }
+    drey_journal_segment_info *si = &scan.segments[scan.problem_segment];
+    fprintf(out, "repair: %s\n", scan.message);
+    fprintf(out,
+            "repair: keeping records up to lsn %" PRIu64 "; dropping the rest of %s from offset %" PRIu64
+            " (%" PRIu64 " bytes) and %zu later segment(s)\n",
+            scan.last_lsn, si->name, si->problem_offset, si->file_bytes - si->problem_offset,
+            scan.n_segments - scan.problem_segment - 1);
+    uint64_t dropped;
+    rc = drey_journal_repair(io, dir, &scan, &dropped);
+    drey_journal_scan_free(&scan);
+    if (rc != 0) {
+        fprintf(err, "dreyd storage repair: failed: %s\n", strerror(-rc));
+        return 1;
+    }
+    fprintf(out, "repair: done; %" PRIu64 " segment file(s) deleted\n", dropped);
+    return 0;
+}
+
 int drey_storage_tool(int argc, char **argv, FILE *out, FILE *err) {
     if (argc != 2)
         return usage(err);
@@ -197,37 +243,19 @@ int drey_storage_tool(int argc, char **argv, FILE *out, FILE *err) {
         return bad ? 1 : 0;
     }
     if (strcmp(cmd, "repair") == 0) {
-        char snap[256];
-        drey_storage__read_manifest(io, dir, snap, sizeof snap, &r.manifest_lsn);
-        drey_journal_scan scan;
-        int rc = drey_journal_scan_dir(io, dir, r.manifest_lsn, NULL, NULL, &scan);
-        if (rc != 0) {
-            fprintf(err, "dreyd storage repair: cannot read the journal: %s\n", strerror(-rc));
-            drey_journal_scan_free(&scan);
+        /* Never behind a running node's back. */
+        char lock[4096];
+        snprintf(lock, sizeof lock, "%s/LOCK", dir);
+        int lock_fd = io->ops->lock(io, lock);
+        if (lock_fd < 0) {
+            fprintf(err, "dreyd storage repair: %s: %s\n", lock,
+                    lock_fd == -EWOULDBLOCK ? "a running dreyd holds this directory; stop it first"
+                                            : strerror(-lock_fd));
             return 1;
         }
-        if (scan.problem == DREY_JOURNAL_OK) {
-            fprintf(out, "repair: the journal is intact; nothing to do\n");
-            drey_journal_scan_free(&scan);
-            return 0;
-        }
-        drey_journal_segment_info *si = &scan.segments[scan.problem_segment];
-        uint64_t later = 0;
-        for (size_t i = scan.problem_segment + 1; i < scan.n_segments; i++)
-            later += 1;
-        fprintf(out, "repair: %s\n", scan.message);
-        fprintf(out, "repair: keeping records up to lsn %" PRIu64 "; dropping the rest of %s from offset %" PRIu64
-                     " (%" PRIu64 " bytes) and %" PRIu64 " later segment(s)\n",
-                scan.last_lsn, si->name, si->problem_offset, si->file_bytes - si->problem_offset, later);
-        uint64_t dropped;
-        rc = drey_journal_repair(io, dir, &scan, &dropped);
-        drey_journal_scan_free(&scan);
-        if (rc != 0) {
-            fprintf(err, "dreyd storage repair: failed: %s\n", strerror(-rc));
-            return 1;
-        }
-        fprintf(out, "repair: done; %" PRIu64 " segment file(s) deleted\n", dropped);
-        return 0;
+        int code = repair(io, dir, out, err);
+        io->ops->close(io, lock_fd);
+        return code;
     }
     return usage(err);
 }

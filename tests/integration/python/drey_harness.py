@@ -27,6 +27,7 @@ Run a file directly while iterating:
 
 import atexit
 import contextlib
+import http.client
 import importlib
 import json
 import math
@@ -36,6 +37,7 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,7 @@ GRPC_PROTO_DIR = "/usr/share/grpc-proto/grpc"  # health/v1, reflection/v1{,alpha
 DOMAIN = "drey.dev"
 CACHE_SERVICE = "drey.cache.v1.Cache"
 HEALTH_SERVICE = "grpc.health.v1.Health"
+ADMIN_SERVICE = "drey.admin.v1.Admin"
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 REFLECTION_V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"
 
@@ -110,7 +113,7 @@ def supported_flags(binary):
 # --- generated stubs ---------------------------------------------------------
 
 class Protos:
-    """The generated modules: cache, status, error_details, health,
+    """The generated modules: cache, admin, journal, status, error_details, health,
     reflection_v1, reflection_v1alpha."""
 
 
@@ -129,7 +132,8 @@ def protos():
         atexit.register(shutil.rmtree, out, True)
         runs = [
             ["-I" + proto_dir, "-I" + WKT_DIR,
-             "drey/cache/v1/cache.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"],
+             "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto", "drey/journal/v1/journal.proto",
+             "google/rpc/status.proto", "google/rpc/error_details.proto"],
             ["-I" + GRPC_PROTO_DIR,
              "health/v1/health.proto", "reflection/v1/reflection.proto", "reflection/v1alpha/reflection.proto"],
         ]
@@ -143,6 +147,8 @@ def protos():
         p.dir = out
         p.proto_dir = proto_dir
         p.cache = importlib.import_module("drey.cache.v1.cache_pb2")
+        p.admin = importlib.import_module("drey.admin.v1.admin_pb2")
+        p.journal = importlib.import_module("drey.journal.v1.journal_pb2")
         p.status = importlib.import_module("google.rpc.status_pb2")
         p.error_details = importlib.import_module("google.rpc.error_details_pb2")
         p.health = importlib.import_module("health.v1.health_pb2")
@@ -339,12 +345,16 @@ class DreyServer:
         env = dict(os.environ)
         if self.env:
             env.update(self.env)
+        # No core file lands anywhere when dreyd aborts: it inherits this
+        # process's limit. Not set in a preexec_fn: a fork that runs Python
+        # before exec is unsafe once gRPC's threads exist (it runs every fork
+        # handler; test processes that had used gRPC intermittently hung in
+        # Popen or crashed), while without one Popen uses vfork and exec.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         with open(self.log_path, "wb") as err:
-            # cwd: anything dreyd writes to a relative path stays private;
-            # no core file lands anywhere when it aborts
+            # cwd: anything dreyd writes to a relative path stays private
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=err, env=env, close_fds=True, cwd=self.tmp,
-                                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+                                         stderr=err, env=env, close_fds=True, cwd=self.tmp)
         return self
 
     def start(self, timeout=START_TIMEOUT, wait_ready=True):
@@ -397,6 +407,23 @@ class DreyServer:
     @property
     def address(self):
         return "127.0.0.1:%d" % self.port
+
+    @property
+    def ops_port(self):
+        """The ops listener's port from the 'listening' line (0: none; pass
+        --ops-listen=127.0.0.1:0 to get one)."""
+        rec = self.find_log(lambda r: r.get("msg") == "listening")
+        return int(rec.get("ops_port", 0)) if rec else 0
+
+    def ops_get(self, path, timeout=10):
+        """GET path on the ops listener: (HTTP status, body text)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.ops_port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
 
     # --- the log ---
 
@@ -709,6 +736,69 @@ class DreyTestCase(unittest.TestCase):
         fn = ch.unary_unary(path, request_serializer=lambda b: b,
                             response_deserializer=(response_cls.FromString if response_cls else (lambda b: b)))
         return fn(payload, timeout=timeout)
+
+
+# --- data directories (the durability tests) --------------------------------------
+
+def storage_tool(command, data_dir, timeout=60):
+    """`dreyd storage <command> <data_dir>`: the CompletedProcess (text)."""
+    return subprocess.run([find_dreyd(), "storage", command, data_dir], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def read_manifest(data_dir):
+    """<data_dir>/CURRENT decoded (drey.journal.v1.Manifest), or None when
+    there is none. Checks the magic and the length (not the CRC)."""
+    try:
+        with open(os.path.join(data_dir, "CURRENT"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if raw[:8] != b"DREYMAN\0" or len(raw) < 16 or struct.unpack_from("<I", raw, 8)[0] != len(raw) - 16:
+        raise AssertionError("CURRENT is not a manifest: %r" % raw[:64])
+    return protos().journal.Manifest.FromString(raw[16:])
+
+
+def journal_segments(data_dir):
+    """The journal's segment file names (<16 hex digits>.seg), in LSN order."""
+    d = os.path.join(data_dir, "journal")
+    return sorted(n for n in os.listdir(d) if re.fullmatch(r"[0-9a-f]{16}\.seg", n))
+
+
+SEGMENT_HEADER = 64
+FRAME_HEADER = 40
+
+
+class Frame:
+    """One journal frame as found on disk (src/journal/frame.h)."""
+
+    def __init__(self, offset, length, lsn, batch_lsn, time_ms, payload):
+        self.offset, self.length, self.lsn, self.batch_lsn = offset, length, lsn, batch_lsn
+        self.time_ms, self.payload = time_ms, payload
+
+    @property
+    def size(self):
+        return (FRAME_HEADER + self.length + 7) & ~7
+
+    def record(self):
+        return protos().journal.JournalRecord.FromString(self.payload)
+
+
+def segment_frames(path):
+    """The frames of a segment file, from its header to the first zero
+    frame header (no CRC check: for tests that damage known frames)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"DREYWAL\0":
+        raise AssertionError("%s is not a journal segment" % path)
+    out, off = [], SEGMENT_HEADER
+    while off + FRAME_HEADER <= len(data):
+        length, _crc, lsn, batch_lsn, time_ms = struct.unpack_from("<IIQQq", data, off)
+        if length == 0 and lsn == 0:
+            break
+        out.append(Frame(off, length, lsn, batch_lsn, time_ms, data[off + FRAME_HEADER:off + FRAME_HEADER + length]))
+        off = out[-1].offset + out[-1].size
+    return out
 
 
 def patch_bytes(data, placeholder, replacement):
