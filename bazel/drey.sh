@@ -19,7 +19,7 @@ packages=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
   libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
   python3 python3-grpcio python3-protobuf
-  curl procps util-linux
+  curl procps util-linux prometheus
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }

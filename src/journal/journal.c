@@ -59,6 +59,8 @@ struct drey_journal {
      * The plan is re-based on the real figures whenever the queue drains. */
     uint64_t plan_used; /* segment bytes once every queued record is written */
     uint64_t plan_free; /* room left in the segment the next record goes to */
+    uint64_t plan_seg;  /* that segment's size */
+    bool plan_empty;    /* it holds no record (the writer grows it, see rotate) */
     uint64_t refused_need; /* frame size of the last refused append; 0: none */
     void (*observer)(void *ctx, size_t records, int64_t fsync_us);
     void *observer_ctx;
@@ -111,6 +113,8 @@ static uint64_t new_segment_size(const drey_journal *j, uint64_t need) {
 static void plan_from_actual(drey_journal *j) {
     j->plan_used = j->stats.disk_bytes;
     j->plan_free = j->seg_size > j->off ? j->seg_size - j->off : 0;
+    j->plan_seg = j->seg_size;
+    j->plan_empty = j->off == DREY_SEGMENT_HEADER;
 }
 
 /* Creates and switches to a new segment starting at next_lsn, large enough
@@ -567,16 +571,22 @@ static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
     if (j->opts.max_bytes == 0)
         return true;
     if (need <= j->plan_free) {
-        if (reserve)
+        if (reserve) {
             j->plan_free -= need;
+            j->plan_empty = false;
+        }
         return true;
     }
+    /* A new segment, or the empty current one grown to the same size. */
     uint64_t size = new_segment_size(j, need);
-    if (j->plan_used + size > j->opts.max_bytes)
+    uint64_t growth = j->plan_empty ? size - j->plan_seg : size;
+    if (j->plan_used + growth > j->opts.max_bytes)
         return false;
     if (reserve) {
-        j->plan_used += size;
+        j->plan_used += growth;
+        j->plan_seg = size;
         j->plan_free = size - DREY_SEGMENT_HEADER - need;
+        j->plan_empty = false;
     }
     return true;
 }
@@ -590,7 +600,11 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     }
     if (!quota_fits(j, drey_frame_size(e->len), true)) {
         j->stats.quota_rejections++;
-        j->refused_need = drey_frame_size(e->len);
+        /* A record no segment under the cap could ever hold says nothing
+         * about the journal's state: it does not make it critical. */
+        uint64_t need = drey_frame_size(e->len);
+        if (new_segment_size(j, need) <= j->opts.max_bytes)
+            j->refused_need = need;
         pthread_mutex_unlock(&j->mu);
         return -EDQUOT;
     }
@@ -650,6 +664,10 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
     }
     memmove(j->segs, j->segs + *removed, (j->n_segs - *removed) * sizeof *j->segs);
     j->n_segs -= *removed;
+    /* Compaction is the remedy for a full journal: from here the state
+     * tells only what the smallest record would meet, until the next
+     * refusal. */
+    j->refused_need = 0;
     j->stats.segments = j->n_segs;
     pthread_mutex_unlock(&j->mu);
     if (*removed > 0) {

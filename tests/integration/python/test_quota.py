@@ -18,7 +18,12 @@
   Remove, Touch, Persist and every other durable append are refused like
   any other when they do not fit; reads never are.
 * Admin/Snapshot and its compaction bring the state back to normal and
-  writes resume, in the same process (no restart).
+  writes resume, in the same process (no restart) -- also after a refused
+  record that can never fit.
+* The plan follows the writer's placement rule: concurrent writers (group
+  commit) fill the cap exactly and never past it; a record larger than a
+  segment that grows the empty segment in place fits a cap of exactly the
+  bytes it needs (and not one byte less).
 * The cap with a real ENOSPC: the data directory is a tmpfs smaller than
   the cap. dreyd refuses cleanly (JOURNAL_WRITE_FAILED or
   JOURNAL_DISK_QUOTA), stays up, and after a restart every acknowledged
@@ -44,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from google.protobuf import duration_pb2
 
-from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, FRAME_HEADER, HEALTH_SERVICE, DreyServer, DreyTestCase,
+from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, FRAME_HEADER, HEALTH_SERVICE, DreyTestCase,
                           RpcFailure, ServiceClient, journal_segments, main, make_value, segment_frames,
                           storage_tool, value_of)
 
@@ -321,7 +326,7 @@ class QuotaTest(QuotaCase):
 
         # every durable append is refused, Remove, Touch and Persist included
         calls = {
-            "Remove": pb.RemoveRequest(key=long_key),
+            "Remove": pb.RemoveRequest(key=long_key, request_id="rid-refused-remove"),
             "Touch": pb.TouchRequest(key=long_key, ttl=duration_pb2.Duration(seconds=7200)),
             "Persist": pb.PersistRequest(key=long_key),
             "Set": pb.SetRequest(key=long_key, value=make_value("changed")),
@@ -354,14 +359,17 @@ class QuotaTest(QuotaCase):
         self.assertEqual(value_of(many[3].value), len(ok))
         self.assertServing()
 
-        # after a snapshot they all go through
+        # after a snapshot they all go through; the refused Remove's request_id
+        # was never remembered: another request may use it
         self.admin.Snapshot(self.pb.admin.SnapshotRequest(), timeout=WAIT)
         self.assertEqual(self.disk()["state"], "normal")
+        other = self.put("other", 1, request_id="rid-refused-remove")
+        self.assertEqual(self.put("other", 1, request_id="rid-refused-remove").version, other.version)
         t = self.cache.Touch(calls["Touch"], timeout=WAIT)
         self.assertTrue(t.found)
         self.assertEqual(t.version, v_long, "Touch keeps the version")
         self.assertTrue(self.cache.Persist(calls["Persist"], timeout=WAIT).found)
-        self.assertTrue(self.cache.Remove(calls["Remove"], timeout=WAIT).removed)
+        self.assertTrue(self.cache.Remove(pb.RemoveRequest(key=long_key), timeout=WAIT).removed)
         self.assertFalse(self.cache.Get(pb.GetRequest(key=long_key), timeout=WAIT).found)
 
 
@@ -416,25 +424,61 @@ class QuotaTest(QuotaCase):
             self.assertFalse(self.cache.Get(pb.GetRequest(key=key), timeout=WAIT).found, key)
         self.assertServing()
 
+    def big_client(self):
+        ch = self.srv.channel(options=[("grpc.max_send_message_length", 2 * CAP)])
+        return ServiceClient(ch, self.pb.cache, CACHE_SERVICE)
+
+    def test_a_record_larger_than_a_segment_may_grow_the_empty_segment_up_to_the_cap(self):
+        # The writer's placement rule: a record larger than a segment that
+        # comes while the segment being written holds no record grows that
+        # segment instead of starting another (src/journal/journal.c,
+        # rotate()). The quota follows the same rule: measured on a node
+        # without a cap, the first write's segment bytes are exactly what it
+        # needs, so with that cap it fits, and with one byte less it does not.
+        pb = self.pb.cache
+        req = pb.SetRequest(key="first", value=make_value(b"g" * (3 * SEGMENT)))
+        srv = self.boot(cap=0)
+        self.big_client().Set(req, timeout=WAIT)
+        d = self.details()
+        need = d["journalDisk"]["usedBytes"]
+        self.assertEqual(d["journal"]["segments"], 1, "the empty segment was not grown")
+        self.assertGreater(need, SEGMENT)
+        self.assertLess(need, CAP)
+        srv.stop()
+
+        self.boot(cap=need - 1)
+        _, md = self.quota_failure(lambda: self.big_client().Set(req, timeout=WAIT))
+        self.assertEqual((md["usedBytes"], md["maxBytes"]), (SEGMENT, need - 1))
+        self.srv.stop()
+
+        self.boot(cap=need)
+        try:
+            r = self.big_client().Set(req, timeout=WAIT)
+        except grpc.RpcError as e:
+            self.fail("a write that grows the segments to exactly the cap was refused: %r (the quota plan counts "
+                      "a new segment on top of the empty one the writer grows in place)" % RpcFailure(e))
+        self.assertEqual(r.version, 1)
+        d = self.details()
+        self.assertEqual((d["journalDisk"]["usedBytes"], d["journal"]["segments"]), (need, 1))
+
     def test_a_write_that_can_never_fit_does_not_leave_the_state_critical_after_compaction(self):
-        # A record larger than the cap minus the segment being written can
-        # never be journaled: it is refused, writes that fit go on, and once a
-        # snapshot and its compaction have freed what they can the state is
-        # normal again, as for any other refusal.
+        # A record that needs a segment of its own larger than the cap minus
+        # the segment being written (which holds records, and which no
+        # compaction deletes) can never be journaled: it is refused, writes
+        # that fit go on, and once a snapshot and its compaction have freed
+        # what they can, the state is normal again as after any refusal.
         pb = self.pb.cache
         self.boot()
-        huge = CAP - SEGMENT // 2
-        big_channel = self.srv.channel(options=[("grpc.max_send_message_length", 2 * CAP)])
-        big = ServiceClient(big_channel, pb, CACHE_SERVICE)
-        _, md = self.quota_failure(lambda: big.Set(pb.SetRequest(key="huge", value=make_value(b"h" * huge)),
-                                                   timeout=WAIT))
+        self.put("first", 0)  # the segment being written holds a record from now on
+        big = self.big_client()
+        huge = pb.SetRequest(key="huge", value=make_value(b"h" * (CAP - SEGMENT // 2)))
+        _, md = self.quota_failure(lambda: big.Set(huge, timeout=WAIT))
         self.assertEqual(md["usedBytes"], SEGMENT)
-        # one segment always stays (the one being written): this can never fit
         self.assertGreater(SEGMENT + frame_size(md["requestBytes"]) + 64, CAP)
         for i in range(3):
             self.put("small-%d" % i, i)
         snap = self.admin.Snapshot(self.pb.admin.SnapshotRequest(), timeout=WAIT)
-        self.assertEqual(snap.lsn, 3)
+        self.assertEqual(snap.lsn, 4)
         d = self.details()
         self.assertEqual(d["journalDisk"]["usedBytes"], SEGMENT)
         self.assertLess(d["journalDisk"]["usedBytes"], d["journalDisk"]["highWaterBytes"])
@@ -442,7 +486,6 @@ class QuotaTest(QuotaCase):
                          "after a snapshot and compaction the state returns to normal (it stays pinned by a "
                          "refused record that no compaction can ever make room for)")
         self.put("after", 1)
-
 
 # --- the cap with a real full disk ----------------------------------------------
 

@@ -14,10 +14,11 @@
   across a restart; an ephemeral node says so.
 * No key, value, cache name or request_id a client sent appears in the
   details, the metrics or the log, whether its write was applied or refused.
-* From a non-loopback address (the ops port bound to 0.0.0.0) details and
-  metrics need a bearer token the node's keys verify (401 otherwise, and a
-  node without keys refuses them outright); /health/live and /health/ready
-  stay open; from loopback no token is needed.
+* From a non-loopback address (the ops port bound to 0.0.0.0, or to [::]
+  for IPv6) details and metrics need a bearer token the node's keys verify
+  (401 otherwise, and a node without keys refuses them outright);
+  /health/live and /health/ready stay open; from loopback (127.0.0.1, ::1)
+  no token is needed.
 """
 
 import base64
@@ -54,7 +55,7 @@ QUOTA_FLAGS = ("--segment-bytes=%d" % SEGMENT, "--journal-max-bytes=%d" % CAP, "
 
 def curl(url, *args):
     """(HTTP status, Content-Type, body) of a request made by curl(1)."""
-    cmd = ["curl", "-sS", "--noproxy", "*", "--max-time", "30", "-o", "-", "-w", "\n%{http_code} %{content_type}"]
+    cmd = ["curl", "-sS", "-g", "--noproxy", "*", "--max-time", "30", "-o", "-", "-w", "\n%{http_code} %{content_type}"]
     r = subprocess.run(cmd + list(args) + [url], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise AssertionError("curl %s failed (%d): %s" % (url, r.returncode, r.stderr))
@@ -76,6 +77,23 @@ def non_loopback_ipv4():
         except OSError:
             continue
         if a.count(".") == 3 and not a.startswith("127."):
+            return a
+    return None
+
+
+def non_loopback_ipv6():
+    """A global or unique-local IPv6 address of this machine (hostname -I),
+    or None."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for a in out.split():
+        try:
+            socket.inet_pton(socket.AF_INET6, a)
+        except OSError:
+            continue
+        if a != "::1" and not a.lower().startswith("fe80") and not a.lower().startswith("::ffff:"):
             return a
     return None
 
@@ -417,12 +435,12 @@ class RemoteAccessTest(ReadinessCase):
         shutil.rmtree(cls.keys, True)
         super().tearDownClass()
 
-    def setUp(self):
-        super().setUp()
+    def need_ipv4(self):
         if self.ip is None:
             self.skipTest("this machine has no non-loopback IPv4 address (hostname -I printed none)")
 
     def test_a_valid_token_is_needed_from_outside_loopback(self):
+        self.need_ipv4()
         self.node("--jwt-keys-dir=" + self.keys, *QUOTA_FLAGS, ops="0.0.0.0:0")
         good = mint(self.secret, self.kid)
         # with keys configured every cache and admin call needs a token too
@@ -459,7 +477,25 @@ class RemoteAccessTest(ReadinessCase):
         self.assertEqual(curl(self.url("/health/live", self.ip)), (200, "text/plain", "ok\n"))
         self.assertEqual(curl(self.url("/health/ready", self.ip)), (200, "text/plain", "ready\n"))
 
+    def test_the_same_rules_over_ipv6(self):
+        ip6 = non_loopback_ipv6()
+        if ip6 is None:
+            self.skipTest("this machine has no non-loopback IPv6 address (hostname -I printed none)")
+        self.node("--jwt-keys-dir=" + self.keys, ops="[::]:0")
+        good = mint(self.secret, self.kid)
+        remote = "[%s]" % ip6
+        for path in ("/health/ready/details", "/metrics"):
+            with self.subTest(path):
+                self.assertEqual(curl(self.url(path, "[::1]"))[0], 200, "loopback (::1) needs no token")
+                self.assertEqual(curl(self.url(path, remote))[0], 401)
+                self.assertEqual(curl(self.url(path, remote), "-H", "Authorization: Bearer " + mint(
+                    os.urandom(32), self.kid))[0], 401)
+                self.assertEqual(curl(self.url(path, remote), "-H", "Authorization: Bearer " + good)[0], 200)
+        self.assertEqual(curl(self.url("/health/live", remote))[0], 200)
+        self.assertEqual(curl(self.url("/health/ready", remote))[0], 200)
+
     def test_a_node_without_keys_refuses_details_and_metrics_to_remote_callers(self):
+        self.need_ipv4()
         self.node(ops="0.0.0.0:0")
         token = mint(self.secret, self.kid)
         for path in ("/health/ready/details", "/metrics"):
