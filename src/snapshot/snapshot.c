@@ -218,61 +218,132 @@ bool drey_snapshot_parse_name(const char *name, uint64_t *lsn) {
         goto out;                                                                                                    \
     } while (0)
 
+/* Records are read in chunks of this size (a record larger than a chunk
+ * gets a buffer of its own size): a snapshot is never held in memory whole,
+ * which with millions of entries costs more in page faults than parsing. */
+#define READ_CHUNK (8u << 20)
+
 int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, const drey_store_item *item), void *ctx,
                        drey_snapshot_info *info, char *err, size_t err_cap) {
-    uint8_t *buf;
-    size_t size;
-    int rc = drey_io_read_file(io, path, &buf, &size);
+    uint8_t head[SNAP_HEADER], t[SNAP_TRAILER];
+    uint8_t *buf = NULL;
+    off_t size = 0;
+    int fd = io->ops->open(io, path, O_RDONLY, 0);
+    int rc = fd < 0 ? fd : io->ops->fsize(io, fd, &size);
+    if (rc == 0 && size >= (off_t)(SNAP_HEADER + SNAP_TRAILER)) {
+        rc = drey_io_pread_all(io, fd, head, sizeof head, 0);
+        if (rc == 0)
+            rc = drey_io_pread_all(io, fd, t, sizeof t, size - (off_t)SNAP_TRAILER);
+    }
     if (rc != 0) {
         snprintf(err, err_cap, "cannot read %s: %s", path, strerror(-rc));
+        if (fd >= 0)
+            io->ops->close(io, fd);
         return rc;
     }
-    if (size < SNAP_HEADER + SNAP_TRAILER || memcmp(buf, SNAP_MAGIC, 8) != 0 || get32(buf + 8) != SNAP_VERSION ||
-        get32(buf + 48) != drey_crc32c(0, buf, 48))
+    if ((uint64_t)size < SNAP_HEADER + SNAP_TRAILER || memcmp(head, SNAP_MAGIC, 8) != 0 ||
+        get32(head + 8) != SNAP_VERSION || get32(head + 48) != drey_crc32c(0, head, 48) ||
+        get32(head + 12) < SNAP_HEADER)
         FAIL("%s: bad snapshot header", path);
     memset(info, 0, sizeof *info);
-    info->lsn = get64(buf + 16);
-    info->time_ms = (int64_t)get64(buf + 24);
-    info->last_version = get64(buf + 32);
-    info->bytes = size;
-    size_t off = get32(buf + 12), end = size - SNAP_TRAILER;
-    const uint8_t *t = buf + end;
+    info->lsn = get64(head + 16);
+    info->time_ms = (int64_t)get64(head + 24);
+    info->last_version = get64(head + 32);
+    info->bytes = (uint64_t)size;
     if (memcmp(t, SNAP_END_MAGIC, 8) != 0 || get32(t + 20) != drey_crc32c(0, t, 20))
         FAIL("%s: the trailer is missing or damaged (a truncated snapshot)", path);
+
+    const uint64_t end = (uint64_t)size - SNAP_TRAILER;
+    uint64_t pos = get32(head + 12); /* next byte of the file to read */
+    uint64_t rec = pos;              /* file offset of buf[start] */
+    size_t cap = READ_CHUNK, have = 0, start = 0;
+    buf = malloc(cap);
+    if (buf == NULL)
+        abort();
     uint32_t chain = 0;
     uint64_t count = 0;
-    while (off < end) {
-        if (end - off < RECORD_HEAD + BODY_FIXED)
-            FAIL("%s: record at offset %zu is cut short", path, off);
-        uint32_t body = get32(buf + off);
-        const uint8_t *q = buf + off + RECORD_HEAD;
-        if (body < BODY_FIXED || body > end - off - RECORD_HEAD || get32(buf + off + 4) != drey_crc32c(0, q, body))
-            FAIL("%s: record at offset %zu is damaged", path, off);
-        drey_store_item it = {
-            .cache_len = q[0],
-            .key_len = get16(q + 2),
-        };
-        it.entry.value.kind = (drey_value_kind)q[1];
-        it.entry.value.len = get32(q + 4);
-        it.entry.version = get64(q + 8);
-        it.entry.expires_at_ms = (int64_t)get64(q + 16);
-        if ((uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len != body)
-            FAIL("%s: record at offset %zu has inconsistent lengths", path, off);
-        it.cache = (const char *)q + BODY_FIXED;
-        it.key = it.cache + it.cache_len;
-        it.entry.value.data = (const uint8_t *)it.key + it.key_len;
-        if (fn != NULL)
-            fn(ctx, &it);
-        chain = drey_crc32c(chain, buf + off, RECORD_HEAD + body);
-        off += RECORD_HEAD + body;
-        count++;
+    for (;;) {
+        size_t avail = have - start;
+        size_t need = RECORD_HEAD + BODY_FIXED;
+        if (avail >= RECORD_HEAD) {
+            uint32_t body = get32(buf + start);
+            if (body < BODY_FIXED || body > end - rec - RECORD_HEAD)
+                FAIL("%s: record at offset %" PRIu64 " is damaged", path, rec);
+            need = RECORD_HEAD + (size_t)body;
+        }
+        if (avail >= need) {
+            const uint8_t *r = buf + start, *q = r + RECORD_HEAD;
+            uint32_t body = get32(r);
+            if (get32(r + 4) != drey_crc32c(0, q, body))
+                FAIL("%s: record at offset %" PRIu64 " is damaged", path, rec);
+            drey_store_item it = {
+                .cache_len = q[0],
+                .key_len = get16(q + 2),
+            };
+            it.entry.value.kind = (drey_value_kind)q[1];
+            it.entry.value.len = get32(q + 4);
+            it.entry.version = get64(q + 8);
+            it.entry.expires_at_ms = (int64_t)get64(q + 16);
+            if ((uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len != body)
+                FAIL("%s: record at offset %" PRIu64 " has inconsistent lengths", path, rec);
+            it.cache = (const char *)q + BODY_FIXED;
+            it.key = it.cache + it.cache_len;
+            it.entry.value.data = (const uint8_t *)it.key + it.key_len;
+            if (fn != NULL)
+                fn(ctx, &it);
+            chain = drey_crc32c(chain, r, need);
+            start += need;
+            rec += need;
+            count++;
+            continue;
+        }
+        if (pos == end) {
+            if (avail > 0)
+                FAIL("%s: record at offset %" PRIu64 " is cut short", path, rec);
+            break;
+        }
+        /* Keep the partial record, make room for it whole, read on. */
+        memmove(buf, buf + start, avail);
+        have = avail;
+        start = 0;
+        if (need > cap) {
+            cap = need;
+            buf = realloc(buf, cap);
+            if (buf == NULL)
+                abort();
+        }
+        size_t n = cap - have < end - pos ? cap - have : (size_t)(end - pos);
+        rc = drey_io_pread_all(io, fd, buf + have, n, (off_t)pos);
+        if (rc != 0) {
+            snprintf(err, err_cap, "cannot read %s: %s", path, strerror(-rc));
+            goto out;
+        }
+        have += n;
+        pos += n;
     }
     if (count != get64(t + 8) || chain != get32(t + 16))
         FAIL("%s: holds %" PRIu64 " records where its trailer says %" PRIu64, path, count, get64(t + 8));
     info->entries = count;
 out:
     free(buf);
+    io->ops->close(io, fd);
     return rc;
+}
+
+/* The record count a snapshot's trailer announces (0 if unreadable): lets a
+ * loader size the table once instead of growing it a thousand times. */
+static uint64_t announced_count(drey_io *io, const char *path) {
+    int fd = io->ops->open(io, path, O_RDONLY, 0);
+    if (fd < 0)
+        return 0;
+    off_t size;
+    uint8_t t[SNAP_TRAILER];
+    uint64_t n = 0;
+    if (io->ops->fsize(io, fd, &size) == 0 && size >= (off_t)SNAP_TRAILER &&
+        drey_io_pread_all(io, fd, t, sizeof t, size - (off_t)SNAP_TRAILER) == 0 && memcmp(t, SNAP_END_MAGIC, 8) == 0)
+        n = get64(t + 8);
+    io->ops->close(io, fd);
+    return n;
 }
 
 static void load_item(void *ctx, const drey_store_item *it) {
@@ -281,6 +352,7 @@ static void load_item(void *ctx, const drey_store_item *it) {
 
 int drey_snapshot_load(drey_io *io, const char *path, drey_store *s, drey_snapshot_info *info, char *err,
                        size_t err_cap) {
+    drey_store_reserve(s, announced_count(io, path));
     int rc = drey_snapshot_read(io, path, load_item, s, info, err, err_cap);
     if (rc == 0)
         drey_store_raise_version(s, info->last_version);

@@ -283,13 +283,47 @@ void drey_store_capture_end(drey_store *s) {
     s->capture_ctx = NULL;
 }
 
+void drey_store_reserve(drey_store *s, size_t n) {
+    size_t per = n / DREY_STORE_SHARDS + 1, want = SHARD_MIN_BUCKETS;
+    while (want < per)
+        want *= 2;
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+        shard *sh = &s->shards[i];
+        pthread_rwlock_wrlock(&sh->lock);
+        if (sh->mask + 1 < want)
+            resize(sh, want);
+        pthread_rwlock_unlock(&sh->lock);
+    }
+}
+
 void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
-    drey_store_txn t;
-    drey_store_txn_begin(s, &t, &k, 1);
-    drey_store_txn_put(&t, &k, &item->entry.value, item->entry.expires_at_ms, item->entry.version);
-    drey_store_txn_end(&t);
+    shard *sh = shard_of(s, k.hash);
+    const drey_value *v = &item->entry.value;
+    entry *e = malloc(offsetof(entry, data) + k.cache_len + k.key_len + v->len);
+    if (e == NULL)
+        abort();
+    e->version = item->entry.version;
+    e->expires_at_ms = item->entry.expires_at_ms;
+    e->hash = (uint32_t)k.hash;
+    e->value_len = v->len;
+    e->key_len = (uint16_t)k.key_len;
+    e->cache_len = (uint8_t)k.cache_len;
+    e->kind = (uint8_t)v->kind;
+    memcpy(e->data, k.cache, k.cache_len);
+    memcpy(e->data + k.cache_len, k.key, k.key_len);
+    if (v->len > 0)
+        memcpy(e->data + k.cache_len + k.key_len, v->data, v->len);
+    pthread_rwlock_wrlock(&sh->lock);
+    entry **slot = &sh->buckets[e->hash & sh->mask];
+    e->next = *slot;
+    *slot = e;
+    sh->count++;
+    account(s, sh, (int64_t)entry_bytes(e));
+    if (sh->count > sh->mask + 1)
+        resize(sh, (sh->mask + 1) * 2);
+    pthread_rwlock_unlock(&sh->lock);
 }
 
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n) {

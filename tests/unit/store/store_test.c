@@ -875,13 +875,34 @@ Test(store, load_inserts_as_read) {
     cr_assert(eq(int, r.kind, DREY_VALUE_BYTES));
     cr_assert(eq(int, memcmp(r.data, data, 3), 0));
 
-    it.entry.version = 43;
-    it.entry.value.len = 1;
-    drey_store_load(s, &it); /* a later record of the same key replaces it */
-    cr_assert(read_at(&k, 0, &r));
-    cr_assert(eq(u64, r.version, 43));
-    cr_assert(eq(u32, r.len, 1));
     cr_assert(eq(u64, stats().entries, 1));
+    cr_assert(eq(u64, stats().bytes, drey_store_entry_bytes(0, 1, 3)));
+}
+
+/* A snapshot's keys are unique: loading skips the lookup, sized up front
+ * by reserve, and the table still finds every key and counts every byte. */
+Test(store, reserve_then_load_many_unique_keys) {
+    drey_store_reserve(s, 20000);
+    drey_store_stats before = stats();
+    cr_assert_geq(before.buckets, 20000, "reserve sized the table");
+    static const uint8_t v[8] = {0};
+    for (int i = 0; i < 20000; i++) {
+        char key[16];
+        int n = snprintf(key, sizeof key, "u%d", i);
+        drey_store_item it = {
+            .cache = "",
+            .key = key,
+            .key_len = (size_t)n,
+            .entry = {.value = {.kind = DREY_VALUE_BYTES, .data = v, .len = 8}, .version = (uint64_t)i + 1},
+        };
+        drey_store_load(s, &it);
+    }
+    cr_assert(eq(u64, stats().entries, 20000));
+    cr_assert(eq(u64, stats().buckets, before.buckets), "no resize while loading what was reserved");
+    seen r;
+    drey_key k = key_in("", "u12345");
+    cr_assert(read_at(&k, 0, &r));
+    cr_assert(eq(u64, r.version, 12346));
 }
 
 /* --- snapshot capture ----------------------------------------------------- */
