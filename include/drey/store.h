@@ -150,7 +150,12 @@ void drey_store_capture_end(drey_store *s);
 /* Removes every entry (recovery starting over from an older snapshot). */
 void drey_store_clear(drey_store *s);
 
-/* Inserts an entry as recovery read it: no version is consumed. */
+/* Sizes the table for about n entries (recovery knows how many come). */
+void drey_store_reserve(drey_store *s, size_t n);
+
+/* Inserts an entry as recovery read it from a snapshot: no version is
+ * consumed, and the key must not be in the store yet (a snapshot's keys are
+ * unique), so it is not looked up. */
 void drey_store_load(drey_store *s, const drey_store_item *item);
 
 #endif
