@@ -811,3 +811,31 @@ def patch_bytes(data, placeholder, replacement):
 
 def main():
     unittest.main(verbosity=2)
+
+
+# --- a private mount namespace ----------------------------------------------
+
+_NS_ENV = "DREY_TEST_PRIVATE_MOUNT_NS"
+
+
+def enter_private_mount_namespace(script):
+    """Re-executes `script` (the calling test file) in a private mount
+    namespace, so the filesystems a test mounts vanish with it (never
+    returns), unless it already runs in one. Returns None there, or the
+    reason it is not permitted here (the caller skips its tests)."""
+    if os.environ.get(_NS_ENV) == "1":
+        return None
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    argv = [unshare, "--mount", "--propagation", "private"]
+    try:
+        probe = subprocess.run(argv + ["true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return "cannot run unshare(1): %s" % e
+    if probe.returncode != 0:
+        return "unshare --mount is not permitted here (%s)" % probe.stderr.strip()
+    env = dict(os.environ)
+    env[_NS_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(unshare, argv + [sys.executable, "-u", os.path.abspath(script)] + sys.argv[1:], env)
+    return "exec failed"  # not reached

@@ -19,36 +19,14 @@ import unittest
 
 import grpc
 
-from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, HEALTH_SERVICE, DreyServer, DreyTestCase, RpcFailure,
-                          ServiceClient, main, make_value, storage_tool, value_of)
+from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, HEALTH_SERVICE, DreyServer, DreyTestCase,
+                          enter_private_mount_namespace, main, make_value, RpcFailure, ServiceClient,
+                          storage_tool, value_of)
 
-NS_ENV = "DREY_TEST_PRIVATE_MOUNT_NS"
 WAIT = 30.0
 SEGMENT = 256 * 1024
 BIG = "z" * 16384  # 16 KiB values: a segment is full after ~16 of them
 SKIP_REASON = None
-
-
-def enter_private_mount_namespace():
-    """Re-executes this file in a private mount namespace (never returns)
-    unless it already runs in one; returns a reason when that is not
-    permitted here."""
-    if os.environ.get(NS_ENV) == "1":
-        return None
-    unshare = shutil.which("unshare") or "/usr/bin/unshare"
-    argv = [unshare, "--mount", "--propagation", "private"]
-    try:
-        probe = subprocess.run(argv + ["true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        return "cannot run unshare(1): %s" % e
-    if probe.returncode != 0:
-        return "unshare --mount is not permitted here (%s)" % probe.stderr.strip()
-    env = dict(os.environ)
-    env[NS_ENV] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(unshare, argv + [sys.executable, "-u", os.path.abspath(__file__)] + sys.argv[1:], env)
-    return "exec failed"  # not reached
 
 
 def fill(path):
@@ -235,5 +213,5 @@ class DiskFullTest(DreyTestCase):
 
 
 if __name__ == "__main__":
-    SKIP_REASON = enter_private_mount_namespace()
+    SKIP_REASON = enter_private_mount_namespace(__file__)
     main()

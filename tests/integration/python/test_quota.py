@@ -50,8 +50,8 @@ import grpc
 from google.protobuf import duration_pb2
 
 from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, FRAME_HEADER, HEALTH_SERVICE, DreyTestCase,
-                          RpcFailure, ServiceClient, journal_segments, main, make_value, segment_frames,
-                          storage_tool, value_of)
+                          enter_private_mount_namespace, journal_segments, main, make_value, RpcFailure,
+                          segment_frames, ServiceClient, storage_tool, value_of)
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 SEGMENT = 1 << 20
@@ -64,30 +64,7 @@ QUOTA_DETAILS = {"ErrorInfo", "QuotaFailure", "RetryInfo"}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 HOUR = duration_pb2.Duration(seconds=3600)
 
-NS_ENV = "DREY_TEST_PRIVATE_MOUNT_NS"
 SKIP_REASON = None
-
-
-def enter_private_mount_namespace():
-    """Re-executes this file in a private mount namespace (never returns)
-    unless it already runs in one; returns a reason when that is not
-    permitted here."""
-    if os.environ.get(NS_ENV) == "1":
-        return None
-    unshare = shutil.which("unshare") or "/usr/bin/unshare"
-    argv = [unshare, "--mount", "--propagation", "private"]
-    try:
-        probe = subprocess.run(argv + ["true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        return "cannot run unshare(1): %s" % e
-    if probe.returncode != 0:
-        return "unshare --mount is not permitted here (%s)" % probe.stderr.strip()
-    env = dict(os.environ)
-    env[NS_ENV] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(unshare, argv + [sys.executable, "-u", os.path.abspath(__file__)] + sys.argv[1:], env)
-    return "exec failed"  # not reached
 
 
 def frame_size(payload_len):
@@ -606,5 +583,5 @@ class QuotaOnFullDiskTest(QuotaCase):
 
 
 if __name__ == "__main__":
-    SKIP_REASON = enter_private_mount_namespace()
+    SKIP_REASON = enter_private_mount_namespace(__file__)
     main()
