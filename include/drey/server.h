@@ -133,15 +133,9 @@ void drey_call_request_bytes(const drey_call *c, const uint8_t **data, size_t *l
 /* A request metadata value by lowercase key; NULL if absent. The value is
  * not NUL-terminated. */
 const char *drey_call_metadata(const drey_call *c, const char *key, size_t *len);
-/* The client's transport address ("ipv4:127.0.0.1:53712"). Never an
- * identity. */
-const char *drey_call_peer(drey_call *c);
 /* "conn:<n>": one number per client HTTP/2 connection, stable for its life,
  * never reused within the process. */
 const char *drey_call_connection(drey_call *c);
-/* Milliseconds until the deadline; INT64_MAX without one. */
-int64_t drey_call_remaining_ms(const drey_call *c);
-bool drey_call_cancelled(const drey_call *c);
 
 /* Unary calls: fn runs once, when the reply or failure is issued (before it
  * is sent), from the replying thread. */

@@ -81,7 +81,6 @@ struct drey_call {
     grpc_slice request; /* raw unary payload */
     bool has_request;
     int64_t started_ns; /* monotonic, at arrival */
-    char *peer;
     char conn[32];
     void *user;
     bool replied;                    /* unary: reply or fail issued (under mu) */
@@ -232,8 +231,6 @@ static void call_free(drey_call *c) {
     if (c->recv_buf != NULL)
         grpc_byte_buffer_destroy(c->recv_buf);
     grpc_metadata_array_destroy(&c->md);
-    if (c->peer != NULL)
-        gpr_free(c->peer);
     grpc_call_unref(c->call);
     pthread_mutex_destroy(&c->mu);
     drey_arena_destroy(&c->arena);
@@ -629,11 +626,6 @@ const char *drey_call_metadata(const drey_call *c, const char *key, size_t *len)
     return NULL;
 }
 
-const char *drey_call_peer(drey_call *c) {
-    if (c->peer == NULL)
-        c->peer = grpc_call_get_peer(c->call);
-    return c->peer;
-}
 
 /* Connection numbers live on the connection's auth context, which grpc core
  * shares between all calls of one connection (drey installs no auth metadata
@@ -698,16 +690,6 @@ int64_t drey_call_deadline_mono_ns(const drey_call *c) {
     return drey_mono_ns() + (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
 }
 
-int64_t drey_call_remaining_ms(const drey_call *c) {
-    if (gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0)
-        return INT64_MAX;
-    gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
-    return (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
-}
-
-bool drey_call_cancelled(const drey_call *c) {
-    return atomic_load(&c->closed) && c->cancelled;
-}
 
 void drey_call_set_user(drey_call *c, void *user) {
     c->user = user;
