@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "drey/cache/v1/cache.pb-c.h"
 #include "drey/server.h"
 #include "drey/store.h"
 
@@ -33,6 +34,10 @@ void drey_cache_set_expiry_horizon(drey_cache *c, int64_t (*fn)(void *ctx, int64
 /* Starts and stops the expiry thread. */
 void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms);
 void drey_cache_stop_expiry(drey_cache *c);
+
+/* The bytes a Value takes in the store: what --max-value-bytes limits and
+ * what memory admission counts (one definition for both). */
+uint32_t drey_cache_value_bytes(const Drey__Cache__V1__Value *v);
 
 /* One expiry cycle at now_ms within budget_ns; returns entries freed. */
 uint64_t drey_cache_expire_cycle(drey_cache *c, int64_t now_ms, int64_t budget_ns);

@@ -411,7 +411,7 @@ static int64_t key_growth(drey_store *s, const char *cache, const char *key, uin
 
 static int64_t growth_set(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__SetRequest *req = (const void *)msg;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
 }
 
 static int64_t growth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
@@ -419,7 +419,7 @@ static int64_t growth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t n
     int64_t sum = 0;
     for (size_t i = 0; i < req->n_entries; i++)
         sum += key_growth(store_of(ctx), req->cache, req->entries[i]->key,
-                          drey_cache__value_len(req->entries[i]->value), now_ms);
+                          drey_cache_value_bytes(req->entries[i]->value), now_ms);
     return sum;
 }
 
@@ -435,21 +435,21 @@ static int64_t growth_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms
     const Drey__Cache__V1__AddRequest *req = (const void *)msg;
     if (key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
 }
 
 static int64_t growth_update(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
     if (!key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
 }
 
 static int64_t growth_get_or_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
     const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
     if (key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache__value_len(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
 }
 
 static int64_t growth_increment(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {

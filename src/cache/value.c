@@ -6,6 +6,8 @@
  */
 #include "value.h"
 
+#include "drey/cache.h"
+
 #include <string.h>
 
 #include "google/protobuf/struct.pb-c.h"
@@ -49,7 +51,7 @@ static uint64_t get_le64(const uint8_t *buf) {
     return v;
 }
 
-uint32_t drey_cache__value_len(const Drey__Cache__V1__Value *v) {
+uint32_t drey_cache_value_bytes(const Drey__Cache__V1__Value *v) {
     switch (v->kind_case) {
     case DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE: return (uint32_t)v->bytes_value.len;
     case DREY__CACHE__V1__VALUE__KIND_STRING_VALUE: return (uint32_t)strlen(v->string_value);

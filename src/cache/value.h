@@ -23,9 +23,6 @@ typedef struct drey_cache__expiry {
  * milliseconds round up, so an entry never expires early. */
 int64_t drey_cache__expiry_at(const drey_cache__expiry *ex, int64_t now_ms, int64_t keep);
 
-/* The bytes a validated Value takes in the store. */
-uint32_t drey_cache__value_len(const Drey__Cache__V1__Value *v);
-
 /* A validated Value in store form; memory from the arena where needed. */
 void drey_cache__value_in(const Drey__Cache__V1__Value *v, drey_arena *a, drey_value *out);
 /* A stored value as a message, copied into the arena. */

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/cache.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/pipeline.h"
 #include "google/protobuf/duration.pb-c.h"
@@ -213,22 +214,12 @@ static void violation(checker *c, drey_error e, const char *name, long index) {
     pop(&c->w, mark);
 }
 
-static size_t value_size(const Drey__Cache__V1__Value *v) {
-    switch (v->kind_case) {
-    case DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE: return v->bytes_value.len;
-    case DREY__CACHE__V1__VALUE__KIND_STRING_VALUE: return strlen(v->string_value);
-    case DREY__CACHE__V1__VALUE__KIND_JSON_VALUE:
-        return v->json_value != NULL ? protobuf_c_message_get_packed_size(&v->json_value->base) : 0;
-    default: return 8;
-    }
-}
-
 static void check_value(checker *c, const Drey__Cache__V1__Value *v, const char *name) {
     if (v->kind_case == DREY__CACHE__V1__VALUE__KIND__NOT_SET) {
         violation(c, DREY_ERR_INVALID_VALUE, name, -1);
         return;
     }
-    if (value_size(v) > c->lim->max_value_bytes) {
+    if (drey_cache_value_bytes(v) > c->lim->max_value_bytes) {
         if (c->w.st->error == DREY_ERR_NONE)
             drey_status_add_metadata(c->w.st, "limitBytes", "%zu", c->lim->max_value_bytes);
         violation(c, DREY_ERR_PAYLOAD_TOO_LARGE, name, -1);
