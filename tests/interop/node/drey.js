@@ -76,7 +76,9 @@ function parseLogLines(text) {
 
 /**
  * Starts dreyd on 127.0.0.1 with a kernel-chosen port and waits, polling its
- * stderr with a deadline, for the "listening" log line that names the port.
+ * stderr with a deadline, for the "listening" log line that names the port,
+ * then for Health/Check("") to say SERVING: a
+ * durable node listens, and answers NOT_SERVING, while it still recovers.
  * extraArgs are added to the command line; --drain-grace defaults to 0s so
  * that stop() is quick, and the data directory to a fresh one of its own,
  * unless extraArgs set them.
@@ -132,6 +134,7 @@ async function startServer(extraArgs = []) {
     }
     await Promise.race([delay(10), exited]);
   }
+  await waitServing(`127.0.0.1:${port}`, deadline, () => exit, readLog);
 
   const server = {
     args,
@@ -165,15 +168,43 @@ async function startServer(extraArgs = []) {
       return log;
     },
     /**
-     * SIGTERM, then waitExit0(). When a test already sent one (and may have
-     * failed inside a long drain grace), this second signal ends the grace.
+     * Ends the process whatever state a (possibly failed) test left it in:
+     * SIGTERM until dreyd has logged "draining", then one more, which ends
+     * a drain grace however long; then waitExit0(). Signals are not queued,
+     * so the second is sent only once the first has been taken.
      */
     async stop() {
-      if (!exit) server.signal('SIGTERM');
+      const draining = () => parseLogLines(readLog()).some((l) => l.msg === 'draining');
+      if (!exit && !draining()) {
+        child.kill('SIGTERM');
+        const end = Date.now() + STOP_TIMEOUT_MS;
+        while (!exit && !draining() && Date.now() < end) await Promise.race([delay(10), exited]);
+      }
+      if (!exit) child.kill('SIGTERM');
       return server.waitExit0();
     },
   };
   return server;
+}
+
+async function waitServing(address, deadlineMs, exitOf, readLog) {
+  const health = healthClient({ address });
+  try {
+    let last;
+    for (;;) {
+      try {
+        last = (await unary(health, 'Check', { service: '' }, Math.max(deadlineMs - Date.now(), 1))).status;
+        if (last === 'SERVING') return;
+      } catch (err) {
+        last = `${grpc.status[err.code]} (${err.details})`;
+      }
+      if (exitOf()) assert.fail(`dreyd exited while recovering: ${JSON.stringify(exitOf())}\n${readLog()}`);
+      if (Date.now() > deadlineMs) assert.fail(`dreyd not SERVING within ${START_TIMEOUT_MS} ms (last: ${last})\n${readLog()}`);
+      await delay(10);
+    }
+  } finally {
+    health.close();
+  }
 }
 
 function cacheClient(server) {
