@@ -48,6 +48,7 @@
 /* Method paths of the services dreyd serves. */
 #define DREY_CLIENT_CACHE(method) ("/drey.cache.v1.Cache/" method)
 #define DREY_CLIENT_HEALTH(method) ("/grpc.health.v1.Health/" method)
+#define DREY_CLIENT_ADMIN(method) ("/drey.admin.v1.Admin/" method)
 
 typedef struct drey_client drey_client;
 

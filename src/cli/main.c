@@ -16,10 +16,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/client.h"
 #include "drey/config.h"
+#include "drey/ops.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "json.h"
 
@@ -27,7 +29,7 @@ enum {
     EXIT_OK = 0,
     EXIT_CALL_FAILED = 1, /* the call failed: server error, unreachable, deadline */
     EXIT_USAGE = 2,       /* the command line is wrong */
-    EXIT_NEGATIVE = 3,    /* not found, not added, not serving */
+    EXIT_NEGATIVE = 3,    /* not found, not added, not serving, not ready */
 };
 
 /* Which command options a command takes. */
@@ -384,6 +386,33 @@ static int cmd_health(cli *c, char **args) {
     return resp->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING ? EXIT_OK : EXIT_NEGATIVE;
 }
 
+static int cmd_snapshot(cli *c, char **args) {
+    (void)args;
+    Drey__Admin__V1__SnapshotRequest req = DREY__ADMIN__V1__SNAPSHOT_REQUEST__INIT;
+    Drey__Admin__V1__SnapshotResponse *resp;
+    if (!call(c, DREY_CLIENT_ADMIN("Snapshot"), &req.base, &drey__admin__v1__snapshot_response__descriptor, &resp))
+        return EXIT_CALL_FAILED;
+    int64_t ms = resp->duration != NULL ? resp->duration->seconds * 1000 + resp->duration->nanos / 1000000 : 0;
+    printf("snapshot lsn=%" PRIu64 " file=%s entries=%" PRIu64 " bytes=%" PRIu64 " ms=%" PRId64
+           " segments_removed=%" PRIu32 "\n",
+           resp->lsn, resp->file, resp->entries, resp->bytes, ms, resp->segments_removed);
+    return EXIT_OK;
+}
+
+/* The document GET /health/ready/details serves, written by the same code,
+ * so scripts can read either. */
+static int cmd_ready(cli *c, char **args) {
+    (void)args;
+    Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
+    Drey__Admin__V1__ReadinessDetails *resp;
+    if (!call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
+              &resp))
+        return EXIT_CALL_FAILED;
+    drey_ops_write_json(stdout, &resp->base);
+    putchar('\n');
+    return resp->ready ? EXIT_OK : EXIT_NEGATIVE;
+}
+
 static const command commands[] = {
     {"get", 1, 1, 0, cmd_get, "get KEY", "print the value"},
     {"set", 2, 2, OPT_TTL | OPT_IF_VERSION | OPT_KIND, cmd_set, "set KEY VALUE [--ttl=D] [--if-version=N]",
@@ -396,6 +425,8 @@ static const command commands[] = {
     {"persist", 1, 1, 0, cmd_persist, "persist KEY", "drop a key's expiry"},
     {"ttl", 1, 1, 0, cmd_ttl, "ttl KEY", "print the time left (\"none\" without expiry)"},
     {"health", 0, 1, 0, cmd_health, "health [SERVICE]", "grpc.health.v1 Check (\"\" is the whole server)"},
+    {"ready", 0, 0, 0, cmd_ready, "ready", "readiness details as JSON (the ops listener's document)"},
+    {"snapshot", 0, 0, 0, cmd_snapshot, "snapshot", "write a snapshot now and compact the journal"},
 };
 
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
@@ -418,7 +449,8 @@ static void usage(FILE *out) {
                  "  1  the call failed (server error, unreachable, deadline); code, reason and\n"
                  "     field violations are printed on stderr\n"
                  "  2  usage error\n"
-                 "  3  a negative answer: not found, not added (the key exists), not SERVING\n");
+                 "  3  a negative answer: not found, not added (the key exists), not SERVING,\n"
+                 "     not ready\n");
 }
 
 /* --- command line --------------------------------------------------------- */

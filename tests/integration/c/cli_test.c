@@ -1,10 +1,12 @@
 /* The drey CLI end to end: run as a subprocess against the real dreyd. */
 #include <criterion/criterion.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -169,6 +171,47 @@ Test(cli, health) {
     free(err);
 }
 
+/* The value of `name=` in a line of name=value pairs. */
+static unsigned long long field(const char *line, const char *name) {
+    char key[64];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *p = strstr(line, key);
+    cr_assert_not_null(p, "no %s in: %s", name, line);
+    return strtoull(p + strlen(key), NULL, 10);
+}
+
+Test(cli, snapshot_then_ready_reports_it) {
+    EXPECT(0, NULL, "set", "a", "1");
+    EXPECT(0, NULL, "set", "b", "2");
+    EXPECT(0, NULL, "set", "c", "3");
+    EXPECT(0, NULL, "rm", "c");
+    char *out, *err;
+    cr_assert_eq(DREY(&out, &err, "snapshot"), 0, "%s", err);
+    cr_assert_eq(strncmp(out, "snapshot lsn=", strlen("snapshot lsn=")), 0, "%s", out);
+    cr_assert_eq(field(out, "lsn"), 4, "four journaled writes: %s", out);
+    cr_assert_eq(field(out, "entries"), 2, "%s", out);
+    cr_assert_gt(field(out, "bytes"), 0, "%s", out);
+    const char *file = strstr(out, " file=");
+    cr_assert_not_null(file, "%s", out);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%.*s", env.server.data_dir, (int)strcspn(file + 6, " \n"), file + 6);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "the snapshot file %s is not there", path);
+    cr_assert_eq((unsigned long long)st.st_size, field(out, "bytes"), "%s", out);
+    free(out);
+    free(err);
+
+    cr_assert_eq(DREY(&out, &err, "ready"), 0, "%s", err);
+    cr_assert_not_null(strstr(out, "{\"ready\":true,"), "%s", out);
+    cr_assert_not_null(strstr(out, "\"snapshot\":{\"lastLsn\":4,"), "%s", out);
+    cr_assert_not_null(strstr(out, "\"journal\":{\"fsyncPolicy\":\"always\",\"lastLsn\":4,"), "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
+    free(out);
+    free(err);
+    EXPECT(2, "", "ready", "now");
+    EXPECT(2, "", "snapshot", "--ttl=1s");
+}
+
 Test(cli, an_unreachable_server_exits_1) {
     /* A port held by a socket that never listens: connections are refused,
      * and no other test can take it meanwhile. */
@@ -185,5 +228,40 @@ Test(cli, an_unreachable_server_exits_1) {
     close(fd);
     cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
     cr_assert_not_null(strstr(err, "UNAVAILABLE"), "%s", err);
+    free(err);
+}
+
+static void up_ephemeral(void) {
+    /* A grace longer than the test: the test's SIGTERM starts the drain,
+     * harness_stop's ends it. */
+    harness_up(&env, (const char *const[]){"--ephemeral", "--drain-grace=1h", NULL});
+    harness_binary("drey", drey_bin, sizeof drey_bin);
+    snprintf(addr_flag, sizeof addr_flag, "--addr=%s", env.server.addr);
+}
+
+TestSuite(cli_ephemeral, .init = up_ephemeral, .fini = down, .timeout = 60);
+
+Test(cli_ephemeral, snapshot_is_refused_and_a_draining_node_is_not_ready) {
+    char *out, *err;
+    cr_assert_eq(DREY(&out, &err, "snapshot"), 1);
+    cr_assert_str_eq(out, "");
+    cr_assert_not_null(strstr(err, "FAILED_PRECONDITION"), "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(DREY(&out, &err, "ready"), 0, "%s", err);
+    cr_assert_not_null(strstr(out, "\"recovery\":{\"state\":\"ephemeral\","), "%s", out);
+    free(out);
+    free(err);
+
+    harness_signal(&env.server, SIGTERM);
+    int64_t deadline = harness_wall_ms() + HARNESS_DEADLINE_MS;
+    int rc;
+    while ((rc = DREY(&out, &err, "ready")) == 0 && harness_wall_ms() < deadline) {
+        free(out);
+        free(err);
+    }
+    cr_assert_eq(rc, 3, "still ready after SIGTERM: %s", out);
+    cr_assert_not_null(strstr(out, "{\"ready\":false,"), "%s", out);
+    free(out);
     free(err);
 }
