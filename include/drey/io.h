@@ -32,7 +32,7 @@ typedef struct drey_io_ops {
     int (*fsize)(drey_io *io, int fd, off_t *size);
     int (*rename)(drey_io *io, const char *from, const char *to);
     int (*unlink)(drey_io *io, const char *path);
-    int (*mkdir)(drey_io *io, const char *path); /* 0 if it already exists */
+    int (*mkdir)(drey_io *io, const char *path); /* durable on return; 0 if it already exists */
     int (*sync_dir)(drey_io *io, const char *path);
     /* The names in a directory (no . or ..), sorted; free with drey_io_free_names. */
     int (*list_dir)(drey_io *io, const char *path, char ***names, size_t *n);

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,13 +82,6 @@ static int px_unlink(drey_io *io, const char *path) {
     return unlink(path) != 0 ? -errno : 0;
 }
 
-static int px_mkdir(drey_io *io, const char *path) {
-    (void)io;
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return -errno;
-    return 0;
-}
-
 static int px_sync_dir(drey_io *io, const char *path) {
     (void)io;
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -95,6 +89,20 @@ static int px_sync_dir(drey_io *io, const char *path) {
         return -errno;
     int rc = fsync(fd) != 0 ? -errno : 0;
     close(fd);
+    return rc;
+}
+
+/* A new directory's name lives in its parent: syncing the parent makes it
+ * durable, as the interface promises (a journal written into a directory
+ * whose name a crash then loses is lost with it). */
+static int px_mkdir(drey_io *io, const char *path) {
+    if (mkdir(path, 0755) != 0)
+        return errno == EEXIST ? 0 : -errno;
+    char *copy = strdup(path);
+    if (copy == NULL)
+        return -ENOMEM;
+    int rc = px_sync_dir(io, dirname(copy));
+    free(copy);
     return rc;
 }
 

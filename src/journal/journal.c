@@ -433,13 +433,11 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
     drey_io *io = opts->io;
     char path[4096];
     drey_journal__path(path, sizeof path, opts->dir, NULL);
+    /* mkdir is durable: a segment's directory sync does not cover the
+     * journal directory's own name. */
     int rc = io->ops->mkdir(io, opts->dir);
     if (rc == 0)
         rc = io->ops->mkdir(io, path);
-    /* The journal directory's own name must be durable before a segment in
-     * it is: a segment's directory sync does not cover its parent. */
-    if (rc == 0)
-        rc = io->ops->sync_dir(io, opts->dir);
     if (rc != 0) {
         snprintf(err, err_cap, "cannot create %s: %s", path, strerror(-rc));
         return rc;
