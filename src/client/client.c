@@ -88,9 +88,9 @@ static int64_t mono_ns(void) {
 static gpr_timespec deadline_after(int64_t timeout_ms) {
     if (timeout_ms < 0)
         return gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    /* Not now + 0: grpc core sends the remaining time against its cached
-     * clock, rounded up to whole units, so "now" can reach the server as a
-     * deadline still a millisecond ahead, and a fast server answers. */
+    /* Not now + 0: grpc core may round the grpc-timeout it sends up (its
+     * timeout_encoding.h says so), so "now" can reach the server as a
+     * deadline still ahead, and a fast server answers. */
     if (timeout_ms == 0)
         return gpr_inf_past(GPR_CLOCK_MONOTONIC);
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
