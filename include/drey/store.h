@@ -65,6 +65,7 @@ typedef struct drey_store_stats {
     uint64_t bytes;         /* accounted bytes, see drey_store_entry_bytes() */
     uint64_t buckets;       /* hash slots across shards */
     uint64_t expired_swept; /* entries freed by the expiry sweep, ever */
+    uint64_t expiring;      /* entries with an expiry (expired or not) */
 } drey_store_stats;
 
 drey_store *drey_store_create(void);
@@ -109,7 +110,8 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k);
 /* One active-expiry step (Redis's active expire cycle): walks up to
  * `max_buckets` buckets from a rotating cursor, freeing expired entries.
  * Returns how many entries it examined; *expired is incremented by how
- * many it freed. */
+ * many it freed. A shard without an entry that has an expiry is passed
+ * over without being locked. */
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired);
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out);

@@ -38,6 +38,10 @@ typedef struct shard {
     size_t count;        /* entries, including expired ones */
     size_t bytes;        /* accounted bytes */
     size_t sweep_cursor; /* next bucket the expiry sweep visits */
+    /* Entries with an expiry, changed under the write lock. The sweep reads
+     * it without the lock to pass over shards with nothing to expire: a
+     * stale read only delays a sweep, as reads expire entries themselves. */
+    _Atomic size_t expiring;
 } __attribute__((aligned(64))) shard;
 
 struct drey_store {
@@ -97,6 +101,7 @@ static void free_entries(shard *sh) {
     }
     sh->count = 0;
     sh->bytes = 0;
+    atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
 }
 
 void drey_store_destroy(drey_store *s) {
@@ -197,10 +202,19 @@ static void account(drey_store *s, shard *sh, int64_t delta) {
     atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
 }
 
+/* Keeps a shard's count of expiring entries as an entry's expiry goes from
+ * `from` to `to` (0: never; an entry inserted comes from 0, one freed goes
+ * to 0). */
+static void track_expiry(shard *sh, int64_t from, int64_t to) {
+    if ((from != 0) != (to != 0))
+        atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+}
+
 static void unlink_free(drey_store *s, shard *sh, entry **slot) {
     entry *e = *slot;
     *slot = e->next;
     sh->count--;
+    track_expiry(sh, e->expires_at_ms, 0);
     account(s, sh, -(int64_t)entry_bytes(e));
     free(e);
     if (sh->mask + 1 > SHARD_MIN_BUCKETS && sh->count < (sh->mask + 1) / 8)
@@ -320,6 +334,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     e->next = *slot;
     *slot = e;
     sh->count++;
+    track_expiry(sh, 0, e->expires_at_ms);
     account(s, sh, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
@@ -395,6 +410,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
 
     entry **slot = find_slot(sh, k);
     entry *old = *slot;
+    track_expiry(sh, old != NULL ? old->expires_at_ms : 0, expires_at_ms);
     if (old != NULL) {
         e->next = old->next;
         *slot = e;
@@ -411,9 +427,11 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
 }
 
 bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t expires_at_ms) {
-    entry *e = *find_slot(txn_shard(t, k), k);
+    shard *sh = txn_shard(t, k);
+    entry *e = *find_slot(sh, k);
     if (e == NULL)
         return false;
+    track_expiry(sh, e->expires_at_ms, expires_at_ms);
     e->expires_at_ms = expires_at_ms;
     return true;
 }
@@ -431,6 +449,8 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
     size_t idx = atomic_fetch_add_explicit(&s->sweep_shard, 1, memory_order_relaxed) % DREY_STORE_SHARDS;
     shard *sh = &s->shards[idx];
     size_t examined = 0, freed = 0;
+    if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0)
+        return 0; /* nothing can expire: no write lock to stall readers */
     pthread_rwlock_wrlock(&sh->lock);
     capture_if_pending(s, idx);
     size_t nbuckets = sh->mask + 1;
@@ -480,6 +500,7 @@ void drey_store_get_stats(drey_store *s, drey_store_stats *out) {
         out->entries += sh->count;
         out->bytes += sh->bytes;
         out->buckets += sh->mask + 1;
+        out->expiring += atomic_load_explicit(&sh->expiring, memory_order_relaxed);
         pthread_rwlock_unlock(&sh->lock);
     }
     out->expired_swept = atomic_load_explicit(&s->expired_swept, memory_order_relaxed);

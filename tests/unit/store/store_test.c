@@ -673,6 +673,81 @@ Test(store, sweep_step_accounting) {
     cr_assert(eq(u64, stats().entries, 0));
 }
 
+static void set_expiry(const char *k, int64_t expires) {
+    drey_key key = key_in("", k);
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &key, 1);
+    cr_assert(drey_store_txn_set_expiry(&t, &key, expires));
+    drey_store_txn_end(&t);
+}
+
+/* The sweep passes over shards by this count: every way an entry gains,
+ * changes or loses an expiry must keep it. */
+Test(store, the_expiring_count_follows_every_change) {
+    put("", "a", "v", 100, 1);
+    put("", "b", "v", NEVER, 2);
+    cr_assert(eq(u64, stats().expiring, 1), "insert");
+    put("", "a", "w", 200, 3);
+    cr_assert(eq(u64, stats().expiring, 1), "replace, still expiring");
+    put("", "a", "w", NEVER, 4);
+    cr_assert(eq(u64, stats().expiring, 0), "replace without expiry");
+    set_expiry("b", 300);
+    set_expiry("b", 400);
+    cr_assert(eq(u64, stats().expiring, 1), "set_expiry");
+    set_expiry("b", NEVER);
+    cr_assert(eq(u64, stats().expiring, 0), "persist");
+    put("", "a", "w", 100, 5);
+    drey_key a = key_in("", "a");
+    cr_assert(remove_key(&a));
+    cr_assert(eq(u64, stats().expiring, 0), "remove");
+
+    put("", "c", "v", 100, 6);
+    drey_key c = key_in("", "c");
+    drey_store_txn t;
+    drey_entry_view v;
+    drey_store_txn_begin(s, &t, &c, 1);
+    cr_assert(not(drey_store_txn_get(&t, &c, 100, &v)));
+    drey_store_txn_end(&t);
+    cr_assert(eq(u64, stats().expiring, 0), "freed by txn_get");
+
+    drey_store_item it = {.cache = "", .key = "d", .key_len = 1, .entry = {.value = {.kind = DREY_VALUE_NULL}, .expires_at_ms = 9}};
+    drey_store_load(s, &it);
+    cr_assert(eq(u64, stats().expiring, 1), "load");
+    size_t freed = 0;
+    for (int i = 0; i < DREY_STORE_SHARDS; i++)
+        drey_store_sweep(s, 9, SIZE_MAX, &freed);
+    cr_assert(eq(sz, freed, 1));
+    cr_assert(eq(u64, stats().expiring, 0), "swept");
+
+    put("", "e", "v", 100, 7);
+    drey_store_clear(s);
+    cr_assert(eq(u64, stats().expiring, 0), "clear");
+}
+
+/* Entries without an expiry cost the sweep nothing: their shards are not
+ * even locked, until one of their entries gains an expiry. */
+Test(store, sweep_passes_over_shards_with_nothing_to_expire) {
+    char name[24];
+    for (size_t i = 0; i < 5000; i++) {
+        many_key(name, i);
+        put("", name, "v", NEVER, i + 1);
+    }
+    size_t examined = 0, freed = 0;
+    for (int i = 0; i < DREY_STORE_SHARDS; i++)
+        examined += drey_store_sweep(s, INT64_MAX, SIZE_MAX, &freed);
+    cr_assert(eq(sz, examined, 0));
+
+    many_key(name, 17);
+    set_expiry(name, 50);
+    for (int i = 0; i < DREY_STORE_SHARDS; i++)
+        examined += drey_store_sweep(s, 50, SIZE_MAX, &freed);
+    cr_assert(gt(sz, examined, 0), "the shard holding the expiring entry is swept");
+    cr_assert(lt(sz, examined, 5000 / 16), "and only that one: examined %zu", examined);
+    cr_assert(eq(sz, freed, 1));
+    assert_missing("", name, 0);
+    cr_assert(eq(u64, stats().entries, 4999));
+}
+
 /* Sweeping a large table that shrinks under the cursor still frees every
  * expired entry and leaves the table at its minimum size. */
 Test(store, sweep_survives_shrinking_shards, .timeout = 120) {
