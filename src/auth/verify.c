@@ -6,9 +6,11 @@
  *   empty header                                       TOKEN_MISSING
  *   longer than "Bearer " + max_token_bytes            TOKEN_TOO_LARGE
  *     (decided on the length alone, before any parsing)
- *   not "Bearer" (any case), spaces, then three non-empty
- *     base64url segments joined by dots                TOKEN_MALFORMED
- *   -- the verified-token cache is consulted here --
+ *   not "Bearer" (any case) and spaces                 TOKEN_MALFORMED
+ *   -- the verified-token cache is consulted here: a hit is a token,
+ *      byte for byte, that passed every check below --
+ *   not three non-empty base64url segments joined by
+ *     dots                                             TOKEN_MALFORMED
  *   header segment not a JSON object                   TOKEN_MALFORMED
  *   "alg" missing, not a string, or "none" (any case)  TOKEN_ALGORITHM
  *   "kid" not a string, "typ" other than JWT (libjwt
@@ -74,9 +76,8 @@ static bool ascii_ieq(const char *a, const char *b, size_t n) {
     return true;
 }
 
-/* "Bearer" 1*SP header '.' payload '.' signature, each segment non-empty
- * base64url of a length some input encodes to. */
-static bool split_bearer(const char *h, size_t n, token *t) {
+/* "Bearer" 1*SP, then the token. */
+static bool bearer_token(const char *h, size_t n, token *t) {
     size_t i = sizeof BEARER - 1;
     if (n <= i || !ascii_ieq(h, BEARER, i) || h[i] != ' ')
         return false;
@@ -84,6 +85,13 @@ static bool split_bearer(const char *h, size_t n, token *t) {
         i++;
     t->p = h + i;
     t->len = n - i;
+    return true;
+}
+
+/* header '.' payload '.' signature, each segment non-empty base64url of a
+ * length some input encodes to. A per-character scan: the cache spares
+ * known tokens from it. */
+static bool split_token(token *t) {
     size_t dots = 0, start = 0;
     for (size_t j = 0; j <= t->len; j++) {
         if (j == t->len || t->p[j] == '.') {
@@ -304,7 +312,7 @@ drey_error drey_auth_verify(drey_auth *a, const char *header, size_t header_len,
     if (header_len > BEARER_PREFIX && header_len - BEARER_PREFIX > a->max_token_bytes)
         return DREY_ERR_TOKEN_TOO_LARGE;
     token t = {0};
-    if (!split_bearer(header, header_len, &t))
+    if (!bearer_token(header, header_len, &t))
         return DREY_ERR_TOKEN_MALFORMED;
 
     uint8_t digest[DREY_AUTH_DIGEST];
@@ -320,7 +328,7 @@ drey_error drey_auth_verify(drey_auth *a, const char *header, size_t header_len,
         e = fits ? DREY_ERR_NONE : DREY_ERR_TOKEN_INVALID;
     } else {
         atomic_fetch_add_explicit(&a->cache_misses, 1, memory_order_relaxed);
-        e = verify_uncached(a, ks, &t, digest, now_ms, sub, sub_cap);
+        e = split_token(&t) ? verify_uncached(a, ks, &t, digest, now_ms, sub, sub_cap) : DREY_ERR_TOKEN_MALFORMED;
     }
     pthread_rwlock_unlock(&a->keys_lock);
     if (e != DREY_ERR_NONE && sub != NULL)
