@@ -1,16 +1,15 @@
 /*
  * keys — builds an immutable key set from a JWKS file and a key directory.
  *
- * libjwt 1.10 verifies RS and ES signatures against PEM text and HS ones
- * against raw secret bytes, so every key ends up as one of those two, with
- * exactly one algorithm pinned to it:
+ * Every key ends up as an OpenSSL public key (RS, ES: verify.c checks
+ * those signatures itself) or as raw secret bytes (HS: libjwt checks those),
+ * with exactly one algorithm pinned to it:
  *
  *   JWKS  {"keys":[...]}, each key with "kid" and "alg" (required here):
- *         kty RSA (n, e) and EC (crv, x, y) become PEM public keys built with
+ *         kty RSA (n, e) and EC (crv, x, y) become public keys built with
  *         OpenSSL 3 (EVP_PKEY_fromdata); kty oct uses base64url "k" as the
  *         secret. The kty (and crv) must be what the alg needs.
- *   dir   <kid>.<ALG>.pem: a PEM public key (RS*, ES*), parsed and
- *         re-encoded so that what libjwt sees is known to load;
+ *   dir   <kid>.<ALG>.pem: a PEM public key (RS*, ES*);
  *         <kid>.<ALG>.key: the raw secret bytes (HS*). Names starting with
  *         '.' and files with other extensions are ignored.
  *
@@ -155,38 +154,19 @@ static bool pkey_fits(EVP_PKEY *pk, jwt_alg_t alg, char *why) {
     }
 }
 
-/* The key as PEM text ("-----BEGIN PUBLIC KEY-----"), malloc'd. */
-static unsigned char *pem_of(EVP_PKEY *pk, size_t *len) {
-    BIO *bio = BIO_new(BIO_s_mem());
-    unsigned char *out = NULL;
-    if (bio != NULL && PEM_write_bio_PUBKEY(bio, pk) == 1) {
-        char *data;
-        long n = BIO_get_mem_data(bio, &data);
-        if (n > 0 && (out = malloc((size_t)n + 1)) != NULL) {
-            memcpy(out, data, (size_t)n);
-            out[n] = '\0';
-            *len = (size_t)n;
-        }
-    }
-    BIO_free(bio);
-    return out;
-}
-
-/* Validates pk for alg and stores it in k as PEM. Takes ownership of pk. */
+/* Validates pk for alg and stores it in k. Takes ownership of pk. */
 static bool finish_public_key(EVP_PKEY *pk, jwt_alg_t alg, drey_auth__key *k, char *why) {
     bool ok = false;
     EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_pkey(NULL, pk, NULL);
     if (ctx == NULL || EVP_PKEY_public_check(ctx) != 1)
         snprintf(why, WHY_CAP, "the public key fails OpenSSL's checks");
-    else if (pkey_fits(pk, alg, why)) {
-        k->material = pem_of(pk, &k->material_len);
-        if (k->material == NULL)
-            snprintf(why, WHY_CAP, "cannot encode the key as PEM");
-        else
-            ok = true;
-    }
+    else
+        ok = pkey_fits(pk, alg, why);
     EVP_PKEY_CTX_free(ctx);
-    EVP_PKEY_free(pk);
+    if (ok)
+        k->pkey = pk;
+    else
+        EVP_PKEY_free(pk);
     return ok;
 }
 
@@ -354,6 +334,7 @@ static void key_clear(drey_auth__key *k) {
         OPENSSL_cleanse(k->material, k->material_len);
         free(k->material);
     }
+    EVP_PKEY_free(k->pkey);
     free(k->kid);
     memset(k, 0, sizeof *k);
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <jwt.h>
+#include <openssl/evp.h>
 
 /* Largest JWKS or key file read (bytes). */
 #define DREY_AUTH_MAX_KEY_FILE (1u << 20)
@@ -17,8 +18,9 @@
 typedef struct drey_auth__key {
     char *kid;
     jwt_alg_t alg;           /* the only algorithm this key verifies */
-    unsigned char *material; /* RS*, ES*: PEM public key text; HS*: the secret */
-    size_t material_len;     /* bytes handed to libjwt (PEM: without the NUL) */
+    unsigned char *material; /* HS*: the secret, handed to libjwt */
+    size_t material_len;
+    EVP_PKEY *pkey;          /* RS*, ES*: the public key, parsed once (verify.c) */
 } drey_auth__key;
 
 typedef struct drey_auth__keyset {

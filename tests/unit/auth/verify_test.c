@@ -13,8 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/bn.h>
+#include <openssl/ec.h>
+#include <openssl/err.h>
+
 #include "auth_helpers.h"
 #include "drey/log.h"
+#include "src/auth/b64.h"
 
 /* One keys directory: rs (RS256), es (ES256), hs (HS256). */
 static struct {
@@ -323,6 +328,50 @@ Test(verify, bad_signature) {
     char *cut = th_fmt("%.*s", (int)(strlen(tok) - 4), tok);
     EXPECT_ERR(check(cut), DREY_ERR_TOKEN_BAD_SIGNATURE);
     free(tok);
+    free(c);
+}
+
+/* RS and ES signatures are checked by drey itself (libjwt would re-parse the
+ * key on every call): their encodings get the same scrutiny libjwt gave. */
+Test(verify, rs_and_es_signatures_of_the_wrong_shape) {
+    char *c = std_claims();
+    char *toks[] = {rs(c), th_sign_pk(JWT_ALG_ES256, F.ec, "es", c)};
+    for (size_t i = 0; i < 2; i++) {
+        const char *sig = strrchr(toks[i], '.') + 1;
+        int body = (int)(sig - toks[i]);
+        /* shorter; longer; empty after the dot is malformed, not a signature */
+        EXPECT_ERR(check(th_fmt("%.*s", (int)strlen(toks[i]) - 4, toks[i])), DREY_ERR_TOKEN_BAD_SIGNATURE);
+        EXPECT_ERR(check(th_fmt("%sAAAA", toks[i])), DREY_ERR_TOKEN_BAD_SIGNATURE);
+        EXPECT_ERR(check(th_fmt("%.*s", body, toks[i])), DREY_ERR_TOKEN_MALFORMED);
+        /* another token's signature over this header and payload */
+        char *other = i == 0 ? rs("{\"exp\":1}") : th_sign_pk(JWT_ALG_ES256, F.ec, "es", "{\"exp\":1}");
+        EXPECT_ERR(check(th_fmt("%.*s%s", body, toks[i], strrchr(other, '.') + 1)), DREY_ERR_TOKEN_BAD_SIGNATURE);
+        free(other);
+    }
+    /* The ES256 signature as DER (what OpenSSL produces) instead of R || S. */
+    const char *sig = strrchr(toks[1], '.') + 1;
+    size_t n = 0;
+    unsigned char *raw = drey_auth__b64url_decode(sig, strlen(sig), &n);
+    cr_assert_eq(n, 64);
+    ECDSA_SIG *es = ECDSA_SIG_new();
+    cr_assert_eq(ECDSA_SIG_set0(es, BN_bin2bn(raw, 32, NULL), BN_bin2bn(raw + 32, 32, NULL)), 1);
+    unsigned char *der = NULL;
+    int der_len = i2d_ECDSA_SIG(es, &der);
+    cr_assert_gt(der_len, 0);
+    char *der64 = th_b64url(der, (size_t)der_len);
+    EXPECT_ERR(check(th_fmt("%.*s%s", (int)(sig - toks[1]), toks[1], der64)), DREY_ERR_TOKEN_BAD_SIGNATURE);
+    free(der64);
+    OPENSSL_free(der);
+    ECDSA_SIG_free(es);
+    free(raw);
+    /* A refusal leaves nothing on this thread's OpenSSL error queue, which a
+     * TLS connection served by the same thread would take for its own. */
+    ERR_clear_error();
+    EXPECT_ERR(check(flip_signature(th_strdup(toks[0]))), DREY_ERR_TOKEN_BAD_SIGNATURE);
+    EXPECT_ERR(check(flip_signature(th_strdup(toks[1]))), DREY_ERR_TOKEN_BAD_SIGNATURE);
+    cr_assert_eq(ERR_peek_error(), 0, "left on the queue: %s", ERR_error_string(ERR_peek_error(), NULL));
+    free(toks[0]);
+    free(toks[1]);
     free(c);
 }
 
