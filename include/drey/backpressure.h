@@ -82,9 +82,11 @@ void drey_bp_destroy(drey_bp *bp);
 
 drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st);
 /* The call is done (replied) or cancelled: frees its slot, or takes it out
- * of the queue. Safe to call more than once; only the first counts. Returns
- * true when the call was parked (queued or held back): neither resume nor
- * fail will come, so the caller finishes the call itself. */
+ * of the queue. Safe to call more than once; only the first counts, and it
+ * returns only once no timer callback is using the ticket, which may then
+ * be freed. Returns true when the call was parked (queued or held back):
+ * neither resume nor fail will come, so the caller finishes the call
+ * itself. */
 bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t);
 
 typedef struct drey_bp_stats {

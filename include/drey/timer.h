@@ -27,10 +27,14 @@ drey_timers *drey_timers_create(void);
 /* Stops the thread; timers still armed never fire. */
 void drey_timers_destroy(drey_timers *t);
 
-/* Arms a caller-owned timer (at_ns, fn, arg set by the caller). */
+/* Arms a caller-owned timer (at_ns, fn, arg set by the caller). Arming an
+ * armed timer moves it to the new time: it fires once. */
 void drey_timer_arm(drey_timers *t, drey_timer *timer);
 /* Disarms it; true if it had not fired (its callback will not run). When it
  * returns false the callback has run or is running. */
 bool drey_timer_cancel(drey_timers *t, drey_timer *timer);
+/* Returns once the timer's callback is not running (at once when called
+ * from that callback): after a cancel, the caller may then free the timer. */
+void drey_timer_sync(drey_timers *t, drey_timer *timer);
 
 #endif

@@ -32,7 +32,6 @@ static const drey_error reason_errors[DREY_BP_REASONS] = {
 #define BACKOFF_MS 100
 
 struct drey_bp_principal {
-    char name[96];
     uint64_t hash;
     drey_bp_principal *hnext;
     drey_bp_principal *older, *newer; /* LRU list */
@@ -40,6 +39,7 @@ struct drey_bp_principal {
     double tokens;
     int64_t refilled_ns;
     uint64_t admitted, rejected;
+    char name[]; /* whole: a cut name would never be found again */
 };
 
 typedef struct bucket {
@@ -166,10 +166,11 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
             return NULL;
         table_remove(bp, victim);
     }
-    drey_bp_principal *p = calloc(1, sizeof *p);
+    size_t len = strlen(name);
+    drey_bp_principal *p = calloc(1, sizeof *p + len + 1);
     if (p == NULL)
         abort();
-    snprintf(p->name, sizeof p->name, "%s", name);
+    memcpy(p->name, name, len + 1);
     p->hash = h;
     p->tokens = bp->opts.principal_burst;
     p->refilled_ns = now;
@@ -247,6 +248,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
     t->bp_ = bp;
     atomic_store(&t->released_, false);
     t->timer_.heap_index_ = SIZE_MAX;
+    t->timer_.fn = NULL; /* never armed: release need not wait for it */
     pthread_mutex_lock(&bp->mu);
     drey_bp_principal *p = principal_get(bp, t->principal, now);
     if (p == NULL) {
@@ -300,8 +302,8 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
         t->timer_.at_ns = now + delay;
         t->timer_.fn = on_delay_done;
         t->timer_.arg = t;
+        drey_timer_arm(bp->timers, &t->timer_); /* under the mutex, as below */
         pthread_mutex_unlock(&bp->mu);
-        drey_timer_arm(bp->timers, &t->timer_);
         return DREY_BP_PARKED;
     }
     /* Wait in line. */
@@ -398,6 +400,12 @@ bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
     drey_bp_ticket *ready = admit_waiters(bp);
     pthread_mutex_unlock(&bp->mu);
     resume_all(ready);
+    /* The ticket's timer may have fired as it was released (or resumed),
+     * its callback still to take the mutex and read the ticket, which the
+     * caller frees once this returns. The callback finds T_DONE (or
+     * T_RUNNING) and leaves; wait for it to have left. */
+    if (t->timer_.fn != NULL)
+        drey_timer_sync(bp->timers, &t->timer_);
     return parked;
 }
 

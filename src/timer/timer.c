@@ -4,7 +4,8 @@
  *
  * A callback runs without the mutex held, so it may arm or cancel timers.
  * cancel() of a timer whose callback is running returns false and does not
- * wait: callers decide who owns the wake-up with their own state.
+ * wait: callers decide who owns the wake-up with their own state, and
+ * drey_timer_sync() tells them when the callback is over.
  */
 #include "drey/timer.h"
 
@@ -19,8 +20,10 @@
 struct drey_timers {
     pthread_mutex_t mu;
     pthread_cond_t cond;
+    pthread_cond_t idle; /* broadcast when a callback returns */
     drey_timer **heap;
     size_t n, cap;
+    drey_timer *running; /* whose callback runs now */
     bool stopping;
     pthread_t thread;
 };
@@ -86,9 +89,12 @@ static void *timer_main(void *arg) {
             continue;
         }
         remove_at(t, 0);
+        t->running = first;
         pthread_mutex_unlock(&t->mu);
         first->fn(first->arg);
         pthread_mutex_lock(&t->mu);
+        t->running = NULL;
+        pthread_cond_broadcast(&t->idle);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -104,6 +110,7 @@ drey_timers *drey_timers_create(void) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&t->cond, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&t->idle, NULL);
     if (pthread_create(&t->thread, NULL, timer_main, t) != 0)
         abort();
     return t;
@@ -120,11 +127,18 @@ void drey_timers_destroy(drey_timers *t) {
     free(t->heap);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cond);
+    pthread_cond_destroy(&t->idle);
     free(t);
+}
+
+static bool armed_locked(const drey_timers *t, const drey_timer *timer) {
+    return timer->heap_index_ != NOT_ARMED && timer->heap_index_ < t->n && t->heap[timer->heap_index_] == timer;
 }
 
 void drey_timer_arm(drey_timers *t, drey_timer *timer) {
     pthread_mutex_lock(&t->mu);
+    if (armed_locked(t, timer))
+        remove_at(t, timer->heap_index_); /* re-armed: one entry, the new time */
     if (t->n == t->cap) {
         t->cap = t->cap ? t->cap * 2 : 64;
         t->heap = realloc(t->heap, t->cap * sizeof *t->heap);
@@ -141,9 +155,16 @@ void drey_timer_arm(drey_timers *t, drey_timer *timer) {
 
 bool drey_timer_cancel(drey_timers *t, drey_timer *timer) {
     pthread_mutex_lock(&t->mu);
-    bool armed = timer->heap_index_ != NOT_ARMED && timer->heap_index_ < t->n && t->heap[timer->heap_index_] == timer;
+    bool armed = armed_locked(t, timer);
     if (armed)
         remove_at(t, timer->heap_index_);
     pthread_mutex_unlock(&t->mu);
     return armed;
+}
+
+void drey_timer_sync(drey_timers *t, drey_timer *timer) {
+    pthread_mutex_lock(&t->mu);
+    while (t->running == timer && !pthread_equal(pthread_self(), t->thread))
+        pthread_cond_wait(&t->idle, &t->mu);
+    pthread_mutex_unlock(&t->mu);
 }
