@@ -61,8 +61,8 @@ drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *sto
         abort();
     m->store = store;
     m->limit = opts->limit_bytes > 0 ? opts->limit_bytes : drey_memory_default_limit();
-    m->high = m->limit / 100 * 80;
-    m->critical = m->limit / 100 * 95;
+    m->high = m->limit * 80 / 100; /* the limit is at most 2^50 (config): no overflow */
+    m->critical = m->limit * 95 / 100;
     snprintf(m->node_id, sizeof m->node_id, "%s", opts->node_id != NULL ? opts->node_id : "");
     return m;
 }
@@ -79,7 +79,7 @@ bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st) {
     if (growth <= 0)
         return true;
     int64_t used = drey_store_bytes(m->store);
-    if (used + growth <= m->critical)
+    if (growth <= m->critical - used) /* not used + growth: it may overflow */
         return true;
     atomic_fetch_add_explicit(&m->rejections, 1, memory_order_relaxed);
     drey_status_init(st);
