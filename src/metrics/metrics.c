@@ -34,8 +34,9 @@ static const double batch_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 102
 struct drey_histogram {
     const double *bounds;
     size_t n;
-    _Atomic uint64_t buckets[MAX_BOUNDS + 1]; /* per bucket, not cumulative; last = +Inf */
-    _Atomic uint64_t count;
+    /* Per bucket, not cumulative; last = +Inf. The count is their sum, read
+     * in the same pass, so a scrape under load never shows +Inf != _count. */
+    _Atomic uint64_t buckets[MAX_BOUNDS + 1];
     _Atomic uint64_t sum_micro; /* sum in millionths of the unit */
 };
 
@@ -69,12 +70,14 @@ static void hist_init(drey_histogram *h, const double *bounds, size_t n) {
 }
 
 static void hist_observe(drey_histogram *h, double v) {
+    if (!(v > 0))
+        v = 0; /* a clock step backwards: a negative would wrap the sum */
     size_t i = 0;
     while (i < h->n && v > h->bounds[i])
         i++;
     atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_micro, (uint64_t)(v * 1e6), memory_order_relaxed);
+    /* Rounded, not truncated: 249 us is 0.000249 in doubles just below. */
+    atomic_fetch_add_explicit(&h->sum_micro, (uint64_t)(v * 1e6 + 0.5), memory_order_relaxed);
 }
 
 drey_metrics *drey_metrics_create(void) {
@@ -218,7 +221,7 @@ static void write_histogram(FILE *out, const char *name, const char *labels, dre
     drey_metrics_sample(out, sumname, labels,
                         (double)atomic_load_explicit(&h->sum_micro, memory_order_relaxed) / 1e6);
     snprintf(sumname, sizeof sumname, "%s_count", name);
-    drey_metrics_sample(out, sumname, labels, (double)atomic_load_explicit(&h->count, memory_order_relaxed));
+    drey_metrics_sample(out, sumname, labels, (double)cumulative);
 }
 
 void drey_metrics_write(drey_metrics *m, FILE *out) {

@@ -4,16 +4,37 @@
  * two can never drift apart).
  */
 #include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "drey/log.h"
 #include "drey/ops.h"
 
 static void write_string(FILE *out, const char *s) {
-    char buf[1024];
-    size_t n = drey_log_json_escape(buf, 0, sizeof buf - 1, s != NULL ? s : "");
-    buf[n < sizeof buf ? n : sizeof buf - 1] = '\0';
-    fprintf(out, "\"%s\"", buf);
+    if (s == NULL)
+        s = "";
+    /* Escaping grows a byte to at most six (\u00XX). */
+    size_t cap = strlen(s) * 6 + 1;
+    char small[1024], *buf = cap <= sizeof small ? small : malloc(cap);
+    if (buf == NULL)
+        abort();
+    size_t n = drey_log_json_escape(buf, 0, cap, s);
+    fputc('"', out);
+    fwrite(buf, 1, n, out);
+    fputc('"', out);
+    if (buf != small)
+        free(buf);
+}
+
+/* JSON has no NaN or infinities: the protobuf JSON mapping's strings. */
+static void write_double(FILE *out, double v, const char *format) {
+    if (isnan(v))
+        fputs("\"NaN\"", out);
+    else if (isinf(v))
+        fputs(v > 0 ? "\"Infinity\"" : "\"-Infinity\"", out);
+    else
+        fprintf(out, format, v);
 }
 
 static void write_name(FILE *out, const char *snake) {
@@ -42,8 +63,8 @@ static void write_scalar(FILE *out, const ProtobufCFieldDescriptor *f, const voi
     case PROTOBUF_C_TYPE_SFIXED64: fprintf(out, "%" PRId64, *(const int64_t *)v); break;
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64: fprintf(out, "%" PRIu64, *(const uint64_t *)v); break;
-    case PROTOBUF_C_TYPE_FLOAT: fprintf(out, "%.9g", (double)*(const float *)v); break;
-    case PROTOBUF_C_TYPE_DOUBLE: fprintf(out, "%.17g", *(const double *)v); break;
+    case PROTOBUF_C_TYPE_FLOAT: write_double(out, (double)*(const float *)v, "%.9g"); break;
+    case PROTOBUF_C_TYPE_DOUBLE: write_double(out, *(const double *)v, "%.17g"); break;
     case PROTOBUF_C_TYPE_BOOL: fputs(*(const protobuf_c_boolean *)v ? "true" : "false", out); break;
     case PROTOBUF_C_TYPE_ENUM: {
         const ProtobufCEnumValue *ev =
@@ -96,11 +117,17 @@ static bool is_map(const ProtobufCFieldDescriptor *f) {
 void drey_ops_write_json(FILE *out, const ProtobufCMessage *m) {
     const ProtobufCMessageDescriptor *d = m->descriptor;
     fputc('{', out);
+    bool first = true;
     for (unsigned i = 0; i < d->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &d->fields[i];
         const char *base = (const char *)m + f->offset;
-        if (i > 0)
+        /* A oneof's members share one union: only the set one is there. */
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(const void *)((const char *)m + f->quantifier_offset) != f->id)
+            continue;
+        if (!first)
             fputc(',', out);
+        first = false;
         write_name(out, f->name);
         if (f->label != PROTOBUF_C_LABEL_REPEATED) {
             write_scalar(out, f, base);

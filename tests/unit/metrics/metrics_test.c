@@ -689,6 +689,34 @@ Test(metrics, the_latency_histogram_matches_what_was_observed) {
     expo_free(&e);
 }
 
+/* _sum in whole microseconds, rounded: 249 us as a double of seconds is
+ * just below 0.000249, and truncation made it 248. */
+Test(metrics, the_sum_is_rounded_to_the_microsecond) {
+    drey_metrics_set_methods(m, methods, N_METHODS);
+    drey_metrics_observe_call(m, SET, 0, 249000);
+    drey_metrics_observe_call(m, SET, 0, 1500); /* 1.5 us rounds to 2 */
+    expo e;
+    scrape(&e);
+    hist h = histogram(&e, "drey_request_duration_seconds", methods[SET]);
+    cr_assert(eq(dbl, h.sum, 0.000251), "_sum %.17g", h.sum);
+    expo_free(&e);
+}
+
+/* A duration below zero (a clock stepping back) counts as zero: converted
+ * to unsigned it was undefined and wrapped the sum backwards. */
+Test(metrics, a_negative_duration_counts_as_zero) {
+    drey_metrics_set_methods(m, methods, N_METHODS);
+    drey_metrics_observe_call(m, SET, 0, us(5000));
+    drey_metrics_observe_call(m, SET, 0, -us(2000));
+    expo e;
+    scrape(&e);
+    hist h = histogram(&e, "drey_request_duration_seconds", methods[SET]);
+    cr_assert(eq(dbl, h.count, 2));
+    cr_assert(eq(dbl, h.sum, 0.005), "_sum %.17g", h.sum);
+    cr_assert(eq(dbl, h.cumulative[0], 1), "the zero is in the first bucket");
+    expo_free(&e);
+}
+
 /* --- rejections ----------------------------------------------------------- */
 
 Test(metrics, rejections_are_counted_by_stage_and_reason) {
@@ -1031,6 +1059,10 @@ static void scrape_and_compare(void *arg) {
     scraper *s = arg;
     expo now;
     scrape(&now);
+    /* Each histogram's shape holds in every scrape, +Inf == _count included,
+     * though threads record while it is written. */
+    for (size_t i = 0; i < N_METHODS; i++)
+        histogram(&now, "drey_request_duration_seconds", methods[i]);
     if (s->scrapes++ > 0)
         assert_nothing_went_down(&s->prev, &now);
     expo_free(&s->prev);

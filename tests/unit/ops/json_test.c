@@ -19,6 +19,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <jansson.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "drey/admin/v1/admin.pb-c.h"
+#include "drey/cache/v1/cache.pb-c.h"
 #include "drey/ops.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
@@ -561,4 +563,62 @@ Test(json, every_scalar_width_is_walked_and_written) {
     cr_assert(eq(dbl, json_real_value(json_array_get(json_object_get(j, "doubles"), 1)), 1e300));
     json_decref(j);
     free(text);
+}
+
+/* A oneof's members share one union: only the member that is set is
+ * written (reading the others as their own types crashed the writer). */
+Test(json, only_the_set_member_of_a_oneof_is_written) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    char *out = render(&v);
+    cr_assert(eq(str, out, "{}"), "nothing set");
+    free(out);
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_INT64_VALUE;
+    v.int64_value = 5;
+    out = render(&v);
+    cr_assert(eq(str, out, "{\"int64Value\":5}"));
+    free(out);
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_STRING_VALUE;
+    v.string_value = "five";
+    out = render(&v);
+    cr_assert(eq(str, out, "{\"stringValue\":\"five\"}"));
+    free(out);
+}
+
+/* JSON has no NaN or infinities: the protobuf JSON mapping's strings. */
+Test(json, nan_and_infinities_are_strings) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_DOUBLE_VALUE;
+    static const struct {
+        double d;
+        const char *want;
+    } cases[] = {{NAN, "{\"doubleValue\":\"NaN\"}"},
+                 {INFINITY, "{\"doubleValue\":\"Infinity\"}"},
+                 {-INFINITY, "{\"doubleValue\":\"-Infinity\"}"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        v.double_value = cases[i].d;
+        char *out = render(&v);
+        cr_assert(eq(str, out, (char *)cases[i].want));
+        json_decref(parse(out, 0));
+        free(out);
+    }
+}
+
+/* Strings of any length come out whole, escapes included (a fixed buffer
+ * cut them and could print a byte it never wrote). */
+Test(json, long_strings_are_written_whole) {
+    size_t n = 5000;
+    char *s = malloc(n + 1);
+    cr_assert_not_null(s);
+    for (size_t i = 0; i < n; i++)
+        s[i] = i % 7 == 0 ? '"' : i % 11 == 0 ? '\n' : (char)('a' + i % 26);
+    s[n] = '\0';
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_STRING_VALUE;
+    v.string_value = s;
+    char *out = render(&v);
+    json_t *j = parse(out, 0);
+    cr_assert(eq(str, (char *)str_member(j, "stringValue"), s));
+    json_decref(j);
+    free(out);
+    free(s);
 }
