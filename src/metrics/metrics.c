@@ -197,8 +197,10 @@ void drey_metrics_labels(char *buf, size_t cap, ...) {
         char esc[512];
         escape_label(esc, sizeof esc, v);
         int w = snprintf(buf + n, cap - n, "%s%s=\"%s\"", n ? "," : "", k, esc);
-        if (w < 0 || (size_t)w >= cap - n)
+        if (w < 0 || (size_t)w >= cap - n) {
+            buf[n] = '\0'; /* no half pair: an unclosed quote breaks the exposition */
             break;
+        }
         n += (size_t)w;
     }
     va_end(ap);
