@@ -118,8 +118,8 @@ class AccountingTest(MemoryCase):
         m = self.mem()
         self.assertEqual(m["limitBytes"], LIMIT)
         crit, high = m["criticalBytes"], m["highBytes"]
-        self.assertEqual(crit, LIMIT // 100 * 95)
-        self.assertEqual(high, LIMIT // 100 * 80)
+        self.assertEqual(crit, LIMIT * 95 // 100)
+        self.assertEqual(high, LIMIT * 80 // 100)
         self.assertEqual((m["state"], m["writeRejectionActive"]), ("normal", False))
         u0 = self.used()
         self.assertEqual(u0, 0, "an empty store accounts nothing")

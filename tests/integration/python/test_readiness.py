@@ -336,7 +336,7 @@ class HealthEndpointsTest(ReadinessCase):
         d = self.details()
         m = d["memory"]
         self.assertEqual((m["limitBytes"], m["highBytes"], m["criticalBytes"]),
-                         (limit, limit // 100 * 80, limit // 100 * 95))
+                         (limit, limit * 80 // 100, limit * 95 // 100))
         want = "critical" if m["usedBytes"] >= m["criticalBytes"] else "high" if m["usedBytes"] >= m["highBytes"] \
             else "normal"
         self.assertEqual(m["state"], want)
