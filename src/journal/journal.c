@@ -275,6 +275,10 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
     j->stats.batches++;
     pthread_mutex_unlock(&j->mu);
 
+    /* Observed before the writes are acknowledged: whoever saw a write
+     * acknowledged finds its batch in the figures. */
+    if (observer != NULL)
+        observer(observer_ctx, n, fsync_us);
     lsn = first;
     for (drey_journal_entry *e = run; e != NULL; lsn++) {
         drey_journal_entry *next = e->next_; /* done may free e */
@@ -282,8 +286,6 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
         e->done(e->arg, &rec, 0);
         e = next;
     }
-    if (observer != NULL)
-        observer(observer_ctx, n, fsync_us);
 }
 
 /* Places a batch record by record: those that fit in the current segment
