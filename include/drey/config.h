@@ -31,6 +31,7 @@ typedef struct drey_config {
     bool ephemeral;                 /* memory only: no data directory */
     char *fsync;                    /* always, interval:<duration>, never */
     int64_t segment_bytes;          /* preallocated journal segment size */
+    int64_t journal_max_queued, journal_max_queued_bytes; /* bounds of the journal's queue */
     int64_t journal_max_bytes;      /* disk quota of the journal's segments; 0: none */
     int64_t batch_wait_ms;          /* group commit: wait for more records */
     int64_t batch_max_bytes;        /* group commit: batch size bound */

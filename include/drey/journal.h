@@ -49,6 +49,12 @@ typedef struct drey_journal_options {
      * hold; 0 for none. An append that would grow the segments past it is
      * refused (drey_journal_append returns -EDQUOT) before it is queued. */
     uint64_t max_bytes;
+    /* Records (and their payload bytes) queued for the writer at most; 0:
+     * no bound. An append beyond either is refused (-ENOBUFS) before it is
+     * queued. A record larger than max_queued_bytes is still taken when the
+     * queue is empty, so no record is refused for ever. */
+    uint64_t max_queued_records;
+    uint64_t max_queued_bytes;
 } drey_journal_options;
 
 typedef struct drey_journal_record {
@@ -133,8 +139,8 @@ typedef struct drey_journal_entry {
 } drey_journal_entry;
 
 /* Queues e. Refused before anything happens with -EDQUOT when it would
- * cross the disk quota, and with -EIO once the journal has failed; then
- * `done` is never called. */
+ * cross the disk quota, -ENOBUFS when the queue is full, and -EIO once the
+ * journal has failed; then `done` is never called. */
 int drey_journal_append(drey_journal *j, drey_journal_entry *e);
 
 /* Runs fn on the writer thread between batches, with the LSN and time of the
@@ -175,6 +181,10 @@ typedef struct drey_journal_stats {
     uint64_t quota_high_water_bytes;
     drey_journal_quota_state quota_state;
     uint64_t quota_rejections;
+    uint64_t queued_records;     /* appended, not yet taken by the writer */
+    uint64_t queued_bytes;       /* their payload bytes */
+    uint64_t queued_records_peak; /* the most queued at once since open */
+    uint64_t queue_rejections;   /* appends refused with -ENOBUFS */
 } drey_journal_stats;
 
 void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out);

@@ -45,17 +45,17 @@ void drey_admin_set_draining(drey_admin *a) {
     atomic_store(&a->draining, true);
 }
 
-static void fail(drey_call *call, drey_error e) {
+static void fail(drey_request *r, drey_error e) {
     drey_status st;
     drey_status_init(&st);
     drey_status_set(&st, e);
-    drey_call_fail(call, &st);
+    drey_request_fail(r, &st);
 }
 
 static void snapshot_done(void *arg, const drey_snapshot_result *r) {
-    drey_call *call = arg;
+    drey_request *req = arg;
     if (r->rc != 0) {
-        fail(call, DREY_ERR_SNAPSHOT_FAILED);
+        fail(req, DREY_ERR_SNAPSHOT_FAILED);
         return;
     }
     Drey__Admin__V1__SnapshotResponse resp = DREY__ADMIN__V1__SNAPSHOT_RESPONSE__INIT;
@@ -68,18 +68,18 @@ static void snapshot_done(void *arg, const drey_snapshot_result *r) {
     resp.bytes = r->info.bytes;
     resp.duration = &d;
     resp.segments_removed = r->segments_removed;
-    drey_call_reply(call, &resp.base);
+    drey_request_reply(req, &resp.base);
 }
 
-static void handle_snapshot(drey_call *call, const ProtobufCMessage *msg) {
+static void handle_snapshot(void *ctx, drey_request *r, const ProtobufCMessage *msg) {
     (void)msg;
-    drey_admin *a = drey_call_service_ctx(call);
+    drey_admin *a = ctx;
     drey_storage *st = atomic_load(&a->storage);
     if (st == NULL) {
-        fail(call, a->opts.durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
+        fail(r, a->opts.durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
         return;
     }
-    drey_storage_request_snapshot(st, snapshot_done, call);
+    drey_storage_request_snapshot(st, snapshot_done, r);
 }
 
 /* --- readiness ------------------------------------------------------------ */
@@ -138,6 +138,10 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         j->segments = (uint32_t)js.segments;
         j->last_fsync_micros = js.last_fsync_us;
         j->failed = js.failed;
+        j->queued_records = js.queued_records;
+        j->queued_bytes = js.queued_bytes;
+        j->queued_records_peak = js.queued_records_peak;
+        j->queue_rejections = js.queue_rejections;
         d->ready = !js.failed;
         sn->last_lsn = ss.snapshot_lsn;
         sn->age_seconds = ss.snapshot_time_ms > 0 ? (drey_wall_ms() - ss.snapshot_time_ms) / 1000 : 0;
@@ -223,6 +227,10 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
                 d->journal_disk->state, levels, 3);
     gauge(out, "drey_journal_last_lsn", "LSN of the last journal record.", (double)d->journal->last_lsn);
     gauge(out, "drey_journal_segments", "Journal segment files.", d->journal->segments);
+    gauge(out, "drey_journal_queued_records", "Writes waiting for the journal's writer.",
+          (double)d->journal->queued_records);
+    gauge(out, "drey_journal_queued_bytes", "Payload bytes of the writes waiting for the journal's writer.",
+          (double)d->journal->queued_bytes);
     gauge(out, "drey_journal_failed", "1 once a journal write or sync failed (until a restart).", d->journal->failed);
     gauge(out, "drey_memory_used_bytes", "Bytes of entries, as accounted.", (double)d->memory->used_bytes);
     gauge(out, "drey_memory_limit_bytes", "The memory limit for entries.", (double)d->memory->limit_bytes);
@@ -282,18 +290,17 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     drey_arena_destroy(&arena);
 }
 
-static void handle_readiness(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *readiness(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     (void)msg;
-    drey_admin *a = drey_call_service_ctx(call);
-    drey_call_reply(call, &drey_admin_readiness(a, drey_call_arena(call))->base);
+    return &drey_admin_readiness(ctx, ax->arena)->base;
 }
 
-static const drey_handler handlers[] = {
-    {.name = "Snapshot", .flags = DREY_HANDLER_ADMIN, .unary = handle_snapshot},
-    {.name = "GetReadinessDetails", .flags = DREY_HANDLER_ADMIN, .unary = handle_readiness},
+static const drey_method_spec methods[] = {
+    {.name = "Snapshot", .flags = DREY_METHOD_ADMIN, .handle = handle_snapshot},
+    {.name = "GetReadinessDetails", .flags = DREY_METHOD_ADMIN, .apply = readiness},
 };
 
-bool drey_admin_register(drey_admin *a, drey_server *s) {
-    return drey_server_add_service(s, &drey__admin__v1__admin__descriptor, handlers,
-                                   sizeof handlers / sizeof handlers[0], a);
+bool drey_admin_register(drey_admin *a, drey_method_table *t) {
+    return drey_method_table_add_service(t, &drey__admin__v1__admin__descriptor, methods,
+                                         sizeof methods / sizeof methods[0], a);
 }

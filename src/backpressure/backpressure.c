@@ -374,10 +374,20 @@ static void resume_all(drey_bp_ticket *t) {
     }
 }
 
-bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
-    if (atomic_exchange(&t->released_, true))
-        return false;
+/* Frees t's slot or takes it out of the queue; with only_parked, only a
+ * ticket still queued or held back (a running call keeps its slot until it
+ * is done, so cancelling it cannot let more work in than max_inflight). The
+ * checks and the release happen under one lock so a ticket being admitted
+ * at the same moment is either released whole or left alone. */
+static bool release(drey_bp *bp, drey_bp_ticket *t, bool only_parked) {
     pthread_mutex_lock(&bp->mu);
+    bool skip = atomic_load(&t->released_) ||
+                (only_parked && t->state_ != T_QUEUED && t->state_ != T_DELAYED);
+    if (skip) {
+        pthread_mutex_unlock(&bp->mu);
+        return false;
+    }
+    atomic_store(&t->released_, true);
     bool parked = false;
     switch (t->state_) {
     case T_QUEUED:
@@ -407,6 +417,14 @@ bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
     if (t->timer_.fn != NULL)
         drey_timer_sync(bp->timers, &t->timer_);
     return parked;
+}
+
+bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
+    return release(bp, t, false);
+}
+
+bool drey_bp_cancel(drey_bp *bp, drey_bp_ticket *t) {
+    return release(bp, t, true);
 }
 
 static void on_delay_done(void *arg) {

@@ -72,6 +72,12 @@ static const option options[] = {
      "Hard cap on the journal's segment bytes on disk, preallocation included (not snapshots). A write that would "
      "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot and "
      "compaction free space and writes resume by themselves. 0: no cap. At least --segment-bytes."},
+    {"journal-max-queued", OPT_INT, FIELD(journal_max_queued), "16384", 1, 100000000,
+     "Writes that may wait for the journal's writer at once; more get RESOURCE_EXHAUSTED JOURNAL_QUEUE_FULL "
+     "before anything is written, so callers that give up early cannot pile up work."},
+    {"journal-max-queued-bytes", OPT_BYTES, FIELD(journal_max_queued_bytes), "256MiB", 4096, (int64_t)1 << 40,
+     "Bytes of writes that may wait for the journal's writer at once (JOURNAL_QUEUE_FULL beyond; a single larger "
+     "write still goes when the queue is empty)."},
     {"batch-wait", OPT_DURATION, FIELD(batch_wait_ms), "0", 0, 1000,
      "Group commit: how long the journal waits for more writes before writing a batch (a batch also closes when the "
      "previous sync ends); 0 adds no latency."},

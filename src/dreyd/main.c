@@ -32,6 +32,7 @@
 #include "drey/health.h"
 #include "drey/log.h"
 #include "drey/memory.h"
+#include "drey/method.h"
 #include "drey/metrics.h"
 #include "drey/ops.h"
 #include "drey/pipeline.h"
@@ -247,9 +248,10 @@ int main(int argc, char **argv, char **envp) {
         .tls_client_ca = cfg.tls_client_ca,
     };
     drey_server *server = drey_server_create(&sopts);
+    drey_method_table *methods = drey_method_table_create();
     drey_commit_options copts = {
         .store = store,
-        .server = server,
+        .methods = methods,
         .idempotency_retention_ms = cfg.idempotency_retention_ms,
     };
     drey_commit *commit = drey_commit_create(&copts);
@@ -260,6 +262,7 @@ int main(int argc, char **argv, char **envp) {
             .max_value_bytes = (size_t)cfg.max_value_bytes,
             .max_batch = (size_t)cfg.max_batch,
         },
+        .methods = methods,
         .commit = commit,
         .auth = auth,
         .auth_required = auth != NULL,
@@ -269,12 +272,12 @@ int main(int argc, char **argv, char **envp) {
         .node_id = node_id,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
-    drey_server_set_dispatch(server, drey_pipeline_dispatch, pipeline);
     drey_storage *storage = NULL;
 
     int rc = 0;
-    if (!drey_cache_register(cache, server) || !drey_health_register(health, server) ||
-        !drey_reflect_register(server) || !drey_admin_register(admin, server)) {
+    if (!drey_cache_register(cache, methods) || !drey_health_register(health, methods, server) ||
+        !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server) ||
+        !drey_reflect_register(server)) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;
         goto out;
@@ -282,7 +285,7 @@ int main(int argc, char **argv, char **envp) {
     const char *method_names[64];
     size_t n_methods = drey_server_method_count(server);
     for (size_t i = 0; i < n_methods && i < 64; i++)
-        method_names[i] = drey_server_method(server, i)->path;
+        method_names[i] = drey_server_method_path(server, i);
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_server_set_call_observer(server, observe_call, metrics);
@@ -327,6 +330,8 @@ int main(int argc, char **argv, char **envp) {
                 .batch_wait_us = cfg.batch_wait_ms * 1000,
                 .batch_max_bytes = (size_t)cfg.batch_max_bytes,
                 .max_bytes = (uint64_t)cfg.journal_max_bytes,
+                .max_queued_records = (uint64_t)cfg.journal_max_queued,
+                .max_queued_bytes = (uint64_t)cfg.journal_max_queued_bytes,
             },
             .snapshot_every_bytes = (uint64_t)cfg.snapshot_every_bytes,
             .snapshot_every_ms = cfg.snapshot_every_ms,
@@ -380,6 +385,7 @@ out:
     drey_server_destroy(server);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
+    drey_method_table_destroy(methods);
     drey_admin_destroy(admin);
     drey_health_destroy(health);
     drey_cache_destroy(cache);

@@ -372,6 +372,10 @@ static void *writer_main(void *arg) {
         }
         int64_t time_ms = 0;
         if (tail != NULL) {
+            for (drey_journal_entry *e = batch; e != tail->next_; e = e->next_) {
+                j->stats.queued_records--;
+                j->stats.queued_bytes -= e->len;
+            }
             j->q_head = tail->next_;
             if (j->q_head == NULL)
                 j->q_tail = NULL;
@@ -598,6 +602,13 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
         pthread_mutex_unlock(&j->mu);
         return -EIO;
     }
+    if ((j->opts.max_queued_records > 0 && j->stats.queued_records >= j->opts.max_queued_records) ||
+        (j->opts.max_queued_bytes > 0 && j->stats.queued_records > 0 &&
+         j->stats.queued_bytes + e->len > j->opts.max_queued_bytes)) {
+        j->stats.queue_rejections++;
+        pthread_mutex_unlock(&j->mu);
+        return -ENOBUFS;
+    }
     if (!quota_fits(j, drey_frame_size(e->len), true)) {
         j->stats.quota_rejections++;
         /* A record no segment under the cap could ever hold says nothing
@@ -613,6 +624,10 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     else
         j->q_head = e;
     j->q_tail = e;
+    j->stats.queued_records++;
+    j->stats.queued_bytes += e->len;
+    if (j->stats.queued_records > j->stats.queued_records_peak)
+        j->stats.queued_records_peak = j->stats.queued_records;
     pthread_cond_signal(&j->cond);
     pthread_mutex_unlock(&j->mu);
     return 0;

@@ -369,12 +369,9 @@ bool drey_validate_request(const drey_limits *lim, const ProtobufCMessage *msg, 
 }
 
 drey_stage_result drey_pipeline__validate(drey_pipeline *p, drey_request *r) {
-    const uint8_t *wire;
-    size_t len;
-    drey_call_request_bytes(r->call, &wire, &len);
-    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     drey_status_init(st);
-    if (drey_validate_request(drey_pipeline__limits(p), r->msg, wire, len, drey_call_arena(r->call), st))
+    if (drey_validate_request(drey_pipeline__limits(p), r->msg, r->bytes, r->len, r->arena, st))
         return DREY_STAGE_NEXT;
     r->status = st;
     return DREY_STAGE_REJECT;

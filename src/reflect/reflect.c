@@ -127,7 +127,8 @@ static void answer(drey_call *call, const request *req) {
     drey_call_send(call, &resp.base);
 }
 
-static void on_message_v1(drey_call *call, const ProtobufCMessage *msg) {
+static void on_message_v1(void *ctx, drey_call *call, const ProtobufCMessage *msg) {
+    (void)ctx;
     if (msg == NULL) {
         drey_call_finish(call, NULL); /* the client is done asking */
         return;
@@ -135,7 +136,8 @@ static void on_message_v1(drey_call *call, const ProtobufCMessage *msg) {
     answer(call, (const request *)msg);
 }
 
-static void on_message_v1alpha(drey_call *call, const ProtobufCMessage *msg) {
+static void on_message_v1alpha(void *ctx, drey_call *call, const ProtobufCMessage *msg) {
+    (void)ctx;
     if (msg == NULL) {
         drey_call_finish(call, NULL);
         return;
@@ -152,16 +154,20 @@ static void on_message_v1alpha(drey_call *call, const ProtobufCMessage *msg) {
     answer(call, req);
 }
 
-static const drey_handler handlers_v1[] = {
-    {.name = "ServerReflectionInfo", .flags = DREY_HANDLER_SYSTEM, .on_message = on_message_v1},
-};
-
-static const drey_handler handlers_v1alpha[] = {
-    {.name = "ServerReflectionInfo", .flags = DREY_HANDLER_SYSTEM, .on_message = on_message_v1alpha},
-};
-
 bool drey_reflect_register(drey_server *s) {
-    return drey_server_add_service(s, &grpc__reflection__v1__server_reflection__descriptor, handlers_v1, 1, NULL) &&
-           drey_server_add_service(s, &grpc__reflection__v1alpha__server_reflection__descriptor, handlers_v1alpha, 1,
-                                   NULL);
+    const drey_server_method v1 = {
+        .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        .input = &grpc__reflection__v1__server_reflection_request__descriptor,
+        .client_streaming = true,
+        .server_streaming = true,
+        .on_message = on_message_v1,
+    };
+    const drey_server_method v1alpha = {
+        .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        .input = &grpc__reflection__v1alpha__server_reflection_request__descriptor,
+        .client_streaming = true,
+        .server_streaming = true,
+        .on_message = on_message_v1alpha,
+    };
+    return drey_server_add_method(s, &v1) && drey_server_add_method(s, &v1alpha);
 }

@@ -28,7 +28,6 @@
 #include <grpc/support/time.h>
 
 #include "drey/clock.h"
-#include "drey/descriptors.h"
 #include "drey/log.h"
 #include "tls.h"
 #include "wire.h"
@@ -46,11 +45,10 @@ typedef struct tag {
 } tag;
 
 typedef struct method_rt {
-    drey_method pub;
+    drey_server_method spec; /* its path is ours */
+    size_t index;
     void *registered; /* grpc core's handle */
     bool recursive;   /* the request type nests without bound */
-    char *path;
-    char *service;
 } method_rt;
 
 typedef struct request_slot {
@@ -83,8 +81,6 @@ struct drey_call {
     char conn[32];
     void *user;
     bool replied;                    /* unary: reply or fail issued (under mu) */
-    void (*finish_hook)(void *arg);  /* unary: runs when replying */
-    void *finish_arg;
     void (*cancel_hook)(void *arg);  /* unary: runs on cancellation before replying */
     void *cancel_arg;
     _Atomic int refs;
@@ -123,8 +119,6 @@ struct drey_server {
     bool started;
     method_rt **methods;
     size_t n_methods;
-    drey_dispatch_fn dispatch;
-    void *dispatch_ctx;
     drey_call_observer_fn observer;
     void *observer_ctx;
     drey_server_options opts;
@@ -173,7 +167,7 @@ static grpc_slice flatten(grpc_byte_buffer *bb) {
 }
 
 static ProtobufCMessage *decode(drey_arena *arena, const method_rt *m, grpc_slice s) {
-    const ProtobufCMessageDescriptor *d = m->pub.desc->input;
+    const ProtobufCMessageDescriptor *d = m->spec.input;
     if (m->recursive && !drey_server__depth_ok(d, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), MAX_MESSAGE_DEPTH))
         return NULL;
     return protobuf_c_message_unpack(d, drey_arena_protobuf_allocator(arena), GRPC_SLICE_LENGTH(s),
@@ -181,6 +175,14 @@ static ProtobufCMessage *decode(drey_arena *arena, const method_rt *m, grpc_slic
 }
 
 /* --- calls ---------------------------------------------------------------- */
+
+static bool is_streaming_method(const method_rt *m) {
+    return m->spec.client_streaming || m->spec.server_streaming;
+}
+
+static bool is_streaming(const drey_call *c) {
+    return c->method != NULL && is_streaming_method(c->method);
+}
 
 static void on_close(tag *t, bool ok);
 static void on_send(tag *t, bool ok);
@@ -264,7 +266,7 @@ static void start_batch(drey_call *c, const grpc_op *ops, size_t n, tag *t) {
 static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
     drey_server *s = c->server;
     if (s->observer != NULL && c->method != NULL)
-        s->observer(s->observer_ctx, c->method->pub.index,
+        s->observer(s->observer_ctx, c->method->index,
                     st == NULL || drey_status_ok(st) ? GRPC_STATUS_OK : (int)drey_status_code(st),
                     drey_mono_ns() - c->started_ns);
     grpc_op *op = ops;
@@ -298,12 +300,8 @@ static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
 static void unary_finish(drey_call *c, const ProtobufCMessage *response, const drey_status *st) {
     pthread_mutex_lock(&c->mu);
     c->replied = true;
-    void (*hook)(void *) = c->finish_hook;
-    c->finish_hook = NULL;
     c->cancel_hook = NULL;
     pthread_mutex_unlock(&c->mu);
-    if (hook != NULL)
-        hook(c->finish_arg);
     grpc_op ops[3];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
@@ -317,22 +315,6 @@ static void unary_finish(drey_call *c, const ProtobufCMessage *response, const d
     c->status_sent = true;
     start_batch(c, ops, n, &c->send_tag);
     call_unref(c); /* the handler's reference */
-}
-
-void drey_call_run(drey_call *c, const ProtobufCMessage *request, int64_t now_ms) {
-    const drey_handler *h = c->method->pub.handler;
-    if (h->unary != NULL) {
-        h->unary(c, request);
-        return;
-    }
-    drey_status st;
-    drey_status_init(&st);
-    drey_apply ax = {.now_ms = now_ms, .arena = &c->arena, .status = &st};
-    ProtobufCMessage *resp = h->apply(c->method->pub.service_ctx, &ax, request);
-    if (resp != NULL)
-        drey_call_reply(c, resp);
-    else
-        drey_call_fail(c, &st);
 }
 
 void drey_call_reply(drey_call *c, const ProtobufCMessage *response) {
@@ -417,7 +399,7 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
 static void on_send(tag *t, bool ok) {
     drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, send_tag));
     (void)ok; /* a failed send means the call is gone; RECV_CLOSE tells us */
-    if (c->method != NULL && (c->method->pub.client_streaming || c->method->pub.server_streaming)) {
+    if (is_streaming(c)) {
         pthread_mutex_lock(&c->mu);
         c->sending = false;
         if (ok)
@@ -425,10 +407,6 @@ static void on_send(tag *t, bool ok) {
         pthread_mutex_unlock(&c->mu);
     }
     call_unref(c);
-}
-
-static bool is_streaming(const drey_call *c) {
-    return c->method != NULL && (c->method->pub.client_streaming || c->method->pub.server_streaming);
 }
 
 static void on_close(tag *t, bool ok) {
@@ -444,8 +422,8 @@ static void on_close(tag *t, bool ok) {
             hook(c->cancel_arg);
     }
     if (is_streaming(c)) {
-        if (c->method->pub.handler->on_done != NULL)
-            c->method->pub.handler->on_done(c);
+        if (c->method->spec.on_done != NULL)
+            c->method->spec.on_done(c->method->spec.ctx, c);
         call_unref(c); /* the stream's reference */
     }
     call_unref(c); /* RECV_CLOSE's reference */
@@ -461,7 +439,7 @@ static void start_recv(drey_call *c) {
 
 static void on_recv(tag *t, bool ok) {
     drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, recv_tag));
-    const drey_method *m = &c->method->pub;
+    const drey_server_method *m = &c->method->spec;
     if (!ok || atomic_load(&c->closed)) {
         call_unref(c);
         return;
@@ -469,7 +447,7 @@ static void on_recv(tag *t, bool ok) {
     if (c->recv_buf == NULL) {
         /* Half-close. A server-streaming method has its one request already. */
         if (m->client_streaming)
-            m->handler->on_message(c, NULL);
+            m->on_message(m->ctx, c, NULL);
         call_unref(c);
         return;
     }
@@ -488,7 +466,7 @@ static void on_recv(tag *t, bool ok) {
         call_unref(c);
         return;
     }
-    m->handler->on_message(c, msg);
+    m->on_message(m->ctx, c, msg);
     drey_arena_reset(&c->arena);
     pthread_mutex_lock(&c->mu);
     bool more = m->client_streaming && !c->finish_wanted;
@@ -554,7 +532,7 @@ static void on_new_call(tag *t, bool ok) {
         fail_new(c, DREY_ERR_MALFORMED_REQUEST);
         return;
     }
-    s->dispatch(s->dispatch_ctx, c, req);
+    c->method->spec.unary(c->method->spec.ctx, c, req);
 }
 
 static void request_call(drey_server *s, request_slot *slot) {
@@ -568,10 +546,7 @@ static void request_call(drey_server *s, request_slot *slot) {
     grpc_call_error err;
     if (slot->method != NULL) {
         err = grpc_server_request_registered_call(s->grpc, slot->method->registered, &slot->call, &slot->deadline,
-                                                  &slot->md, slot->method->pub.client_streaming ||
-                                                                     slot->method->pub.server_streaming
-                                                                 ? NULL
-                                                                 : &slot->payload,
+                                                  &slot->md, is_streaming_method(slot->method) ? NULL : &slot->payload,
                                                   s->cqs[slot->cq], s->cqs[slot->cq], &slot->tag);
     } else {
         grpc_call_details_init(&slot->details);
@@ -595,14 +570,6 @@ static void new_slot(drey_server *s, size_t cq, method_rt *m) {
 }
 
 /* --- call accessors ------------------------------------------------------- */
-
-const drey_method *drey_call_method(const drey_call *c) {
-    return c->method != NULL ? &c->method->pub : NULL;
-}
-
-void *drey_call_service_ctx(const drey_call *c) {
-    return c->method != NULL ? c->method->pub.service_ctx : NULL;
-}
 
 drey_arena *drey_call_arena(drey_call *c) {
     return &c->arena;
@@ -660,13 +627,6 @@ const char *drey_call_connection(drey_call *c) {
     return c->conn;
 }
 
-void drey_call_on_finish(drey_call *c, void (*fn)(void *arg), void *arg) {
-    pthread_mutex_lock(&c->mu);
-    c->finish_hook = fn;
-    c->finish_arg = arg;
-    pthread_mutex_unlock(&c->mu);
-}
-
 void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg) {
     pthread_mutex_lock(&c->mu);
     bool already = atomic_load(&c->closed) && c->cancelled && !c->replied;
@@ -699,11 +659,6 @@ void *drey_call_user(const drey_call *c) {
 }
 
 /* --- server --------------------------------------------------------------- */
-
-static void default_dispatch(void *ctx, drey_call *call, const ProtobufCMessage *request) {
-    (void)ctx;
-    drey_call_run(call, request, drey_wall_ms());
-}
 
 static void on_shutdown(tag *t, bool ok) {
     (void)ok;
@@ -739,7 +694,6 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     s->opts.tls_key = opts->tls_key != NULL ? strdup(opts->tls_key) : NULL;
     s->opts.tls_client_ca = opts->tls_client_ca != NULL ? strdup(opts->tls_client_ca) : NULL;
     s->n_cqs = opts->workers > 0 ? opts->workers : 1;
-    s->dispatch = default_dispatch;
     s->shutdown_tag.done = on_shutdown;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
@@ -765,82 +719,45 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     return s;
 }
 
-static const drey_handler *find_handler(const drey_handler *handlers, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(handlers[i].name, name) == 0)
-            return &handlers[i];
+bool drey_server_add_method(drey_server *s, const drey_server_method *m) {
+    bool streaming = m->client_streaming || m->server_streaming;
+    if (streaming ? m->on_message == NULL || m->unary != NULL : m->unary == NULL || m->on_message != NULL) {
+        DREY_LOG_ERROR("no callbacks of the method's kind", DREY_LOG_STR("path", m->path),
+                       DREY_LOG_BOOL("streaming", streaming));
+        return false;
     }
-    return NULL;
-}
-
-bool drey_server_add_service(drey_server *s, const ProtobufCServiceDescriptor *sd, const drey_handler *handlers,
-                             size_t n_handlers, void *service_ctx) {
-    const drey_descriptors *d = drey_descriptors_builtin();
-    for (size_t i = 0; i < n_handlers; i++) {
-        bool found = false;
-        for (unsigned m = 0; m < sd->n_methods; m++)
-            found |= strcmp(sd->methods[m].name, handlers[i].name) == 0;
-        if (!found) {
-            DREY_LOG_ERROR("handler for a method the service does not have", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", handlers[i].name));
+    for (size_t i = 0; i < s->n_methods; i++) {
+        if (strcmp(s->methods[i]->spec.path, m->path) == 0) {
+            DREY_LOG_ERROR("method registered twice", DREY_LOG_STR("path", m->path));
             return false;
         }
     }
-    for (unsigned m = 0; m < sd->n_methods; m++) {
-        const ProtobufCMethodDescriptor *md = &sd->methods[m];
-        const drey_handler *h = find_handler(handlers, n_handlers, md->name);
-        bool cs = false, ss = false;
-        if (!drey_descriptors_method_kind(d, sd->name, md->name, &cs, &ss)) {
-            DREY_LOG_ERROR("method missing from the descriptor set", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", md->name));
-            return false;
-        }
-        bool streaming = cs || ss;
-        if (h == NULL || (streaming ? h->on_message == NULL : (h->unary == NULL) == (h->apply == NULL))) {
-            DREY_LOG_ERROR("no handler of the method's kind", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", md->name), DREY_LOG_BOOL("streaming", streaming));
-            return false;
-        }
-        method_rt *rt = xmalloc(sizeof *rt);
-        memset(rt, 0, sizeof *rt);
-        size_t plen = strlen(sd->name) + strlen(md->name) + 3;
-        rt->path = xmalloc(plen);
-        snprintf(rt->path, plen, "/%s/%s", sd->name, md->name);
-        rt->service = strdup(sd->name);
-        rt->pub.path = rt->path;
-        rt->pub.service = rt->service;
-        rt->pub.desc = md;
-        rt->pub.handler = h;
-        rt->pub.service_ctx = service_ctx;
-        rt->pub.client_streaming = cs;
-        rt->pub.server_streaming = ss;
-        rt->pub.index = s->n_methods;
-        rt->recursive = drey_server__type_is_recursive(md->input);
-        rt->registered = grpc_server_register_method(
-            s->grpc, rt->path, NULL, streaming ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-        if (rt->registered == NULL) {
-            DREY_LOG_ERROR("grpc refused to register a method", DREY_LOG_STR("path", rt->path));
-            free(rt->path);
-            free(rt->service);
-            free(rt);
-            return false;
-        }
-        s->methods = realloc(s->methods, (s->n_methods + 1) * sizeof *s->methods);
-        if (s->methods == NULL)
-            abort();
-        s->methods[s->n_methods++] = rt;
+    method_rt *rt = xmalloc(sizeof *rt);
+    memset(rt, 0, sizeof *rt);
+    rt->spec = *m;
+    rt->spec.path = strdup(m->path);
+    if (rt->spec.path == NULL)
+        abort();
+    rt->index = s->n_methods;
+    rt->recursive = drey_server__type_is_recursive(m->input);
+    rt->registered = grpc_server_register_method(
+        s->grpc, rt->spec.path, NULL, streaming ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    if (rt->registered == NULL) {
+        DREY_LOG_ERROR("grpc refused to register a method", DREY_LOG_STR("path", rt->spec.path));
+        free((char *)rt->spec.path);
+        free(rt);
+        return false;
     }
+    s->methods = realloc(s->methods, (s->n_methods + 1) * sizeof *s->methods);
+    if (s->methods == NULL)
+        abort();
+    s->methods[s->n_methods++] = rt;
     return true;
 }
 
 void drey_server_set_call_observer(drey_server *s, drey_call_observer_fn fn, void *ctx) {
     s->observer = fn;
     s->observer_ctx = ctx;
-}
-
-void drey_server_set_dispatch(drey_server *s, drey_dispatch_fn fn, void *ctx) {
-    s->dispatch = fn;
-    s->dispatch_ctx = ctx;
 }
 
 /* grpc core does not say why a bind failed; bind a plain socket to the same
@@ -977,8 +894,7 @@ void drey_server_destroy(drey_server *s) {
         grpc_server_credentials_release(s->creds);
     drey_server__tls_destroy(s->tls);
     for (size_t m = 0; m < s->n_methods; m++) {
-        free(s->methods[m]->path);
-        free(s->methods[m]->service);
+        free((char *)s->methods[m]->spec.path);
         free(s->methods[m]);
     }
     free(s->methods);
@@ -994,18 +910,10 @@ void drey_server_destroy(drey_server *s) {
     grpc_shutdown();
 }
 
-const drey_method *drey_server_find_method(const drey_server *s, const char *path) {
-    for (size_t m = 0; m < s->n_methods; m++) {
-        if (strcmp(s->methods[m]->path, path) == 0)
-            return &s->methods[m]->pub;
-    }
-    return NULL;
-}
-
 size_t drey_server_method_count(const drey_server *s) {
     return s->n_methods;
 }
 
-const drey_method *drey_server_method(const drey_server *s, size_t i) {
-    return &s->methods[i]->pub;
+const char *drey_server_method_path(const drey_server *s, size_t i) {
+    return s->methods[i]->spec.path;
 }

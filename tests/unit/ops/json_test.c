@@ -159,7 +159,7 @@ Test(json, readiness_details_are_written_whole_in_camel_case) {
                  "\"backpressure\":{\"inFlight\":12,\"queued\":3,\"trackedPrincipals\":7,"
                  "\"rejectionsByReason\":{\"queue_full\":42,\"principal_limit\":5}},"
                  "\"journal\":{\"fsyncPolicy\":\"batch\",\"lastLsn\":123456789012,\"segments\":4,"
-                 "\"lastFsyncMicros\":850,\"failed\":false},"
+                 "\"lastFsyncMicros\":850,\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":123456789000,\"ageSeconds\":3600,\"inFlight\":true},"
                  "\"compaction\":{\"state\":\"idle\",\"lastRun\":\"2024-05-01T12:00:00Z\"},"
                  "\"recovery\":{\"state\":\"done\",\"replayedRecords\":1000000}}"));
@@ -210,7 +210,7 @@ Test(json, default_values_are_written_not_omitted) {
                  "\"jemallocAllocatedBytes\":0,\"writeRejectionActive\":false},"
                  "\"backpressure\":{\"inFlight\":0,\"queued\":0,\"trackedPrincipals\":0,\"rejectionsByReason\":{}},"
                  "\"journal\":{\"fsyncPolicy\":\"\",\"lastLsn\":0,\"segments\":0,\"lastFsyncMicros\":0,"
-                 "\"failed\":false},"
+                 "\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":0,\"ageSeconds\":0,\"inFlight\":false},"
                  "\"compaction\":{\"state\":\"\",\"lastRun\":\"\"},"
                  "\"recovery\":{\"state\":\"\",\"replayedRecords\":0}}"));

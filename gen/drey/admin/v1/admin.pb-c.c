@@ -708,7 +708,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressur
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__backpressure__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal__field_descriptors[5] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal__field_descriptors[9] =
 {
   {
     "fsync_policy",
@@ -770,18 +770,70 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journa
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "queued_records",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_records),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queued_bytes",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queued_records_peak",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_records_peak),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queue_rejections",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queue_rejections),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__journal__field_indices_by_name[] = {
   4,   /* field[4] = failed */
   0,   /* field[0] = fsync_policy */
   3,   /* field[3] = last_fsync_micros */
   1,   /* field[1] = last_lsn */
+  8,   /* field[8] = queue_rejections */
+  6,   /* field[6] = queued_bytes */
+  5,   /* field[5] = queued_records */
+  7,   /* field[7] = queued_records_peak */
   2,   /* field[2] = segments */
 };
 static const ProtobufCIntRange drey__admin__v1__readiness_details__journal__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__descriptor =
 {
@@ -791,7 +843,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__de
   "Drey__Admin__V1__ReadinessDetails__Journal",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Journal),
-  5,
+  9,
   drey__admin__v1__readiness_details__journal__field_descriptors,
   drey__admin__v1__readiness_details__journal__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__journal__number_ranges,

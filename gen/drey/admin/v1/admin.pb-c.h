@@ -147,10 +147,19 @@ struct  Drey__Admin__V1__ReadinessDetails__Journal
   uint32_t segments;
   int64_t last_fsync_micros;
   protobuf_c_boolean failed;
+  /*
+   * Writes waiting for the journal's writer, and the most there have been
+   * at once since start. The queue is bounded (--journal-max-queued,
+   * --journal-max-queued-bytes); writes beyond get JOURNAL_QUEUE_FULL.
+   */
+  uint64_t queued_records;
+  uint64_t queued_bytes;
+  uint64_t queued_records_peak;
+  uint64_t queue_rejections;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__journal__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Drey__Admin__V1__ReadinessDetails__Snapshot

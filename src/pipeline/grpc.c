@@ -1,0 +1,82 @@
+/*
+ * grpc — the gRPC server as a door into the chain.
+ *
+ * Each method of the table becomes a unary method of the server whose
+ * callback wraps the call in a request (in the call's arena, which lives
+ * until the call is answered) and submits it. The door's operations map
+ * one to one onto the server's call API.
+ */
+#include <stdlib.h>
+
+#include "stages.h"
+
+struct binding {
+    drey_pipeline *pipeline;
+    const drey_method *method;
+};
+
+static void door_reply(void *door, const ProtobufCMessage *response) {
+    drey_call_reply(door, response);
+}
+
+static void door_fail(void *door, const drey_status *st) {
+    drey_call_fail(door, st);
+}
+
+static const char *door_metadata(void *door, const char *key, size_t *len) {
+    return drey_call_metadata(door, key, len);
+}
+
+static const char *door_peer(void *door) {
+    return drey_call_connection(door);
+}
+
+static int64_t door_deadline(void *door) {
+    return drey_call_deadline_mono_ns(door);
+}
+
+static void door_on_cancel(void *door, void (*fn)(void *arg), void *arg) {
+    drey_call_on_cancel(door, fn, arg);
+}
+
+static const drey_request_ops grpc_door = {
+    .reply = door_reply,
+    .fail = door_fail,
+    .metadata = door_metadata,
+    .peer = door_peer,
+    .deadline_mono_ns = door_deadline,
+    .on_cancel = door_on_cancel,
+};
+
+static void on_unary(void *ctx, drey_call *call, const ProtobufCMessage *request) {
+    const struct binding *b = ctx;
+    drey_arena *a = drey_call_arena(call);
+    drey_request *r = drey_arena_calloc(a, sizeof *r);
+    const uint8_t *bytes;
+    size_t len;
+    drey_call_request_bytes(call, &bytes, &len);
+    drey_request_init(r, &grpc_door, call, a, b->method, request, bytes, len);
+    drey_pipeline_submit(b->pipeline, r);
+}
+
+bool drey_pipeline_serve(drey_pipeline *p, drey_server *s) {
+    const drey_method_table *t = drey_pipeline__options(p)->methods;
+    size_t n = drey_method_count(t);
+    struct binding *b = calloc(n > 0 ? n : 1, sizeof *b);
+    if (b == NULL)
+        abort();
+    drey_pipeline__set_bindings(p, b);
+    for (size_t i = 0; i < n; i++) {
+        const drey_method *m = drey_method_at(t, i);
+        b[i] = (struct binding){.pipeline = p, .method = m};
+        drey_server_method sm = {
+            .path = m->path,
+            .input = m->desc->input,
+            .unary = on_unary,
+            .ctx = &b[i],
+        };
+        if (!drey_server_add_method(s, &sm))
+            return false;
+    }
+    return true;
+}
