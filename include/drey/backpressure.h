@@ -11,7 +11,10 @@
  *
  * Principal (jwt:{sub} or conn:{id}): at most principal_max_inflight running
  * and principal_max_queued waiting (PRINCIPAL_CONCURRENCY_LIMIT), and its own
- * token bucket (PRINCIPAL_RATE_LIMIT). A principal at its limit is refused
+ * token bucket (PRINCIPAL_RATE_LIMIT). A cluster peer that forwards calls
+ * (node:{id}) is a principal whose limits are the node's own (max_inflight,
+ * max_queued, no per-principal rate): its calls were limited per tenant
+ * where they entered. A principal at its limit is refused
  * while others go on: the queue skips waiters whose principal is full. The
  * principal table is bounded; idle principals are evicted least recently
  * used first.

@@ -36,6 +36,13 @@
 
 typedef struct drey_pipeline drey_pipeline;
 
+typedef enum drey_stage_result {
+    DREY_STAGE_NEXT,     /* pass to the next stage */
+    DREY_STAGE_REJECT,   /* r->status says why; the request fails */
+    DREY_STAGE_PARKED,   /* the stage resumes the chain later */
+    DREY_STAGE_ANSWERED, /* the stage answered (a retry answered from its outcome) */
+} drey_stage_result;
+
 /* Limits the validation stage enforces (see the option table). */
 typedef struct drey_limits {
     size_t max_cache_name_bytes;
@@ -57,7 +64,25 @@ typedef struct drey_pipeline_options {
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
     const char *node_id;     /* QuotaFailure subject node:<id> */
+    /* Clusters: where a data request runs. NEXT: here; PARKED: sent to its
+     * partition's owner, answered later (drey_request_relay); REJECT:
+     * r->status (not the owner of a forwarded call, or no owner to reach).
+     * NULL: a single node, everything runs here. */
+    drey_stage_result (*route)(void *ctx, drey_request *r);
+    void *route_ctx;
 } drey_pipeline_options;
+
+/* Another node's answer to a forwarded request, as it came: passed on to
+ * the caller unchanged (drey_request_relay). */
+typedef struct drey_answer {
+    int code; /* grpc_status_code */
+    const char *message;
+    size_t message_len;
+    const uint8_t *details; /* serialized google.rpc.Status; NULL: none */
+    size_t details_len;
+    const uint8_t *response; /* the serialized response, code OK only */
+    size_t response_len;
+} drey_answer;
 
 /* The door a request came through. Every operation gets the request's
  * `door` pointer. */
@@ -65,6 +90,7 @@ typedef struct drey_request_ops {
     /* Answer the request: exactly one of reply/fail, once, from any thread. */
     void (*reply)(void *door, const ProtobufCMessage *response);
     void (*fail)(void *door, const drey_status *st);
+    void (*relay)(void *door, const drey_answer *a);
     /* A request metadata value by lowercase key (not NUL-terminated), or NULL. */
     const char *(*metadata)(void *door, const char *key, size_t *len);
     /* Who is calling when no token says: "conn:<n>" for a client connection. */
@@ -75,7 +101,17 @@ typedef struct drey_request_ops {
      * answered, never once reply or fail has begun. May be NULL: a door
      * whose caller cannot go away. */
     void (*on_cancel)(void *door, void (*fn)(void *arg), void *arg);
+    /* Whether the caller authenticated as cluster node id (mutual TLS on
+     * the internal listener). NULL: a door peers never use; a request there
+     * that claims to be forwarded is refused. */
+    bool (*peer_is)(void *door, const char *id, size_t len);
 } drey_request_ops;
+
+/* Metadata of a call one node forwards to another: the forwarding node's
+ * id, and the partition epoch its table had. Accepted only from a peer that
+ * authenticated as that id. */
+#define DREY_FORWARDED_BY "drey-forwarded-by"
+#define DREY_FORWARD_EPOCH "drey-epoch"
 
 struct drey_request {
     /* Set by the door (drey_request_init). */
@@ -92,7 +128,10 @@ struct drey_request {
     size_t next_stage;     /* index into the chain */
     int64_t now_ms;        /* when the request is applied (0: now) */
     drey_status *status;   /* set by a rejecting stage */
-    const char *principal; /* jwt:{sub} or the peer: backpressure, metrics, logs */
+    const char *principal; /* jwt:{sub}, the connection, or node:<id> for a
+                              forwarded call: backpressure, metrics, logs */
+    const char *forwarded_by; /* the node that forwarded it; NULL: a client's */
+    void *route_state;        /* the router's, while it has the request */
     drey_write write;      /* writes: what commit applies (its principal is the
                               idempotency scope: jwt:{sub}, or "" when anonymous) */
     drey_journal_entry entry; /* writes: the journal append */
@@ -100,12 +139,6 @@ struct drey_request {
     bool has_ticket;
 };
 
-typedef enum drey_stage_result {
-    DREY_STAGE_NEXT,     /* pass to the next stage */
-    DREY_STAGE_REJECT,   /* r->status says why; the request fails */
-    DREY_STAGE_PARKED,   /* the stage resumes the chain later */
-    DREY_STAGE_ANSWERED, /* the stage answered (a retry answered from its outcome) */
-} drey_stage_result;
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
 void drey_pipeline_destroy(drey_pipeline *p);
@@ -117,8 +150,10 @@ void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
 
-/* Binds every method of the table to the gRPC server: the server's door. */
-bool drey_pipeline_serve(drey_pipeline *p, drey_server *s);
+/* Binds every method of the table to the gRPC server: the server's door.
+ * internal: the cluster's listener, whose callers are peers that
+ * authenticate with mutual TLS (and forward calls). */
+bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
 
 /* A door's request: fills the door's part of r (which the door allocates,
  * typically zeroed in its own arena). */
@@ -135,6 +170,7 @@ void drey_pipeline_resume(drey_request *r);
  * release what the chain holds for it, then answer through its door. */
 void drey_request_reply(drey_request *r, const ProtobufCMessage *response);
 void drey_request_fail(drey_request *r, const drey_status *st);
+void drey_request_relay(drey_request *r, const drey_answer *a);
 static inline drey_arena *drey_request_arena(const drey_request *r) {
     return r->arena;
 }

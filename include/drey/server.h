@@ -107,9 +107,28 @@ int64_t drey_call_deadline_mono_ns(const drey_call *c);
 void drey_call_set_user(drey_call *c, void *user);
 void *drey_call_user(const drey_call *c);
 
-/* Unary: send the response and OK. Exactly one of reply/fail per call. */
+/* Whether the client proved (mutual TLS, verified against the listener's
+ * client CA) a certificate whose subject alternative name or common name
+ * is id. Always false on a listener without client certificates. */
+bool drey_call_peer_is(drey_call *c, const char *id, size_t len);
+
+/* Unary: send the response and OK. Exactly one of reply/fail/relay per call. */
 void drey_call_reply(drey_call *c, const ProtobufCMessage *response);
 void drey_call_fail(drey_call *c, const drey_status *st);
+
+/* Unary: answer with another server's answer as it came (a forwarded
+ * call's): the serialized response for OK, else the code, message and the
+ * google.rpc.Status bytes unchanged. The buffers are copied. */
+typedef struct drey_call_answer {
+    int code; /* grpc_status_code */
+    const char *message;
+    size_t message_len;
+    const uint8_t *details; /* grpc-status-details-bin; NULL: none */
+    size_t details_len;
+    const uint8_t *response; /* code OK only */
+    size_t response_len;
+} drey_call_answer;
+void drey_call_relay(drey_call *c, const drey_call_answer *a);
 
 /* Streaming: queue a message (false once the call is over). */
 bool drey_call_send(drey_call *c, const ProtobufCMessage *message);

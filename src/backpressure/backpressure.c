@@ -36,6 +36,8 @@ struct drey_bp_principal {
     drey_bp_principal *hnext;
     drey_bp_principal *older, *newer; /* LRU list */
     uint32_t inflight, queued;
+    uint32_t max_inflight, max_queued; /* a tenant's limits, or a peer's */
+    bool rated;                        /* the per-principal rate applies */
     double tokens;
     int64_t refilled_ns;
     uint64_t admitted, rejected;
@@ -172,6 +174,14 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
         abort();
     memcpy(p->name, name, len + 1);
     p->hash = h;
+    /* A cluster peer forwarding calls (node:<id>) carries many tenants'
+     * calls, each already limited where it entered: its own budget is the
+     * node's, and no tenant's rate applies to it. Clients cannot choose
+     * principal names, so the prefix is the peer's alone. */
+    bool peer = strncmp(name, "node:", 5) == 0;
+    p->max_inflight = peer ? bp->opts.max_inflight : bp->opts.principal_max_inflight;
+    p->max_queued = peer ? bp->opts.max_queued : bp->opts.principal_max_queued;
+    p->rated = !peer && bp->opts.principal_rate > 0;
     p->tokens = bp->opts.principal_burst;
     p->refilled_ns = now;
     p->hnext = bp->table[h & bp->table_mask];
@@ -204,8 +214,8 @@ static void refuse(drey_bp *bp, drey_bp_principal *p, int reason, int64_t retry_
         drey_status_add_metadata(st, "limitRequestsPerSecond", "%g", bp->opts.principal_rate);
         break;
     case R_PRINCIPAL_CONCURRENCY:
-        drey_status_add_metadata(st, "limitInflightCalls", "%u", bp->opts.principal_max_inflight);
-        drey_status_add_metadata(st, "limitQueuedCalls", "%u", bp->opts.principal_max_queued);
+        drey_status_add_metadata(st, "limitInflightCalls", "%u", p->max_inflight);
+        drey_status_add_metadata(st, "limitQueuedCalls", "%u", p->max_queued);
         break;
     case R_QUEUE_FULL:
         drey_status_add_metadata(st, "limitInflightCalls", "%u", bp->opts.max_inflight);
@@ -263,7 +273,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
             goto rejected;
         }
     }
-    if (bp->opts.principal_rate > 0) {
+    if (p->rated) {
         p->tokens = refill(p->tokens, &p->refilled_ns, bp->opts.principal_rate, bp->opts.principal_burst, now);
         if (p->tokens < 1) {
             refuse(bp, p, R_PRINCIPAL_RATE, ms_to_token(p->tokens, bp->opts.principal_rate), st);
@@ -271,9 +281,9 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
         }
     }
     bool node_room = bp->inflight < bp->opts.max_inflight;
-    bool principal_room = p->inflight < bp->opts.principal_max_inflight;
+    bool principal_room = p->inflight < p->max_inflight;
     if (!(node_room && principal_room)) {
-        if (!principal_room && p->queued >= bp->opts.principal_max_queued) {
+        if (!principal_room && p->queued >= p->max_queued) {
             refuse(bp, p, R_PRINCIPAL_CONCURRENCY, -1, st);
             goto rejected;
         }
@@ -288,7 +298,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
     }
     if (bp->opts.node_rate > 0)
         bp->node.tokens -= 1;
-    if (bp->opts.principal_rate > 0)
+    if (p->rated)
         p->tokens -= 1;
     if (node_room && principal_room) {
         int64_t delay = take_slot(bp, t);
@@ -352,7 +362,7 @@ static drey_bp_ticket *admit_waiters(drey_bp *bp) {
     drey_bp_ticket *t = bp->q_head;
     while (t != NULL && bp->inflight < bp->opts.max_inflight) {
         drey_bp_ticket *next = t->next_;
-        if (t->principal_->inflight < bp->opts.principal_max_inflight) {
+        if (t->principal_->inflight < t->principal_->max_inflight) {
             dequeue(bp, t);
             drey_timer_cancel(bp->timers, &t->timer_);
             take_slot(bp, t); /* a call that waited is not held back again */

@@ -276,7 +276,7 @@ int main(int argc, char **argv, char **envp) {
 
     int rc = 0;
     if (!drey_cache_register(cache, methods) || !drey_health_register(health, methods, server) ||
-        !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server) ||
+        !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_reflect_register(server)) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;

@@ -25,11 +25,35 @@
 
 #define SUB_MAX 256
 
+/* A forwarded call: only on the internal listener, only from the peer its
+ * metadata names. Backpressure counts it against that peer (node:<id>),
+ * while its token, verified below as any other, still scopes its request_id
+ * to the original caller. */
+static drey_stage_result forwarded(drey_request *r) {
+    size_t n;
+    const char *by = r->ops->metadata(r->door, DREY_FORWARDED_BY, &n);
+    if (r->ops->peer_is == NULL) {
+        if (by == NULL)
+            return DREY_STAGE_NEXT;
+        drey_pipeline__status(r, DREY_ERR_FORWARDING_NOT_ALLOWED);
+        return DREY_STAGE_REJECT;
+    }
+    if (by == NULL || n == 0 || n > 128 || !r->ops->peer_is(r->door, by, n)) {
+        drey_pipeline__status(r, DREY_ERR_PEER_UNAUTHENTICATED);
+        return DREY_STAGE_REJECT;
+    }
+    r->forwarded_by = drey_arena_strndup(r->arena, by, n);
+    return DREY_STAGE_NEXT;
+}
+
 drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
     const drey_pipeline_options *o = drey_pipeline__options(p);
+    if (forwarded(r) == DREY_STAGE_REJECT)
+        return DREY_STAGE_REJECT;
     size_t len;
     const char *header = r->ops->metadata(r->door, "authorization", &len);
-    const char *conn = r->ops->peer(r->door);
+    const char *conn = r->forwarded_by != NULL ? drey_arena_sprintf(r->arena, "node:%s", r->forwarded_by)
+                                                : r->ops->peer(r->door);
     if (header == NULL) {
         if (o->auth_required) {
             drey_pipeline__status(r, DREY_ERR_TOKEN_MISSING);
@@ -54,8 +78,9 @@ drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
         r->principal = conn; /* verified, but names nobody */
         return DREY_STAGE_NEXT;
     }
-    r->principal = drey_arena_sprintf(r->arena, "jwt:%s", sub);
-    r->write.principal = r->principal; /* idempotency scope */
+    const char *subject = drey_arena_sprintf(r->arena, "jwt:%s", sub);
+    r->write.principal = subject; /* idempotency scope: the original caller */
+    r->principal = r->forwarded_by != NULL ? conn : subject;
     return DREY_STAGE_NEXT;
 }
 

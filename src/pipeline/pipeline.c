@@ -29,6 +29,7 @@ static const stage chain[] = {
     {"validate", 0, drey_pipeline__validate},
     {"principal", DATA | DREY_METHOD_ADMIN, drey_pipeline__principal},
     {"backpressure", DATA | DREY_METHOD_ADMIN, drey_pipeline__backpressure},
+    {"route", DATA, drey_pipeline__route},
     {"idempotency", DREY_METHOD_WRITE, drey_pipeline__idempotency},
     {"memory", DREY_METHOD_WRITE, drey_pipeline__memory},
     {"journal", DREY_METHOD_WRITE, drey_pipeline__journal},
@@ -40,7 +41,7 @@ struct drey_pipeline {
     drey_pipeline_options opts;
     drey_journal *journal;
     _Atomic bool ready;
-    struct binding *bindings; /* the gRPC door's, one per method */
+    struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
@@ -54,7 +55,8 @@ drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
 void drey_pipeline_destroy(drey_pipeline *p) {
     if (p == NULL)
         return;
-    free(p->bindings);
+    free(p->bindings[0]);
+    free(p->bindings[1]);
     free(p);
 }
 
@@ -82,9 +84,9 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p) {
     return p->opts.commit;
 }
 
-void drey_pipeline__set_bindings(drey_pipeline *p, struct binding *b) {
-    free(p->bindings);
-    p->bindings = b;
+void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b) {
+    free(p->bindings[internal]);
+    p->bindings[internal] = b;
 }
 
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {
@@ -117,6 +119,17 @@ void drey_request_reply(drey_request *r, const ProtobufCMessage *response) {
 void drey_request_fail(drey_request *r, const drey_status *st) {
     release(r);
     r->ops->fail(r->door, st);
+}
+
+void drey_request_relay(drey_request *r, const drey_answer *a) {
+    release(r);
+    r->ops->relay(r->door, a);
+}
+
+drey_stage_result drey_pipeline__route(drey_pipeline *p, drey_request *r) {
+    if (p->opts.route == NULL)
+        return DREY_STAGE_NEXT;
+    return p->opts.route(p->opts.route_ctx, r);
 }
 
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,

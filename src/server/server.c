@@ -227,6 +227,7 @@ static void call_free(drey_call *c) {
     free(c->finish_status);
     if (c->has_trailer)
         grpc_slice_unref(c->trailer.value);
+    grpc_slice_unref(c->status_msg); /* a zeroed slice is inline: a no-op */
     if (c->has_request)
         grpc_slice_unref(c->request);
     if (c->recv_buf != NULL)
@@ -319,6 +320,44 @@ static void unary_finish(drey_call *c, const ProtobufCMessage *response, const d
 
 void drey_call_reply(drey_call *c, const ProtobufCMessage *response) {
     unary_finish(c, response, NULL);
+}
+
+void drey_call_relay(drey_call *c, const drey_call_answer *a) {
+    pthread_mutex_lock(&c->mu);
+    c->replied = true;
+    c->cancel_hook = NULL;
+    pthread_mutex_unlock(&c->mu);
+    drey_server *s = c->server;
+    if (s->observer != NULL && c->method != NULL)
+        s->observer(s->observer_ctx, c->method->index, a->code, drey_mono_ns() - c->started_ns);
+    grpc_op ops[3];
+    size_t n = 0;
+    memset(ops, 0, sizeof ops);
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (a->code == GRPC_STATUS_OK) {
+        grpc_slice slice = grpc_slice_from_copied_buffer((const char *)a->response, a->response_len);
+        c->reply_bb = grpc_raw_byte_buffer_create(&slice, 1);
+        grpc_slice_unref(slice);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = c->reply_bb;
+    }
+    grpc_op *op = &ops[n++];
+    op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op->data.send_status_from_server.status = (grpc_status_code)a->code;
+    if (a->code != GRPC_STATUS_OK) {
+        c->status_msg = grpc_slice_from_copied_buffer(a->message != NULL ? a->message : "", a->message_len);
+        op->data.send_status_from_server.status_details = &c->status_msg;
+        if (a->details != NULL) {
+            c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
+            c->trailer.value = grpc_slice_from_copied_buffer((const char *)a->details, a->details_len);
+            c->has_trailer = true;
+            op->data.send_status_from_server.trailing_metadata_count = 1;
+            op->data.send_status_from_server.trailing_metadata = &c->trailer;
+        }
+    }
+    c->status_sent = true;
+    start_batch(c, ops, n, &c->send_tag);
+    call_unref(c); /* the handler's reference */
 }
 
 void drey_call_fail(drey_call *c, const drey_status *st) {
@@ -637,6 +676,31 @@ void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg) {
     pthread_mutex_unlock(&c->mu);
     if (already)
         fn(arg); /* cancelled before the hook was set */
+}
+
+static bool property_is(grpc_auth_context *ac, const char *name, const char *id, size_t len) {
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, name);
+    for (const grpc_auth_property *p; (p = grpc_auth_property_iterator_next(&it)) != NULL;) {
+        if (p->value_length == len && memcmp(p->value, id, len) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool drey_call_peer_is(drey_call *c, const char *id, size_t len) {
+    grpc_auth_context *ac = grpc_call_auth_context(c->call);
+    if (ac == NULL)
+        return false;
+    /* Properties are read under the connection's stripe: drey_call_connection
+     * may be adding one to the same context. */
+    pthread_mutex_t *mu = &conn_stripes[((uintptr_t)ac >> 4) % CONN_STRIPES];
+    pthread_mutex_lock(mu);
+    bool ok = grpc_auth_context_peer_is_authenticated(ac) &&
+              (property_is(ac, GRPC_X509_SAN_PROPERTY_NAME, id, len) ||
+               property_is(ac, GRPC_X509_CN_PROPERTY_NAME, id, len));
+    pthread_mutex_unlock(mu);
+    grpc_auth_context_release(ac);
+    return ok;
 }
 
 int64_t drey_call_deadline_mono_ns(const drey_call *c) {

@@ -41,6 +41,8 @@ typedef struct door {
     drey_arena arena;
     drey_request r;
     const char *authorization; /* metadata, or NULL */
+    const char *forwarded_by;  /* metadata, or NULL */
+    const char *peer_id;       /* the identity the peer proved (internal door) */
     void (*cancel_fn)(void *arg);
     void *cancel_arg;
     pthread_mutex_t mu;
@@ -76,10 +78,17 @@ static void door_fail(void *d_, const drey_status *st) {
 
 static const char *door_metadata(void *d_, const char *key, size_t *len) {
     door *d = d_;
-    if (strcmp(key, "authorization") != 0 || d->authorization == NULL)
-        return NULL;
-    *len = strlen(d->authorization);
-    return d->authorization;
+    const char *v = strcmp(key, "authorization") == 0 ? d->authorization
+                    : strcmp(key, DREY_FORWARDED_BY) == 0 ? d->forwarded_by
+                                                          : NULL;
+    if (v != NULL)
+        *len = strlen(v);
+    return v;
+}
+
+static bool door_peer_is(void *d_, const char *id, size_t len) {
+    door *d = d_;
+    return d->peer_id != NULL && strlen(d->peer_id) == len && memcmp(d->peer_id, id, len) == 0;
 }
 
 static const char *door_peer(void *d_) {
@@ -107,6 +116,17 @@ static const drey_request_ops door_ops = {
     .peer = door_peer,
     .deadline_mono_ns = door_deadline,
     .on_cancel = door_on_cancel,
+};
+
+/* The cluster's internal listener: its callers prove who they are. */
+static const drey_request_ops internal_ops = {
+    .reply = door_reply,
+    .fail = door_fail,
+    .metadata = door_metadata,
+    .peer = door_peer,
+    .deadline_mono_ns = door_deadline,
+    .on_cancel = door_on_cancel,
+    .peer_is = door_peer_is,
 };
 
 /* The caller goes away: the door runs the chain's cancel hook once, as the
@@ -280,14 +300,23 @@ static void teardown(void) {
 
 TestSuite(chain, .fini = teardown, .timeout = 60);
 
+typedef struct via {
+    const char *authorization;
+    bool internal;            /* through the internal listener's door */
+    const char *forwarded_by; /* its metadata */
+    const char *peer_id;      /* who the peer proved to be */
+} via;
+
 /* Submits msg as a call of method (a path) through a new door. */
-static door *submit(const char *method, const ProtobufCMessage *msg, const char *authorization) {
+static door *submit_via(const char *method, const ProtobufCMessage *msg, via v) {
     door *d = calloc(1, sizeof *d);
     cr_assert_not_null(d);
     drey_arena_init(&d->arena, NULL, 0);
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cond, NULL);
-    d->authorization = authorization;
+    d->authorization = v.authorization;
+    d->forwarded_by = v.forwarded_by;
+    d->peer_id = v.peer_id;
     const drey_method *m = drey_method_find(f.methods, method);
     cr_assert_not_null(m, "%s", method);
     size_t len = protobuf_c_message_get_packed_size(msg);
@@ -296,9 +325,13 @@ static door *submit(const char *method, const ProtobufCMessage *msg, const char 
     ProtobufCMessage *decoded =
         protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&d->arena), len, bytes);
     cr_assert_not_null(decoded);
-    drey_request_init(&d->r, &door_ops, d, &d->arena, m, decoded, bytes, len);
+    drey_request_init(&d->r, v.internal ? &internal_ops : &door_ops, d, &d->arena, m, decoded, bytes, len);
     drey_pipeline_submit(f.p, &d->r);
     return d;
+}
+
+static door *submit(const char *method, const ProtobufCMessage *msg, const char *authorization) {
+    return submit_via(method, msg, (via){.authorization = authorization});
 }
 
 typedef struct set_args {
@@ -319,10 +352,13 @@ static door *set(set_args a) {
     return submit("/drey.cache.v1.Cache/Set", &req.base, a.authorization);
 }
 
-static door *hold_one(void) {
+static door *hold_via(via v) {
     Drey__Admin__V1__SnapshotRequest req = DREY__ADMIN__V1__SNAPSHOT_REQUEST__INIT;
-    door *d = submit("/drey.admin.v1.Admin/Snapshot", &req.base, NULL);
-    return d;
+    return submit_via("/drey.admin.v1.Admin/Snapshot", &req.base, v);
+}
+
+static door *hold_one(void) {
+    return hold_via((via){0});
 }
 
 static drey_request *take_held(void) {
@@ -734,4 +770,59 @@ Test(chain, cancelled_writes_in_the_journal_queue_keep_their_slots) {
         door_free(w[i]);
     }
     door_free(more);
+}
+
+/* --- forwarded calls -------------------------------------------------------- */
+
+static door *get_via(const char *key, via v) {
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.cache = "c";
+    get.key = (char *)key;
+    return submit_via("/drey.cache.v1.Cache/Get", &get.base, v);
+}
+
+Test(chain, forwarding_metadata_is_refused_on_the_public_listener) {
+    fixture_open(&(fixture_opts){.durable = true});
+    door *d = get_via("k", (via){.forwarded_by = "node-a"});
+    expect_refused(d, DREY_ERR_FORWARDING_NOT_ALLOWED);
+    door_free(d);
+}
+
+Test(chain, the_internal_listener_serves_only_the_peer_its_certificate_names) {
+    fixture_open(&(fixture_opts){.durable = true});
+    door *d = get_via("k", (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-b"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = get_via("k", (via){.internal = true, .peer_id = "node-a"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = get_via("k", (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    expect_ok(d);
+    door_free(d);
+}
+
+/* On the owner a forwarded call counts against its peer (node:<id>), not
+ * against whoever it forwards for: the peer's limits are its own. */
+Test(chain, a_forwarded_call_is_admitted_as_its_peer) {
+    fixture_open(&(fixture_opts){.durable = true, .principal_max_inflight = 1});
+    door *h = hold_one(); /* conn:1 is at its limit */
+    drey_request *held = take_held();
+    cr_assert_str_eq(held->principal, "conn:1");
+    door *fw = hold_via((via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    drey_request *held_fw = take_held();
+    cr_assert_str_eq(held_fw->principal, "node:node-a");
+    cr_assert_str_eq(held_fw->forwarded_by, "node-a");
+    /* The peer is not held to a tenant's limit of 1. */
+    door *again = hold_via((via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    drey_request *held_again = take_held();
+    cr_assert_str_eq(held_again->principal, "node:node-a");
+    answer_held(held);
+    answer_held(held_fw);
+    answer_held(held_again);
+    expect_ok(again);
+    expect_ok(h);
+    expect_ok(fw);
+    door_free(h);
+    door_free(fw);
+    door_free(again);
 }
