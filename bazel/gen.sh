@@ -43,6 +43,7 @@ served=(
 compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
+  drey/cluster/v1/cluster.proto
   google/rpc/status.proto
   google/rpc/error_details.proto
   google/protobuf/any.proto
