@@ -20,6 +20,11 @@ packages=(
   libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
   python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
+  # etcd for the cluster's control plane (the tests start their own), and the
+  # protos bazel/gen.sh compiles drey's etcd client from. golang-etcd-server-dev
+  # pulls protoc-gen-go-1-3, which conflicts with the protoc-gen-go package.
+  etcd-server etcd-client
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }
