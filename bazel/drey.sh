@@ -14,12 +14,19 @@ cd "$top"
 
 # Debian 12 packages the build and the tests use. Node.js comes from Debian
 # when the machine has none.
+#
+# Go (tests/interop/go): one consistent APIv1 set. golang-etcd-server-dev
+# pulls golang-goprotobuf-dev, which pins github.com/golang/protobuf 1.3 and
+# its generator (protoc-gen-go-1-3) and conflicts with the APIv2
+# `protoc-gen-go` package; grpc-go and genproto accept the 1.3 set, so the
+# Go suite uses it and the two install together.
 packages=(
   bazel-bootstrap gcc libc6-dev pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
   libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
   python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
+  golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }
