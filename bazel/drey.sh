@@ -20,6 +20,9 @@ cd "$top"
 # its generator (protoc-gen-go-1-3) and conflicts with the APIv2
 # `protoc-gen-go` package; grpc-go and genproto accept the 1.3 set, so the
 # Go suite uses it and the two install together.
+# The container image (deploy/image/build.sh, tests/deploy/test_image.py):
+# mmdebstrap, and podman with runc named, as crun refuses the hybrid cgroup
+# layout some machines have.
 packages=(
   bazel-bootstrap gcc libc6-dev pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
@@ -27,6 +30,7 @@ packages=(
   python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
   golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
+  mmdebstrap podman runc
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }
