@@ -129,7 +129,22 @@ class Podman:
         return run(self.argv + list(args), timeout=timeout, check=check)
 
     def reset(self):
-        self("system", "reset", "--force", check=False)
+        """Removes the containers and images of this store, then the store.
+        Not `podman system reset`: that also deletes the machine's podman
+        networks, which are not this test's."""
+        self("rm", "--all", "--force", check=False)
+        self("rmi", "--all", "--force", check=False)
+        base = os.path.realpath(self.base)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [l.split()[4] for l in f]
+        left = [m for m in mounts if m == base or m.startswith(base + "/")]
+        for m in sorted(left, reverse=True):
+            subprocess.run(["umount", "--lazy", m], capture_output=True)
+        with open("/proc/self/mountinfo") as f:
+            left = [l.split()[4] for l in f if l.split()[4].startswith(base + "/")]
+        if left:
+            # Never delete through a mount: that could reach host files.
+            raise AssertionError("mounts left under %s, not removing it: %s" % (base, left))
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -237,6 +252,8 @@ class ImageTest(unittest.TestCase):
         os.chmod(os.path.join(keys, "k1.HS256.key"), 0o644)
         name = "drey-test-%d" % os.getpid()
         hard = subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+        if not hard.isdigit():
+            hard = "1048576"  # "unlimited" is not a value --ulimit takes
         # The image's own defaults (0.0.0.0:50051, ops on 9090) in a network
         # namespace of the container's own, so parallel tests never collide;
         # token keys mounted as deploy/k8s/drey.yaml does (dreyd refuses a
