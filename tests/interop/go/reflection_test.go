@@ -88,8 +88,8 @@ func TestReflectionListsServices(t *testing.T) {
 func TestReflectionResolvesSymbols(t *testing.T) {
 	t.Parallel()
 	r := newReflector(t, startServer(t))
-	// A service, a method, a message, a nested message and an enum-free
-	// field's message all resolve to cache.proto with its imports.
+	// A service, a method, a message and a nested message all resolve to
+	// cache.proto, returned with every file it imports.
 	for _, sym := range []string{cacheService, "drey.cache.v1.Cache.Get", "drey.cache.v1.SetRequest",
 		"drey.cache.v1.GetManyResponse.Result", "drey.cache.v1.Value"} {
 		files := r.files(sym)
