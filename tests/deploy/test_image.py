@@ -215,6 +215,24 @@ class ImageTest(unittest.TestCase):
                 self.fail("unexpected config line %r" % line)
         self.assertEqual(cfg, want)
 
+    def test_the_dockerfile_installs_the_same_packages(self):
+        """Both images hold the runtime libraries dreyd and drey link: what
+        the Dockerfile names, the built image has, and what the build found
+        with ldd, the Dockerfile's packages bring in (by name or as their
+        dependencies: apt-cache depends --recurse)."""
+        text = re.sub(r"\\\n", " ", read(DOCKERFILE))
+        m = re.search(r"apt-get install -y --no-install-recommends ([^&]*)", text)
+        self.assertIsNotNone(m, "no apt-get install in the Dockerfile")
+        dockerfile = set(m.group(1).split())
+        built = set(read(os.path.join(self.out, "packages")).split())
+        self.assertEqual(dockerfile - built, set(), "installed by the Dockerfile, missing from the built image")
+        closure = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                       "--no-breaks", "--no-replaces", "--no-enhances"] + sorted(dockerfile)).stdout
+        closure = {l.strip() for l in closure.splitlines() if l and not l.startswith(" ")}
+        if "libasan8" in built or "libubsan1" in built:
+            closure |= {"libasan8", "libubsan1"}  # a sanitizer build links its runtimes
+        self.assertEqual(built - closure, set(), "linked by dreyd or drey, not installed by the Dockerfile")
+
     def test_podman_image_matches_the_dockerfile(self):
         if self.podman is None:
             self.skipTest("podman cannot be used here: " + self.no_podman)
