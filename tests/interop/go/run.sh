@@ -42,15 +42,15 @@ cp "$here"/*_test.go "$pkg/"
 wkt="Mgoogle/protobuf/duration.proto=github.com/golang/protobuf/ptypes/duration"
 wkt+=",Mgoogle/protobuf/timestamp.proto=github.com/golang/protobuf/ptypes/timestamp"
 wkt+=",Mgoogle/protobuf/struct.proto=github.com/golang/protobuf/ptypes/struct"
-# One protoc run per Go package: the v1.3 generator wants that.
+# One protoc run per Go package: the v1.3 generator wants that. The APIv2
+# generator (Debian package protoc-gen-go) refuses plugins=grpc.
 for f in drey/cache/v1/cache.proto drey/admin/v1/admin.proto google/rpc/error_details.proto; do
-    protoc -I"$proto_dir" -I/usr/include --go_out="plugins=grpc,$wkt:$gopath/src" "$proto_dir/$f"
+    if ! protoc -I"$proto_dir" -I/usr/include --go_out="plugins=grpc,$wkt:$gopath/src" "$proto_dir/$f"; then
+        echo "run.sh: protoc-gen-go ($(command -v protoc-gen-go)) could not generate $f: this suite needs the" \
+             "v1.3 generator of protoc-gen-go-1-3, which the APIv1 grpc-go and genproto in /usr/share/gocode match" >&2
+        exit 1
+    fi
 done
-if grep -rqs 'google.golang.org/protobuf/runtime/protoimpl' "$gopath/src"; then
-    echo "run.sh: $(command -v protoc-gen-go) is the APIv2 generator (Debian package protoc-gen-go);" \
-         "the grpc-go and genproto in /usr/share/gocode are APIv1: install protoc-gen-go-1-3" >&2
-    exit 1
-fi
 
 export GO111MODULE=off GOFLAGS= GOPROXY=off
 export GOPATH="$gopath:/usr/share/gocode"
