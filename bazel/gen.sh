@@ -34,6 +34,7 @@ etcd_protos=(
 served=(
   drey/cache/v1/cache.proto
   drey/admin/v1/admin.proto
+  drey/cluster/v1/cluster.proto
   grpc/health/v1/health.proto
   grpc/reflection/v1/reflection.proto
   grpc/reflection/v1alpha/reflection.proto
@@ -43,7 +44,7 @@ served=(
 compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
-  drey/cluster/v1/cluster.proto
+  drey/internal/v1/meta.proto
   google/rpc/status.proto
   google/rpc/error_details.proto
   google/protobuf/any.proto

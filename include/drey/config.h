@@ -57,6 +57,12 @@ typedef struct drey_config {
     int64_t max_principals;
     int64_t memory_limit_bytes;
     char *ops_listen;               /* the HTTP listener: health, details, metrics */
+    char *cluster_etcd;             /* etcd endpoints; "" = a single node */
+    char *cluster_prefix;           /* the cluster's keys in etcd */
+    int64_t cluster_lease_ttl_ms;
+    int64_t cluster_partitions;     /* expected; 0 = the cluster's */
+    char *internal_listen, *advertise, *internal_advertise;
+    char *internal_tls_cert, *internal_tls_key, *internal_tls_ca;
 } drey_config;
 
 /* Fills cfg with the defaults of the option table. */

@@ -146,6 +146,9 @@ void drey_pipeline_destroy(drey_pipeline *p);
 /* Durable nodes: writes go through this journal (NULL: applied at once,
  * the ephemeral mode). Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
+/* Clusters: the route row's function (see drey_pipeline_options.route).
+ * Set before drey_pipeline_set_ready. */
+void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);

@@ -23,6 +23,7 @@
 #include "drey/config.h"
 #include "drey/ops.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "cluster.h"
 #include "json.h"
 
 enum {
@@ -432,7 +433,8 @@ static const command commands[] = {
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: drey [--addr=HOST:PORT] [--cache=NAME] [--token=JWT] [--timeout=D] <command> ...\n\n"
+    fprintf(out, "usage: drey [--addr=HOST:PORT] [--cache=NAME] [--token=JWT] [--timeout=D] <command> ...\n"
+                 "       drey cluster init|status --etcd=URLS ...   (drey cluster for its options)\n\n"
                  "Options:\n"
                  "  --addr=HOST:PORT  server address (default $DREY_ADDR, else 127.0.0.1:50051)\n"
                  "  --cache=NAME      cache (namespace); default: the server's default cache\n"
@@ -591,5 +593,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "cluster") == 0)
+        return drey_cli_cluster(argc - 2, argv + 2);
     return run(argc, argv);
 }

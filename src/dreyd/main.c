@@ -27,6 +27,7 @@
 #include "drey/backpressure.h"
 #include "drey/cache.h"
 #include "drey/clock.h"
+#include "drey/cluster.h"
 #include "drey/commit.h"
 #include "drey/config.h"
 #include "drey/health.h"
@@ -105,6 +106,18 @@ static bool is_loopback(const char *listen) {
            (n == 5 && strncmp(listen, "[::1]", 5) == 0);
 }
 
+/* host:port as others reach it: the advertised address when given, else
+ * the listen address with the port actually bound. */
+static void reachable_at(char *out, size_t cap, const char *advertised, const char *listen, int port) {
+    if (advertised[0] != '\0') {
+        snprintf(out, cap, "%s", advertised);
+        return;
+    }
+    const char *colon = strrchr(listen, ':');
+    int hlen = colon != NULL ? (int)(colon - listen) : (int)strlen(listen);
+    snprintf(out, cap, "%.*s:%d", hlen, listen, port);
+}
+
 static void observe_call(void *ctx, size_t method, int code, int64_t duration_ns) {
     drey_metrics_observe_call(ctx, method, code, duration_ns);
 }
@@ -153,6 +166,14 @@ int main(int argc, char **argv, char **envp) {
     }
     if (cfg.journal_max_bytes > 0 && cfg.journal_max_bytes < cfg.segment_bytes) {
         fprintf(stderr, "dreyd: --journal-max-bytes must be 0 or at least --segment-bytes (one segment)\n");
+        drey_config_free(&cfg);
+        return 2;
+    }
+    bool clustered = cfg.cluster_etcd[0] != '\0';
+    if (clustered && (cfg.internal_listen[0] == '\0' || cfg.internal_tls_cert[0] == '\0' ||
+                      cfg.internal_tls_key[0] == '\0' || cfg.internal_tls_ca[0] == '\0')) {
+        fprintf(stderr, "dreyd: a cluster node (--cluster-etcd) needs --internal-listen, --internal-tls-cert, "
+                        "--internal-tls-key and --internal-tls-ca: peers forward calls only over mutual TLS\n");
         drey_config_free(&cfg);
         return 2;
     }
@@ -273,11 +294,44 @@ int main(int argc, char **argv, char **envp) {
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
     drey_storage *storage = NULL;
+    drey_server *internal = NULL;
+    drey_cluster *cluster = NULL;
+    int internal_port = 0;
 
     int rc = 0;
+    if (clustered) {
+        drey_server_options io = {
+            .listen = cfg.internal_listen,
+            .workers = workers,
+            .max_recv_message_bytes = cfg.max_recv_message_bytes,
+            .tls_cert = cfg.internal_tls_cert,
+            .tls_key = cfg.internal_tls_key,
+            .tls_client_ca = cfg.internal_tls_ca,
+        };
+        internal = drey_server_create(&io);
+        drey_cluster_options co = {
+            .etcd = cfg.cluster_etcd,
+            .prefix = cfg.cluster_prefix,
+            .node_id = node_id,
+            .lease_ttl_s = (cfg.cluster_lease_ttl_ms + 999) / 1000,
+            .partitions = (uint32_t)cfg.cluster_partitions,
+            .tls_cert = cfg.internal_tls_cert,
+            .tls_key = cfg.internal_tls_key,
+            .tls_ca = cfg.internal_tls_ca,
+            .build = "drey",
+            .timers = timers,
+        };
+        cluster = drey_cluster_create(&co, err, sizeof err);
+        if (cluster == NULL) {
+            DREY_LOG_ERROR("cannot start as a cluster node", DREY_LOG_STR("error", err));
+            rc = 1;
+            goto out;
+        }
+    }
     if (!drey_cache_register(cache, methods) || !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
-        !drey_reflect_register(server)) {
+        !drey_reflect_register(server) ||
+        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;
         goto out;
@@ -298,6 +352,13 @@ int main(int argc, char **argv, char **envp) {
         rc = 1;
         goto out;
     }
+    if (internal != NULL && (internal_port = drey_server_start(internal, err, sizeof err)) == 0) {
+        DREY_LOG_ERROR("cannot start the internal listener", DREY_LOG_STR("error", err),
+                       DREY_LOG_STR("listen", cfg.internal_listen));
+        rc = 1;
+        drey_server_shutdown(server, 0);
+        goto out;
+    }
     int ops_port = 0;
     if (cfg.ops_listen[0] != '\0') {
         drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth};
@@ -311,7 +372,7 @@ int main(int argc, char **argv, char **envp) {
         ops_port = drey_ops_port(ops);
     }
     DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg.listen), DREY_LOG_INT("port", port),
-                  DREY_LOG_INT("ops_port", ops_port),
+                  DREY_LOG_INT("ops_port", ops_port), DREY_LOG_INT("internal_port", internal_port),
                   DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
                   DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
                   DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL));
@@ -348,6 +409,20 @@ int main(int argc, char **argv, char **envp) {
         drey_cache_set_expiry_horizon(cache, journal_horizon, drey_storage_journal(storage));
         drey_admin_set_storage(admin, storage);
     }
+    if (cluster != NULL) {
+        char advertise[300], internal_at[300];
+        reachable_at(advertise, sizeof advertise, cfg.advertise, cfg.listen, port);
+        reachable_at(internal_at, sizeof internal_at, cfg.internal_advertise, cfg.internal_listen, internal_port);
+        drey_cluster_set_addresses(cluster, advertise, internal_at);
+        if (drey_cluster_join(cluster, err, sizeof err) != 0) {
+            DREY_LOG_ERROR("cannot join the cluster: the node will not start", DREY_LOG_STR("error", err));
+            rc = 1;
+            drey_server_shutdown(server, 0);
+            drey_server_shutdown(internal, 0);
+            goto out;
+        }
+        drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
+    }
     drey_pipeline_set_ready(pipeline, true);
     drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);
     drey_health_set(health, "", DREY_HEALTH_SERVING);
@@ -375,7 +450,12 @@ int main(int argc, char **argv, char **envp) {
         }
     }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
+    /* Out of the membership first, so peers stop forwarding here; calls in
+     * flight still finish. */
+    drey_cluster_leave(cluster);
     drey_server_shutdown(server, cfg.shutdown_timeout_ms);
+    if (internal != NULL)
+        drey_server_shutdown(internal, cfg.shutdown_timeout_ms);
     drey_cache_stop_expiry(cache);
 
 out:
@@ -383,6 +463,8 @@ out:
     /* The journal completes what it holds before the server goes. */
     drey_storage_close(storage);
     drey_server_destroy(server);
+    drey_server_destroy(internal);
+    drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
     drey_method_table_destroy(methods);

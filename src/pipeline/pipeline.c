@@ -64,6 +64,11 @@ void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j) {
     p->journal = j;
 }
 
+void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
+    p->opts.route = route;
+    p->opts.route_ctx = ctx;
+}
+
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready) {
     atomic_store(&p->ready, ready);
 }
