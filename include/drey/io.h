@@ -40,6 +40,10 @@ typedef struct drey_io_ops {
      * waiting: returns an fd to close() to release, or -EWOULDBLOCK when
      * another process holds it. Optional (NULL: no locking). */
     int (*lock)(drey_io *io, const char *path);
+    /* The file system holding path: its size and the bytes an unprivileged
+     * writer may still allocate (statvfs f_blocks and f_bavail). Optional
+     * (NULL: unknown, and no journal cap is derived from it). */
+    int (*fs_space)(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes);
 } drey_io_ops;
 
 struct drey_io {
