@@ -117,6 +117,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD_(Snapshot) *sn = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
     RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
     RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
+    RD_(DataDisk) *dd = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
     jd->state = "normal";
     j->fsync_policy = a->fsync_policy;
     co->state = "idle";
@@ -145,6 +146,13 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         co->state = ss.compaction_failed ? "failed" : "idle";
         co->last_run = ss.last_compaction_ms > 0 ? rfc3339(arena, ss.last_compaction_ms) : "";
         re->replayed_records = ss.replayed_records;
+        dd->journal_cap = ss.journal_cap_derived ? "derived" : js.quota_max_bytes > 0 ? "configured" : "none";
+        dd->fs_bytes = ss.fs_bytes;
+        dd->available_bytes = ss.fs_avail_bytes;
+        dd->reserve_bytes = ss.reserve_bytes;
+        dd->snapshot_estimate_bytes = ss.snapshot_estimate_bytes;
+        dd->snapshot_files_bytes = ss.snapshot_files_bytes;
+        dd->snapshot_room = (char *)drey_storage_snapshot_room_name(ss.snapshot_room);
     }
     if (atomic_load(&a->draining))
         d->ready = false;
@@ -153,6 +161,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     d->snapshot = sn;
     d->compaction = co;
     d->recovery = re;
+    d->data_disk = dd;
 
     RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
     drey_memory_stats ms;
