@@ -470,10 +470,19 @@ static void *snapshot_main(void *arg) {
             continue;
         }
         if (st->waiters == NULL && !snapshot_due(st)) {
-            /* Triggers are checked once a second: they are coarse by nature. */
+            /* Triggers are checked once a second: they are coarse by nature.
+             * With a cap, ten times a second (a lock and a copy of the
+             * journal's figures): the last fifth of the cap may fill in well
+             * under a second, and every write after it is refused until the
+             * compaction the quota trigger starts. */
+            drey_journal_stats js;
+            drey_journal_get_stats(st->journal, &js);
+            int64_t wait_ms = js.quota_max_bytes > 0 ? 100 : 1000;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += 1;
+            int64_t ns = until.tv_nsec + wait_ms * 1000000;
+            until.tv_sec += ns / 1000000000;
+            until.tv_nsec = ns % 1000000000;
             pthread_cond_timedwait(&st->cond, &st->mu, &until);
             continue;
         }
