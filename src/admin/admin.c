@@ -118,6 +118,8 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
     RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
     RD_(DataDisk) *dd = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
+    dd->journal_cap = "";
+    dd->snapshot_room = "";
     jd->state = "normal";
     j->fsync_policy = a->fsync_policy;
     co->state = "idle";
@@ -246,6 +248,15 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_snapshot_age_seconds", "Age of the newest snapshot.", (double)d->snapshot->age_seconds);
     gauge(out, "drey_recovery_replayed_records", "Journal records replayed at start.",
           (double)d->recovery->replayed_records);
+    gauge(out, "drey_data_disk_available_bytes",
+          "Bytes the data directory's file system still has (0 when unknown or ephemeral).",
+          (double)d->data_disk->available_bytes);
+    gauge(out, "drey_snapshot_estimate_bytes", "The next snapshot's estimated size.",
+          (double)d->data_disk->snapshot_estimate_bytes);
+    static const char *const rooms[] = {"ok", "low", "short", "unknown"};
+    state_gauge(out, "drey_snapshot_room",
+                "Whether the next snapshot fits on the data directory's file system (1 for the current state).",
+                d->data_disk->snapshot_room, rooms, 4);
 
     drey_storage *st = atomic_load(&a->storage);
     if (st != NULL) {
