@@ -87,6 +87,11 @@ void drey_io_fault_fail_allocate(drey_io_fault *f, unsigned nth, int err, bool s
  * Open descriptors become invalid (-EBADF). */
 void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed);
 
+/* What fs_space reports: a file system of total_bytes, less the bytes of
+ * every file in it (0: not reported, -ENOTSUP), or a failure with -err
+ * when err != 0. Nothing is refused for want of space. */
+void drey_io_fault_set_space(drey_io_fault *f, uint64_t total_bytes, int err);
+
 /* Counts, for assertions. */
 typedef struct drey_io_fault_stats {
     uint64_t writes, syncs, dir_syncs, bytes_written;

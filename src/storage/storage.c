@@ -275,7 +275,7 @@ static void watch_disk(drey_storage *st) {
     st->last_watch_mono = drey_mono_ms();
     drey_io *io = st->io;
     if (io->ops->fs_space == NULL)
-        return;
+        return; /* an io that cannot tell: no derived cap, room unknown */
     /* The journal's figures first: a segment created between the two looks
      * then lowers the cap instead of counting twice. */
     drey_journal_stats js;
@@ -283,12 +283,22 @@ static void watch_disk(drey_storage *st) {
     uint64_t total, avail;
     int rc = io->ops->fs_space(io, st->dir, &total, &avail);
     if (rc != 0) {
-        if (!st->fs_space_failed_logged)
+        /* Once per failure spell: the cap stays as last derived (none if
+         * it never was), the room becomes unknown. */
+        if (!st->fs_space_failed_logged && st->opts.derive_journal_cap)
             DREY_LOG_WARN("cannot read the data directory's file system space; the journal cap is not re-derived",
-                          DREY_LOG_STR("dir", st->dir), DREY_LOG_STR("error", strerror(-rc)));
+                          DREY_LOG_STR("dir", st->dir), DREY_LOG_STR("error", strerror(-rc)),
+                          DREY_LOG_UINT("journal_max_bytes", js.quota_max_bytes));
         st->fs_space_failed_logged = true;
+        st->logged_room = DREY_STORAGE_SNAPSHOT_UNKNOWN;
+        pthread_mutex_lock(&st->mu);
+        st->stats.snapshot_room = DREY_STORAGE_SNAPSHOT_UNKNOWN;
+        pthread_mutex_unlock(&st->mu);
         return;
     }
+    if (st->fs_space_failed_logged && st->opts.derive_journal_cap)
+        DREY_LOG_INFO("the data directory's file system space can be read again", DREY_LOG_STR("dir", st->dir));
+    st->fs_space_failed_logged = false;
     pthread_mutex_lock(&st->mu);
     uint64_t est = st->last_snapshot_bytes;
     pthread_mutex_unlock(&st->mu);
