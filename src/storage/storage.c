@@ -323,8 +323,8 @@ static void watch_disk(drey_storage *st) {
         }
     }
     drey_storage_snapshot_room room = drey_storage__snapshot_fits(&d, cap);
-    bool was_short = st->logged_room == DREY_STORAGE_SNAPSHOT_LOW || st->logged_room == DREY_STORAGE_SNAPSHOT_SHORT;
-    if (room != st->logged_room && (room != DREY_STORAGE_SNAPSHOT_OK || was_short)) {
+    bool was_tight = st->logged_room == DREY_STORAGE_SNAPSHOT_LOW || st->logged_room == DREY_STORAGE_SNAPSHOT_SHORT;
+    if (room != st->logged_room && (room != DREY_STORAGE_SNAPSHOT_OK || was_tight)) {
         if (room == DREY_STORAGE_SNAPSHOT_OK)
             DREY_LOG_INFO("the next snapshot fits on the data directory's file system again",
                           DREY_LOG_UINT("snapshot_estimate_bytes", est), DREY_LOG_UINT("fs_avail_bytes", avail));

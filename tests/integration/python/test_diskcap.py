@@ -23,6 +23,9 @@ The data directory is a 24 MiB tmpfs (with 1 MiB segments: the default
   readiness says so first as low, then as short, with a warning in the log;
   the journal stops growing (JOURNAL_DISK_QUOTA), the snapshot indeed fails
   without failing the journal, and everything recovers once space is free.
+* An automatic snapshot that fails for want of space is retried after a
+  pause (not ten times a second), and once the space is back the cap rises
+  and writes resume by themselves.
 * A configured cap shows as configured (and low when it would let the
   journal take the snapshot's room); --journal-max-bytes=0 as none
   (test_durability_diskfull.py has the old failure with it).
@@ -32,7 +35,7 @@ The file re-executes itself in a private mount namespace
 with the reason, only where that or the mount is not permitted.
 """
 
-import errno
+import datetime
 import json
 import os
 import shutil
@@ -45,8 +48,8 @@ import unittest
 
 import grpc
 
-from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, DreyTestCase, enter_private_mount_namespace,
-                          journal_segments, main, make_value, RpcFailure, ServiceClient, storage_tool, value_of)
+from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, DreyTestCase, enter_private_mount_namespace, main,
+                          make_value, RpcFailure, ServiceClient, storage_tool, value_of)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -371,6 +374,45 @@ class DiskCapTest(DreyTestCase):
         for k, want in acked.items():
             g = self.cache.Get(self.pb.cache.GetRequest(key=k), timeout=WAIT)
             self.assertEqual((value_of(g.value), g.version), want, k)
+
+    def test_an_automatic_snapshot_that_fails_is_retried_after_a_pause_and_writes_resume_with_space(self):
+        srv = self.boot()
+        # 3 MiB of journal over 16 overwritten keys: several segments, a 1 MiB store
+        acked = {}
+        for i in range(48):
+            req = self.set_req("k%02d" % (i % 16), i, "w%02d" % i)
+            acked[req.key] = (value_of(req.value), self.cache.Set(req, timeout=WAIT).version)
+        d = self.wait_details(lambda d: d["dataDisk"]["snapshotEstimateBytes"] > MIB, "the estimate")
+        self.assertGreater(d["journal"]["segments"], 1)
+        self.assertEqual(d["snapshot"]["lastLsn"], 0, "snapshotted before the volume filled")
+        # another writer leaves less than the snapshot: the cap stops the journal where it is, which is past
+        # its high-water mark, so the quota trigger fires -- and the snapshot fails for want of space
+        avail = os.statvfs(self.mnt).f_bavail * os.statvfs(self.mnt).f_frsize
+        fallocate(self.filler, avail - d["dataDisk"]["snapshotEstimateBytes"] // 2)
+        first = srv.wait_log(lambda r: r.get("msg") == "snapshot failed", 10, "the automatic snapshot failing")
+        d = self.details()
+        self.assertEqual((d["dataDisk"]["snapshotRoom"], d["journalDisk"]["maxBytes"]),
+                         ("short", d["journalDisk"]["usedBytes"]))
+        self.assertNoJournalEnospc()
+        # retried while the disk stays full, but after a pause (the trigger is checked ten times a second)
+        srv.wait_log(lambda r: r.get("msg") == "snapshot failed" and r["time"] != first["time"], 20,
+                     "the automatic snapshot retried")
+        failed = [r for r in srv.log_records() if r.get("msg") == "snapshot failed"]
+        stamps = [datetime.datetime.strptime(r["time"], "%Y-%m-%dT%H:%M:%S.%fZ") for r in failed]
+        self.assertGreaterEqual((stamps[1] - stamps[0]).total_seconds(), 9.9, "retried without a pause")
+        self.assertEqual(d["journal"]["failed"], False)
+        # space back: the cap rises again, the journal is below its high-water mark, writes resume
+        os.unlink(self.filler)
+        d = self.wait_details(lambda d: d["dataDisk"]["snapshotRoom"] == "ok", "snapshotRoom ok")
+        self.assertDerivedAsDocumented(d)
+        self.assertEqual(d["journalDisk"]["state"], "normal")
+        for i in range(32):
+            req = self.set_req("k%02d" % (i % 16), i, "after-%02d" % i)
+            acked[req.key] = (value_of(req.value), self.cache.Set(req, timeout=WAIT).version)
+        for k, want in acked.items():
+            g = self.cache.Get(self.pb.cache.GetRequest(key=k), timeout=WAIT)
+            self.assertEqual((value_of(g.value), g.version), want, k)
+        self.assertNoJournalEnospc()
 
     def test_a_configured_cap_and_no_cap_say_so(self):
         # a cap larger than the volume: configured, and low (it lets the journal take the snapshot's room)
