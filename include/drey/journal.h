@@ -143,6 +143,11 @@ typedef struct drey_journal_entry {
  * journal has failed; then `done` is never called. */
 int drey_journal_append(drey_journal *j, drey_journal_entry *e);
 
+/* Changes the disk quota (0: none) from the next append on. Records
+ * already queued keep their place: a lower cap refuses only what comes
+ * after them. Used for a cap derived from the file system. */
+void drey_journal_set_max_bytes(drey_journal *j, uint64_t max_bytes);
+
 /* Runs fn on the writer thread between batches, with the LSN and time of the
  * last record applied. Used to start a snapshot at an exact LSN. */
 void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg);

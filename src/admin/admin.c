@@ -117,6 +117,9 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD_(Snapshot) *sn = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
     RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
     RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
+    RD_(DataDisk) *dd = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
+    dd->journal_cap = "";
+    dd->snapshot_room = "";
     jd->state = "normal";
     j->fsync_policy = a->fsync_policy;
     co->state = "idle";
@@ -149,6 +152,13 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         co->state = ss.compaction_failed ? "failed" : "idle";
         co->last_run = ss.last_compaction_ms > 0 ? rfc3339(arena, ss.last_compaction_ms) : "";
         re->replayed_records = ss.replayed_records;
+        dd->journal_cap = ss.journal_cap_derived ? "derived" : js.quota_max_bytes > 0 ? "configured" : "none";
+        dd->fs_bytes = ss.fs_bytes;
+        dd->available_bytes = ss.fs_avail_bytes;
+        dd->reserve_bytes = ss.reserve_bytes;
+        dd->snapshot_estimate_bytes = ss.snapshot_estimate_bytes;
+        dd->snapshot_files_bytes = ss.snapshot_files_bytes;
+        dd->snapshot_room = (char *)drey_storage_snapshot_room_name(ss.snapshot_room);
     }
     if (atomic_load(&a->draining))
         d->ready = false;
@@ -157,6 +167,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     d->snapshot = sn;
     d->compaction = co;
     d->recovery = re;
+    d->data_disk = dd;
 
     RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
     drey_memory_stats ms;
@@ -245,6 +256,15 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_snapshot_age_seconds", "Age of the newest snapshot.", (double)d->snapshot->age_seconds);
     gauge(out, "drey_recovery_replayed_records", "Journal records replayed at start.",
           (double)d->recovery->replayed_records);
+    gauge(out, "drey_data_disk_available_bytes",
+          "Bytes the data directory's file system still has (0 when unknown or ephemeral).",
+          (double)d->data_disk->available_bytes);
+    gauge(out, "drey_snapshot_estimate_bytes", "The next snapshot's estimated size.",
+          (double)d->data_disk->snapshot_estimate_bytes);
+    static const char *const rooms[] = {"ok", "low", "short", "unknown"};
+    state_gauge(out, "drey_snapshot_room",
+                "Whether the next snapshot fits on the data directory's file system (1 for the current state).",
+                d->data_disk->snapshot_room, rooms, 4);
 
     drey_storage *st = atomic_load(&a->storage);
     if (st != NULL) {

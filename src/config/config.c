@@ -30,6 +30,25 @@ typedef struct option {
     const char *help;     /* one sentence: what it does and the trade-off */
 } option;
 
+/* Numeric options that also take one word, which sets the field to a value
+ * outside its range: journal-max-bytes=auto ("not given") is not 0 ("none"). */
+static const struct {
+    const char *option, *word;
+    int64_t value;
+} words[] = {
+    {"journal-max-bytes", "auto", DREY_CONFIG_AUTO},
+};
+
+static const char *word_of(const option *o, int64_t *value) {
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        if (strcmp(words[i].option, o->name) == 0) {
+            *value = words[i].value;
+            return words[i].word;
+        }
+    }
+    return NULL;
+}
+
 #define FIELD(f) offsetof(drey_config, f)
 #define MIB (1024 * 1024)
 
@@ -68,10 +87,16 @@ static const option options[] = {
      "process, loses up to that much); never: the kernel decides (development only)."},
     {"segment-bytes", OPT_BYTES, FIELD(segment_bytes), "64MiB", 64 * 1024, (int64_t)1 << 40,
      "Size of a journal segment, preallocated when it is created (appending to preallocated space syncs faster)."},
-    {"journal-max-bytes", OPT_BYTES, FIELD(journal_max_bytes), "0", 0, (int64_t)1 << 50,
+    {"journal-max-bytes", OPT_BYTES, FIELD(journal_max_bytes), "auto", 0, (int64_t)1 << 50,
      "Hard cap on the journal's segment bytes on disk, preallocation included (not snapshots). A write that would "
-     "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot and "
-     "compaction free space and writes resume by themselves. 0: no cap. At least --segment-bytes."},
+     "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot (taken by "
+     "itself once the journal passes 80% of the cap, unless --snapshot-every-bytes=0) and its compaction free "
+     "space and writes resume by themselves. auto: derived from the data directory's file system at start, every "
+     "second and after each snapshot, so that a full disk never fails the journal: the journal may grow by half of "
+     "the space available beyond a reserve (5% of the file system, 1MiB to 1GiB) and the next snapshot (estimated "
+     "as the larger of the last snapshot and the store's accounted bytes); the other half is left for that "
+     "snapshot to grow as the journal does. 0: no cap (a full disk then fails writes with UNAVAILABLE "
+     "JOURNAL_WRITE_FAILED). A number: at least --segment-bytes."},
     {"journal-max-queued", OPT_INT, FIELD(journal_max_queued), "16384", 1, 100000000,
      "Writes that may wait for the journal's writer at once; more get RESOURCE_EXHAUSTED JOURNAL_QUEUE_FULL "
      "before anything is written, so callers that give up early cannot pile up work."},
@@ -274,11 +299,20 @@ static bool set_option(drey_config *cfg, const option *o, const char *value, con
         n = v;
         break;
     }
-    case OPT_BYTES: ok = drey_config_parse_bytes(value, &n); break;
+    case OPT_BYTES:
+        if (word_of(o, &n) != NULL && strcmp(value, word_of(o, &n)) == 0) {
+            *(int64_t *)(void *)base = n;
+            return true;
+        }
+        ok = drey_config_parse_bytes(value, &n);
+        break;
     case OPT_DURATION: ok = drey_config_parse_duration_ms(value, &n); break;
     }
     if (!ok) {
-        fprintf(err, "dreyd: %s: expected %s, e.g. %s\n", origin, type_name(o->type), o->fallback);
+        if (word_of(o, &n) != NULL)
+            fprintf(err, "dreyd: %s: expected %s or %s, e.g. 64MiB\n", origin, type_name(o->type), word_of(o, &n));
+        else
+            fprintf(err, "dreyd: %s: expected %s, e.g. %s\n", origin, type_name(o->type), o->fallback);
         return false;
     }
     if (n < o->min || n > o->max) {

@@ -161,6 +161,8 @@ struct drey_io_fault {
     int next_fd;
     fault_inode *first, *last; /* all live inodes */
     fault_arm write_arm, sync_arm, alloc_arm;
+    uint64_t space_total; /* the file system's size for fs_space; 0: not reported */
+    int space_err;        /* fs_space fails with -space_err */
     drey_io_fault_stats stats;
 };
 
@@ -758,6 +760,24 @@ out:
     return rc;
 }
 
+/* The size set by drey_io_fault_set_space, less every live file's bytes
+ * (unlinked files still open count, as on a real file system). */
+static int ft_fs_space(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes) {
+    (void)path;
+    drey_io_fault *f = fs_of(io);
+    pthread_mutex_lock(&f->mu);
+    int rc = f->space_err != 0 ? -f->space_err : f->space_total == 0 ? -ENOTSUP : 0;
+    if (rc == 0) {
+        uint64_t used = 0;
+        for (fault_inode *ino = f->first; ino != NULL; ino = ino->next)
+            used += ino->cur.len;
+        *total_bytes = f->space_total;
+        *avail_bytes = used < f->space_total ? f->space_total - used : 0;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return rc;
+}
+
 static const drey_io_ops fault_ops = {
     .open = ft_open,
     .close = ft_close,
@@ -772,6 +792,7 @@ static const drey_io_ops fault_ops = {
     .mkdir = ft_mkdir,
     .sync_dir = ft_sync_dir,
     .list_dir = ft_list_dir,
+    .fs_space = ft_fs_space,
 };
 
 /* --- the test-facing API ----------------------------------------------------------- */
@@ -842,6 +863,13 @@ void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
         inode_unref(f, ino);
     }
     f->write_arm = f->sync_arm = f->alloc_arm = (fault_arm){0};
+    pthread_mutex_unlock(&f->mu);
+}
+
+void drey_io_fault_set_space(drey_io_fault *f, uint64_t total_bytes, int err) {
+    pthread_mutex_lock(&f->mu);
+    f->space_total = total_bytes;
+    f->space_err = err;
     pthread_mutex_unlock(&f->mu);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "drey/io.h"
@@ -151,6 +152,16 @@ static int px_lock(drey_io *io, const char *path) {
     return fd;
 }
 
+static int px_fs_space(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes) {
+    (void)io;
+    struct statvfs sv;
+    if (statvfs(path, &sv) != 0)
+        return -errno;
+    *total_bytes = (uint64_t)sv.f_blocks * sv.f_frsize;
+    *avail_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+    return 0;
+}
+
 static const drey_io_ops posix_ops = {
     .open = px_open,
     .close = px_close,
@@ -166,6 +177,7 @@ static const drey_io_ops posix_ops = {
     .sync_dir = px_sync_dir,
     .list_dir = px_list_dir,
     .lock = px_lock,
+    .fs_space = px_fs_space,
 };
 
 static drey_io posix_io = {.ops = &posix_ops};

@@ -572,8 +572,10 @@ void drey_journal_close(drey_journal *j) {
 /* Whether a frame of `need` bytes fits the quota after what is queued;
  * reserves it when `reserve`. Needs j->mu. */
 static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
-    if (j->opts.max_bytes == 0)
-        return true;
+    /* Without a cap the plan is kept all the same: a cap set later
+     * (drey_journal_set_max_bytes) then starts from true figures even while
+     * records are queued. */
+    uint64_t max = j->opts.max_bytes > 0 ? j->opts.max_bytes : UINT64_MAX;
     if (need <= j->plan_free) {
         if (reserve) {
             j->plan_free -= need;
@@ -584,7 +586,7 @@ static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
     /* A new segment, or the empty current one grown to the same size. */
     uint64_t size = new_segment_size(j, need);
     uint64_t growth = j->plan_empty ? size - j->plan_seg : size;
-    if (j->plan_used + growth > j->opts.max_bytes)
+    if (growth > max || j->plan_used > max - growth)
         return false;
     if (reserve) {
         j->plan_used += growth;
@@ -631,6 +633,12 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     pthread_cond_signal(&j->cond);
     pthread_mutex_unlock(&j->mu);
     return 0;
+}
+
+void drey_journal_set_max_bytes(drey_journal *j, uint64_t max_bytes) {
+    pthread_mutex_lock(&j->mu);
+    j->opts.max_bytes = max_bytes;
+    pthread_mutex_unlock(&j->mu);
 }
 
 void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg) {
