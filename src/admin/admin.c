@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 struct drey_admin {
@@ -22,11 +23,9 @@ struct drey_admin {
 };
 
 drey_admin *drey_admin_create(const drey_admin_options *opts) {
-    drey_admin *a = calloc(1, sizeof *a);
-    if (a == NULL)
-        abort();
+    drey_admin *a = drey_xcalloc(1, sizeof *a);
     a->opts = *opts;
-    a->fsync_policy = strdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
+    a->fsync_policy = drey_xstrdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
     return a;
 }
 

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "bench.h"
 #include "drey/arena.h"
 #include "drey/client.h"
@@ -214,17 +215,17 @@ static void *conn_main(void *arg) {
 }
 
 bool drey_bench_run(const drey_bench_options *o, drey_bench_result *r, char *err, size_t err_cap) {
-    run_shared *sh = calloc(1, sizeof *sh);
+    run_shared *sh = drey_xcalloc(1, sizeof *sh);
     sh->o = o;
     drey_bench_workload_init(&sh->w, o);
     int n = o->connections;
-    conn_thread *threads = calloc((size_t)n, sizeof *threads);
+    conn_thread *threads = drey_xcalloc((size_t)n, sizeof *threads);
     pthread_barrier_init(&sh->barrier, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++) {
         conn_thread *t = &threads[i];
         t->index = i;
         t->sh = sh;
-        t->stats = malloc(sizeof *t->stats);
+        t->stats = drey_xmalloc(sizeof *t->stats);
         drey_bench_stats_init(t->stats);
         t->quota = UINT64_MAX;
         if (o->count > 0)

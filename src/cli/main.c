@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/cache/v1/cache.pb-c.h"
@@ -169,14 +170,14 @@ static bool read_file(const char *path, drey_arena *a, ProtobufCBinaryData *out)
         return false;
     }
     size_t cap = 4096, len = 0;
-    uint8_t *buf = malloc(cap);
+    uint8_t *buf = drey_xmalloc(cap);
     size_t n;
-    while (buf != NULL && (n = fread(buf + len, 1, cap - len, f)) > 0) {
+    while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
         len += n;
         if (len == cap)
-            buf = realloc(buf, cap *= 2);
+            buf = drey_xrealloc(buf, cap *= 2, 1);
     }
-    bool ok = buf != NULL && !ferror(f);
+    bool ok = !ferror(f);
     if (!ok)
         fprintf(stderr, "drey: %s: cannot read\n", path);
     fclose(f);
@@ -478,9 +479,7 @@ static int run(int argc, char **argv) {
         [F_FILE] = {"file", false, OPT_KIND, NULL, false},
         [F_HELP] = {"help", false, 0, NULL, false},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    if (pos == NULL)
-        abort();
+    char **pos = drey_xcalloc((size_t)argc + 1, sizeof *pos);
     int n_pos = 0;
     bool options_done = false;
     int rc = EXIT_USAGE;

@@ -22,6 +22,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "drey/alloc.h"
 #include "headers.h"
 
 #define DETAILS_KEY "grpc-status-details-bin"
@@ -165,9 +166,7 @@ static void *method_handle(drey_client *c, const char *method) {
     if (c->n_methods == MAX_REGISTERED_METHODS)
         return NULL;
     registered_method *r = &c->methods[c->n_methods];
-    r->path = strdup(method);
-    if (r->path == NULL)
-        abort();
+    r->path = drey_xstrdup(method);
     r->handle = grpc_channel_register_call(c->channel, r->path, NULL, NULL);
     c->n_methods++;
     return r->handle;
@@ -281,9 +280,7 @@ grpc_status_code drey_client_unary_raw(drey_client *c, const char *method, const
 
 bool drey_client_start_call(drey_client *c, const char *method, const void *request, size_t request_len,
                             int64_t timeout_ms, void *user) {
-    unary_call *u = calloc(1, sizeof *u);
-    if (u == NULL)
-        abort();
+    unary_call *u = drey_xcalloc(1, sizeof *u);
     u->user = user;
     u->send = buffer_of(request, request_len);
     if (unary_start(c, u, c->async_cq, method, timeout_ms) != GRPC_CALL_OK) {
@@ -359,9 +356,7 @@ static void pluck(drey_client *c, void *tag) {
 
 drey_client_stream *drey_client_stream_start(drey_client *c, const char *method, const ProtobufCMessage *request,
                                              int64_t timeout_ms, drey_client_status *st) {
-    drey_client_stream *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        abort();
+    drey_client_stream *s = drey_xcalloc(1, sizeof *s);
     s->client = c;
     s->send = buffer_of_message(request);
     s->details = grpc_empty_slice();
@@ -478,9 +473,7 @@ drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t
         snprintf(err, err_cap, "no target address");
         return NULL;
     }
-    drey_client *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_client *c = drey_xcalloc(1, sizeof *c);
     grpc_init();
     if (!drey_client__headers_build(&c->headers, opts->token, opts->headers, opts->n_headers, err, err_cap)) {
         free(c);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
 typedef struct symbol {
@@ -36,13 +37,6 @@ struct drey_descriptors {
     size_t n_services;
 };
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n == 0 ? 1 : n);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
 static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
     uint64_t v = 0;
     for (int shift = 0; shift < 64 && *p < end; shift += 7) {
@@ -58,7 +52,7 @@ static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
 
 static char *join(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
-    char *s = xmalloc(la + lb + 2);
+    char *s = drey_xmalloc(la + lb + 2);
     if (la == 0) {
         memcpy(s, b, lb + 1);
         return s;
@@ -72,9 +66,7 @@ static char *join(const char *a, const char *b) {
 static void add_symbol(drey_descriptors *d, char *name, size_t file) {
     if (d->n_symbols == d->cap_symbols) {
         d->cap_symbols = d->cap_symbols ? d->cap_symbols * 2 : 256;
-        d->symbols = realloc(d->symbols, d->cap_symbols * sizeof *d->symbols);
-        if (d->symbols == NULL)
-            abort();
+        d->symbols = drey_xrealloc(d->symbols, d->cap_symbols, sizeof *d->symbols);
     }
     d->symbols[d->n_symbols].name = name;
     d->symbols[d->n_symbols].file = file;
@@ -165,11 +157,11 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     Google__Protobuf__FileDescriptorSet *fds = google__protobuf__file_descriptor_set__unpack(NULL, len, set);
     if (fds == NULL)
         return NULL;
-    drey_descriptors *d = xmalloc(sizeof *d);
+    drey_descriptors *d = drey_xmalloc(sizeof *d);
     memset(d, 0, sizeof *d);
     d->set = fds;
     d->n_files = fds->n_file;
-    d->files = xmalloc(d->n_files * sizeof *d->files);
+    d->files = drey_xcalloc(d->n_files, sizeof *d->files);
     memset(d->files, 0, d->n_files * sizeof *d->files);
 
     /* Wire-level pass: the exact bytes of each file, in order. */
@@ -195,7 +187,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     for (size_t f = 0; f < d->n_files; f++) {
         const Google__Protobuf__FileDescriptorProto *fp = fds->file[f];
         const char *pkg = fp->package != NULL ? fp->package : "";
-        d->files[f].deps = xmalloc(fp->n_dependency * sizeof(size_t));
+        d->files[f].deps = drey_xcalloc(fp->n_dependency, sizeof(size_t));
         for (size_t i = 0; i < fp->n_dependency; i++) {
             long dep = -1;
             for (size_t g = 0; g < d->n_files; g++) {
@@ -214,9 +206,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
             const Google__Protobuf__ServiceDescriptorProto *sp = fp->service[i];
             char *sname = join(pkg, sp->name);
             add_symbol(d, sname, f);
-            d->services = realloc(d->services, (d->n_services + 1) * sizeof *d->services);
-            if (d->services == NULL)
-                abort();
+            d->services = drey_xrealloc(d->services, d->n_services + 1, sizeof *d->services);
             d->services[d->n_services++] = sname;
             for (size_t m = 0; m < sp->n_method; m++)
                 add_symbol(d, join(sname, sp->method[m]->name), f);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/journal.h"
 #include "frame.h"
 #include "journal_internal.h"
@@ -102,9 +103,7 @@ int drey_journal_scan_dir(drey_io *io, const char *dir, uint64_t after_lsn, drey
         return 0; /* no journal yet */
     if (rc != 0)
         return rc;
-    out->segments = calloc(n_names ? n_names : 1, sizeof *out->segments);
-    if (out->segments == NULL)
-        abort();
+    out->segments = drey_xcalloc(n_names ? n_names : 1, sizeof *out->segments);
     uint64_t expect = 0; /* next LSN; 0 until the first segment sets it */
     rc = 0;
     for (size_t i = 0; i < n_names && rc == 0; i++) {

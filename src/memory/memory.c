@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "drey/alloc.h"
+
 /* A refused write may retry after about this long: memory frees as entries
  * expire or are removed, not on a clock. */
 #define RETRY_MS 1000
@@ -56,9 +58,7 @@ int64_t drey_memory_default_limit(void) {
 }
 
 drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *store) {
-    drey_memory *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        abort();
+    drey_memory *m = drey_xcalloc(1, sizeof *m);
     m->store = store;
     m->limit = opts->limit_bytes > 0 ? opts->limit_bytes : drey_memory_default_limit();
     m->high = m->limit * 80 / 100; /* the limit is at most 2^50 (config): no overflow */

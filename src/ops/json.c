@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/log.h"
 #include "drey/ops.h"
 
@@ -16,9 +17,7 @@ static void write_string(FILE *out, const char *s) {
         s = "";
     /* Escaping grows a byte to at most six (\u00XX). */
     size_t cap = strlen(s) * 6 + 1;
-    char small[1024], *buf = cap <= sizeof small ? small : malloc(cap);
-    if (buf == NULL)
-        abort();
+    char small[1024], *buf = cap <= sizeof small ? small : drey_xmalloc(cap);
     size_t n = drey_log_json_escape(buf, 0, cap, s);
     fputc('"', out);
     fwrite(buf, 1, n, out);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
 
@@ -131,9 +132,7 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
         snprintf(err, err_cap, "ops listener %s: %s", opts->listen, gai_strerror(gai));
         return NULL;
     }
-    drey_ops *o = calloc(1, sizeof *o);
-    if (o == NULL)
-        abort();
+    drey_ops *o = drey_xcalloc(1, sizeof *o);
     o->opts = *opts;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/crc32c.h"
 
 #define SNAP_MAGIC "DREYSNP"
@@ -74,9 +75,7 @@ static uint8_t *reserve(buffer *b, size_t n) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap - b->len < n)
             cap *= 2;
-        b->data = realloc(b->data, cap);
-        if (b->data == NULL)
-            abort();
+        b->data = drey_xrealloc(b->data, cap, 1);
         b->cap = cap;
     }
     uint8_t *p = b->data + b->len;
@@ -110,9 +109,7 @@ static void on_item(void *ctx, size_t shard, const drey_store_item *it) {
 }
 
 drey_snapshot *drey_snapshot_begin(drey_store *s, uint64_t lsn, int64_t time_ms) {
-    drey_snapshot *snap = calloc(1, sizeof *snap);
-    if (snap == NULL)
-        abort();
+    drey_snapshot *snap = drey_xcalloc(1, sizeof *snap);
     snap->store = s;
     snap->lsn = lsn;
     snap->time_ms = time_ms;
@@ -257,9 +254,7 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
     uint64_t pos = get32(head + 12); /* next byte of the file to read */
     uint64_t rec = pos;              /* file offset of buf[start] */
     size_t cap = READ_CHUNK, have = 0, start = 0;
-    buf = malloc(cap);
-    if (buf == NULL)
-        abort();
+    buf = drey_xmalloc(cap);
     uint32_t chain = 0;
     uint64_t count = 0;
     for (;;) {
@@ -308,9 +303,7 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
         start = 0;
         if (need > cap) {
             cap = need;
-            buf = realloc(buf, cap);
-            if (buf == NULL)
-                abort();
+            buf = drey_xrealloc(buf, cap, 1);
         }
         size_t n = cap - have < end - pos ? cap - have : (size_t)(end - pos);
         rc = drey_io_pread_all(io, fd, buf + have, n, (off_t)pos);

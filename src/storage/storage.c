@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/crc32c.h"
 #include "drey/journal/v1/journal.pb-c.h"
@@ -86,9 +87,7 @@ static int write_manifest(drey_io *io, const char *dir, const char *snapshot, ui
     m.retained_snapshots = retained;
     m.n_retained_snapshots = n_retained;
     size_t len = protobuf_c_message_get_packed_size(&m.base);
-    uint8_t *buf = malloc(16 + len);
-    if (buf == NULL)
-        abort();
+    uint8_t *buf = drey_xmalloc(16 + len);
     memcpy(buf, MANIFEST_MAGIC, 8);
     protobuf_c_message_pack(&m.base, buf + 16);
     uint32_t crc = drey_crc32c(0, buf + 16, len);
@@ -264,13 +263,9 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
         char **names;
         size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
         size_t n_kept = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
-        char **kept = malloc((n_kept ? n_kept : 1) * sizeof *kept);
-        if (kept == NULL)
-            abort();
+        char **kept = drey_xmalloc((n_kept ? n_kept : 1) * sizeof *kept);
         for (size_t i = 0; i < n_kept; i++) {
-            kept[i] = malloc(strlen(names[i]) + 12);
-            if (kept[i] == NULL)
-                abort();
+            kept[i] = drey_xmalloc(strlen(names[i]) + 12);
             sprintf(kept[i], "snapshots/%s", names[i]);
         }
         r->rc = write_manifest(st->io, st->dir, r->file, r->info.lsn, kept, n_kept);
@@ -363,9 +358,7 @@ static void *snapshot_main(void *arg) {
 
 void drey_storage_request_snapshot(drey_storage *st, void (*done)(void *arg, const drey_snapshot_result *r),
                                    void *arg) {
-    waiter *w = malloc(sizeof *w);
-    if (w == NULL)
-        abort();
+    waiter *w = drey_xmalloc(sizeof *w);
     w->done = done;
     w->arg = arg;
     pthread_mutex_lock(&st->mu);
@@ -400,11 +393,9 @@ static void remove_leftovers(drey_storage *st) {
 
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap) {
-    drey_storage *st = calloc(1, sizeof *st);
-    if (st == NULL)
-        abort();
+    drey_storage *st = drey_xcalloc(1, sizeof *st);
     st->opts = *opts;
-    st->dir = strdup(opts->journal.dir);
+    st->dir = drey_xstrdup(opts->journal.dir);
     st->io = opts->journal.io;
     st->store = store;
     if (st->opts.retain_snapshots == 0)
