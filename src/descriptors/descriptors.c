@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "drey/alloc.h"
+#include "drey/bytes.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
 typedef struct symbol {
@@ -36,19 +37,6 @@ struct drey_descriptors {
     char **services;
     size_t n_services;
 };
-
-static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if ((b & 0x80) == 0) {
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
 
 static char *join(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
@@ -169,7 +157,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     size_t n = 0;
     while (p < end) {
         uint64_t key, flen;
-        if (!read_varint(&p, end, &key) || key != ((1 << 3) | 2) || !read_varint(&p, end, &flen) ||
+        if (!drey_bytes_varint(&p, end, &key) || key != ((1 << 3) | 2) || !drey_bytes_varint(&p, end, &flen) ||
             flen > (uint64_t)(end - p) || n >= d->n_files)
             goto fail;
         d->files[n].data = p;

@@ -17,6 +17,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/bytes.h"
 #include "drey/crc32c.h"
 #include "drey/journal/v1/journal.pb-c.h"
 #include "drey/log.h"
@@ -63,8 +64,7 @@ int drey_storage__read_manifest(drey_io *io, const char *dir, char *snapshot, si
         return rc;
     rc = -EINVAL;
     if (n >= 16 && memcmp(buf, MANIFEST_MAGIC, 8) == 0) {
-        uint32_t len = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
-        uint32_t crc = (uint32_t)buf[12] | (uint32_t)buf[13] << 8 | (uint32_t)buf[14] << 16 | (uint32_t)buf[15] << 24;
+        uint32_t len = drey_bytes_get32(buf + 8), crc = drey_bytes_get32(buf + 12);
         if (len == n - 16 && crc == drey_crc32c(0, buf + 16, len)) {
             Drey__Journal__V1__Manifest *m = drey__journal__v1__manifest__unpack(NULL, len, buf + 16);
             if (m != NULL) {
@@ -91,10 +91,8 @@ static int write_manifest(drey_io *io, const char *dir, const char *snapshot, ui
     memcpy(buf, MANIFEST_MAGIC, 8);
     protobuf_c_message_pack(&m.base, buf + 16);
     uint32_t crc = drey_crc32c(0, buf + 16, len);
-    for (int i = 0; i < 4; i++) {
-        buf[8 + i] = (uint8_t)(len >> (8 * i));
-        buf[12 + i] = (uint8_t)(crc >> (8 * i));
-    }
+    drey_bytes_put32(buf + 8, (uint32_t)len);
+    drey_bytes_put32(buf + 12, crc);
     int rc = drey_io_write_file_atomic(io, dir, "CURRENT", buf, 16 + len);
     free(buf);
     return rc;
