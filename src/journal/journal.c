@@ -679,16 +679,16 @@ void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out) {
     *out = j->stats;
     out->quota_max_bytes = j->opts.max_bytes;
     out->quota_high_water_bytes = j->opts.max_bytes / 10 * 8;
-    out->quota_state = DREY_JOURNAL_QUOTA_NORMAL;
+    out->quota_state = DREY_LEVEL_NORMAL;
     if (j->opts.max_bytes > 0) {
         /* Critical while even the smallest record, or the last one refused,
          * would not fit: the state tells what writes see now, never what
          * they saw once. */
         if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false) ||
             (j->refused_need > 0 && !quota_fits(j, j->refused_need, false)))
-            out->quota_state = DREY_JOURNAL_QUOTA_CRITICAL;
+            out->quota_state = DREY_LEVEL_CRITICAL;
         else if (out->disk_bytes >= out->quota_high_water_bytes)
-            out->quota_state = DREY_JOURNAL_QUOTA_HIGH;
+            out->quota_state = DREY_LEVEL_HIGH;
     }
     pthread_mutex_unlock(&j->mu);
 }

@@ -26,15 +26,6 @@ struct drey_memory {
     _Atomic uint64_t rejections;
 };
 
-const char *drey_memory_state_name(drey_memory_state s) {
-    switch (s) {
-    case DREY_MEMORY_NORMAL: return "normal";
-    case DREY_MEMORY_HIGH: return "high";
-    case DREY_MEMORY_CRITICAL: return "critical";
-    }
-    return "?";
-}
-
 static int64_t read_limit_file(const char *path) {
     FILE *f = fopen(path, "r");
     if (f == NULL)
@@ -71,8 +62,8 @@ void drey_memory_destroy(drey_memory *m) {
     free(m);
 }
 
-static drey_memory_state state_of(const drey_memory *m, int64_t used) {
-    return used >= m->critical ? DREY_MEMORY_CRITICAL : used >= m->high ? DREY_MEMORY_HIGH : DREY_MEMORY_NORMAL;
+static drey_level state_of(const drey_memory *m, int64_t used) {
+    return used >= m->critical ? DREY_LEVEL_CRITICAL : used >= m->high ? DREY_LEVEL_HIGH : DREY_LEVEL_NORMAL;
 }
 
 bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st) {
