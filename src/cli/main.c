@@ -22,7 +22,7 @@
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/client.h"
 #include "drey/config.h"
-#include "drey/ops.h"
+#include "drey/pbjson.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "json.h"
 
@@ -409,7 +409,7 @@ static int cmd_ready(cli *c, char **args) {
     if (!call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
               &resp))
         return EXIT_CALL_FAILED;
-    drey_ops_write_json(stdout, &resp->base);
+    drey_pbjson_write(stdout, &resp->base);
     putchar('\n');
     return resp->ready ? EXIT_OK : EXIT_NEGATIVE;
 }

@@ -17,6 +17,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/pbjson.h"
 
 struct drey_ops {
     drey_ops_options opts;
@@ -95,7 +96,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             FILE *f = open_memstream(&body, &len);
             bool details = url[1] == 'h';
             if (details) {
-                drey_ops_write_json(f, &drey_admin_readiness(o->opts.admin, &a)->base);
+                drey_pbjson_write(f, &drey_admin_readiness(o->opts.admin, &a)->base);
                 fputc('\n', f);
             } else {
                 drey_metrics_write(o->opts.metrics, f);
