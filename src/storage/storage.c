@@ -389,6 +389,17 @@ static void remove_leftovers(drey_storage *st) {
     drey_io_free_names(names, n);
 }
 
+/* What open acquires before it can fail and close releases last: the data
+ * directory's lock, the strings and the synchronisation. */
+static void free_storage(drey_storage *st) {
+    if (st->lock_fd >= 0)
+        st->io->ops->close(st->io, st->lock_fd);
+    free(st->dir);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+}
+
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap) {
     drey_storage *st = drey_xcalloc(1, sizeof *st);
@@ -453,12 +464,7 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     *out = st;
     return 0;
 fail:
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
     return rc;
 }
 
@@ -471,12 +477,7 @@ void drey_storage_close(drey_storage *st) {
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->thread, NULL);
     drey_journal_close(st->journal);
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
 }
 
 drey_journal *drey_storage_journal(drey_storage *st) {
