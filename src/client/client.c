@@ -182,6 +182,20 @@ static grpc_call *new_call(drey_client *c, grpc_completion_queue *cq, const char
     return grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL, deadline, NULL);
 }
 
+/* The four ops that open every call this client makes (one request message,
+ * then the server's headers): ops[0..3]. Unary calls add the response and the
+ * status to the same batch; streams read them later. */
+static void open_ops(grpc_op *ops, drey_client *c, grpc_byte_buffer *send, grpc_metadata_array *initial_md) {
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = c->headers.count;
+    ops[0].data.send_initial_metadata.metadata = c->headers.md;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = initial_md;
+}
+
 /* --- unary calls ---------------------------------------------------------- */
 
 /* Starts u's batch (u->send set by the caller) on cq with tag u. */
@@ -195,14 +209,7 @@ static grpc_call_error unary_start(drey_client *c, unary_call *u, grpc_completio
 
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = c->headers.count;
-    ops[0].data.send_initial_metadata.metadata = c->headers.md;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = u->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->initial_md;
+    open_ops(ops, c, u->send, &u->initial_md);
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &u->recv;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -366,14 +373,7 @@ drey_client_stream *drey_client_stream_start(drey_client *c, const char *method,
 
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = c->headers.count;
-    ops[0].data.send_initial_metadata.metadata = c->headers.md;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = s->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
+    open_ops(ops, c, s->send, &s->initial_md);
     grpc_call_error err = grpc_call_start_batch(s->call, ops, 4, &s->send_tag, NULL);
     if (err != GRPC_CALL_OK) {
         drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
