@@ -226,7 +226,8 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_memory_limit_bytes", "The memory limit for entries.", (double)d->memory->limit_bytes);
     gauge(out, "drey_memory_jemalloc_allocated_bytes", "jemalloc's stats.allocated (-1 without jemalloc).",
           (double)d->memory->jemalloc_allocated_bytes);
-    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state, drey_level_names, DREY_LEVEL_COUNT);
+    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state,
+                drey_level_names, DREY_LEVEL_COUNT);
     gauge(out, "drey_inflight_calls", "Calls admitted and running.", d->backpressure->in_flight);
     gauge(out, "drey_queued_calls", "Calls waiting for a slot.", d->backpressure->queued);
     gauge(out, "drey_tracked_principals", "Principals in the backpressure table.",
