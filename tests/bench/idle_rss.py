@@ -7,6 +7,8 @@ which VmRSS (/proc/<pid>/status) is sampled every 250 ms:
   expired   5 s of 256 KiB Sets with a 2 ms ttl (4 connections x 8 streams):
             every entry expires and active expiry frees it, nothing stays.
   deleted   200 keys of 256 KiB Set (50 MiB of entries), then all removed.
+  deadline  (only with --bursts) 5 s of 256 KiB Sets over 1,000 keys whose calls
+            have a 2 ms deadline: writes queued before it passed still land.
 
 Each burst runs once per allocator configuration, in one run so the two can
 be compared on the same noisy machine (read the ratios, not the absolute
@@ -82,8 +84,9 @@ def run_burst(kind, conf, args, harness):
     srv = harness.DreyServer("--ops-listen=127.0.0.1:0", "--max-value-bytes=1MiB", env=env).start()
     try:
         base = rss_bytes(srv.proc.pid)
-        if kind == "expired":
-            bench(args.bench, srv, "--mix=set:1", "--ttl=2ms", "--duration=%gs" % args.burst, "--warmup=0s",
+        if kind in ("expired", "deadline"):
+            expiry = "--ttl=2ms" if kind == "expired" else "--timeout=2ms"
+            bench(args.bench, srv, "--mix=set:1", expiry, "--duration=%gs" % args.burst, "--warmup=0s",
                   "--connections=4", "--streams=8", "--keys=1000")
         else:
             common = ["--distribution=sequential", "--keys=200", "--count=200", "--timeout=30s", "--connections=2",
@@ -115,6 +118,7 @@ def main():
     ap.add_argument("--burst", type=float, default=5.0, help="seconds of the expired-Set burst")
     ap.add_argument("--conf", action="append", metavar="NAME=MALLOC_CONF",
                     help="a configuration to compare (repeatable; default: jemalloc defaults and as built)")
+    ap.add_argument("--bursts", default="expired,deleted", help="comma-separated: expired, deleted, deadline")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ["DREY_BIN"] = os.path.abspath(args.dreyd)
@@ -124,7 +128,7 @@ def main():
     if args.conf:
         configs = [tuple(c.split("=", 1)) if "=" in c else (c, None) for c in args.conf]
     rows = []
-    for kind in ("expired", "deleted"):
+    for kind in args.bursts.split(","):
         for name, conf in configs:
             row = run_burst(kind, conf, args, harness)
             row["name"] = name
