@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "drey/io.h"
+#include "drey/level.h"
 
 typedef enum drey_fsync_policy {
     DREY_FSYNC_ALWAYS,   /* acknowledge after fdatasync */
@@ -162,14 +163,6 @@ int64_t drey_journal_sweep_horizon(drey_journal *j, int64_t now_ms);
 int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed);
 
 /* The journal disk quota (see drey_journal_options.max_bytes). */
-typedef enum drey_journal_quota_state {
-    DREY_JOURNAL_QUOTA_NORMAL,   /* below the high-water mark */
-    DREY_JOURNAL_QUOTA_HIGH,     /* from high water: observability only */
-    DREY_JOURNAL_QUOTA_CRITICAL, /* the next append would not fit: refused */
-} drey_journal_quota_state;
-
-const char *drey_journal_quota_state_name(drey_journal_quota_state s);
-
 typedef struct drey_journal_stats {
     uint64_t last_lsn;
     uint64_t segments;
@@ -184,7 +177,7 @@ typedef struct drey_journal_stats {
     drey_fsync_policy fsync;
     uint64_t quota_max_bytes;    /* 0: no quota */
     uint64_t quota_high_water_bytes;
-    drey_journal_quota_state quota_state;
+    drey_level quota_state; /* HIGH from high water; CRITICAL: the next append would not fit */
     uint64_t quota_rejections;
     uint64_t queued_records;     /* appended, not yet taken by the writer */
     uint64_t queued_bytes;       /* their payload bytes */

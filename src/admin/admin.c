@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 struct drey_admin {
@@ -22,11 +23,9 @@ struct drey_admin {
 };
 
 drey_admin *drey_admin_create(const drey_admin_options *opts) {
-    drey_admin *a = calloc(1, sizeof *a);
-    if (a == NULL)
-        abort();
+    drey_admin *a = drey_xcalloc(1, sizeof *a);
     a->opts = *opts;
-    a->fsync_policy = strdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
+    a->fsync_policy = drey_xstrdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
     return a;
 }
 
@@ -134,8 +133,8 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         jd->used_bytes = js.disk_bytes;
         jd->max_bytes = js.quota_max_bytes;
         jd->high_water_bytes = js.quota_high_water_bytes;
-        jd->state = (char *)drey_journal_quota_state_name(js.quota_state);
-        jd->write_rejection_active = js.quota_state == DREY_JOURNAL_QUOTA_CRITICAL;
+        jd->state = (char *)drey_level_name(js.quota_state);
+        jd->write_rejection_active = js.quota_state == DREY_LEVEL_CRITICAL;
         j->fsync_policy = (char *)fsync_name(js.fsync);
         j->last_lsn = js.last_lsn;
         j->segments = (uint32_t)js.segments;
@@ -172,13 +171,13 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
     drey_memory_stats ms;
     drey_memory_get_stats(a->opts.memory, &ms);
-    m->state = (char *)drey_memory_state_name(ms.state);
+    m->state = (char *)drey_level_name(ms.state);
     m->limit_bytes = ms.limit_bytes;
     m->used_bytes = ms.used_bytes;
     m->high_bytes = ms.high_bytes;
     m->critical_bytes = ms.critical_bytes;
     m->jemalloc_allocated_bytes = ms.jemalloc_allocated_bytes;
-    m->write_rejection_active = ms.state == DREY_MEMORY_CRITICAL;
+    m->write_rejection_active = ms.state == DREY_LEVEL_CRITICAL;
     d->memory = m;
 
     RD_(Backpressure) *b = NEW(arena, RD_(Backpressure), drey__admin__v1__readiness_details__backpressure__init);
@@ -228,14 +227,13 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     drey_arena arena;
     drey_arena_init(&arena, scratch, sizeof scratch);
     RD *d = drey_admin_readiness(a, &arena);
-    static const char *const levels[] = {"normal", "high", "critical"};
 
     gauge(out, "drey_ready", "1 when the node can serve (recovered, journal not failed).", d->ready);
     gauge(out, "drey_journal_disk_used_bytes", "Journal segment bytes on disk, preallocation included.",
           (double)d->journal_disk->used_bytes);
     gauge(out, "drey_journal_disk_max_bytes", "The journal disk quota (0: none).", (double)d->journal_disk->max_bytes);
     state_gauge(out, "drey_journal_disk_state", "Journal disk quota state (1 for the current one).",
-                d->journal_disk->state, levels, 3);
+                d->journal_disk->state, drey_level_names, DREY_LEVEL_COUNT);
     gauge(out, "drey_journal_last_lsn", "LSN of the last journal record.", (double)d->journal->last_lsn);
     gauge(out, "drey_journal_segments", "Journal segment files.", d->journal->segments);
     gauge(out, "drey_journal_queued_records", "Writes waiting for the journal's writer.",
@@ -247,7 +245,8 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_memory_limit_bytes", "The memory limit for entries.", (double)d->memory->limit_bytes);
     gauge(out, "drey_memory_jemalloc_allocated_bytes", "jemalloc's stats.allocated (-1 without jemalloc).",
           (double)d->memory->jemalloc_allocated_bytes);
-    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state, levels, 3);
+    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state,
+                drey_level_names, DREY_LEVEL_COUNT);
     gauge(out, "drey_inflight_calls", "Calls admitted and running.", d->backpressure->in_flight);
     gauge(out, "drey_queued_calls", "Calls waiting for a slot.", d->backpressure->queued);
     gauge(out, "drey_tracked_principals", "Principals in the backpressure table.",

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 enum { T_NEW, T_QUEUED, T_DELAYED, T_RUNNING, T_DONE };
@@ -68,9 +69,7 @@ const char *drey_bp_reject_reason_name(size_t i) {
 }
 
 drey_bp *drey_bp_create(const drey_bp_options *opts, drey_timers *timers) {
-    drey_bp *bp = calloc(1, sizeof *bp);
-    if (bp == NULL)
-        abort();
+    drey_bp *bp = drey_xcalloc(1, sizeof *bp);
     bp->opts = *opts;
     snprintf(bp->node_id, sizeof bp->node_id, "%s", opts->node_id != NULL ? opts->node_id : "");
     bp->opts.node_id = bp->node_id;
@@ -79,9 +78,7 @@ drey_bp *drey_bp_create(const drey_bp_options *opts, drey_timers *timers) {
     size_t n = 64;
     while (n < 2 * (size_t)opts->max_principals)
         n *= 2;
-    bp->table = calloc(n, sizeof *bp->table);
-    if (bp->table == NULL)
-        abort();
+    bp->table = drey_xcalloc(n, sizeof *bp->table);
     bp->table_mask = n - 1;
     bp->node.tokens = opts->node_burst;
     bp->node.refilled_ns = drey_mono_ns();
@@ -169,9 +166,7 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
         table_remove(bp, victim);
     }
     size_t len = strlen(name);
-    drey_bp_principal *p = calloc(1, sizeof *p + len + 1);
-    if (p == NULL)
-        abort();
+    drey_bp_principal *p = drey_xcalloc(1, sizeof *p + len + 1);
     memcpy(p->name, name, len + 1);
     p->hash = h;
     /* A cluster peer forwarding calls (node:<id>) carries many tenants'

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
 #include "drey/log.h"
@@ -472,9 +473,7 @@ static const drey_method_spec methods[] = {
 };
 
 drey_cache *drey_cache_create(drey_store *store) {
-    drey_cache *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_cache *c = drey_xcalloc(1, sizeof *c);
     c->store = store;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);

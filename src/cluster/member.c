@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
 #include "drey/placement.h"
@@ -38,10 +39,7 @@
 #define TXN_OPS 100 /* below etcd's --max-txn-ops (128) */
 
 static char *xstrdup(const char *s) {
-    char *d = strdup(s != NULL ? s : "");
-    if (d == NULL)
-        abort();
-    return d;
+    return drey_xstrdup(s != NULL ? s : "");
 }
 
 static char *key_of(const drey_cluster *c, drey_arena *a, const char *suffix) {
@@ -87,9 +85,7 @@ static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool de
         }
         if (c->n_members == c->cap_members) {
             c->cap_members = c->cap_members ? c->cap_members * 2 : 8;
-            c->members = realloc(c->members, c->cap_members * sizeof *c->members);
-            if (c->members == NULL)
-                abort();
+            c->members = drey_xrealloc(c->members, c->cap_members, sizeof *c->members);
         }
         c->members[c->n_members++] = m;
     } else if (rlen == 10 && memcmp(rest, "controller", 10) == 0) {
@@ -279,9 +275,7 @@ out:
 }
 
 drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, size_t cap) {
-    drey_cluster *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_cluster *c = drey_xcalloc(1, sizeof *c);
     c->opts = *opts;
     c->opts.node_id = xstrdup(opts->node_id);
     c->opts.advertise = xstrdup(opts->advertise);
@@ -289,9 +283,7 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     c->opts.etcd = xstrdup(opts->etcd);
     c->opts.build = xstrdup(opts->build);
     size_t pl = strlen(opts->prefix);
-    c->prefix = malloc(pl + 2);
-    if (c->prefix == NULL)
-        abort();
+    c->prefix = drey_xmalloc(pl + 2);
     snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
     pthread_mutex_init(&c->mu, NULL);
     /* The controller's periodic wake-up measures time on the monotonic
@@ -323,10 +315,8 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
     c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd}, err, cap);
     if (c->etcd == NULL || !check_config(c, err, cap))
         return -1;
-    c->entries = calloc(c->n_parts, sizeof *c->entries);
-    c->epochs = calloc(c->n_parts, sizeof *c->epochs);
-    if (c->entries == NULL || c->epochs == NULL)
-        abort();
+    c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
+    c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
     c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
@@ -448,11 +438,9 @@ static bool assign_unowned(drey_cluster *c) {
         pthread_mutex_unlock(&c->mu);
         return true;
     }
-    char **ids = malloc(n * sizeof *ids);
-    int64_t *epochs = malloc(c->n_parts * sizeof *epochs);
-    bool *want = malloc(c->n_parts * sizeof *want);
-    if (ids == NULL || epochs == NULL || want == NULL)
-        abort();
+    char **ids = drey_xcalloc(n, sizeof *ids);
+    int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
+    bool *want = drey_xcalloc(c->n_parts, sizeof *want);
     for (size_t i = 0; i < n; i++)
         ids[i] = xstrdup(c->members[i]->id);
     for (uint32_t p = 0; p < c->n_parts; p++) {
@@ -462,9 +450,7 @@ static bool assign_unowned(drey_cluster *c) {
     pthread_mutex_unlock(&c->mu);
 
     qsort(ids, n, sizeof *ids, cmp_str);
-    uint32_t *assign = malloc((size_t)c->n_parts * sizeof *assign);
-    if (assign == NULL)
-        abort();
+    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * sizeof *assign);
     drey_placement_assign((const char *const *)ids, n, c->n_parts, 1, assign);
     bool ok = true;
     for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {

@@ -23,6 +23,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
 #include "internal.h"
@@ -70,13 +71,11 @@ static char *read_file(const char *path, char *err, size_t cap) {
         return NULL;
     }
     size_t n = 0, size = 8192;
-    char *buf = malloc(size);
-    if (buf == NULL)
-        abort();
+    char *buf = drey_xmalloc(size);
     for (size_t r; (r = fread(buf + n, 1, size - n - 1, f)) > 0;) {
         n += r;
-        if (n == size - 1 && (buf = realloc(buf, size *= 2)) == NULL)
-            abort();
+        if (n == size - 1)
+            buf = drey_xrealloc(buf, size *= 2, 1);
     }
     fclose(f);
     buf[n] = '\0';
@@ -163,14 +162,10 @@ drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *ke
         snprintf(err, err_cap, "a cluster node needs --internal-tls-cert, --internal-tls-key and --internal-tls-ca");
         return NULL;
     }
-    drey_cluster__peers *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        abort();
-    p->paths[0] = strdup(cert);
-    p->paths[1] = strdup(key);
-    p->paths[2] = strdup(ca);
-    if (p->paths[0] == NULL || p->paths[1] == NULL || p->paths[2] == NULL)
-        abort();
+    drey_cluster__peers *p = drey_xcalloc(1, sizeof *p);
+    p->paths[0] = drey_xstrdup(cert);
+    p->paths[1] = drey_xstrdup(key);
+    p->paths[2] = drey_xstrdup(ca);
     grpc_init();
     p->creds = load_creds(p, err, err_cap);
     if (p->creds == NULL) {
@@ -274,10 +269,8 @@ static grpc_channel *channel_locked(drey_cluster__peers *p, const char *id, cons
     args[2].value.integer = -1;
     grpc_channel_args cargs = {.num_args = 3, .args = args};
     peer *pe = &p->peers[p->n++];
-    pe->id = strdup(id);
-    pe->address = strdup(address);
-    if (pe->id == NULL || pe->address == NULL)
-        abort();
+    pe->id = drey_xstrdup(id);
+    pe->address = drey_xstrdup(address);
     pe->channel = grpc_channel_create(address, p->creds, &cargs);
     return pe->channel;
 }
@@ -286,9 +279,7 @@ void drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg) {
-    pcall *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    pcall *c = drey_xcalloc(1, sizeof *c);
     c->done = done;
     c->arg = arg;
     grpc_metadata_array_init(&c->initial_md);

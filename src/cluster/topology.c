@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/log.h"
 #include "internal.h"
@@ -24,10 +25,7 @@ struct topo_watcher {
 };
 
 static char *xstrdup(const char *s) {
-    char *d = strdup(s != NULL ? s : "");
-    if (d == NULL)
-        abort();
-    return d;
+    return drey_xstrdup(s != NULL ? s : "");
 }
 
 void drey_cluster__topology_unref(drey_cluster__topology *t) {
@@ -60,25 +58,19 @@ static int32_t node_index(drey_cluster__topology *t, size_t *cap, const char *id
     }
     if (t->n_nodes == *cap) {
         *cap = *cap ? *cap * 2 : 8;
-        t->nodes = realloc(t->nodes, *cap * sizeof *t->nodes);
-        if (t->nodes == NULL)
-            abort();
+        t->nodes = drey_xrealloc(t->nodes, *cap, sizeof *t->nodes);
     }
     t->nodes[t->n_nodes] = (drey_cluster__node){.id = xstrdup(id), .advertise = xstrdup(""), .internal = xstrdup("")};
     return (int32_t)t->n_nodes++;
 }
 
 void drey_cluster__publish_locked(drey_cluster *c) {
-    drey_cluster__topology *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        abort();
+    drey_cluster__topology *t = drey_xcalloc(1, sizeof *t);
     atomic_store(&t->refs, 1);
     t->revision = c->revision;
     t->n_parts = c->n_parts;
     t->rf = c->rf;
-    t->parts = calloc(c->n_parts ? c->n_parts : 1, sizeof *t->parts);
-    if (t->parts == NULL)
-        abort();
+    t->parts = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *t->parts);
     size_t cap = 0;
     for (size_t i = 0; i < c->n_members; i++) {
         int32_t k = node_index(t, &cap, c->members[i]->id);
@@ -150,9 +142,7 @@ static void watch_message(void *ctx, drey_call *call, const ProtobufCMessage *ms
     drey_cluster *c = ctx;
     if (msg == NULL)
         return;
-    topo_watcher *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        abort();
+    topo_watcher *w = drey_xcalloc(1, sizeof *w);
     w->call = call;
     pthread_mutex_lock(&c->mu);
     if (c->stopping) {

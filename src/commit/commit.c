@@ -7,6 +7,7 @@
  *   u8 0, u16 error, u8 n, n x (u8 len, key, u8 len, value)   (it failed)
  * expiring `retention` after the write's time.
  */
+#include "drey/alloc.h"
 #include "drey/commit.h"
 
 #include <errno.h>
@@ -28,9 +29,7 @@ struct drey_commit {
 };
 
 drey_commit *drey_commit_create(const drey_commit_options *opts) {
-    drey_commit *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_commit *c = drey_xcalloc(1, sizeof *c);
     c->opts = *opts;
     for (size_t i = 0; i < OUTCOME_STRIPES; i++)
         pthread_mutex_init(&c->stripes[i], NULL);

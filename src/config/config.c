@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+
 typedef enum {
     OPT_STRING,
     OPT_INT,
@@ -279,7 +281,7 @@ static bool set_option(drey_config *cfg, const option *o, const char *value, con
     case OPT_STRING: {
         char **slot = (char **)(void *)base;
         free(*slot);
-        *slot = strdup(value);
+        *slot = drey_xstrdup(value);
         return true;
     }
     case OPT_BOOL: {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define MAX_SERVICES 16
@@ -52,9 +53,7 @@ static void send_status(drey_call *call, drey_health_status st) {
 }
 
 drey_health *drey_health_create(void) {
-    drey_health *h = calloc(1, sizeof *h);
-    if (h == NULL)
-        abort();
+    drey_health *h = drey_xcalloc(1, sizeof *h);
     pthread_mutex_init(&h->mu, NULL);
     return h;
 }
@@ -130,9 +129,7 @@ static void watch_message(void *ctx, drey_call *call, const ProtobufCMessage *ms
         return; /* half-close: the stream stays open for updates */
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)msg;
     drey_health *h = ctx;
-    watcher *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        abort();
+    watcher *w = drey_xcalloc(1, sizeof *w);
     w->call = call;
     /* A name too long to be a known service watches as unknown. */
     snprintf(w->service, sizeof w->service, "%s", strlen(req->service) < MAX_SERVICE_NAME ? req->service : "\x01");

@@ -13,6 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "drey/alloc.h"
 #include "drey/io.h"
 
 static int px_open(drey_io *io, const char *path, int flags, int mode) {
@@ -99,9 +100,7 @@ static int px_sync_dir(drey_io *io, const char *path) {
 static int px_mkdir(drey_io *io, const char *path) {
     if (mkdir(path, 0755) != 0)
         return errno == EEXIST ? 0 : -errno;
-    char *copy = strdup(path);
-    if (copy == NULL)
-        return -ENOMEM;
+    char *copy = drey_xstrdup(path);
     int rc = px_sync_dir(io, dirname(copy));
     free(copy);
     return rc;
@@ -117,20 +116,16 @@ static int px_list_dir(drey_io *io, const char *path, char ***names, size_t *n) 
     if (d == NULL)
         return -errno;
     size_t cap = 16, count = 0;
-    char **v = malloc(cap * sizeof *v);
-    if (v == NULL)
-        abort();
+    char **v = drey_xmalloc(cap * sizeof *v);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
         if (count == cap) {
             cap *= 2;
-            v = realloc(v, cap * sizeof *v);
-            if (v == NULL)
-                abort();
+            v = drey_xrealloc(v, cap, sizeof *v);
         }
-        v[count++] = strdup(e->d_name);
+        v[count++] = drey_xstrdup(e->d_name);
     }
     closedir(d);
     qsort(v, count, sizeof *v, name_cmp);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/journal.h"
 #include "drey/log.h"
@@ -77,17 +78,10 @@ struct drey_journal {
     uint64_t epoch_lsn;   /* first LSN written since the last sync; 0: none */
 };
 
-static void *xrealloc(void *p, size_t n) {
-    p = realloc(p, n);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
 static void add_segment(drey_journal *j, const char *name, uint64_t first_lsn, uint64_t size) {
     if (j->n_segs == j->cap_segs) {
         j->cap_segs = j->cap_segs ? j->cap_segs * 2 : 8;
-        j->segs = xrealloc(j->segs, j->cap_segs * sizeof *j->segs);
+        j->segs = drey_xrealloc(j->segs, j->cap_segs, sizeof *j->segs);
     }
     segment *s = &j->segs[j->n_segs++];
     snprintf(s->name, sizeof s->name, "%s", name);
@@ -230,7 +224,7 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
         total += drey_frame_size(e->len);
     if (total > j->buf_cap) {
         j->buf_cap = total > 2 * j->buf_cap ? total : 2 * j->buf_cap;
-        j->buf = xrealloc(j->buf, j->buf_cap);
+        j->buf = drey_xrealloc(j->buf, j->buf_cap, 1);
     }
     uint64_t first = j->next_lsn;
     /* The frames' batch LSN is the first LSN written since the segment was
@@ -465,11 +459,9 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
         return -EINVAL;
     }
 
-    drey_journal *j = calloc(1, sizeof *j);
-    if (j == NULL)
-        abort();
+    drey_journal *j = drey_xcalloc(1, sizeof *j);
     j->opts = *opts;
-    j->dir = strdup(opts->dir);
+    j->dir = drey_xstrdup(opts->dir);
     j->opts.dir = j->dir;
     j->io = io;
     j->fd = -1;
@@ -642,9 +634,7 @@ void drey_journal_set_max_bytes(drey_journal *j, uint64_t max_bytes) {
 }
 
 void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg) {
-    task *t = malloc(sizeof *t);
-    if (t == NULL)
-        abort();
+    task *t = drey_xmalloc(sizeof *t);
     t->fn = fn;
     t->arg = arg;
     pthread_mutex_lock(&j->mu);
@@ -712,16 +702,16 @@ void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out) {
     *out = j->stats;
     out->quota_max_bytes = j->opts.max_bytes;
     out->quota_high_water_bytes = j->opts.max_bytes / 10 * 8;
-    out->quota_state = DREY_JOURNAL_QUOTA_NORMAL;
+    out->quota_state = DREY_LEVEL_NORMAL;
     if (j->opts.max_bytes > 0) {
         /* Critical while even the smallest record, or the last one refused,
          * would not fit: the state tells what writes see now, never what
          * they saw once. */
         if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false) ||
             (j->refused_need > 0 && !quota_fits(j, j->refused_need, false)))
-            out->quota_state = DREY_JOURNAL_QUOTA_CRITICAL;
+            out->quota_state = DREY_LEVEL_CRITICAL;
         else if (out->disk_bytes >= out->quota_high_water_bytes)
-            out->quota_state = DREY_JOURNAL_QUOTA_HIGH;
+            out->quota_state = DREY_LEVEL_HIGH;
     }
     pthread_mutex_unlock(&j->mu);
 }

@@ -5,6 +5,7 @@
  * start-up (the transport binds each method to a handle of its own), so a
  * linear scan over a few dozen methods is enough.
  */
+#include "drey/alloc.h"
 #include "drey/method.h"
 
 #include <stdio.h>
@@ -20,9 +21,7 @@ struct drey_method_table {
 };
 
 drey_method_table *drey_method_table_create(void) {
-    drey_method_table *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        abort();
+    drey_method_table *t = drey_xcalloc(1, sizeof *t);
     return t;
 }
 
@@ -95,19 +94,15 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
         if (!spec_ok(sd, &sd->methods[m], find_spec(specs, n_specs, sd->methods[m].name)))
             return false;
     }
-    t->methods = realloc(t->methods, (t->n + sd->n_methods) * sizeof *t->methods);
-    if (t->methods == NULL)
-        abort();
+    t->methods = drey_xrealloc(t->methods, t->n + sd->n_methods, sizeof *t->methods);
     for (unsigned m = 0; m < sd->n_methods; m++) {
         const ProtobufCMethodDescriptor *md = &sd->methods[m];
         const drey_method_spec *spec = find_spec(specs, n_specs, md->name);
         if (spec == NULL)
             continue; /* streaming: checked above */
-        drey_method *dm = calloc(1, sizeof *dm);
+        drey_method *dm = drey_xcalloc(1, sizeof *dm);
         size_t plen = strlen(sd->name) + strlen(md->name) + 3;
-        char *path = malloc(plen);
-        if (dm == NULL || path == NULL)
-            abort();
+        char *path = drey_xmalloc(plen);
         snprintf(path, plen, "/%s/%s", sd->name, md->name);
         *dm = (drey_method){
             .path = path,

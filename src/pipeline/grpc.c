@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 
+#include "drey/alloc.h"
 #include "stages.h"
 
 struct binding {
@@ -93,9 +94,7 @@ static void on_unary(void *ctx, drey_call *call, const ProtobufCMessage *request
 bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal) {
     const drey_method_table *t = drey_pipeline__options(p)->methods;
     size_t n = drey_method_count(t);
-    struct binding *b = calloc(n > 0 ? n : 1, sizeof *b);
-    if (b == NULL)
-        abort();
+    struct binding *b = drey_xcalloc(n > 0 ? n : 1, sizeof *b);
     drey_pipeline__set_bindings(p, internal, b);
     for (size_t i = 0; i < n; i++) {
         const drey_method *m = drey_method_at(t, i);

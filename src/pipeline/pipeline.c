@@ -1,6 +1,7 @@
 /*
  * pipeline — the chain, declared once; see include/drey/pipeline.h.
  */
+#include "drey/alloc.h"
 #include "drey/pipeline.h"
 
 #include <stdatomic.h>
@@ -45,9 +46,7 @@ struct drey_pipeline {
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
-    drey_pipeline *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        abort();
+    drey_pipeline *p = drey_xcalloc(1, sizeof *p);
     p->opts = *opts;
     return p;
 }

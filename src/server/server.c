@@ -8,6 +8,7 @@
  * that the stream holds until the call is over (streaming). The call is freed
  * when the last one goes, whichever thread drops it.
  */
+#include "drey/alloc.h"
 #include "drey/server.h"
 
 #include <arpa/inet.h>
@@ -139,13 +140,6 @@ static void request_call(drey_server *s, request_slot *slot);
 
 /* --- helpers -------------------------------------------------------------- */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
 static grpc_byte_buffer *pack_message(const ProtobufCMessage *m) {
     size_t n = protobuf_c_message_get_packed_size(m);
     grpc_slice slice = grpc_slice_malloc(n);
@@ -192,7 +186,7 @@ static drey_call *call_new(drey_server *s, request_slot *slot) {
     pthread_mutex_lock(&s->mu);
     s->live_calls++;
     pthread_mutex_unlock(&s->mu);
-    drey_call *c = xmalloc(sizeof *c);
+    drey_call *c = drey_xmalloc(sizeof *c);
     memset(c, 0, offsetof(drey_call, arena_buf));
     c->server = s;
     c->method = slot->method;
@@ -408,7 +402,7 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message) {
     pthread_mutex_lock(&c->mu);
     bool open = !atomic_load(&c->closed) && !c->finish_wanted;
     if (open) {
-        out_msg *m = xmalloc(sizeof *m);
+        out_msg *m = drey_xmalloc(sizeof *m);
         m->next = NULL;
         m->bb = pack_message(message);
         if (c->q_tail != NULL)
@@ -427,7 +421,7 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
     if (!c->finish_wanted) {
         c->finish_wanted = true;
         if (st != NULL && !drey_status_ok(st)) {
-            c->finish_status = xmalloc(sizeof *st);
+            c->finish_status = drey_xmalloc(sizeof *st);
             memcpy(c->finish_status, st, sizeof *st);
         }
         pump_locked(c);
@@ -599,7 +593,7 @@ static void request_call(drey_server *s, request_slot *slot) {
 }
 
 static void new_slot(drey_server *s, size_t cq, method_rt *m) {
-    request_slot *slot = xmalloc(sizeof *slot);
+    request_slot *slot = drey_xmalloc(sizeof *slot);
     memset(slot, 0, sizeof *slot);
     slot->tag.done = on_new_call;
     slot->server = s;
@@ -749,14 +743,14 @@ static void *worker_main(void *arg) {
 
 drey_server *drey_server_create(const drey_server_options *opts) {
     grpc_init();
-    drey_server *s = xmalloc(sizeof *s);
+    drey_server *s = drey_xmalloc(sizeof *s);
     memset(s, 0, sizeof *s);
     s->opts = *opts;
-    s->listen = strdup(opts->listen);
+    s->listen = drey_xstrdup(opts->listen);
     s->opts.listen = s->listen;
-    s->opts.tls_cert = opts->tls_cert != NULL ? strdup(opts->tls_cert) : NULL;
-    s->opts.tls_key = opts->tls_key != NULL ? strdup(opts->tls_key) : NULL;
-    s->opts.tls_client_ca = opts->tls_client_ca != NULL ? strdup(opts->tls_client_ca) : NULL;
+    s->opts.tls_cert = opts->tls_cert != NULL ? drey_xstrdup(opts->tls_cert) : NULL;
+    s->opts.tls_key = opts->tls_key != NULL ? drey_xstrdup(opts->tls_key) : NULL;
+    s->opts.tls_client_ca = opts->tls_client_ca != NULL ? drey_xstrdup(opts->tls_client_ca) : NULL;
     s->n_cqs = opts->workers > 0 ? opts->workers : 1;
     s->shutdown_tag.done = on_shutdown;
     pthread_mutex_init(&s->mu, NULL);
@@ -775,7 +769,7 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     grpc_channel_args cargs = {.num_args = 2, .args = args};
     s->grpc = grpc_server_create(&cargs, NULL);
 
-    s->cqs = xmalloc(s->n_cqs * sizeof *s->cqs);
+    s->cqs = drey_xmalloc(s->n_cqs * sizeof *s->cqs);
     for (size_t i = 0; i < s->n_cqs; i++) {
         s->cqs[i] = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(s->grpc, s->cqs[i], NULL);
@@ -796,12 +790,10 @@ bool drey_server_add_method(drey_server *s, const drey_server_method *m) {
             return false;
         }
     }
-    method_rt *rt = xmalloc(sizeof *rt);
+    method_rt *rt = drey_xmalloc(sizeof *rt);
     memset(rt, 0, sizeof *rt);
     rt->spec = *m;
-    rt->spec.path = strdup(m->path);
-    if (rt->spec.path == NULL)
-        abort();
+    rt->spec.path = drey_xstrdup(m->path);
     rt->index = s->n_methods;
     rt->recursive = drey_server__type_is_recursive(m->input);
     rt->registered = grpc_server_register_method(
@@ -812,9 +804,7 @@ bool drey_server_add_method(drey_server *s, const drey_server_method *m) {
         free(rt);
         return false;
     }
-    s->methods = realloc(s->methods, (s->n_methods + 1) * sizeof *s->methods);
-    if (s->methods == NULL)
-        abort();
+    s->methods = drey_xrealloc(s->methods, s->n_methods + 1, sizeof *s->methods);
     s->methods[s->n_methods++] = rt;
     return true;
 }
@@ -888,7 +878,7 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap) {
         }
         new_slot(s, q, NULL);
     }
-    s->threads = xmalloc(s->n_cqs * sizeof *s->threads);
+    s->threads = drey_xmalloc(s->n_cqs * sizeof *s->threads);
     for (size_t q = 0; q < s->n_cqs; q++) {
         if (pthread_create(&s->threads[q], NULL, worker_main, s->cqs[q]) != 0)
             abort();

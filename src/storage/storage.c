@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/bytes.h"
 #include "drey/crc32c.h"
 #include "drey/journal/v1/journal.pb-c.h"
 #include "drey/log.h"
@@ -70,8 +72,7 @@ int drey_storage__read_manifest(drey_io *io, const char *dir, char *snapshot, si
         return rc;
     rc = -EINVAL;
     if (n >= 16 && memcmp(buf, MANIFEST_MAGIC, 8) == 0) {
-        uint32_t len = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
-        uint32_t crc = (uint32_t)buf[12] | (uint32_t)buf[13] << 8 | (uint32_t)buf[14] << 16 | (uint32_t)buf[15] << 24;
+        uint32_t len = drey_bytes_get32(buf + 8), crc = drey_bytes_get32(buf + 12);
         if (len == n - 16 && crc == drey_crc32c(0, buf + 16, len)) {
             Drey__Journal__V1__Manifest *m = drey__journal__v1__manifest__unpack(NULL, len, buf + 16);
             if (m != NULL) {
@@ -94,16 +95,12 @@ static int write_manifest(drey_io *io, const char *dir, const char *snapshot, ui
     m.retained_snapshots = retained;
     m.n_retained_snapshots = n_retained;
     size_t len = protobuf_c_message_get_packed_size(&m.base);
-    uint8_t *buf = malloc(16 + len);
-    if (buf == NULL)
-        abort();
+    uint8_t *buf = drey_xmalloc(16 + len);
     memcpy(buf, MANIFEST_MAGIC, 8);
     protobuf_c_message_pack(&m.base, buf + 16);
     uint32_t crc = drey_crc32c(0, buf + 16, len);
-    for (int i = 0; i < 4; i++) {
-        buf[8 + i] = (uint8_t)(len >> (8 * i));
-        buf[12 + i] = (uint8_t)(crc >> (8 * i));
-    }
+    drey_bytes_put32(buf + 8, (uint32_t)len);
+    drey_bytes_put32(buf + 12, crc);
     int rc = drey_io_write_file_atomic(io, dir, "CURRENT", buf, 16 + len);
     free(buf);
     return rc;
@@ -395,13 +392,9 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
         char **names;
         size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
         size_t n_kept = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
-        char **kept = malloc((n_kept ? n_kept : 1) * sizeof *kept);
-        if (kept == NULL)
-            abort();
+        char **kept = drey_xmalloc((n_kept ? n_kept : 1) * sizeof *kept);
         for (size_t i = 0; i < n_kept; i++) {
-            kept[i] = malloc(strlen(names[i]) + 12);
-            if (kept[i] == NULL)
-                abort();
+            kept[i] = drey_xmalloc(strlen(names[i]) + 12);
             sprintf(kept[i], "snapshots/%s", names[i]);
         }
         r->rc = write_manifest(st->io, st->dir, r->file, r->info.lsn, kept, n_kept);
@@ -461,7 +454,7 @@ static bool snapshot_due(drey_storage *st) {
      * than refuse writes at the cap. A size trigger like the one above, off
      * with it; after a failed snapshot it waits, so a full disk is not
      * retried every second. */
-    if (st->opts.snapshot_every_bytes > 0 && js.quota_state != DREY_JOURNAL_QUOTA_NORMAL && js.segments > 1 &&
+    if (st->opts.snapshot_every_bytes > 0 && js.quota_state != DREY_LEVEL_NORMAL && js.segments > 1 &&
         js.appends > st->appends_at_snapshot &&
         (!st->last_snapshot_failed || drey_mono_ms() - st->last_snapshot_mono >= QUOTA_RETRY_MS))
         return true;
@@ -525,9 +518,7 @@ static void *snapshot_main(void *arg) {
 
 void drey_storage_request_snapshot(drey_storage *st, void (*done)(void *arg, const drey_snapshot_result *r),
                                    void *arg) {
-    waiter *w = malloc(sizeof *w);
-    if (w == NULL)
-        abort();
+    waiter *w = drey_xmalloc(sizeof *w);
     w->done = done;
     w->arg = arg;
     pthread_mutex_lock(&st->mu);
@@ -560,13 +551,22 @@ static void remove_leftovers(drey_storage *st) {
     drey_io_free_names(names, n);
 }
 
+/* What open acquires before it can fail and close releases last: the data
+ * directory's lock, the strings and the synchronisation. */
+static void free_storage(drey_storage *st) {
+    if (st->lock_fd >= 0)
+        st->io->ops->close(st->io, st->lock_fd);
+    free(st->dir);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+}
+
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap) {
-    drey_storage *st = calloc(1, sizeof *st);
-    if (st == NULL)
-        abort();
+    drey_storage *st = drey_xcalloc(1, sizeof *st);
     st->opts = *opts;
-    st->dir = strdup(opts->journal.dir);
+    st->dir = drey_xstrdup(opts->journal.dir);
     st->io = opts->journal.io;
     st->store = store;
     if (st->opts.retain_snapshots == 0)
@@ -631,12 +631,7 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     *out = st;
     return 0;
 fail:
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
     return rc;
 }
 
@@ -649,12 +644,7 @@ void drey_storage_close(drey_storage *st) {
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->thread, NULL);
     drey_journal_close(st->journal);
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
 }
 
 drey_journal *drey_storage_journal(drey_storage *st) {

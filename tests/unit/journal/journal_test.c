@@ -1190,7 +1190,7 @@ Test(journal, a_cap_set_while_records_are_queued_counts_them) {
     drey_journal_stats s = stats_of(j);
     cr_assert_eq(s.disk_bytes, 2 * SEG_BYTES);
     cr_assert_eq(s.quota_max_bytes, 2 * SEG_BYTES);
-    cr_assert_eq(s.quota_state, DREY_JOURNAL_QUOTA_CRITICAL);
+    cr_assert_eq(s.quota_state, DREY_LEVEL_CRITICAL);
     cr_assert_eq(s.quota_rejections, 1);
 
     /* Raised: the refused record fits again (two of three segments are
@@ -1198,11 +1198,11 @@ Test(journal, a_cap_set_while_records_are_queued_counts_them) {
      * in the segment being written still goes, a new segment does not. 0:
      * no cap again. */
     drey_journal_set_max_bytes(j, 3 * SEG_BYTES);
-    cr_assert_eq(stats_of(j).quota_state, DREY_JOURNAL_QUOTA_NORMAL);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_NORMAL);
     append_each(j, "raised", 1, 0);
     drey_journal_set_max_bytes(j, 1);
     cr_assert_eq(append_one(j, "small-fits-in-the-current-segment", NULL), 0);
-    cr_assert_eq(stats_of(j).quota_state, DREY_JOURNAL_QUOTA_CRITICAL);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_CRITICAL);
     uint8_t *big = pattern(SEG_BYTES, 7);
     waiter w2;
     waiter_init(&w2);
@@ -1216,7 +1216,7 @@ Test(journal, a_cap_set_while_records_are_queued_counts_them) {
     cr_assert_eq(q.err, 0);
     cr_assert_eq(stats_of(j).segments, 3);
     cr_assert_eq(stats_of(j).quota_max_bytes, 0);
-    cr_assert_eq(stats_of(j).quota_state, DREY_JOURNAL_QUOTA_NORMAL);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_NORMAL);
     free(big);
     for (size_t i = 0; i < n; i++)
         free(p[i].big);

@@ -1,5 +1,5 @@
 /*
- * Unit tests for src/ops/json.c: drey_ops_write_json, the descriptor-driven
+ * Unit tests for src/pbjson/pbjson.c: drey_pbjson_write, the descriptor-driven
  * protobuf-c → JSON writer behind GET /health/ready/details.
  *
  * Pinned: field names in lowerCamelCase, in descriptor order; every field
@@ -28,7 +28,7 @@
 
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/cache/v1/cache.pb-c.h"
-#include "drey/ops.h"
+#include "drey/pbjson.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
 typedef Drey__Admin__V1__ReadinessDetails details;
@@ -42,7 +42,7 @@ static char *render(const void *msg) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     cr_assert_not_null(f);
-    drey_ops_write_json(f, msg);
+    drey_pbjson_write(f, msg);
     cr_assert(eq(int, fclose(f), 0));
     cr_assert(eq(sz, strlen(buf), len), "a NUL inside the document");
     return buf;
