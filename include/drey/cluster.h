@@ -96,9 +96,4 @@ typedef struct drey_cluster_status {
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);
 
-/* `drey cluster init`: writes the cluster's config once (refused when one
- * exists with other values; the same values again are fine). */
-int drey_cluster_init(const char *etcd, const char *prefix, uint32_t partitions, uint32_t replication_factor,
-                      uint32_t initial_nodes, char *err, size_t err_cap);
-
 #endif

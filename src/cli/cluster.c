@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "drey/arena.h"
-#include "drey/cluster.h"
 #include "drey/etcd.h"
 #include "drey/internal/v1/meta.pb-c.h"
 #include "cluster.h"
@@ -54,6 +53,66 @@ static bool parse_u32(const char *s, uint32_t *out) {
         return false;
     *out = (uint32_t)v;
     return true;
+}
+
+/* Writes the cluster's config once: the same values again are fine, others
+ * are refused (the partition count is fixed for the cluster's life). */
+static int init_config(const char *etcd, const char *prefix, uint32_t partitions, uint32_t replication_factor,
+                      uint32_t initial_nodes, char *err, size_t cap) {
+    if (partitions < 1 || partitions > 65536) {
+        snprintf(err, cap, "--partitions must be 1 to 65536");
+        return -1;
+    }
+    if (replication_factor != 1) {
+        snprintf(err, cap, "--replication-factor: this build replicates nothing yet (1 only)");
+        return -1;
+    }
+    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, cap);
+    if (e == NULL)
+        return -1;
+    Drey__Internal__V1__ClusterConfig cfg = DREY__INTERNAL__V1__CLUSTER_CONFIG__INIT;
+    cfg.format = DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1;
+    cfg.partitions = partitions;
+    cfg.replication_factor = replication_factor;
+    cfg.hash_function = 1;
+    cfg.initial_nodes = initial_nodes > 0 ? initial_nodes : 1;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__cluster_config__pack(&cfg, buf);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    size_t pl = strlen(prefix);
+    const char *key = drey_arena_sprintf(&a, "%s%sconfig", prefix, pl > 0 && prefix[pl - 1] == '/' ? "" : "/");
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, 0);
+    drey_etcd_txn_get(&t, DREY_ETCD_ELSE, key, false);
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    int rc = -1;
+    if (drey_etcd_txn_commit(e, &t, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+        snprintf(err, cap, "cannot reach etcd at %s: %s", etcd, st.message);
+    } else if (resp->succeeded) {
+        rc = 0;
+    } else if (resp->n_responses == 1 && resp->responses[0]->response_range != NULL &&
+               resp->responses[0]->response_range->n_kvs == 1) {
+        const Mvccpb__KeyValue *kv = resp->responses[0]->response_range->kvs[0];
+        Drey__Internal__V1__ClusterConfig *old =
+            drey__internal__v1__cluster_config__unpack(drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
+        if (old != NULL && old->format == cfg.format && old->partitions == cfg.partitions &&
+            old->replication_factor == cfg.replication_factor && old->hash_function == cfg.hash_function)
+            rc = 0; /* the same again: nothing to do */
+        else
+            snprintf(err, cap,
+                     "a cluster already exists under %s with %u partitions and replication factor %u: its config "
+                     "is fixed for its life",
+                     key, old != NULL ? old->partitions : 0, old != NULL ? old->replication_factor : 0);
+    } else {
+        snprintf(err, cap, "unexpected answer from etcd");
+    }
+    drey_arena_destroy(&a);
+    drey_etcd_close(e);
+    return rc;
 }
 
 static int status(const char *etcd, const char *prefix) {
@@ -174,7 +233,7 @@ int drey_cli_cluster(int argc, char **argv) {
         return 2;
     }
     char err[320];
-    if (drey_cluster_init(etcd, prefix, partitions, rf, initial, err, sizeof err) != 0) {
+    if (init_config(etcd, prefix, partitions, rf, initial, err, sizeof err) != 0) {
         fprintf(stderr, "drey cluster init: %s\n", err);
         return 1;
     }

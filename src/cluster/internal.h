@@ -9,7 +9,6 @@
 #include "drey/etcd.h"
 #include "drey/internal/v1/meta.pb-c.h"
 
-#define DREY_CLUSTER_FORMAT 1
 #define DREY_CLUSTER_MAX_ID 128
 
 /* A node as routing sees it. */

@@ -142,6 +142,34 @@ void   drey__internal__v1__partition_entry__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__partition_entry__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+static const ProtobufCEnumValue drey__internal__v1__cluster_config__format__enum_values_by_number[2] =
+{
+  { "FORMAT_UNSPECIFIED", "DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_UNSPECIFIED", 0 },
+  { "FORMAT_V1", "DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1", 1 },
+};
+static const ProtobufCIntRange drey__internal__v1__cluster_config__format__value_ranges[] = {
+{0, 0},{0, 2}
+};
+static const ProtobufCEnumValueIndex drey__internal__v1__cluster_config__format__enum_values_by_name[2] =
+{
+  { "FORMAT_UNSPECIFIED", 0 },
+  { "FORMAT_V1", 1 },
+};
+const ProtobufCEnumDescriptor drey__internal__v1__cluster_config__format__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.ClusterConfig.Format",
+  "Format",
+  "Drey__Internal__V1__ClusterConfig__Format",
+  "drey.internal.v1",
+  2,
+  drey__internal__v1__cluster_config__format__enum_values_by_number,
+  2,
+  drey__internal__v1__cluster_config__format__enum_values_by_name,
+  1,
+  drey__internal__v1__cluster_config__format__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
 static const ProtobufCFieldDescriptor drey__internal__v1__cluster_config__field_descriptors[5] =
 {
   {

@@ -22,6 +22,14 @@ typedef struct Drey__Internal__V1__PartitionEntry Drey__Internal__V1__PartitionE
 
 /* --- enums --- */
 
+typedef enum _Drey__Internal__V1__ClusterConfig__Format {
+  DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_UNSPECIFIED = 0,
+  /*
+   * the keys above, these messages
+   */
+  DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1 = 1
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT)
+} Drey__Internal__V1__ClusterConfig__Format;
 
 /* --- messages --- */
 
@@ -167,6 +175,7 @@ typedef void (*Drey__Internal__V1__PartitionEntry_Closure)
 /* --- descriptors --- */
 
 extern const ProtobufCMessageDescriptor drey__internal__v1__cluster_config__descriptor;
+extern const ProtobufCEnumDescriptor    drey__internal__v1__cluster_config__format__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__member__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__partition_entry__descriptor;
 
