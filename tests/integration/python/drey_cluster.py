@@ -1,0 +1,263 @@
+"""A drey cluster on one machine for tests: Debian's etcd and several dreyd.
+
+- Etcd: one member on free loopback ports with its own data directory.
+- ClusterCA: a CA and per-node certificates (SAN = the node id), made with
+  the openssl CLI, for the internal listeners' mutual TLS.
+- Cluster: `drey cluster init` under a private prefix, then nodes started
+  with --cluster-etcd, each on free ports; helpers to reach every node, read
+  the table, and route by key exactly as the partition rule says (the
+  rule is implemented here independently, from the shared vectors).
+
+Nothing waits by sleeping: every readiness is polled with a deadline.
+"""
+import http.client
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import uuid
+
+from drey_harness import CACHE_SERVICE, DreyServer, ServiceClient, find_dreyd, protos
+from drey_tokens import openssl, poll
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# --- the partition rule (independent of drey's C code) -------------------------------
+
+def _crc32c_table():
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ _TABLE[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+def routing_key(key):
+    start = key.find(b"{")
+    if start < 0:
+        return key
+    end = key.find(b"}", start + 1)
+    if end < 0 or end == start + 1:
+        return key
+    return key[start + 1:end]
+
+
+def partition(cache, key, n):
+    c = b"" if cache in ("", "default") else cache.encode()
+    return crc32c(struct.pack("<I", len(c)) + c + b"\x1f" + routing_key(key.encode())) % n
+
+
+# --- etcd -------------------------------------------------------------------------
+
+class Etcd:
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="drey-etcd-")
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc = None
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.client_port
+
+    def start(self, timeout=30):
+        peer = "http://127.0.0.1:%d" % self.peer_port
+        self.log = open(os.path.join(self.tmp, "etcd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name=default", "--data-dir=" + os.path.join(self.tmp, "data"),
+             "--listen-client-urls=" + self.url, "--advertise-client-urls=" + self.url,
+             "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+             "--initial-cluster=default=" + peer],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        poll(self.healthy, lambda ok: ok, timeout=timeout, what="etcd healthy")
+        return self
+
+    def healthy(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError("etcd exited: see %s" % os.path.join(self.tmp, "etcd.log"))
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=2)
+            c.request("GET", "/health")
+            body = c.getresponse().read()
+            return json.loads(body).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.tmp, True)
+
+
+# --- certificates -------------------------------------------------------------------
+
+class ClusterCA:
+    def __init__(self, name="drey-cluster-ca"):
+        self.dir = tempfile.mkdtemp(prefix="drey-ca-")
+        self.ca_key = os.path.join(self.dir, "ca.key")
+        self.ca = os.path.join(self.dir, "ca.pem")
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", self.ca_key, "-out", self.ca, "-days", "2", "-subj", "/CN=" + name)
+        self.serial = 1
+
+    def issue(self, node_id, cn=None, san=None):
+        """(cert, key) for a node: SAN DNS:<node_id> (or san), CN cn or the id."""
+        base = os.path.join(self.dir, "%s-%d" % (node_id, self.serial))
+        key, csr, cert, ext = base + ".key", base + ".csr", base + ".pem", base + ".ext"
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+                "-out", csr, "-subj", "/CN=" + (cn or node_id))
+        with open(ext, "w") as f:
+            f.write("subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth,clientAuth\n" % (san or node_id))
+        openssl("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-set_serial",
+                str(self.serial), "-out", cert, "-days", "2", "-extfile", ext)
+        self.serial += 1
+        return cert, key
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, True)
+
+
+# --- the cluster --------------------------------------------------------------------
+
+def drey_cli():
+    path = os.path.join(os.path.dirname(find_dreyd()), "drey")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("the drey CLI is not next to dreyd: %s" % path)
+    return path
+
+
+class Node:
+    def __init__(self, cluster, node_id, server, cert, key):
+        self.cluster = cluster
+        self.id = node_id
+        self.server = server
+        self.cert, self.key = cert, key
+        self.channel = server.channel()
+        self.cache = ServiceClient(self.channel, cluster.pb.cache, CACHE_SERVICE)
+
+
+class Cluster:
+    """etcd + `drey cluster init` + nodes. Use as a context manager."""
+
+    def __init__(self, partitions=16, initial_nodes=1, ephemeral=True, lease_ttl="2s", extra_flags=()):
+        self.pb = protos()
+        self.partitions = partitions
+        self.initial_nodes = initial_nodes
+        self.ephemeral = ephemeral
+        self.lease_ttl = lease_ttl
+        self.extra_flags = tuple(extra_flags)
+        self.prefix = "drey-test-%s/" % uuid.uuid4().hex[:8]
+        self.etcd = Etcd()
+        self.ca = ClusterCA()
+        self.nodes = {}
+
+    def __enter__(self):
+        self.etcd.start()
+        out = self.cli("cluster", "init", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix,
+                       "--partitions=%d" % self.partitions, "--initial-nodes=%d" % self.initial_nodes)
+        assert out.returncode == 0, out.stderr
+        return self
+
+    def __exit__(self, *exc):
+        for n in list(self.nodes.values()):
+            if n.server.returncode is None and n.server.proc.poll() is None:
+                n.server.kill()
+        self.etcd.stop()
+        self.ca.cleanup()
+
+    def cli(self, *args, timeout=60):
+        return subprocess.run([drey_cli()] + list(args), capture_output=True, text=True, timeout=timeout)
+
+    def node_flags(self, node_id, cert, key, internal_port=None, **over):
+        flags = ["--node-id=" + node_id, "--cluster-etcd=" + self.etcd.url, "--cluster-prefix=" + self.prefix,
+                 "--internal-listen=127.0.0.1:%d" % (internal_port or 0), "--internal-tls-cert=" + cert,
+                 "--internal-tls-key=" + key, "--internal-tls-ca=" + self.ca.ca,
+                 "--cluster-lease-ttl=" + self.lease_ttl, "--ops-listen=127.0.0.1:0"]
+        if self.ephemeral:
+            flags.append("--ephemeral")
+        return flags + list(self.extra_flags)
+
+    def start_node(self, node_id, flags=(), data_dir=None, wait=True):
+        cert, key = self.ca.issue(node_id)
+        f = self.node_flags(node_id, cert, key) + list(flags)
+        if data_dir is not None:
+            f.append("--data-dir=" + data_dir)
+        srv = DreyServer(*f, name=node_id)
+        srv.start(wait_ready=wait)
+        node = Node(self, node_id, srv, cert, key)
+        self.nodes[node_id] = node
+        return node
+
+    def start(self, n):
+        return [self.start_node("n%d" % i) for i in range(1, n + 1)]
+
+    # --- the table ---
+
+    def status(self):
+        out = self.cli("cluster", "status", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def topology(self, node):
+        """The first drey.cluster.v1.Topology a node's WatchTopology sends."""
+        from drey_harness import ServiceClient as SC  # noqa: F401  (same channel helper)
+        stub = node.channel.unary_stream(
+            "/drey.cluster.v1.Cluster/WatchTopology",
+            request_serializer=self.pb.cluster.WatchTopologyRequest.SerializeToString,
+            response_deserializer=self.pb.cluster.Topology.FromString)
+        stream = stub(self.pb.cluster.WatchTopologyRequest(), timeout=30)
+        try:
+            return next(stream)
+        finally:
+            stream.cancel()
+
+    def wait_assigned(self, members, timeout=30):
+        """Until every partition has an owner and `members` nodes are members."""
+        return poll(self.status, lambda s: s["unassignedPartitions"] == 0 and len(s["nodes"]) == members,
+                    timeout=timeout, what="%d members owning every partition" % members)
+
+    def owners(self, node):
+        """Partition -> owner id, from a node's own table."""
+        t = self.topology(node)
+        return {p.id: p.primary for p in t.partitions}
+
+    def owner_of(self, owners, key, cache=""):
+        return owners[partition(cache, key, self.partitions)]
+
+
+def wait_until(fn, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out waiting for %s" % what)
+        time.sleep(0.01)  # paces the polling only

@@ -1,0 +1,370 @@
+"""Several dreyd as one cache: Debian's etcd and three nodes on loopback.
+
+Every RPC works through every node with the single node's results, and each
+value lands on its partition's owner (checked with the nodes' own entry
+counts against the owners the partition rule, implemented independently in
+drey_cluster.py from the shared vectors, gives). GetMany scatters and
+gathers; SetMany across partitions is refused per entry. The internal
+listener takes only mutual TLS from the peer its certificate names, and the
+public one refuses forwarding metadata. A node started for another cluster
+shape, or with no cluster, refuses to join. An owner that dies leaves its
+partitions PARTITION_UNAVAILABLE (never wrong data) until it returns with
+its journal; etcd going away leaves routing as it was; a request_id retried
+through another node gets the first outcome; one tenant flooding one node
+does not starve another entering through another node; a dead controller
+is replaced.
+"""
+import json
+import os
+import re
+import tempfile
+import threading
+import unittest
+
+import grpc
+
+from drey_cluster import Cluster, ClusterCA, partition, wait_until
+from drey_harness import CACHE_SERVICE, DreyServer, DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
+from drey_tokens import http_get, ops_port, poll
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+RPC = 30
+
+
+def vectors_path():
+    for base in filter(None, [os.getcwd(), os.environ.get("TEST_SRCDIR") and os.path.join(os.environ["TEST_SRCDIR"], "drey")]):
+        p = os.path.join(base, "tests", "data", "partition_vectors.json")
+        if os.path.isfile(p):
+            return p
+    return os.path.join(os.path.dirname(__file__), "..", "..", "data", "partition_vectors.json")
+
+
+def entries(node):
+    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
+    assert status == 200
+    m = re.search(r"^drey_store_entries (\d+)", body.decode(), re.M)
+    return int(m.group(1))
+
+
+def failure(fn, *a, **kw):
+    try:
+        fn(*a, **kw)
+    except grpc.RpcError as e:
+        return RpcFailure(e)
+    raise AssertionError("the call succeeded")
+
+
+class ThreeNodes(DreyTestCase):
+    """One cluster of three ephemeral nodes for the tests that do not break it."""
+    SERVER_FLAGS = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # A tenant's limits are small, and every admitted call is held back a
+        # little (more the busier the node), so one flooding connection
+        # reaches its limit while the others' calls stay quick.
+        cls.cluster = Cluster(partitions=16, initial_nodes=3,
+                              extra_flags=("--principal-max-inflight=2", "--principal-max-queued=0",
+                                           "--slowdown-at=0", "--slowdown-max-delay=200ms")).__enter__()
+        cls.nodes = cls.cluster.start(3)
+        cls.cluster.wait_assigned(3)
+        cls.owners = poll(lambda: cls.cluster.owners(cls.nodes[0]), lambda o: all(o.values()),
+                          what="a full table at n1")
+
+    @classmethod
+    def tearDownClass(cls):
+        for n in cls.nodes:
+            n.server.stop()
+        cls.cluster.__exit__(None, None, None)
+        super().tearDownClass()
+
+    def call(self, node, method, **fields):
+        fn, req_cls, _ = node.cache.methods[method]
+        return fn(req_cls(**fields), timeout=RPC)
+
+    def test_the_partition_rule_matches_the_shared_vectors(self):
+        with open(vectors_path()) as f:
+            doc = json.load(f)
+        for v in doc["vectors"]:
+            self.assertEqual(partition(v["cache"], v["key"], v["partitions"]), v["partition"], v)
+        t = self.cluster.topology(self.nodes[1])
+        self.assertEqual(t.hash.partitions, 16)
+        self.assertEqual(t.hash.function, self.pb.cluster.HashRule.CRC32C_CACHE_ROUTING_KEY)
+        self.assertEqual(sorted(n.id for n in t.nodes), ["n1", "n2", "n3"])
+        self.assertEqual({n.id: n.advertise for n in t.nodes},
+                         {n.id: n.server.address for n in self.nodes})
+        self.assertTrue(all(p.epoch > 0 for p in t.partitions), "every entry has an epoch")
+        self.assertEqual(len({p.primary for p in t.partitions}), 3, "the first assignment used every node")
+
+    def test_every_rpc_through_every_node_lands_on_the_owner(self):
+        cache = "rpcs-" + self._testMethodName[-6:]
+        keys = ["k%d" % i for i in range(60)]
+        before = {n.id: entries(n) for n in self.nodes}
+        for i, k in enumerate(keys):
+            self.call(self.nodes[i % 3], "Set", cache=cache, key=k, value=make_value("v-" + k))
+        for n in self.nodes:
+            for k in keys:
+                r = self.call(n, "Get", cache=cache, key=k)
+                self.assertTrue(r.found, (n.id, k))
+                self.assertEqual(value_of(r.value), "v-" + k)
+        want = {n.id: 0 for n in self.nodes}
+        for k in keys:
+            want[self.owners[partition(cache, k, 16)]] += 1
+        got = {n.id: entries(n) - before[n.id] for n in self.nodes}
+        self.assertEqual(got, want, "each entry is on its partition's owner, nowhere else")
+        # the other RPCs, each through a node that does not own the key
+        k = keys[0]
+        other = next(n for n in self.nodes if n.id != self.owners[partition(cache, k, 16)])
+        self.assertEqual(self.call(other, "Add", cache=cache, key=k, value=make_value("x")).added, False)
+        v = self.call(other, "Get", cache=cache, key=k).version
+        self.assertTrue(self.call(other, "Update", cache=cache, key=k, value=make_value("u"), if_version=v).version > v)
+        self.assertEqual(value_of(self.call(other, "GetOrAdd", cache=cache, key=k, value=make_value("z")).value), "u")
+        self.call(other, "Touch", cache=cache, key=k, ttl={"seconds": 60})
+        self.assertTrue(self.call(other, "GetExpiration", cache=cache, key=k).has_expiration)
+        self.call(other, "Persist", cache=cache, key=k)
+        self.assertFalse(self.call(other, "GetExpiration", cache=cache, key=k).has_expiration)
+        self.assertEqual(self.call(other, "Increment", cache=cache, key="ctr", delta=5).value, 5)
+        self.assertEqual(self.call(self.nodes[0], "Increment", cache=cache, key="ctr", delta=2).value, 7)
+        self.assertTrue(self.call(other, "Remove", cache=cache, key=k).removed)
+        self.assertFalse(self.call(self.nodes[2], "Get", cache=cache, key=k).found)
+        # a failed CAS through a non-owner carries the owner's details unchanged
+        f = failure(self.call, other, "Set", cache=cache, key=keys[1], value=make_value("c"), if_version=999999)
+        self.assertRpcFailure(f, grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH")
+
+    def test_get_many_scatters_and_gathers_in_order(self):
+        cache = "many"
+        keys = ["g%d" % i for i in range(40)]
+        for k in keys[::2]:
+            self.call(self.nodes[0], "Set", cache=cache, key=k, value=make_value("v" + k))
+        self.assertGreater(len({self.owners[partition(cache, k, 16)] for k in keys}), 1)
+        for n in self.nodes:
+            r = self.call(n, "GetMany", cache=cache, keys=keys)
+            self.assertEqual([x.key for x in r.results], keys)
+            for i, x in enumerate(r.results):
+                self.assertEqual(x.found, i % 2 == 0, x.key)
+                if x.found:
+                    self.assertEqual(value_of(x.value), "v" + x.key)
+
+    def test_set_many_must_stay_in_one_partition(self):
+        cache = "batch"
+        keys = ["b%d" % i for i in range(8)]
+        parts = [partition(cache, k, 16) for k in keys]
+        self.assertGreater(len(set(parts)), 1)
+        entries_ = [self.pb.cache.SetManyRequest.Entry(key=k, value=make_value(k)) for k in keys]
+        f = failure(self.call, self.nodes[0], "SetMany", cache=cache, entries=entries_)
+        bad = ["entries[%d].key" % i for i in range(1, 8) if parts[i] != parts[0]]
+        self.assertRpcFailure(f, grpc.StatusCode.INVALID_ARGUMENT, "CROSS_PARTITION", fields=bad)
+        for k in keys:
+            self.assertFalse(self.call(self.nodes[1], "Get", cache=cache, key=k).found, "nothing applied")
+        tagged = ["{user42}.%s" % s for s in ("name", "cart", "prefs")]
+        owner = self.owners[partition(cache, "user42", 16)]
+        via = next(n for n in self.nodes if n.id != owner)
+        self.call(via, "SetMany", cache=cache,
+                  entries=[self.pb.cache.SetManyRequest.Entry(key=k, value=make_value(k)) for k in tagged])
+        for k in tagged:
+            self.assertEqual(value_of(self.call(self.nodes[2], "Get", cache=cache, key=k).value), k)
+
+    def test_a_retry_through_another_node_gets_the_first_outcome(self):
+        cache, k, rid = "idem", "counter", "rid-" + self._testMethodName[-8:]
+        first = self.call(self.nodes[0], "Increment", cache=cache, key=k, delta=3, request_id=rid)
+        for n in self.nodes:
+            again = self.call(n, "Increment", cache=cache, key=k, delta=3, request_id=rid)
+            self.assertEqual((again.value, again.version), (first.value, first.version))
+        self.assertEqual(value_of(self.call(self.nodes[2], "Get", cache=cache, key=k).value), 3)
+
+    def test_forwarding_metadata_is_refused_on_the_public_listener(self):
+        fn, req_cls, _ = self.nodes[0].cache.methods["Get"]
+        f = failure(fn, req_cls(key="x"), timeout=RPC, metadata=[("drey-forwarded-by", "n2")])
+        self.assertRpcFailure(f, grpc.StatusCode.PERMISSION_DENIED, "FORWARDING_NOT_ALLOWED")
+
+    def internal_channel(self, node, cert=None, key=None, ca=None, name="n1"):
+        port = node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
+        target = "127.0.0.1:%d" % port
+        if cert is None and ca is None:
+            return grpc.insecure_channel(target)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=open(ca or self.cluster.ca.ca, "rb").read(),
+            private_key=open(key, "rb").read() if key else None,
+            certificate_chain=open(cert, "rb").read() if cert else None)
+        return grpc.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", name)])
+
+    def internal_get(self, ch, forwarded_by):
+        stub = ServiceClient(ch, self.pb.cache, CACHE_SERVICE)
+        fn, req_cls, _ = stub.methods["Get"]
+        md = [("drey-forwarded-by", forwarded_by)] if forwarded_by else None
+        return fn(req_cls(cache="c", key="k"), timeout=10, metadata=md)
+
+    def test_the_internal_listener_takes_only_the_peer_its_certificate_names(self):
+        n1 = self.nodes[0]
+        with self.internal_channel(n1) as ch:
+            f = failure(self.internal_get, ch, "n2")
+            self.assertEqual(f.code, UNAVAILABLE, "plaintext is refused by the TLS handshake")
+        cert, key = self.cluster.ca.issue("n9")
+        with self.internal_channel(n1, cert, key) as ch:
+            f = failure(self.internal_get, ch, "n2")
+            self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "PEER_UNAUTHENTICATED")
+            f = failure(self.internal_get, ch, None)
+            self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "PEER_UNAUTHENTICATED")
+            # n9's own name is accepted (a real peer forwarding for itself)
+            self.internal_get(ch, "n9")
+        rogue = ClusterCA("rogue-ca")
+        try:
+            rcert, rkey = rogue.issue("n2")
+            with self.internal_channel(n1, rcert, rkey, ca=self.cluster.ca.ca) as ch:
+                f = failure(self.internal_get, ch, "n2")
+                self.assertEqual(f.code, UNAVAILABLE, "a certificate of another CA fails the handshake")
+        finally:
+            rogue.cleanup()
+
+    def test_a_node_for_another_cluster_shape_refuses_to_join(self):
+        cert, key = self.cluster.ca.issue("n7")
+        flags = self.cluster.node_flags("n7", cert, key) + ["--cluster-partitions=32"]
+        srv = DreyServer(*flags, name="n7").spawn()
+        rc = srv.wait(30)
+        self.assertEqual(rc, 1)
+        self.assertTrue(srv.find_log(lambda r: "16 partitions" in r.get("error", "") and "32" in r.get("error", "")),
+                        srv.log_text())
+        flags = [f for f in self.cluster.node_flags("n7", cert, key) if not f.startswith("--cluster-prefix")]
+        srv = DreyServer(*(flags + ["--cluster-prefix=nobody-here/"]), name="n7").spawn()
+        self.assertEqual(srv.wait(30), 1)
+        self.assertTrue(srv.find_log(lambda r: "drey cluster init" in r.get("error", "")), srv.log_text())
+
+    def test_a_quiet_tenant_through_another_node_is_not_starved(self):
+        """conn A floods n1 with more than its per-principal limit allows; B
+        enters through n2 and writes keys n1 owns: forwarded, B's calls count
+        against node:n2 on n1, not against A's limit or its own."""
+        cache = "tenants"
+        n1_keys = [k for k in ("q%d" % i for i in range(400)) if self.owners[partition(cache, k, 16)] == "n1"][:30]
+        self.assertTrue(n1_keys)
+        from drey_tokens import fresh_channel
+        flood_ch = fresh_channel(self.nodes[0].server.address)
+        flood = ServiceClient(flood_ch, self.pb.cache, CACHE_SERVICE)
+        stop = threading.Event()
+        refused = []
+
+        def flooder():
+            fn, req_cls, _ = flood.methods["Get"]
+            while not stop.is_set():
+                futs = [fn.future(req_cls(cache=cache, key=k), timeout=RPC) for k in n1_keys]
+                for f in futs:
+                    try:
+                        f.result()
+                    except grpc.RpcError as e:
+                        refused.append(RpcFailure(e).reason)
+
+        # C, through n2 too, keeps exactly its own limit (2) busy on n1's keys:
+        # if forwarded calls shared one tenant's budget on n1, C would take
+        # it all and B would be refused.
+        c_ch = fresh_channel(self.nodes[1].server.address)
+        c_cache = ServiceClient(c_ch, self.pb.cache, CACHE_SERVICE)
+        c_refused = []
+
+        def busy():
+            fn, req_cls, _ = c_cache.methods["Get"]
+            i = 0
+            while not stop.is_set():
+                futs = [fn.future(req_cls(cache=cache, key=n1_keys[(i + j) % len(n1_keys)]), timeout=RPC)
+                        for j in range(2)]
+                i += 2
+                for f in futs:
+                    try:
+                        f.result()
+                    except grpc.RpcError as e:
+                        c_refused.append(RpcFailure(e).reason)
+
+        threads = [threading.Thread(target=flooder) for _ in range(2)] + [threading.Thread(target=busy)]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: refused, what="the flooding tenant refused at its limit")
+            for k in n1_keys:
+                self.call(self.nodes[1], "Set", cache=cache, key=k, value=make_value("quiet"))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+            flood_ch.close()
+            c_ch.close()
+        self.assertIn("PRINCIPAL_CONCURRENCY_LIMIT", refused)
+        self.assertEqual(c_refused, [], "a tenant within its limits through n2 was refused on n1")
+
+
+class Faults(unittest.TestCase):
+    """Each test breaks a cluster of its own."""
+
+    def test_a_dead_owner_is_unavailable_until_it_returns_with_its_data(self):
+        with Cluster(partitions=16, initial_nodes=3, ephemeral=False) as cl:
+            dirs = {i: tempfile.mkdtemp(prefix="drey-node-") for i in (1, 2, 3)}
+            nodes = [cl.start_node("n%d" % i, data_dir=dirs[i]) for i in (1, 2, 3)]
+            cl.wait_assigned(3)
+            owners = poll(lambda: cl.owners(nodes[0]), lambda o: all(o.values()), what="table")
+            n1 = nodes[0]
+            fn, req_cls, _ = n1.cache.methods["Set"]
+            keys = ["d%d" % i for i in range(48)]
+            for k in keys:
+                fn(req_cls(key=k, value=make_value("v" + k)), timeout=RPC)
+            victim = cl.nodes["n3"]
+            victim.server.kill()
+            # once its lease is gone, n3's keys are unavailable, the rest are served
+            get, greq, _ = n1.cache.methods["Get"]
+
+            def n3_key_refused():
+                try:
+                    get(greq(key=next(k for k in keys if owners[partition("", k, 16)] == "n3")), timeout=RPC)
+                    return False
+                except grpc.RpcError as e:
+                    return RpcFailure(e).reason == "PARTITION_UNAVAILABLE"
+
+            wait_until(n3_key_refused, what="n3's partitions refused after its lease")
+            for k in keys:
+                if owners[partition("", k, 16)] == "n3":
+                    f = failure(get, greq(key=k), timeout=RPC)
+                    self.assertEqual(f.code, UNAVAILABLE)
+                    self.assertEqual(f.reason, "PARTITION_UNAVAILABLE")
+                    self.assertIsNotNone(f.retry_info, "RetryInfo tells when to try again")
+                else:
+                    self.assertEqual(value_of(get(greq(key=k), timeout=RPC).value), "v" + k)
+            # n3 comes back with its journal and serves its partitions again
+            cl.start_node("n3", data_dir=dirs[3])
+            wait_until(lambda: not n3_key_refused(), what="n3 serving again")
+            for k in keys:
+                self.assertEqual(value_of(get(greq(key=k), timeout=RPC).value), "v" + k, k)
+            for n in cl.nodes.values():
+                n.server.stop()
+
+    def test_routing_goes_on_without_etcd(self):
+        with Cluster(partitions=8, initial_nodes=2) as cl:
+            nodes = cl.start(2)
+            cl.wait_assigned(2)
+            poll(lambda: cl.owners(nodes[0]), lambda o: all(o.values()), what="table")
+            poll(lambda: cl.owners(nodes[1]), lambda o: all(o.values()), what="table")
+            cl.etcd.proc.kill()
+            cl.etcd.proc.wait()
+            for i in range(32):
+                via = nodes[i % 2]
+                fn, req_cls, _ = via.cache.methods["Set"]
+                fn(req_cls(key="e%d" % i, value=make_value(i)), timeout=RPC)
+            for n in nodes:
+                fn, req_cls, _ = n.cache.methods["Get"]
+                for i in range(32):
+                    self.assertEqual(value_of(fn(req_cls(key="e%d" % i), timeout=RPC).value), i)
+            for n in nodes:
+                n.server.stop()
+
+    def test_a_dead_controller_is_replaced(self):
+        with Cluster(partitions=8, initial_nodes=3) as cl:
+            cl.start(3)
+            s = cl.wait_assigned(3)
+            old = s["controller"]
+            self.assertIn(old, ("n1", "n2", "n3"))
+            cl.nodes[old].server.kill()
+            s = poll(cl.status, lambda s: s["controller"] not in ("", old), timeout=30, what="a new controller")
+            self.assertIn(s["controller"], set(cl.nodes) - {old})
+            for n in cl.nodes.values():
+                if n.id != old:
+                    n.server.stop()
+
+
+if __name__ == "__main__":
+    main()
