@@ -20,6 +20,7 @@ packages=(
   libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
   python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
+  faketime
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }
