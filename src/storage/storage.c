@@ -328,10 +328,7 @@ static void *snapshot_main(void *arg) {
     while (!st->stopping) {
         if (st->waiters == NULL && !snapshot_due(st)) {
             /* Triggers are checked once a second: they are coarse by nature. */
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += 1;
-            pthread_cond_timedwait(&st->cond, &st->mu, &until);
+            drey_cond_wait_until(&st->cond, &st->mu, drey_deadline_after_ms(1000));
             continue;
         }
         waiter *w = st->waiters;
