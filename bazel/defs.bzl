@@ -34,17 +34,17 @@ def drey_unit_tests(module, deps = [], data = [], size = "small"):
             size = size,
         )
 
-def drey_py_test(name, src, data = [], size = "medium", tags = []):
+def drey_py_test(name, src, data = [], size = "medium", tags = [], dreyd = "//:dreyd"):
     """A Python integration test: Debian's /usr/bin/python3 runs `src`
     against the real dreyd binary (DREY_BIN) with stubs generated from
     proto/ at run time (see tests/integration/python/drey_harness.py)."""
     native.sh_test(
         name = name,
         srcs = ["//tests/integration/python:run.sh"],
-        args = ["$(rootpath //:dreyd)", "$(rootpath %s)" % src],
+        args = ["$(rootpath %s)" % dreyd, "$(rootpath %s)" % src],
         data = [
             src,
-            "//:dreyd",
+            dreyd,
             "//:protos",
             "//tests/integration/python:harness",
         ] + data,

@@ -36,6 +36,7 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
   mmdebstrap podman runc
+  faketime
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }

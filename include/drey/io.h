@@ -79,6 +79,15 @@ drey_io *drey_io_fault_io(drey_io_fault *f);
 void drey_io_fault_fail_write(drey_io_fault *f, unsigned nth, int err, bool sticky);
 void drey_io_fault_fail_sync(drey_io_fault *f, unsigned nth, int err, bool sticky);
 void drey_io_fault_fail_allocate(drey_io_fault *f, unsigned nth, int err, bool sticky);
+/* The same for unlink (counted on an existing file). */
+void drey_io_fault_fail_unlink(drey_io_fault *f, unsigned nth, int err, bool sticky);
+
+/* While held, every unlink waits, before it acts, until released: a slow
+ * disk's deletion, for tests of what holds a lock across one. */
+void drey_io_fault_hold_unlinks(drey_io_fault *f, bool hold);
+/* Waits until at least n unlinks are held; false if timeout_ms passed
+ * first. */
+bool drey_io_fault_wait_unlinks_held(drey_io_fault *f, unsigned n, int64_t timeout_ms);
 
 /* Simulates power loss: every file reverts to its durable bytes and every
  * directory to its durable names. With torn=true, each 512-byte sector of

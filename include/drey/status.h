@@ -84,6 +84,10 @@ typedef struct drey_error_info {
 } drey_error_info;
 
 const drey_error_info *drey_error_lookup(drey_error e);
+/* The error whose reason is reason[0..len); false for none. Reasons are the
+ * catalogue's stable names: what is persisted is a reason, never an ordinal
+ * (a row added to the enum renumbers everything after it). */
+bool drey_error_from_reason(const char *reason, size_t len, drey_error *out);
 /* "INVALID_ARGUMENT" for GRPC_STATUS_INVALID_ARGUMENT, and so on. */
 const char *drey_status_code_name(grpc_status_code code);
 /* The whole catalogue, for the README and its test. */

@@ -52,11 +52,7 @@ drey_auth *drey_auth_create(const drey_auth_options *opts, char *err, size_t err
     pthread_mutex_init(&a->reload_mu, NULL);
     pthread_mutex_init(&a->watch_ctl, NULL);
     pthread_mutex_init(&a->watch_mu, NULL);
-    pthread_condattr_t cattr;
-    pthread_condattr_init(&cattr);
-    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
-    pthread_cond_init(&a->watch_cv, &cattr);
-    pthread_condattr_destroy(&cattr);
+    pthread_cond_init(&a->watch_cv, NULL);
     a->cache = drey_auth__cache_create(opts->cache_entries);
 
     /* The fingerprint comes first: a change racing the load shows up as a

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "auth_internal.h"
+#include "drey/clock.h"
 #include "drey/log.h"
 
 #define FNV_OFFSET 0xcbf29ce484222325ULL
@@ -80,24 +81,12 @@ uint64_t drey_auth__sources_fingerprint(const char *jwks_file, const char *keys_
     return h;
 }
 
-static struct timespec deadline_after(int64_t ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 static void *watch_main(void *arg) {
     drey_auth *a = arg;
     pthread_mutex_lock(&a->watch_mu);
     while (!a->watch_stop) {
-        struct timespec until = deadline_after(a->watch_interval_ms);
-        while (!a->watch_stop && pthread_cond_timedwait(&a->watch_cv, &a->watch_mu, &until) != ETIMEDOUT) {
+        int64_t until = drey_deadline_after_ms(a->watch_interval_ms);
+        while (!a->watch_stop && drey_cond_wait_until(&a->watch_cv, &a->watch_mu, until) != ETIMEDOUT) {
         }
         if (a->watch_stop)
             break;

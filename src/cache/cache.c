@@ -526,13 +526,8 @@ static void *expiry_main(void *arg) {
             now = c->horizon(c->horizon_ctx, now);
         drey_cache_expire_cycle(c, now, c->expiry_interval_ms * 1000000 / 4);
         pthread_mutex_lock(&c->mu);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        int64_t ns = until.tv_nsec + (c->expiry_interval_ms % 1000) * 1000000;
-        until.tv_sec += c->expiry_interval_ms / 1000 + ns / 1000000000;
-        until.tv_nsec = ns % 1000000000;
         if (!c->stopping)
-            pthread_cond_timedwait(&c->cond, &c->mu, &until);
+            drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(c->expiry_interval_ms));
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;

@@ -286,13 +286,7 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     c->prefix = drey_xmalloc(pl + 2);
     snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
     pthread_mutex_init(&c->mu, NULL);
-    /* The controller's periodic wake-up measures time on the monotonic
-     * clock: a wall-clock step must not change how long it waits. */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&c->cond, NULL);
     pthread_mutex_lock(&c->mu);
     drey_cluster__publish_locked(c); /* an empty table until joined */
     pthread_mutex_unlock(&c->mu);
@@ -522,10 +516,7 @@ void *drey_cluster__controller_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         if (c->leaving)
             break;
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += 1;
-        pthread_cond_timedwait(&c->cond, &c->mu, &until);
+        drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(1000));
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;

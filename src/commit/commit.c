@@ -4,8 +4,10 @@
  * An outcome entry: key = principal, NUL, request_id; value (bytes) =
  *   32-byte SHA-256 of the method path and the request bytes
  *   u8 1, then the serialized response           (the write succeeded)
- *   u8 0, u16 error, u8 n, n x (u8 len, key, u8 len, value)   (it failed)
- * expiring `retention` after the write's time.
+ *   u8 2, u8 len, reason, u8 n, n x (u8 len, key, u8 len, value)   (it failed)
+ *   u8 0, u16 error ordinal, then as above       (it failed; read, no longer written)
+ * expiring `retention` after the write's time. outcome.c reads and writes
+ * the failure forms.
  */
 #include "drey/alloc.h"
 #include "drey/commit.h"
@@ -19,6 +21,7 @@
 #include <openssl/evp.h>
 
 #include "drey/journal/v1/journal.pb-c.h"
+#include "outcome.h"
 
 #define FINGERPRINT 32
 #define OUTCOME_STRIPES 64
@@ -88,34 +91,14 @@ static ProtobufCMessage *answer(const drey_write *w, const drey_value *v, drey_a
         return NULL;
     }
     const uint8_t *p = v->data + FINGERPRINT + 1, *end = v->data + v->len;
-    if (v->data[FINGERPRINT] == 1) {
+    if (v->data[FINGERPRINT] == DREY_COMMIT__SUCCEEDED) {
         ProtobufCMessage *resp = protobuf_c_message_unpack(
             w->method->desc->output, drey_arena_protobuf_allocator(ax->arena), (size_t)(end - p), p);
         if (resp == NULL)
             drey_status_set(ax->status, DREY_ERR_INTERNAL);
         return resp;
     }
-    if (end - p < 3) {
-        drey_status_set(ax->status, DREY_ERR_INTERNAL);
-        return NULL;
-    }
-    drey_status_set(ax->status, (drey_error)(p[0] | p[1] << 8));
-    size_t n = p[2];
-    p += 3;
-    for (size_t i = 0; i < n && end - p >= 2; i++) {
-        size_t kl = p[0];
-        if ((size_t)(end - p) < 2 + kl)
-            break;
-        const char *key = (const char *)p + 1;
-        size_t vl = p[1 + kl];
-        if ((size_t)(end - p) < 2 + kl + vl)
-            break;
-        /* Metadata keys are static strings in the catalogue's callers;
-         * keep this one alive in the arena. */
-        drey_status_add_metadata(ax->status, drey_arena_strndup(ax->arena, key, kl), "%.*s", (int)vl,
-                                 (const char *)p + 2 + kl);
-        p += 2 + kl + vl;
-    }
+    drey_commit__failure_get(p - 1, (size_t)(end - p) + 1, ax->arena, ax->status);
     return NULL;
 }
 
@@ -149,33 +132,20 @@ drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_a
 static void remember(drey_commit *c, const drey_write *w, drey_apply *ax, const drey_key *k,
                      const ProtobufCMessage *resp) {
     size_t len = FINGERPRINT + 1;
-    if (resp != NULL) {
+    if (resp != NULL)
         len += protobuf_c_message_get_packed_size(resp);
-    } else {
-        len += 3;
-        for (size_t i = 0; i < ax->status->n_metadata; i++)
-            len += 2 + strlen(ax->status->metadata[i].key) + strlen(ax->status->metadata[i].value);
-    }
+    else
+        len += drey_commit__failure_bytes(ax->status) - 1;
     uint8_t *buf = drey_arena_alloc(ax->arena, len);
     fingerprint(w, buf);
     uint8_t *p = buf + FINGERPRINT;
     if (resp != NULL) {
-        *p++ = 1;
+        *p++ = DREY_COMMIT__SUCCEEDED;
         protobuf_c_message_pack(resp, p);
     } else {
-        *p++ = 0;
-        *p++ = (uint8_t)ax->status->error;
-        *p++ = (uint8_t)(ax->status->error >> 8);
-        *p++ = (uint8_t)ax->status->n_metadata;
-        for (size_t i = 0; i < ax->status->n_metadata; i++) {
-            size_t kl = strlen(ax->status->metadata[i].key), vl = strlen(ax->status->metadata[i].value);
-            *p++ = (uint8_t)kl;
-            memcpy(p, ax->status->metadata[i].key, kl);
-            p += kl;
-            *p++ = (uint8_t)vl;
-            memcpy(p, ax->status->metadata[i].value, vl);
-            p += vl;
-        }
+        /* The reason, not the enum's ordinal: outcomes outlive the binary
+         * (snapshots), and the enum may gain rows in the middle. */
+        drey_commit__failure_put(ax->status, p);
     }
     drey_value v = {.kind = DREY_VALUE_BYTES, .data = buf, .len = (uint32_t)len};
     drey_store_txn t;

@@ -30,8 +30,10 @@
  *   can never reach a file opened after it.
  * - Injected faults count calls that reached the "device": a pwrite, sync or
  *   fallocate on a valid descriptor (or existing directory) with valid
- *   arguments. A failing call changes nothing.
+ *   arguments, an unlink of an existing file. A failing call changes nothing.
  * - Stats count successful calls only.
+ * - Held unlinks (drey_io_fault_hold_unlinks) wait on a condition variable,
+ *   releasing the mutex, so the rest of the file system keeps working.
  *
  * One mutex guards everything.
  */
@@ -43,6 +45,7 @@
 #include <string.h>
 
 #include "drey/alloc.h"
+#include "drey/clock.h"
 #include "drey/io.h"
 
 #define FAULT_SECTOR 512          /* the unit a torn write keeps or loses */
@@ -141,10 +144,15 @@ struct drey_io_fault {
     size_t nfds, capfds;
     int next_fd;
     fault_inode *first, *last; /* all live inodes */
-    fault_arm write_arm, sync_arm, alloc_arm;
+    fault_arm write_arm, sync_arm, alloc_arm, unlink_arm;
     uint64_t space_total; /* the file system's size for fs_space; 0: not reported */
     int space_err;        /* fs_space fails with -space_err */
     drey_io_fault_stats stats;
+    /* The unlink latch: while held, unlink waits (before it acts) until
+     * released; unlinks_waiting counts those waiting. */
+    bool hold_unlinks;
+    unsigned unlinks_waiting;
+    pthread_cond_t unlink_cond;
 };
 
 static drey_io_fault *fs_of(drey_io *io) {
@@ -628,6 +636,13 @@ static int ft_unlink(drey_io *io, const char *path) {
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&f->mu);
+    if (f->hold_unlinks) {
+        f->unlinks_waiting++;
+        pthread_cond_broadcast(&f->unlink_cond);
+        while (f->hold_unlinks)
+            pthread_cond_wait(&f->unlink_cond, &f->mu);
+        f->unlinks_waiting--;
+    }
     if ((rc = check_parent(f, p)) != 0)
         goto out;
     if (is_dir(f, p)) {
@@ -639,6 +654,8 @@ static int ft_unlink(drey_io *io, const char *path) {
         rc = -ENOENT;
         goto out;
     }
+    if ((rc = arm_check(&f->unlink_arm)) != 0)
+        goto out;
     set_cur(f, e, NULL);
     prune_entries(f);
 out:
@@ -783,6 +800,7 @@ drey_io_fault *drey_io_fault_create(void) {
     memset(f, 0, sizeof *f);
     f->io.ops = &fault_ops;
     pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->unlink_cond, NULL);
     f->next_fd = FAULT_FIRST_FD;
     return f;
 }
@@ -799,6 +817,7 @@ void drey_io_fault_destroy(drey_io_fault *f) {
         free(f->dirs[i]);
     free(f->dirs);
     free(f->fds);
+    pthread_cond_destroy(&f->unlink_cond);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }
@@ -817,6 +836,28 @@ void drey_io_fault_fail_sync(drey_io_fault *f, unsigned nth, int err, bool stick
 
 void drey_io_fault_fail_allocate(drey_io_fault *f, unsigned nth, int err, bool sticky) {
     arm(f, &f->alloc_arm, nth, err, sticky);
+}
+
+void drey_io_fault_fail_unlink(drey_io_fault *f, unsigned nth, int err, bool sticky) {
+    arm(f, &f->unlink_arm, nth, err, sticky);
+}
+
+void drey_io_fault_hold_unlinks(drey_io_fault *f, bool hold) {
+    pthread_mutex_lock(&f->mu);
+    f->hold_unlinks = hold;
+    pthread_cond_broadcast(&f->unlink_cond);
+    pthread_mutex_unlock(&f->mu);
+}
+
+bool drey_io_fault_wait_unlinks_held(drey_io_fault *f, unsigned n, int64_t timeout_ms) {
+    int64_t until = drey_deadline_after_ms(timeout_ms);
+    pthread_mutex_lock(&f->mu);
+    int rc = 0;
+    while (f->unlinks_waiting < n && rc == 0)
+        rc = drey_cond_wait_until(&f->unlink_cond, &f->mu, until);
+    bool ok = f->unlinks_waiting >= n;
+    pthread_mutex_unlock(&f->mu);
+    return ok;
 }
 
 void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
@@ -843,7 +884,7 @@ void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
         }
         inode_unref(f, ino);
     }
-    f->write_arm = f->sync_arm = f->alloc_arm = (fault_arm){0};
+    f->write_arm = f->sync_arm = f->alloc_arm = f->unlink_arm = (fault_arm){0};
     pthread_mutex_unlock(&f->mu);
 }
 

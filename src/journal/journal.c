@@ -6,8 +6,8 @@
  * LSNs and one time, encode the frames into one buffer, make room (a new
  * segment if the batch does not fit), pwrite, fdatasync, then complete the
  * records in LSN order. The mutex guards only the queue, the clock and the
- * segment list; no lock is held across a write or a sync, so appenders and
- * readers never wait on the disk.
+ * segment list; no lock is held across a write, a sync or an unlink, so
+ * appenders and readers never wait on the disk.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +42,7 @@ struct drey_journal {
     drey_io *io;
 
     pthread_t thread;
+    pthread_mutex_t compact_mu; /* held through drey_journal_remove_through */
     pthread_mutex_t mu;
     pthread_cond_t cond;
     /* Guarded by mu. */
@@ -333,12 +334,7 @@ static void *writer_main(void *arg) {
                 int64_t due = j->last_sync_ms + j->opts.fsync_interval_ms;
                 if (drey_mono_ms() >= due)
                     break;
-                struct timespec until;
-                clock_gettime(CLOCK_REALTIME, &until);
-                int64_t ns = until.tv_nsec + (due - drey_mono_ms()) * 1000000;
-                until.tv_sec += ns / 1000000000;
-                until.tv_nsec = ns % 1000000000;
-                pthread_cond_timedwait(&j->cond, &j->mu, &until);
+                drey_cond_wait_until(&j->cond, &j->mu, due * 1000000);
             } else {
                 pthread_cond_wait(&j->cond, &j->mu);
             }
@@ -347,12 +343,7 @@ static void *writer_main(void *arg) {
             break;
         if (j->opts.batch_wait_us > 0 && j->q_head != NULL && !j->stopping) {
             /* Let a little more arrive, unless the batch is already full. */
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            int64_t ns = until.tv_nsec + j->opts.batch_wait_us * 1000;
-            until.tv_sec += ns / 1000000000;
-            until.tv_nsec = ns % 1000000000;
-            pthread_cond_timedwait(&j->cond, &j->mu, &until);
+            drey_cond_wait_until(&j->cond, &j->mu, drey_mono_ns() + j->opts.batch_wait_us * 1000);
         }
         task *tasks = j->tasks;
         j->tasks = NULL;
@@ -465,6 +456,7 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
     j->opts.dir = j->dir;
     j->io = io;
     j->fd = -1;
+    pthread_mutex_init(&j->compact_mu, NULL);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cond, NULL);
     j->stats.fsync = opts->fsync;
@@ -537,6 +529,7 @@ fail:
         io->ops->close(io, j->fd);
     free(j->segs);
     free(j->dir);
+    pthread_mutex_destroy(&j->compact_mu);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -556,6 +549,7 @@ void drey_journal_close(drey_journal *j) {
     free(j->buf);
     free(j->segs);
     free(j->dir);
+    pthread_mutex_destroy(&j->compact_mu);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -658,30 +652,50 @@ int64_t drey_journal_sweep_horizon(drey_journal *j, int64_t now_ms) {
 
 int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed) {
     *removed = 0;
-    int rc = 0;
+    /* One compaction at a time: between choosing the segments and dropping
+     * them from the list, only this function removes any. */
+    pthread_mutex_lock(&j->compact_mu);
     pthread_mutex_lock(&j->mu);
     /* A segment's records end where the next segment begins; the last
      * segment is the one being written and always stays. */
-    size_t keep_from = 0;
-    while (keep_from + 1 < j->n_segs && j->segs[keep_from + 1].first_lsn - 1 <= lsn)
-        keep_from++;
-    for (size_t i = 0; i < keep_from && rc == 0; i++) {
+    size_t n = 0;
+    while (n + 1 < j->n_segs && j->segs[n + 1].first_lsn - 1 <= lsn)
+        n++;
+    /* Copied: the writer may grow (and so move) the list meanwhile. */
+    char(*names)[sizeof j->segs[0].name] = n > 0 ? malloc(n * sizeof *names) : NULL;
+    if (n > 0 && names == NULL)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        memcpy(names[i], j->segs[i].name, sizeof names[i]);
+    pthread_mutex_unlock(&j->mu);
+
+    /* Unlinked without j->mu, which every append takes: a slow file system
+     * delays the compaction, not the writes. Oldest first, so a crash
+     * midway leaves a journal without a gap (what is left is covered by
+     * the snapshot, and replay skips it). A segment leaves the list, and
+     * its bytes the quota, once its file is gone. */
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
         char path[4096];
-        drey_journal__path(path, sizeof path, j->dir, j->segs[i].name);
+        drey_journal__path(path, sizeof path, j->dir, names[i]);
         rc = j->io->ops->unlink(j->io, path);
-        if (rc == 0) {
-            j->stats.disk_bytes -= j->segs[i].size;
-            j->plan_used -= j->segs[i].size;
-            (*removed)++;
-        }
+        if (rc != 0)
+            break;
+        pthread_mutex_lock(&j->mu);
+        j->stats.disk_bytes -= j->segs[0].size;
+        j->plan_used -= j->segs[0].size;
+        memmove(j->segs, j->segs + 1, (j->n_segs - 1) * sizeof *j->segs);
+        j->n_segs--;
+        j->stats.segments = j->n_segs;
+        pthread_mutex_unlock(&j->mu);
+        (*removed)++;
     }
-    memmove(j->segs, j->segs + *removed, (j->n_segs - *removed) * sizeof *j->segs);
-    j->n_segs -= *removed;
+    free(names);
+    pthread_mutex_lock(&j->mu);
     /* Compaction is the remedy for a full journal: from here the state
      * tells only what the smallest record would meet, until the next
      * refusal. */
     j->refused_need = 0;
-    j->stats.segments = j->n_segs;
     pthread_mutex_unlock(&j->mu);
     if (*removed > 0) {
         char path[4096];
@@ -690,6 +704,7 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
         if (rc == 0)
             rc = src;
     }
+    pthread_mutex_unlock(&j->compact_mu);
     return rc;
 }
 

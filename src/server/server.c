@@ -887,19 +887,12 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap) {
 }
 
 static bool wait_shutdown(drey_server *s, int64_t timeout_ms) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
+    int64_t deadline = drey_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&s->mu);
     while (!s->shutdown_done) {
         if (timeout_ms < 0)
             pthread_cond_wait(&s->cond, &s->mu);
-        else if (pthread_cond_timedwait(&s->cond, &s->mu, &until) == ETIMEDOUT)
+        else if (drey_cond_wait_until(&s->cond, &s->mu, deadline) == ETIMEDOUT)
             break;
     }
     bool done = s->shutdown_done;

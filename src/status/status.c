@@ -112,6 +112,18 @@ const drey_error_info *drey_error_lookup(drey_error e) {
     return &catalogue[e];
 }
 
+bool drey_error_from_reason(const char *reason, size_t len, drey_error *out) {
+    /* A linear scan: this answers retries from remembered outcomes, not
+     * every call. Row 0 (NONE) has the empty reason and is never a match. */
+    for (size_t i = 1; i < DREY_ERR_COUNT_; i++) {
+        if (strlen(catalogue[i].reason) == len && memcmp(catalogue[i].reason, reason, len) == 0) {
+            *out = catalogue[i].error;
+            return true;
+        }
+    }
+    return false;
+}
+
 const char *drey_status_code_name(grpc_status_code code) {
     static const char *const names[] = {
         "OK",          "CANCELLED",      "UNKNOWN",        "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED", "NOT_FOUND",

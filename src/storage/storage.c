@@ -481,12 +481,7 @@ static void *snapshot_main(void *arg) {
             drey_journal_stats js;
             drey_journal_get_stats(st->journal, &js);
             int64_t wait_ms = js.quota_max_bytes > 0 ? 100 : 1000;
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            int64_t ns = until.tv_nsec + wait_ms * 1000000;
-            until.tv_sec += ns / 1000000000;
-            until.tv_nsec = ns % 1000000000;
-            pthread_cond_timedwait(&st->cond, &st->mu, &until);
+            drey_cond_wait_until(&st->cond, &st->mu, drey_deadline_after_ms(wait_ms));
             continue;
         }
         waiter *w = st->waiters;

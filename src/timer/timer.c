@@ -84,9 +84,7 @@ static void *timer_main(void *arg) {
         int64_t now = drey_mono_ns();
         drey_timer *first = t->heap[0];
         if (first->at_ns > now) {
-            /* The condition variable waits on CLOCK_MONOTONIC (see create). */
-            struct timespec until = {.tv_sec = first->at_ns / 1000000000, .tv_nsec = first->at_ns % 1000000000};
-            pthread_cond_timedwait(&t->cond, &t->mu, &until);
+            drey_cond_wait_until(&t->cond, &t->mu, first->at_ns);
             continue;
         }
         remove_at(t, 0);
@@ -104,11 +102,7 @@ static void *timer_main(void *arg) {
 drey_timers *drey_timers_create(void) {
     drey_timers *t = drey_xcalloc(1, sizeof *t);
     pthread_mutex_init(&t->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&t->cond, NULL);
     pthread_cond_init(&t->idle, NULL);
     if (pthread_create(&t->thread, NULL, timer_main, t) != 0)
         abort();

@@ -94,14 +94,7 @@ static bool wait_count2(atomic_int *a, atomic_int *b, int want, int64_t timeout_
             ok = false;
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&ev_cv, &ev_mu, &ts);
+        drey_cond_wait_until(&ev_cv, &ev_mu, drey_deadline_after_ms(1));
     }
     pthread_mutex_unlock(&ev_mu);
     return ok;
@@ -717,12 +710,8 @@ static void slow_fail(void *arg, const drey_status *st) {
     slow.in_callback = true;
     pthread_cond_broadcast(&slow.cv);
     /* Long enough for a release that does not wait to be seen returning. */
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 200 * 1000000L;
-    until.tv_sec += until.tv_nsec / 1000000000;
-    until.tv_nsec %= 1000000000;
-    while (!slow.release_returned && pthread_cond_timedwait(&slow.cv, &slow.mu, &until) == 0) {
+    int64_t until = drey_deadline_after_ms(200);
+    while (!slow.release_returned && drey_cond_wait_until(&slow.cv, &slow.mu, until) == 0) {
     }
     slow.saw_release = slow.release_returned;
     slow.callback_done = true;

@@ -622,6 +622,48 @@ Test(fault, the_nth_allocate_fails_with_enospc) {
     cr_assert_eq(io->ops->fallocate(io, fd, 0, 300), 0);
 }
 
+Test(fault, the_nth_unlink_fails_and_changes_nothing) {
+    cr_assert_eq(io->ops->mkdir(io, "/d"), 0);
+    put("/d/a", "a", true, "/d");
+    put("/d/b", "b", true, "/d");
+    drey_io_fault_fail_unlink(fs, 2, EIO, false);
+    cr_assert_eq(io->ops->unlink(io, "/d/nope"), -ENOENT, "a missing file does not count");
+    cr_assert_eq(io->ops->unlink(io, "/d/a"), 0);
+    cr_assert_eq(io->ops->unlink(io, "/d/b"), -EIO);
+    expect("/d/b", "b");
+    cr_assert_eq(io->ops->unlink(io, "/d/b"), 0, "not sticky");
+}
+
+typedef struct unlinker {
+    const char *path;
+    int rc;
+} unlinker;
+
+static void *unlink_thread(void *arg) {
+    unlinker *u = arg;
+    u->rc = io->ops->unlink(io, u->path);
+    return NULL;
+}
+
+Test(fault, held_unlinks_wait_for_release_while_the_rest_works) {
+    cr_assert_eq(io->ops->mkdir(io, "/d"), 0);
+    put("/d/a", "a", true, "/d");
+    drey_io_fault_hold_unlinks(fs, true);
+    cr_assert(!drey_io_fault_wait_unlinks_held(fs, 1, 10), "nothing is held yet");
+    unlinker u = {.path = "/d/a", .rc = 1};
+    pthread_t t;
+    pthread_create(&t, NULL, unlink_thread, &u);
+    cr_assert(drey_io_fault_wait_unlinks_held(fs, 1, 10000));
+    /* The file system stays usable meanwhile, and the file is still there. */
+    expect("/d/a", "a");
+    put("/d/c", "c", true, "/d");
+    drey_io_fault_hold_unlinks(fs, false);
+    pthread_join(t, NULL);
+    cr_assert_eq(u.rc, 0);
+    int fd = op_open("/d/a", O_RDONLY);
+    cr_assert_eq(fd, -ENOENT);
+}
+
 Test(fault, a_crash_disarms_injected_faults) {
     drey_io_fault_fail_write(fs, 1, EIO, true);
     drey_io_fault_fail_sync(fs, 1, EIO, true);

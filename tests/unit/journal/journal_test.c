@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "drey/clock.h"
 #include "drey/log.h"
 #include "tests/unit/journal/journal_util.h"
 
@@ -1222,5 +1223,133 @@ Test(journal, a_cap_set_while_records_are_queued_counts_them) {
         free(p[i].big);
     waiter_destroy(&w2);
     waiter_destroy(&w);
+    drey_journal_close(j);
+}
+
+/* --- compaction does not hold up appends ------------------------------------ */
+
+typedef struct remover {
+    drey_journal *j;
+    uint64_t lsn;
+    unsigned removed;
+    int rc;
+} remover;
+
+static void *remove_thread(void *arg) {
+    remover *r = arg;
+    r->rc = drey_journal_remove_through(r->j, r->lsn, &r->removed);
+    return NULL;
+}
+
+typedef struct late_append {
+    drey_journal *j;
+    waiter *w;
+    pending p;
+} late_append;
+
+static void *late_append_thread(void *arg) {
+    late_append *a = arg;
+    pending_set(&a->p, a->w, "during-compaction");
+    append_or_done(a->j, &a->p.e); /* blocks here if compaction holds the lock */
+    return NULL;
+}
+
+/* Whether w reached total before timeout_ms. */
+static bool wait_done_for(waiter *w, size_t total, int64_t timeout_ms) {
+    int64_t until = drey_deadline_after_ms(timeout_ms);
+    pthread_mutex_lock(&w->mu);
+    while (w->done < total && drey_cond_wait_until(&w->cond, &w->mu, until) == 0) {
+    }
+    bool ok = w->done >= total;
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+/* The lock scope, not a timing: with every unlink held, an append is
+ * acknowledged and the stats answer while a compaction is stuck in its
+ * first deletion. */
+Test(journal, an_append_completes_while_compaction_waits_on_an_unlink) {
+    drey_journal_options o = jopts();
+    o.segment_bytes = 4096;
+    drey_journal *j = jopen(&o, 0, NULL);
+    append_each(j, "0123456789012345678901234567890123456789", 250, 0);
+    size_t nseg = stats_of(j).segments;
+    cr_assert_geq(nseg, 4);
+
+    drey_io_fault_hold_unlinks(fs, true);
+    remover r = {.j = j, .lsn = UINT64_MAX};
+    pthread_t rt;
+    pthread_create(&rt, NULL, remove_thread, &r);
+    cr_assert(drey_io_fault_wait_unlinks_held(fs, 1, 10000), "compaction never reached an unlink");
+
+    waiter w;
+    waiter_init(&w);
+    late_append a = {.j = j, .w = &w};
+    pthread_t at;
+    pthread_create(&at, NULL, late_append_thread, &a);
+    bool appended = wait_done_for(&w, 1, 10000);
+    drey_journal_stats during = stats_of(j);
+    drey_io_fault_hold_unlinks(fs, false); /* unwinds a failing test too */
+    pthread_join(at, NULL);
+    pthread_join(rt, NULL);
+    cr_assert(appended, "an append waited for a compaction's unlink");
+    cr_assert_eq(a.p.err, 0);
+    cr_assert_eq(a.p.lsn, 251);
+    cr_assert_eq(during.segments, nseg, "no segment leaves the list before its file is gone");
+
+    cr_assert_eq(r.rc, 0);
+    cr_assert_eq(r.removed, nseg - 1);
+    drey_journal_stats s = stats_of(j);
+    cr_assert_eq(s.segments, 1);
+    cr_assert_eq(s.disk_bytes, 4096);
+    cr_assert_eq(count_segments(io), 1);
+    waiter_destroy(&w);
+    drey_journal_close(j);
+    /* Deletions are durable, and the appended record survives. */
+    drey_io_fault_crash(fs, true, 9);
+    replayed rp = {0};
+    j = jopen(&o, 250, &rp);
+    cr_assert_eq(rp.n, 1);
+    cr_assert_str_eq(rp.payload[0], "during-compaction");
+    replayed_free(&rp);
+    drey_journal_close(j);
+}
+
+/* A deletion that fails stops the compaction there: what was deleted has
+ * left the list and the quota, the rest stays for the next compaction, and
+ * the journal still opens without a gap. */
+Test(journal, a_failed_unlink_keeps_the_segments_not_yet_deleted) {
+    drey_journal_options o = jopts();
+    o.segment_bytes = 4096;
+    drey_journal *j = jopen(&o, 0, NULL);
+    append_each(j, "0123456789012345678901234567890123456789", 250, 0);
+    drey_journal_stats before = stats_of(j);
+    size_t nseg = before.segments;
+    cr_assert_geq(nseg, 4);
+
+    drey_io_fault_fail_unlink(fs, 2, EIO, false);
+    unsigned removed = 99;
+    cr_assert_eq(drey_journal_remove_through(j, UINT64_MAX, &removed), -EIO);
+    cr_assert_eq(removed, 1);
+    drey_journal_stats s = stats_of(j);
+    cr_assert_eq(s.segments, nseg - 1);
+    cr_assert_eq(count_segments(io), nseg - 1);
+    cr_assert_eq(s.disk_bytes, before.disk_bytes - 4096);
+    uint64_t lsn;
+    cr_assert_eq(append_one(j, "after", &lsn), 0);
+    cr_assert_eq(lsn, 251);
+    drey_journal_close(j);
+
+    /* The first deletion was made durable before the failure was reported. */
+    drey_io_fault_crash(fs, true, 11);
+    cr_assert_eq(count_segments(io), nseg - 1);
+    replayed rp = {0};
+    j = jopen(&o, 250, &rp);
+    cr_assert_eq(rp.n, 1);
+    cr_assert_str_eq(rp.payload[0], "after");
+    replayed_free(&rp);
+    cr_assert_eq(drey_journal_remove_through(j, 250, &removed), 0);
+    cr_assert_eq(removed, nseg - 2);
+    cr_assert_eq(stats_of(j).segments, 1);
     drey_journal_close(j);
 }

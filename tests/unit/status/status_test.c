@@ -85,6 +85,25 @@ Test(status, lookup_of_an_unknown_error_is_internal) {
     cr_assert(eq(int, drey_error_lookup((drey_error)-1)->error, DREY_ERR_INTERNAL));
 }
 
+/* Persisted outcomes name their error by reason: every reason finds its
+ * row, and nothing else finds any (not a prefix, not the empty reason). */
+Test(status, from_reason_finds_every_row_and_nothing_else) {
+    size_t n;
+    const drey_error_info *e = drey_error_catalogue(&n);
+    for (size_t i = 0; i < n; i++) {
+        drey_error got = DREY_ERR_NONE;
+        cr_assert(drey_error_from_reason(e[i].reason, strlen(e[i].reason), &got), "%s", e[i].reason);
+        cr_assert(eq(int, got, e[i].error), "%s", e[i].reason);
+    }
+    drey_error got = DREY_ERR_NONE;
+    cr_assert(not(drey_error_from_reason("", 0, &got)));
+    cr_assert(not(drey_error_from_reason("VERSION_MISMATC", 15, &got)));
+    cr_assert(not(drey_error_from_reason("VERSION_MISMATCHX", 17, &got)));
+    cr_assert(not(drey_error_from_reason("version_mismatch", 16, &got)));
+    cr_assert(drey_error_from_reason("VERSION_MISMATCH trailing", 16, &got), "a length-bounded reason");
+    cr_assert(eq(int, got, DREY_ERR_VERSION_MISMATCH));
+}
+
 Test(status, code_names) {
     static const char *const names[] = {
         "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
