@@ -11,6 +11,7 @@
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/backpressure.h"
+#include "drey/cluster.h"
 #include "drey/memory.h"
 #include "drey/metrics.h"
 #include "drey/method.h"
@@ -32,6 +33,8 @@ typedef struct drey_admin_options {
 drey_admin *drey_admin_create(const drey_admin_options *opts);
 void drey_admin_destroy(drey_admin *a);
 void drey_admin_set_storage(drey_admin *a, drey_storage *st);
+/* A cluster node: the details gain the cluster's section. */
+void drey_admin_set_cluster(drey_admin *a, drey_cluster *c);
 /* The node is draining (SIGTERM): it reports not ready from now on. */
 void drey_admin_set_draining(drey_admin *a);
 bool drey_admin_register(drey_admin *a, drey_method_table *t);

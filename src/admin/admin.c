@@ -19,6 +19,7 @@ struct drey_admin {
     drey_admin_options opts;
     char *fsync_policy;
     _Atomic(drey_storage *) storage;
+    _Atomic(drey_cluster *) cluster;
     _Atomic bool draining;
 };
 
@@ -38,6 +39,10 @@ void drey_admin_destroy(drey_admin *a) {
 
 void drey_admin_set_storage(drey_admin *a, drey_storage *st) {
     atomic_store(&a->storage, st);
+}
+
+void drey_admin_set_cluster(drey_admin *a, drey_cluster *c) {
+    atomic_store(&a->cluster, c);
 }
 
 void drey_admin_set_draining(drey_admin *a) {
@@ -167,6 +172,26 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     d->compaction = co;
     d->recovery = re;
     d->data_disk = dd;
+    drey_cluster *cl = atomic_load(&a->cluster);
+    if (cl != NULL) {
+        drey_cluster_status cs;
+        drey_cluster_get_status(cl, &cs);
+        RD_(Cluster) *c = NEW(arena, RD_(Cluster), drey__admin__v1__readiness_details__cluster__init);
+        c->node_id = drey_arena_strndup(arena, cs.node_id, strlen(cs.node_id));
+        c->controller = drey_arena_strndup(arena, cs.controller, strlen(cs.controller));
+        c->is_controller = cs.is_controller;
+        c->etcd_reachable = cs.etcd_reachable;
+        c->partitions = cs.partitions;
+        c->owned_partitions = cs.owned;
+        c->unassigned_partitions = cs.unassigned;
+        c->members = cs.members;
+        c->table_revision = cs.revision;
+        c->forwarded_calls = cs.forwarded;
+        c->not_primary_answers = cs.not_primary;
+        c->not_primary_retries = cs.retried;
+        c->unavailable_answers = cs.unavailable;
+        d->cluster = c;
+    }
 
     RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
     drey_memory_stats ms;
@@ -208,6 +233,11 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
 
 static void gauge(FILE *out, const char *name, const char *help, double v) {
     drey_metrics_header(out, name, "gauge", help);
+    drey_metrics_sample(out, name, NULL, v);
+}
+
+static void counter(FILE *out, const char *name, const char *help, double v) {
+    drey_metrics_header(out, name, "counter", help);
     drey_metrics_sample(out, name, NULL, v);
 }
 
@@ -255,6 +285,23 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_snapshot_age_seconds", "Age of the newest snapshot.", (double)d->snapshot->age_seconds);
     gauge(out, "drey_recovery_replayed_records", "Journal records replayed at start.",
           (double)d->recovery->replayed_records);
+    if (d->cluster != NULL) {
+        const RD_(Cluster) *c = d->cluster;
+        gauge(out, "drey_cluster_partitions_owned", "Partitions this node is primary of.", c->owned_partitions);
+        gauge(out, "drey_cluster_partitions_unassigned", "Partitions no node owns.", c->unassigned_partitions);
+        gauge(out, "drey_cluster_members", "Nodes registered in etcd, this one included.", c->members);
+        gauge(out, "drey_cluster_is_controller", "1 when this node is the cluster's controller.", c->is_controller);
+        gauge(out, "drey_cluster_etcd_reachable", "1 while the membership lease and the table's watch are current.",
+              c->etcd_reachable);
+        counter(out, "drey_cluster_forwarded_calls_total", "Calls forwarded to the owner of their partition.",
+                (double)c->forwarded_calls);
+        counter(out, "drey_cluster_not_primary_total", "Forwarded calls refused here: not this node's partition.",
+                (double)c->not_primary_answers);
+        counter(out, "drey_cluster_not_primary_retries_total", "Calls routed again after an owner's NOT_PRIMARY.",
+                (double)c->not_primary_retries);
+        counter(out, "drey_cluster_unavailable_total", "Calls refused PARTITION_UNAVAILABLE.",
+                (double)c->unavailable_answers);
+    }
     gauge(out, "drey_data_disk_available_bytes",
           "Bytes the data directory's file system still has (0 when unknown or ephemeral).",
           (double)d->data_disk->available_bytes);

@@ -436,6 +436,7 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
+        drey_admin_set_cluster(admin, cluster);
     }
     drey_pipeline_set_ready(pipeline, true);
     drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);

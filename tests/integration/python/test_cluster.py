@@ -97,6 +97,19 @@ class ThreeNodes(DreyTestCase):
         self.assertTrue(all(p.epoch > 0 for p in t.partitions), "every entry has an epoch")
         self.assertEqual(len({p.primary for p in t.partitions}), 3, "the first assignment used every node")
 
+    def test_readiness_details_show_the_cluster(self):
+        from drey_tokens import details
+        owned = 0
+        for n in self.nodes:
+            c = details(n.server)["cluster"]
+            self.assertEqual(c["nodeId"], n.id)
+            self.assertTrue(c["etcdReachable"])
+            self.assertEqual((c["partitions"], c["members"], c["unassignedPartitions"]), (16, 3, 0))
+            self.assertEqual(c["controller"], self.cluster.status()["controller"])
+            self.assertEqual(c["isController"], c["controller"] == n.id)
+            owned += c["ownedPartitions"]
+        self.assertEqual(owned, 16)
+
     def test_every_rpc_through_every_node_lands_on_the_owner(self):
         cache = "rpcs-" + self._testMethodName[-6:]
         keys = ["k%d" % i for i in range(60)]
@@ -341,6 +354,10 @@ class Faults(unittest.TestCase):
             poll(lambda: cl.owners(nodes[1]), lambda o: all(o.values()), what="table")
             cl.etcd.proc.kill()
             cl.etcd.proc.wait()
+            from drey_tokens import details
+            poll(lambda: details(nodes[0].server)["cluster"], lambda c: not c["etcdReachable"],
+                 what="readiness saying etcd is unreachable")
+            self.assertTrue(details(nodes[0].server)["ready"], "a node that can route stays ready")
             for i in range(32):
                 via = nodes[i % 2]
                 fn, req_cls, _ = via.cache.methods["Set"]

@@ -136,6 +136,9 @@ def to_json(msg):
     out = {}
     for f in msg.DESCRIPTOR.fields:
         v = getattr(msg, f.name)
+        if f.type == pbd.FieldDescriptor.TYPE_MESSAGE and not is_map(f) and not msg.HasField(f.name):
+            out[f.json_name] = None  # absent (a single node's cluster section): null
+            continue
         if is_map(f):
             out[f.json_name] = dict(v)
         elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE:
@@ -187,6 +190,8 @@ class ReadinessCase(DreyTestCase):
                 self.assertIsInstance(v, dict, w)
                 for mk, mv in v.items():
                     self.assertTrue(isinstance(mv, int) and not isinstance(mv, bool), "%s[%s] = %r" % (w, mk, mv))
+            elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE and f.json_name == "cluster":
+                self.assertIsNone(v, w + ": a single node has no cluster section")
             elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE:
                 self.assertShape(v, f.message_type, w)
             elif f.type == pbd.FieldDescriptor.TYPE_BOOL:

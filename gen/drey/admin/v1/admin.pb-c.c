@@ -196,6 +196,12 @@ void   drey__admin__v1__readiness_details__data_disk__init
   static const Drey__Admin__V1__ReadinessDetails__DataDisk init_value = DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__cluster__init
+                     (Drey__Admin__V1__ReadinessDetails__Cluster         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Cluster init_value = DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message)
 {
@@ -1138,7 +1144,201 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__data_disk__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[9] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[13] =
+{
+  {
+    "node_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, node_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "controller",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, controller),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "is_controller",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, is_controller),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "etcd_reachable",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, etcd_reachable),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "partitions",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "owned_partitions",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, owned_partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "unassigned_partitions",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, unassigned_partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "members",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, members),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "table_revision",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, table_revision),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "forwarded_calls",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, forwarded_calls),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "not_primary_answers",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, not_primary_answers),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "not_primary_retries",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, not_primary_retries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "unavailable_answers",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, unavailable_answers),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
+  1,   /* field[1] = controller */
+  3,   /* field[3] = etcd_reachable */
+  9,   /* field[9] = forwarded_calls */
+  2,   /* field[2] = is_controller */
+  7,   /* field[7] = members */
+  0,   /* field[0] = node_id */
+  10,   /* field[10] = not_primary_answers */
+  11,   /* field[11] = not_primary_retries */
+  5,   /* field[5] = owned_partitions */
+  4,   /* field[4] = partitions */
+  8,   /* field[8] = table_revision */
+  6,   /* field[6] = unassigned_partitions */
+  12,   /* field[12] = unavailable_answers */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 13 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Cluster",
+  "Cluster",
+  "Drey__Admin__V1__ReadinessDetails__Cluster",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
+  13,
+  drey__admin__v1__readiness_details__cluster__field_descriptors,
+  drey__admin__v1__readiness_details__cluster__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__cluster__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[10] =
 {
   {
     "ready",
@@ -1248,9 +1448,22 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "cluster",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, cluster),
+    &drey__admin__v1__readiness_details__cluster__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
   3,   /* field[3] = backpressure */
+  9,   /* field[9] = cluster */
   6,   /* field[6] = compaction */
   8,   /* field[8] = data_disk */
   4,   /* field[4] = journal */
@@ -1260,10 +1473,11 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
   7,   /* field[7] = recovery */
   5,   /* field[5] = snapshot */
 };
-static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
+static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 11, 9 },
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -1273,10 +1487,10 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  9,
+  10,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
-  1,  drey__admin__v1__readiness_details__number_ranges,
+  2,  drey__admin__v1__readiness_details__number_ranges,
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__init,
   NULL,NULL,NULL    /* reserved[123] */
 };

@@ -29,6 +29,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Snapshot Drey__Admin__V1__Read
 typedef struct Drey__Admin__V1__ReadinessDetails__Compaction Drey__Admin__V1__ReadinessDetails__Compaction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__ReadinessDetails__Recovery;
 typedef struct Drey__Admin__V1__ReadinessDetails__DataDisk Drey__Admin__V1__ReadinessDetails__DataDisk;
+typedef struct Drey__Admin__V1__ReadinessDetails__Cluster Drey__Admin__V1__ReadinessDetails__Cluster;
 
 
 /* --- enums --- */
@@ -255,6 +256,54 @@ struct  Drey__Admin__V1__ReadinessDetails__DataDisk
     , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
 
 
+/*
+ * A cluster node's view (absent on a single node). It stays ready while it
+ * can route: with etcd unreachable it serves with the table it has, which
+ * cannot change meanwhile.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Cluster
+{
+  ProtobufCMessage base;
+  char *node_id;
+  /*
+   * "" while there is none
+   */
+  char *controller;
+  protobuf_c_boolean is_controller;
+  /*
+   * The membership lease and the table's watch are current.
+   */
+  protobuf_c_boolean etcd_reachable;
+  uint32_t partitions;
+  /*
+   * this node is their primary
+   */
+  uint32_t owned_partitions;
+  uint32_t unassigned_partitions;
+  uint32_t members;
+  /*
+   * the etcd revision of the table it routes with
+   */
+  int64_t table_revision;
+  uint64_t forwarded_calls;
+  /*
+   * forwarded calls refused: not the owner
+   */
+  uint64_t not_primary_answers;
+  /*
+   * calls routed again after NOT_PRIMARY
+   */
+  uint64_t not_primary_retries;
+  /*
+   * PARTITION_UNAVAILABLE
+   */
+  uint64_t unavailable_answers;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+
 struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
@@ -272,10 +321,11 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__Compaction *compaction;
   Drey__Admin__V1__ReadinessDetails__Recovery *recovery;
   Drey__Admin__V1__ReadinessDetails__DataDisk *data_disk;
+  Drey__Admin__V1__ReadinessDetails__Cluster *cluster;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -362,6 +412,9 @@ void   drey__admin__v1__readiness_details__recovery__init
 /* Drey__Admin__V1__ReadinessDetails__DataDisk methods */
 void   drey__admin__v1__readiness_details__data_disk__init
                      (Drey__Admin__V1__ReadinessDetails__DataDisk         *message);
+/* Drey__Admin__V1__ReadinessDetails__Cluster methods */
+void   drey__admin__v1__readiness_details__cluster__init
+                     (Drey__Admin__V1__ReadinessDetails__Cluster         *message);
 /* Drey__Admin__V1__ReadinessDetails methods */
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message);
@@ -419,6 +472,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Recovery_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__DataDisk_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__DataDisk *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Cluster *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
                  (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
@@ -471,6 +527,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snap
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS
