@@ -48,17 +48,25 @@ typedef struct etcd_cluster {
     char endpoints[256]; /* "http://127.0.0.1:A,http://127.0.0.1:B,..." */
 } etcd_cluster;
 
-/* A port nothing listens on now (the socket is closed before it returns:
- * fine for a test, the kernel does not hand it out again at once). */
-static inline int fixture_free_port(void) {
+/* A free loopback port, bound (not listening) by *fd until the caller
+ * closes it, so ports picked together differ; NULL fd: closed at once. */
+static inline int fixture_bound_port(int *fd_out) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(fd, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "bind: %s", strerror(errno));
     socklen_t len = sizeof sa;
     cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
+    if (fd_out != NULL)
+        *fd_out = fd;
+    else
+        close(fd);
     return ntohs(sa.sin_port);
+}
+
+/* A port nothing listens on. */
+static inline int fixture_free_port(void) {
+    return fixture_bound_port(NULL);
 }
 
 static inline void fixture_pause_ms(int ms) {
@@ -164,18 +172,21 @@ static inline void etcd_start(etcd_cluster *c, int n) {
     snprintf(c->root, sizeof c->root, "%s/etcd-XXXXXX", tmp != NULL ? tmp : "/tmp");
     cr_assert_not_null(mkdtemp(c->root), "mkdtemp: %s", strerror(errno));
     size_t used = 0, eused = 0;
+    int held[2 * FIXTURE_MAX_MEMBERS];
     for (int i = 0; i < n; i++) {
         etcd_member *m = &c->m[i];
         snprintf(m->name, sizeof m->name, "m%d", i);
-        snprintf(m->dir, sizeof m->dir, "%s/%s", c->root, m->name);
-        snprintf(m->log, sizeof m->log, "%s/%s.log", c->root, m->name);
-        m->client_port = fixture_free_port();
-        m->peer_port = fixture_free_port();
+        snprintf(m->dir, sizeof m->dir, "%.400s/m%d", c->root, i);
+        snprintf(m->log, sizeof m->log, "%.400s/m%d.log", c->root, i);
+        m->client_port = fixture_bound_port(&held[2 * i]);
+        m->peer_port = fixture_bound_port(&held[2 * i + 1]);
         used += (size_t)snprintf(c->initial_cluster + used, sizeof c->initial_cluster - used,
-                                 "%s%s=http://127.0.0.1:%d", i ? "," : "", m->name, m->peer_port);
+                                 "%sm%d=http://127.0.0.1:%d", i ? "," : "", i, m->peer_port);
         eused += (size_t)snprintf(c->endpoints + eused, sizeof c->endpoints - eused, "%shttp://127.0.0.1:%d",
                                   i ? "," : "", m->client_port);
     }
+    for (int i = 0; i < 2 * n; i++)
+        close(held[i]); /* just before etcd binds them */
     for (int i = 0; i < n; i++)
         fixture_spawn(c, i, "new");
     fixture_wait_healthy(c);
@@ -226,7 +237,7 @@ static inline const char *etcd_endpoint(const etcd_cluster *c, int i, char *buf,
  * line tail), asserting it succeeds. */
 static inline void etcdctl(const etcd_cluster *c, const char *args) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s >/dev/null", c->endpoints, args);
+    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s >/dev/null 2>&1", c->endpoints, args);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
 }
 

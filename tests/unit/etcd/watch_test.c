@@ -145,7 +145,7 @@ Test(watch, events_arrive_in_revision_order_with_txns_and_deletes) {
     seen_init(&s);
     drey_etcd_watch *w = watch(&s, "drey/w/", start, true);
     put("drey/other", "not watched");
-    char vals[100][8];
+    char vals[100][16];
     const char *want[104];
     want[0] = "first";
     for (int i = 0; i < 100; i++) {
@@ -209,7 +209,7 @@ Test(watch, resumes_after_etcd_is_killed_and_restarted) {
     seen s;
     seen_init(&s);
     drey_etcd_watch *w = watch(&s, "drey/r/", start, false);
-    char vals[60][8];
+    char vals[60][16];
     const char *want[61];
     want[0] = "v0";
     for (int i = 1; i <= 30; i++) {

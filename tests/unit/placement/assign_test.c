@@ -12,7 +12,7 @@
 
 #define MAX_NODES 201
 
-static char names[MAX_NODES][16];
+static char names[MAX_NODES][24];
 static const char *ids[MAX_NODES];
 
 static void init_names(void) {
