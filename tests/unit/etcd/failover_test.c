@@ -163,3 +163,31 @@ Test(failover, killing_the_members_endpoint_moves_calls_watch_and_keepalive, .in
     drey_etcd_close(writer);
     drey_etcd_close(e);
 }
+
+/* An endpoint that accepts TCP but never speaks HTTP/2 (a hung host, a
+ * black hole): a call waits connect_timeout_ms for it, then goes on. */
+Test(failover, an_endpoint_that_never_connects_costs_the_connect_timeout, .init = up1, .fini = down,
+     .timeout = 60) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(fd, 16), 0); /* the kernel completes handshakes; nobody answers */
+    socklen_t len = sizeof sa;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    char endpoints[256], live[64];
+    snprintf(endpoints, sizeof endpoints, "http://127.0.0.1:%d,%s", ntohs(sa.sin_port),
+             etcd_endpoint(&cluster, 0, live, sizeof live));
+    char err[256];
+    drey_etcd *e =
+        drey_etcd_open(&(drey_etcd_options){.endpoints = endpoints, .connect_timeout_ms = 300}, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    drey_etcd_status st;
+    int64_t t0 = drey_mono_ms();
+    cr_assert(put_ok(e, "k", "v", &st), "%s: %s", drey_etcd_code_name(st.code), st.message);
+    int64_t took = drey_mono_ms() - t0;
+    cr_assert(took >= 250 && took < 1500, "took %lld ms", (long long)took);
+    cr_assert_not(st.may_have_applied);
+    cr_assert_str_eq(st.endpoint, live + strlen("http://"));
+    drey_etcd_close(e);
+    close(fd);
+}
