@@ -42,8 +42,8 @@
  *
  * Thread-safety: any number of threads may make calls and start, stop or
  * close streams at once. drey_etcd_close must come after every other call on
- * the client has returned and every stream has been stopped or closed (it
- * closes the ones left, without callbacks).
+ * the client has returned, never from a callback (it aborts), and it closes
+ * the streams left open, without callbacks, freeing them.
  *
  * Transport: plain http:// endpoints. The options carry TLS fields so an
  * https:// endpoint with a CA and a client certificate fits later; today open

@@ -326,3 +326,19 @@ Test(watch, close_ends_watches_left_open) {
     for (int i = 0; i < 8; i++)
         cr_assert_eq(ends(&s[i]), 0);
 }
+
+static void close_client_from_callback(void *user, Mvccpb__Event *const *events, size_t n) {
+    (void)events;
+    (void)n;
+    drey_etcd_close(user);
+}
+
+/* Closing the client from its own thread would join itself: it aborts
+ * instead of hanging. */
+Test(watch, closing_the_client_from_a_callback_aborts, .signal = SIGABRT) {
+    int64_t start = put("drey/abort/k", "1");
+    drey_etcd_watch_start(e, &(drey_etcd_watch_options){.key = "drey/abort/", .prefix = true,
+                                                        .start_revision = start,
+                                                        .on_events = close_client_from_callback, .user = e});
+    fixture_pause_ms(10000); /* the abort ends the test long before */
+}
