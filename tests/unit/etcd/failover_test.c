@@ -191,3 +191,28 @@ Test(failover, an_endpoint_that_never_connects_costs_the_connect_timeout, .init 
     drey_etcd_close(e);
     close(fd);
 }
+
+/* A member that hangs (SIGSTOP) keeps its connection up, so the call sent
+ * to it ends at its deadline; the next call starts at another member. */
+Test(failover, a_hung_member_costs_one_deadline_not_every_one, .init = up3, .fini = down, .timeout = 120) {
+    drey_etcd *e = client_of(cluster.endpoints);
+    drey_etcd_status st;
+    cr_assert(put_ok(e, "drey/h/k", "1", &st), "%s", st.message);
+    int hung = member_of(st.endpoint);
+    etcd_signal(&cluster, hung, SIGSTOP);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    Etcdserverpb__RangeResponse *r;
+    cr_assert_eq(drey_etcd_get(e, "drey/h/k", false, 500, &a, &r, &st), GRPC_STATUS_DEADLINE_EXCEEDED, "%s",
+                 drey_etcd_code_name(st.code));
+    cr_assert_eq(member_of(st.endpoint), hung);
+    /* The other two still have a quorum (whether or not the hung one led,
+     * once they elect). */
+    cr_assert(FIXTURE_WAIT_UNTIL(drey_etcd_get(e, "drey/h/k", false, 2000, &a, &r, &st) == GRPC_STATUS_OK, 20000),
+              "%s: %s", drey_etcd_code_name(st.code), st.message);
+    cr_assert_neq(member_of(st.endpoint), hung);
+    cr_assert_eq(r->n_kvs, 1);
+    etcd_signal(&cluster, hung, SIGCONT);
+    drey_arena_destroy(&a);
+    drey_etcd_close(e);
+}

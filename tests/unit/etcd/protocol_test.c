@@ -284,3 +284,33 @@ Test(protocol, etcd_with_auth_cancels_the_watch_of_a_client_without_a_token_and_
     drey_etcd_close(e);
     etcd_stop_all(&cluster);
 }
+
+/* UNAVAILABLE after the request went out: Range, which changes nothing, is
+ * sent again (until its deadline here, as this server never recovers); a
+ * Put is sent once and reported as possibly applied. */
+Test(protocol, unavailable_after_sending_retries_reads_and_not_writes) {
+    fake f;
+    fake_start(&f, GRPC_STATUS_UNAVAILABLE, false);
+    drey_etcd *e = client_of_fake(&f);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    drey_etcd_status st;
+    Etcdserverpb__RangeResponse *r;
+    int before = atomic_load(&f.calls);
+    cr_assert_eq(drey_etcd_get(e, "k", false, 600, &a, &r, &st), GRPC_STATUS_DEADLINE_EXCEEDED, "%s",
+                 drey_etcd_code_name(st.code));
+    cr_assert_geq(atomic_load(&f.calls), before + 3, "Range was sent %d times", atomic_load(&f.calls) - before);
+    cr_assert_neq(strstr(st.message, "not etcd"), NULL, "the last answer is kept: %s", st.message);
+    cr_assert_not(st.may_have_applied);
+
+    Etcdserverpb__PutRequest req = ETCDSERVERPB__PUT_REQUEST__INIT;
+    req.key = drey_etcd_bytes("k");
+    Etcdserverpb__PutResponse *resp;
+    before = atomic_load(&f.calls);
+    cr_assert_eq(drey_etcd_put(e, &req, 2000, &a, &resp, &st), GRPC_STATUS_UNAVAILABLE);
+    cr_assert(st.may_have_applied);
+    cr_assert_eq(atomic_load(&f.calls), before + 1, "sent once");
+    drey_arena_destroy(&a);
+    drey_etcd_close(e);
+    fake_stop(&f);
+}
