@@ -253,9 +253,28 @@ static inline void etcd_start(etcd_cluster *c, int n) {
     }
 }
 
+/* The process's state letter from /proc/<pid>/stat ('T' when stopped). */
+static inline char fixture_proc_state(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren != NULL && close_paren[1] == ' ' ? close_paren[2] : '?';
+}
+
+/* Sends sig; for SIGSTOP, returns once the member has stopped (kill returns
+ * before its threads have, and a request could still be answered). */
 static inline void etcd_signal(etcd_cluster *c, int i, int sig) {
     cr_assert_neq(c->m[i].pid, 0);
     kill(c->m[i].pid, sig);
+    if (sig == SIGSTOP)
+        cr_assert(FIXTURE_WAIT_UNTIL(fixture_proc_state(c->m[i].pid) == 'T', FIXTURE_DEADLINE_MS),
+                  "etcd %s did not stop", c->m[i].name);
 }
 
 /* SIGKILL and reap. */

@@ -46,6 +46,7 @@ static bool value_is(const Mvccpb__KeyValue *kv, const char *v) {
 }
 
 TestSuite(kv, .init = up, .fini = down, .timeout = 60);
+TestSuite(kv_offline, .timeout = 60); /* one timeout: see failover_test.c */
 
 Test(kv, put_get_prefix_and_delete_round_trip) {
     int64_t r1 = put("drey/t/a", "1", 0);
