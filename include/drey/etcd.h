@@ -34,12 +34,16 @@
  * polls one completion queue; their callbacks run there, one at a time, in
  * order. A callback must not block, and must not make synchronous calls on
  * the same client (they fail FAILED_PRECONDITION at once instead of
- * deadlocking); it may stop or close any stream, itself included.
+ * deadlocking); it may stop or close any stream, itself included. Streams
+ * have no deadline: a keepalive's liveness is its validity (below); a watch
+ * on a member that hangs without closing its connection (SIGSTOP) waits for
+ * it. gRPC keepalive pings would notice, but etcd refuses pings more often
+ * than every 5 s by default, so they are left to a later option.
  *
  * Thread-safety: any number of threads may make calls and start, stop or
  * close streams at once. drey_etcd_close must come after every other call on
- * the client has returned and every stream has been stopped or closed (it
- * closes the ones left, without callbacks).
+ * the client has returned, never from a callback (it aborts), and it closes
+ * the streams left open, without callbacks, freeing them.
  *
  * Transport: plain http:// endpoints. The options carry TLS fields so an
  * https:// endpoint with a CA and a client certificate fits later; today open

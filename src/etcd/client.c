@@ -534,6 +534,11 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
 void drey_etcd_close(drey_etcd *e) {
     if (e == NULL)
         return;
+    if (drey_etcd__on_thread(e)) {
+        /* It would join the thread it runs on. */
+        fprintf(stderr, "drey_etcd_close called from an etcd callback\n");
+        abort();
+    }
     pthread_mutex_lock(&e->mu);
     e->stopping = true;
     wake_locked(e);

@@ -205,13 +205,10 @@ grpc_status_code drey_etcd_lease_grant(drey_etcd *e, int64_t ttl_s, int64_t time
     int64_t sent = drey_mono_ns();
     if (drey_etcd__unary(e, DREY_ETCD__LEASE_GRANT, &req.base, &etcdserverpb__lease_grant_response__descriptor, false,
                          timeout_ms, &a, (ProtobufCMessage **)&resp, st) == GRPC_STATUS_OK) {
-        if (resp->error != NULL && resp->error[0] != '\0') {
-            drey_etcd__status_set(st, GRPC_STATUS_UNKNOWN, "%s", resp->error);
-        } else {
-            out->id = resp->id;
-            out->ttl_s = resp->ttl;
-            out->granted_ns = sent;
-        }
+        /* resp->error is unused: etcd 3.4 reports failures as statuses. */
+        out->id = resp->id;
+        out->ttl_s = resp->ttl;
+        out->granted_ns = sent;
     }
     drey_arena_destroy(&a);
     return st->code;

@@ -21,7 +21,7 @@
 
 #define MAX_NODES 200
 
-static char names[MAX_NODES + 1][16];
+static char names[MAX_NODES + 1][32];
 
 static void row(uint32_t parts, uint32_t rf, size_t n) {
     const char *ids[MAX_NODES + 1], *left[MAX_NODES];

@@ -1,10 +1,12 @@
 /*
  * etcd_fixture — real etcd members (Debian's /usr/bin/etcd) for the etcd
- * client's tests: each on free loopback ports (bound to :0 first, then
- * passed), its own data directory under the test's temporary directory,
- * ready once its /health says so, dying with the test process (so a failed
- * test leaves nothing running). Members can be stopped, killed and restarted
- * on the same data directory and ports.
+ * client's tests: each on free loopback ports (checked by binding them, and
+ * picked below the kernel's ephemeral range so that no outgoing connection
+ * of a parallel test takes one before etcd binds it; a member that still
+ * cannot start is started again on new ports), its own data directory under
+ * the test's temporary directory, ready once its /health says so, dying with
+ * the test process (so a failed test leaves nothing running). Members can be
+ * stopped, killed and restarted on the same data directory and ports.
  */
 #ifndef DREY_TEST_ETCD_FIXTURE_H
 #define DREY_TEST_ETCD_FIXTURE_H
@@ -48,17 +50,59 @@ typedef struct etcd_cluster {
     char endpoints[256]; /* "http://127.0.0.1:A,http://127.0.0.1:B,..." */
 } etcd_cluster;
 
-/* A port nothing listens on now (the socket is closed before it returns:
- * fine for a test, the kernel does not hand it out again at once). */
-static inline int fixture_free_port(void) {
+/* The lowest port the kernel hands out for bind(0) and outgoing
+ * connections. */
+static inline int fixture_ephemeral_low(void) {
+    int low = 32768, high;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d %d", &low, &high) != 2)
+            low = 32768;
+        fclose(f);
+    }
+    return low;
+}
+
+static inline int fixture_try_bind(int port, int *fd_out) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(fd, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "bind: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
     socklen_t len = sizeof sa;
     cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
+    *fd_out = fd;
     return ntohs(sa.sin_port);
+}
+
+/* A free loopback port, bound (not listening) by *fd until the caller
+ * closes it, so ports picked together differ; NULL fd: closed at once.
+ * Picked below the ephemeral range when there is room: a port bind(0)
+ * gave out can be taken as the local port of some other test's outgoing
+ * connection before etcd binds it ("address already in use"). */
+static inline int fixture_bound_port(int *fd_out) {
+    static unsigned seed;
+    if (seed == 0)
+        seed = (unsigned)getpid() ^ (unsigned)drey_mono_ns();
+    int fd = -1, port = -1, low = fixture_ephemeral_low();
+    for (int i = 0; i < 200 && port < 0 && low > 11000; i++)
+        port = fixture_try_bind(10000 + (int)(rand_r(&seed) % (unsigned)(low - 10000)), &fd);
+    if (port < 0)
+        port = fixture_try_bind(0, &fd);
+    cr_assert_gt(port, 0, "no free port");
+    if (fd_out != NULL)
+        *fd_out = fd;
+    else
+        close(fd);
+    return port;
+}
+
+/* A port nothing listens on. */
+static inline int fixture_free_port(void) {
+    return fixture_bound_port(NULL);
 }
 
 static inline void fixture_pause_ms(int ms) {
@@ -144,46 +188,93 @@ static inline void fixture_spawn(etcd_cluster *c, int i, const char *state) {
     m->pid = pid;
 }
 
-static inline void fixture_wait_healthy(etcd_cluster *c) {
+/* Waits until every running member is healthy. Returns false at once when
+ * one has exited (a port taken between picking and binding), asserts on the
+ * deadline. */
+static inline bool fixture_wait_healthy(etcd_cluster *c) {
+    int64_t until = drey_mono_ms() + FIXTURE_DEADLINE_MS;
     for (int i = 0; i < c->n; i++) {
-        if (c->m[i].pid == 0)
-            continue;
-        if (!FIXTURE_WAIT_UNTIL(fixture_healthy(&c->m[i]), FIXTURE_DEADLINE_MS)) {
-            fixture_print_log(&c->m[i]);
-            cr_assert_fail("etcd %s did not become healthy", c->m[i].name);
+        etcd_member *m = &c->m[i];
+        while (m->pid != 0 && !fixture_healthy(m)) {
+            int status;
+            if (waitpid(m->pid, &status, WNOHANG) == m->pid) {
+                m->pid = 0;
+                fixture_print_log(m);
+                return false;
+            }
+            if (drey_mono_ms() >= until) {
+                fixture_print_log(m);
+                cr_assert_fail("etcd %s did not become healthy", m->name);
+            }
+            fixture_pause_ms(10);
         }
     }
+    return true;
 }
 
-/* Starts an n-member cluster and waits until every member is healthy. */
+static inline void etcd_kill(etcd_cluster *c, int i);
+
+/* Starts an n-member cluster and waits until every member is healthy; new
+ * ports and a clean directory when a member could not start. */
 static inline void etcd_start(etcd_cluster *c, int n) {
     memset(c, 0, sizeof *c);
     cr_assert(n >= 1 && n <= FIXTURE_MAX_MEMBERS);
     c->n = n;
     const char *tmp = getenv("TEST_TMPDIR");
-    snprintf(c->root, sizeof c->root, "%s/etcd-XXXXXX", tmp != NULL ? tmp : "/tmp");
-    cr_assert_not_null(mkdtemp(c->root), "mkdtemp: %s", strerror(errno));
-    size_t used = 0, eused = 0;
-    for (int i = 0; i < n; i++) {
-        etcd_member *m = &c->m[i];
-        snprintf(m->name, sizeof m->name, "m%d", i);
-        snprintf(m->dir, sizeof m->dir, "%s/%s", c->root, m->name);
-        snprintf(m->log, sizeof m->log, "%s/%s.log", c->root, m->name);
-        m->client_port = fixture_free_port();
-        m->peer_port = fixture_free_port();
-        used += (size_t)snprintf(c->initial_cluster + used, sizeof c->initial_cluster - used,
-                                 "%s%s=http://127.0.0.1:%d", i ? "," : "", m->name, m->peer_port);
-        eused += (size_t)snprintf(c->endpoints + eused, sizeof c->endpoints - eused, "%shttp://127.0.0.1:%d",
-                                  i ? "," : "", m->client_port);
+    for (int attempt = 0;; attempt++) {
+        snprintf(c->root, sizeof c->root, "%s/etcd-XXXXXX", tmp != NULL ? tmp : "/tmp");
+        cr_assert_not_null(mkdtemp(c->root), "mkdtemp: %s", strerror(errno));
+        size_t used = 0, eused = 0;
+        int held[2 * FIXTURE_MAX_MEMBERS];
+        for (int i = 0; i < n; i++) {
+            etcd_member *m = &c->m[i];
+            snprintf(m->name, sizeof m->name, "m%d", i);
+            snprintf(m->dir, sizeof m->dir, "%.400s/m%d", c->root, i);
+            snprintf(m->log, sizeof m->log, "%.400s/m%d.log", c->root, i);
+            m->client_port = fixture_bound_port(&held[2 * i]);
+            m->peer_port = fixture_bound_port(&held[2 * i + 1]);
+            used += (size_t)snprintf(c->initial_cluster + used, sizeof c->initial_cluster - used,
+                                     "%sm%d=http://127.0.0.1:%d", i ? "," : "", i, m->peer_port);
+            eused += (size_t)snprintf(c->endpoints + eused, sizeof c->endpoints - eused, "%shttp://127.0.0.1:%d",
+                                      i ? "," : "", m->client_port);
+        }
+        for (int i = 0; i < 2 * n; i++)
+            close(held[i]); /* just before etcd binds them */
+        for (int i = 0; i < n; i++)
+            fixture_spawn(c, i, "new");
+        if (fixture_wait_healthy(c))
+            return;
+        cr_assert_lt(attempt, 4, "etcd would not start");
+        for (int i = 0; i < n; i++)
+            etcd_kill(c, i);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->root);
+        cr_assert_eq(system(cmd), 0);
     }
-    for (int i = 0; i < n; i++)
-        fixture_spawn(c, i, "new");
-    fixture_wait_healthy(c);
 }
 
+/* The process's state letter from /proc/<pid>/stat ('T' when stopped). */
+static inline char fixture_proc_state(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren != NULL && close_paren[1] == ' ' ? close_paren[2] : '?';
+}
+
+/* Sends sig; for SIGSTOP, returns once the member has stopped (kill returns
+ * before its threads have, and a request could still be answered). */
 static inline void etcd_signal(etcd_cluster *c, int i, int sig) {
     cr_assert_neq(c->m[i].pid, 0);
     kill(c->m[i].pid, sig);
+    if (sig == SIGSTOP)
+        cr_assert(FIXTURE_WAIT_UNTIL(fixture_proc_state(c->m[i].pid) == 'T', FIXTURE_DEADLINE_MS),
+                  "etcd %s did not stop", c->m[i].name);
 }
 
 /* SIGKILL and reap. */
@@ -201,7 +292,7 @@ static inline void etcd_kill(etcd_cluster *c, int i) {
 static inline void etcd_restart(etcd_cluster *c, int i) {
     cr_assert_eq(c->m[i].pid, 0);
     fixture_spawn(c, i, "existing");
-    fixture_wait_healthy(c);
+    cr_assert(fixture_wait_healthy(c), "etcd %s exited on restart", c->m[i].name);
 }
 
 static inline void etcd_stop_all(etcd_cluster *c) {
@@ -226,7 +317,7 @@ static inline const char *etcd_endpoint(const etcd_cluster *c, int i, char *buf,
  * line tail), asserting it succeeds. */
 static inline void etcdctl(const etcd_cluster *c, const char *args) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s >/dev/null", c->endpoints, args);
+    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s >/dev/null 2>&1", c->endpoints, args);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
 }
 

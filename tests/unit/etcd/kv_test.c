@@ -2,6 +2,7 @@
  * epoch compare-and-swap the cluster is built on, a claim race, deadlines
  * (with etcd stopped by SIGSTOP) and option checks. */
 #include <pthread.h>
+#include <stdint.h>
 
 #include "etcd_fixture.h"
 
@@ -45,6 +46,7 @@ static bool value_is(const Mvccpb__KeyValue *kv, const char *v) {
 }
 
 TestSuite(kv, .init = up, .fini = down, .timeout = 60);
+TestSuite(kv_offline, .timeout = 60); /* one timeout: see failover_test.c */
 
 Test(kv, put_get_prefix_and_delete_round_trip) {
     int64_t r1 = put("drey/t/a", "1", 0);
@@ -205,6 +207,41 @@ Test(kv, a_claim_race_has_exactly_one_winner) {
     Etcdserverpb__RangeResponse *held = get("drey/controller", false);
     cr_assert(value_is(held->kvs[0], r[winner].holder));
     cr_assert_neq(held->kvs[0]->lease, 0);
+}
+
+/* One client, several threads calling at once (the header allows it): every
+ * write lands, each with its own revision. */
+#define WRITERS 4
+#define WRITES 50
+static void *write_many(void *arg) {
+    int id = (int)(intptr_t)arg;
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    for (int i = 0; i < WRITES; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "drey/mt/%d/%d", id, i);
+        Etcdserverpb__PutRequest req = ETCDSERVERPB__PUT_REQUEST__INIT;
+        req.key = drey_etcd_bytes(key);
+        req.value = drey_etcd_bytes("x");
+        Etcdserverpb__PutResponse *resp;
+        drey_etcd_status s;
+        cr_assert_eq(drey_etcd_put(e, &req, 5000, &a, &resp, &s), GRPC_STATUS_OK, "%s", s.message);
+        drey_arena_reset(&a);
+    }
+    drey_arena_destroy(&a);
+    return NULL;
+}
+
+Test(kv, one_client_serves_several_threads_at_once) {
+    pthread_t t[WRITERS];
+    for (int i = 0; i < WRITERS; i++)
+        pthread_create(&t[i], NULL, write_many, (void *)(intptr_t)i);
+    for (int i = 0; i < WRITERS; i++)
+        pthread_join(t[i], NULL);
+    Etcdserverpb__RangeResponse *all = get("drey/mt/", true);
+    cr_assert_eq(all->n_kvs, WRITERS * WRITES);
+    for (size_t i = 1; i < all->n_kvs; i++)
+        cr_assert_neq(all->kvs[i]->mod_revision, all->kvs[i - 1]->mod_revision);
 }
 
 Test(kv, a_revoked_lease_takes_its_keys_and_an_unknown_one_is_not_found) {

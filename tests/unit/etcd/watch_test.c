@@ -145,7 +145,7 @@ Test(watch, events_arrive_in_revision_order_with_txns_and_deletes) {
     seen_init(&s);
     drey_etcd_watch *w = watch(&s, "drey/w/", start, true);
     put("drey/other", "not watched");
-    char vals[100][8];
+    char vals[100][16];
     const char *want[104];
     want[0] = "first";
     for (int i = 0; i < 100; i++) {
@@ -209,7 +209,7 @@ Test(watch, resumes_after_etcd_is_killed_and_restarted) {
     seen s;
     seen_init(&s);
     drey_etcd_watch *w = watch(&s, "drey/r/", start, false);
-    char vals[60][8];
+    char vals[60][16];
     const char *want[61];
     want[0] = "v0";
     for (int i = 1; i <= 30; i++) {
@@ -325,4 +325,20 @@ Test(watch, close_ends_watches_left_open) {
     e = client_of(cluster.endpoints);
     for (int i = 0; i < 8; i++)
         cr_assert_eq(ends(&s[i]), 0);
+}
+
+static void close_client_from_callback(void *user, Mvccpb__Event *const *events, size_t n) {
+    (void)events;
+    (void)n;
+    drey_etcd_close(user);
+}
+
+/* Closing the client from its own thread would join itself: it aborts
+ * instead of hanging. */
+Test(watch, closing_the_client_from_a_callback_aborts, .signal = SIGABRT) {
+    int64_t start = put("drey/abort/k", "1");
+    drey_etcd_watch_start(e, &(drey_etcd_watch_options){.key = "drey/abort/", .prefix = true,
+                                                        .start_revision = start,
+                                                        .on_events = close_client_from_callback, .user = e});
+    fixture_pause_ms(10000); /* the abort ends the test long before */
 }

@@ -12,7 +12,7 @@
 
 #define MAX_NODES 201
 
-static char names[MAX_NODES][16];
+static char names[MAX_NODES][24];
 static const char *ids[MAX_NODES];
 
 static void init_names(void) {
@@ -89,32 +89,41 @@ Test(assign, plain_hrw_ranks_by_weight) {
     }
 }
 
-/* The counts the tests below sweep: every size up to 40, then larger ones. */
-static const size_t sizes[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,  12,  13,  14,  15,  16, 17, 18,
-                               19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,  30,  31,  32,  33,  34, 35, 36,
-                               37, 38, 39, 40, 48, 64, 96, 100, 128, 150, 160, 180, 199, 200};
+/* The node counts the tests sweep for a partition count: every one up to
+ * 200 for 256 partitions (where caps are small and their rounding matters),
+ * every one up to 40 and then every 8th for 4096 (slower, and smooth). */
+static size_t sizes_of(uint32_t parts, size_t *out) {
+    size_t k = 0;
+    for (size_t n = 1; n <= 200; n++)
+        if (parts <= 256 || n <= 40 || n % 8 == 0 || n == 199)
+            out[k++] = n;
+    return k;
+}
 
-/* The fullest node holds at most ceil(1.25 x the mean) by construction.
- * That is <= 1.5x the mean for 256 partitions up to 32 nodes (the mean is
- * >= 8 there) and <= 1.3x for 4096 up to 200 (the mean is >= 20); plain HRW
- * measured 1.75x at 16 nodes with 256. */
+/* The caps add up to ceil(1.25 x slots) and differ by at most one, so the
+ * fullest node holds at most ceil(ceil(1.25 x slots) / n). That is <= 1.5x
+ * the mean for 256 partitions up to 32 nodes (measured 1.36x at most) and
+ * <= 1.3x for 4096 up to 200 (1.29x); plain HRW measured 1.75x at 16 nodes
+ * with 256. */
 Test(assign, the_fullest_node_stays_within_the_bound) {
+    size_t sizes[200];
     for (uint32_t rf = 1; rf <= 2; rf++)
         for (uint32_t parts = 256; parts <= 4096; parts *= 16)
-            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            for (size_t i = 0, k = sizes_of(parts, sizes); i < k; i++) {
                 size_t n = sizes[i];
                 uint32_t r = drey_placement_replicas(rf, n);
                 uint32_t *a = assigned(ids, n, parts, rf);
                 double mean = (double)parts * r / (double)n;
                 double load = drey_placement__max_over_mean(a, n, parts, r, 0);
                 double primaries = drey_placement__max_over_mean(a, n, parts, r, 1);
-                cr_expect_leq(load * mean, (double)((parts * r * 5 + n * 4 - 1) / (n * 4)) + 1e-9, "n %zu", n);
+                uint64_t total = ((uint64_t)parts * r * 5 + 3) / 4;
+                cr_expect_leq(load * mean, (double)((total + n - 1) / n) + 1e-9, "n %zu", n);
                 if (parts == 256 && n <= 32)
                     cr_expect_leq(load, 1.5, "%u partitions rf %u on %zu nodes: %.3f", parts, rf, n, load);
-                if (parts == 4096)
+                if (parts == 4096) {
                     cr_expect_leq(load, 1.3, "%u partitions rf %u on %zu nodes: %.3f", parts, rf, n, load);
-                if (parts == 4096)
                     cr_expect_leq(primaries, 1.3, "primaries, %zu nodes: %.3f", n, primaries);
+                }
                 free(a);
             }
 }
@@ -122,9 +131,10 @@ Test(assign, the_fullest_node_stays_within_the_bound) {
 /* A join moves at most 1/(n+1) + 0.12 of the replica slots (Squirix's ring
  * property tests set that bar); the minimum is 1/(n+1). */
 Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
+    size_t sizes[200];
     for (uint32_t rf = 1; rf <= 2; rf++)
         for (uint32_t parts = 256; parts <= 4096; parts *= 16)
-            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            for (size_t i = 0, k = sizes_of(parts, sizes); i < k; i++) {
                 size_t n = sizes[i];
                 uint32_t r = drey_placement_replicas(rf, n), rj = drey_placement_replicas(rf, n + 1);
                 uint32_t *before = assigned(ids, n, parts, rf), *after = assigned(ids, n + 1, parts, rf);
@@ -132,8 +142,14 @@ Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
                 double frac = (double)moved / ((double)parts * rj);
                 cr_expect_leq(frac, 1.0 / (double)(n + 1) + 0.12, "%u partitions rf %u, %zu -> %zu nodes: %.3f",
                               parts, rf, n, n + 1, frac);
-                /* The new node gets its share: never an empty join. */
-                cr_expect_gt(drey_placement__slots_of(after, parts, rj, (uint32_t)n), 0);
+                /* With 16 or more partitions per node: at most twice the
+                 * share, and the new node gets some (with fewer, HRW alone
+                 * can leave a node without any). */
+                if (parts / (n + 1) >= 16) {
+                    cr_expect_leq(frac, 2.0 / (double)(n + 1), "%u partitions rf %u, %zu -> %zu nodes: %.3f",
+                                  parts, rf, n, n + 1, frac);
+                    cr_expect_gt(drey_placement__slots_of(after, parts, rj, (uint32_t)n), 0);
+                }
                 free(before);
                 free(after);
             }
@@ -144,9 +160,10 @@ Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
  * the bench's leave column), which is why P should be >= 16 x nodes. */
 Test(assign, a_leave_moves_at_most_twice_the_minimum_with_enough_partitions) {
     const char *left[MAX_NODES];
+    size_t sizes[200];
     for (uint32_t rf = 1; rf <= 2; rf++)
         for (uint32_t parts = 256; parts <= 4096; parts *= 16)
-            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            for (size_t i = 0, k = sizes_of(parts, sizes); i < k; i++) {
                 size_t n = sizes[i];
                 if (n < 3 || parts / n < 16)
                     continue;
