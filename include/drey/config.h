@@ -39,7 +39,6 @@ typedef struct drey_config {
     int64_t journal_max_bytes;      /* disk quota of the journal's segments; 0: none; DREY_CONFIG_AUTO:
                                        derived from the data directory's file system */
     int64_t batch_wait_ms;          /* group commit: wait for more records */
-    bool answer_on_cq;              /* durable writes answered off the journal's writer */
     int64_t batch_max_bytes;        /* group commit: batch size bound */
     int64_t snapshot_every_bytes;   /* journal growth that triggers a snapshot */
     int64_t snapshot_every_ms;      /* time that triggers a snapshot */

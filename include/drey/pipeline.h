@@ -70,10 +70,6 @@ typedef struct drey_pipeline_options {
      * NULL: a single node, everything runs here. */
     drey_stage_result (*route)(void *ctx, drey_request *r);
     void *route_ctx;
-    /* Durable writes: answer on the door's thread instead of the journal
-     * writer's (which applies in LSN order either way), so the writer goes
-     * back to the disk sooner. */
-    bool answer_durable_writes_on_door;
 } drey_pipeline_options;
 
 /* Another node's answer to a forwarded request, as it came: passed on to
@@ -105,9 +101,6 @@ typedef struct drey_request_ops {
      * answered, never once reply or fail has begun. May be NULL: a door
      * whose caller cannot go away. */
     void (*on_cancel)(void *door, void (*fn)(void *arg), void *arg);
-    /* Runs fn(arg) on the door's own thread, soon. NULL: the door has none
-     * (the answer goes from whatever thread has it). */
-    void (*defer)(void *door, void (*fn)(void *arg), void *arg);
     /* Whether the caller authenticated as cluster node id (mutual TLS on
      * the internal listener). NULL: a door peers never use; a request there
      * that claims to be forwarded is refused. */
@@ -144,8 +137,6 @@ struct drey_request {
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;
-    ProtobufCMessage *deferred_response; /* answered on the door's thread */
-    drey_status *deferred_status;
 };
 
 

@@ -104,12 +104,6 @@ void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg);
 /* The call's deadline on the monotonic clock (ns); INT64_MAX without one. */
 int64_t drey_call_deadline_mono_ns(const drey_call *c);
 
-/* Unary calls: runs fn(arg) on the completion-queue thread that serves the
- * call, soon (an empty batch completes at once). For work that should not
- * stay on the thread that has it, such as sending replies from the
- * journal's writer. */
-void drey_call_defer(drey_call *c, void (*fn)(void *arg), void *arg);
-
 void drey_call_set_user(drey_call *c, void *user);
 void *drey_call_user(const drey_call *c);
 

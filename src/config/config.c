@@ -105,9 +105,6 @@ static const option options[] = {
     {"journal-max-queued-bytes", OPT_BYTES, FIELD(journal_max_queued_bytes), "256MiB", 4096, (int64_t)1 << 40,
      "Bytes of writes that may wait for the journal's writer at once (JOURNAL_QUEUE_FULL beyond; a single larger "
      "write still goes when the queue is empty)."},
-    {"answer-on-cq", OPT_BOOL, FIELD(answer_on_cq), "false", 0, 0,
-     "Durable writes are answered from the completion-queue threads instead of the journal's writer (which "
-     "applies them in order either way). Measured, not faster on two cores: see the benchmark report."},
     {"batch-wait", OPT_DURATION, FIELD(batch_wait_ms), "0", 0, 1000,
      "Group commit: how long the journal waits for more writes before writing a batch (a batch also closes when the "
      "previous sync ends); 0 adds no latency."},

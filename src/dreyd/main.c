@@ -304,7 +304,6 @@ int main(int argc, char **argv, char **envp) {
         .memory = memory,
         .metrics = metrics,
         .node_id = node_id,
-        .answer_durable_writes_on_door = cfg.answer_on_cq,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
     drey_storage *storage = NULL;

@@ -38,10 +38,6 @@ static void door_relay(void *door, const drey_answer *a) {
     drey_call_relay(door, &ca);
 }
 
-static void door_defer(void *door, void (*fn)(void *arg), void *arg) {
-    drey_call_defer(door, fn, arg);
-}
-
 static bool door_peer_is(void *door, const char *id, size_t len) {
     return drey_call_peer_is(door, id, len);
 }
@@ -70,7 +66,6 @@ static const drey_request_ops public_door = {
     .peer = door_peer,
     .deadline_mono_ns = door_deadline,
     .on_cancel = door_on_cancel,
-    .defer = door_defer,
 };
 
 /* The cluster's listener: the same, and its callers can prove who they are. */
@@ -82,7 +77,6 @@ static const drey_request_ops internal_door = {
     .peer = door_peer,
     .deadline_mono_ns = door_deadline,
     .on_cancel = door_on_cancel,
-    .defer = door_defer,
     .peer_is = door_peer_is,
 };
 

@@ -147,14 +147,6 @@ void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door,
     r->len = len;
 }
 
-static void answer_deferred(void *arg) {
-    drey_request *r = arg;
-    if (r->deferred_response != NULL)
-        drey_request_reply(r, r->deferred_response);
-    else
-        drey_request_fail(r, r->deferred_status);
-}
-
 /* The end of the chain. */
 static void apply(drey_pipeline *p, drey_request *r) {
     const drey_method *m = r->method;
@@ -171,16 +163,6 @@ static void apply(drey_pipeline *p, drey_request *r) {
     };
     ProtobufCMessage *resp = (m->flags & DREY_METHOD_WRITE) != 0 ? drey_commit_apply(p->opts.commit, &r->write, &ax)
                                                                  : m->apply(m->ctx, &ax, r->msg);
-    /* r->now_ms is set by the journal: this runs on its writer thread. */
-    if (r->now_ms != 0 && p->opts.answer_durable_writes_on_door && r->ops->defer != NULL) {
-        r->deferred_response = resp;
-        if (resp == NULL) {
-            r->deferred_status = drey_arena_alloc(r->arena, sizeof st);
-            *r->deferred_status = st;
-        }
-        r->ops->defer(r->door, answer_deferred, r);
-        return;
-    }
     if (resp != NULL)
         drey_request_reply(r, resp);
     else

@@ -94,9 +94,6 @@ struct drey_call {
     grpc_byte_buffer *recv_buf;
 
     tag send_tag;
-    tag defer_tag;
-    void (*defer_fn)(void *arg);
-    void *defer_arg;
     pthread_mutex_t mu; /* the send queue and the stream's end */
     out_msg *q_head, *q_tail;
     bool sending;        /* a SEND_MESSAGE batch is in flight */
@@ -183,7 +180,6 @@ static bool is_streaming(const drey_call *c) {
 
 static void on_close(tag *t, bool ok);
 static void on_send(tag *t, bool ok);
-static void on_defer(tag *t, bool ok);
 static void on_recv(tag *t, bool ok);
 
 static drey_call *call_new(drey_server *s, request_slot *slot) {
@@ -202,7 +198,6 @@ static drey_call *call_new(drey_server *s, request_slot *slot) {
     c->close_tag.done = on_close;
     c->recv_tag.done = on_recv;
     c->send_tag.done = on_send;
-    c->defer_tag.done = on_defer;
     pthread_mutex_init(&c->mu, NULL);
     drey_arena_init(&c->arena, c->arena_buf, sizeof c->arena_buf);
     if (slot->payload != NULL) {
@@ -432,19 +427,6 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
         pump_locked(c);
     }
     pthread_mutex_unlock(&c->mu);
-}
-
-static void on_defer(tag *t, bool ok) {
-    drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, defer_tag));
-    (void)ok;
-    c->defer_fn(c->defer_arg);
-    call_unref(c);
-}
-
-void drey_call_defer(drey_call *c, void (*fn)(void *arg), void *arg) {
-    c->defer_fn = fn;
-    c->defer_arg = arg;
-    start_batch(c, NULL, 0, &c->defer_tag);
 }
 
 static void on_send(tag *t, bool ok) {
