@@ -11,9 +11,14 @@ wkt=/usr/include          # google/protobuf/*.proto (libprotobuf-dev)
 grpcp=/usr/share/grpc-proto  # grpc/health, grpc/reflection (grpc-proto)
 
 # Served to clients: reflection describes exactly these and their imports.
+# google/rpc is among them because every error carries a google.rpc.Status
+# whose details are Any: a client with no .proto files (grpcurl
+# --format-error, dynamic clients) resolves their types through reflection.
 served=(
   drey/cache/v1/cache.proto
   drey/admin/v1/admin.proto
+  google/rpc/status.proto
+  google/rpc/error_details.proto
   grpc/health/v1/health.proto
   grpc/reflection/v1/reflection.proto
   grpc/reflection/v1alpha/reflection.proto
@@ -23,8 +28,6 @@ served=(
 compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
-  google/rpc/status.proto
-  google/rpc/error_details.proto
   google/protobuf/any.proto
   google/protobuf/duration.proto
   google/protobuf/timestamp.proto
