@@ -24,7 +24,7 @@ here=$top/tests/fuzz
 work=${DREY_FUZZ_DIR:-$top/.fuzz}
 cd "$top"
 
-targets_all=(request journal recover snapshot)
+targets_all=(request journal recover snapshot token keys ops config)
 
 # What each target is for: the sources its coverage is reported over.
 declare -A aims=(
