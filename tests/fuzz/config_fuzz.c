@@ -5,13 +5,20 @@
  *
  * The input is NUL-separated strings; byte 0 says how many of them (mod 8)
  * are environment entries, the rest are command-line arguments. Each string
- * is also parsed as a size and as a duration on its own.
+ * is also parsed as a size, as a duration and as a listen address on its
+ * own.
  *
  * Properties: a refused command line says why on the error stream; an
  * accepted size or duration is not negative and prints back to the same
- * number; a parse never leaks (the ASan build checks).
+ * number; an address taken for loopback (anonymous callers allowed) is
+ * "localhost" or a numeric address that getaddrinfo, without resolving
+ * names, also finds only on loopback; a parse never leaks (the ASan build
+ * checks).
  */
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +47,38 @@ static void number_rules(const char *s) {
     }
 }
 
+static bool sockaddr_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6)
+        return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr);
+    return false;
+}
+
+static void address_rules(const char *s) {
+    if (!drey_config_listen_is_loopback(s))
+        return;
+    const char *colon = strrchr(s, ':');
+    size_t n = colon != NULL ? (size_t)(colon - s) : strlen(s);
+    char host[256];
+    FUZZ_CHECK(n < sizeof host, "a %zu-byte host taken for loopback", n);
+    memcpy(host, s, n);
+    host[n] = '\0';
+    if (strcmp(host, "localhost") == 0)
+        return;
+    char *h = host;
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h[n - 1] = '\0';
+        h++;
+    }
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(h, NULL, &hints, &res);
+    FUZZ_CHECK(rc == 0, "%s is taken for loopback but is not a numeric address", s);
+    for (struct addrinfo *r = res; r != NULL; r = r->ai_next)
+        FUZZ_CHECK(sockaddr_loopback(r->ai_addr), "%s is taken for loopback but is not", s);
+    freeaddrinfo(res);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096)
         return 0;
@@ -53,8 +92,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         strings[n++] = p;
     if (n_env > n)
         n_env = n;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         number_rules(strings[i]);
+        address_rules(strings[i]);
+    }
 
     char *envp[MAX_STRINGS + 1], *argv[MAX_STRINGS + 2];
     for (size_t i = 0; i < n_env; i++)
