@@ -24,22 +24,24 @@ here=$top/tests/fuzz
 work=${DREY_FUZZ_DIR:-$top/.fuzz}
 cd "$top"
 
-targets_all=(request journal recover snapshot token keys ops config)
+targets_all=(request journal recover snapshot token keys ops config status)
 
 # What each target is for: the sources its coverage is reported over.
 declare -A aims=(
   [request]="src/server/wire.c src/pipeline/validate.c"
   [journal]="src/journal/frame.c"
   [recover]="src/journal/scan.c src/journal/frame.c"
-  [snapshot]="src/snapshot/snapshot.c src/storage/storage.c"
+  [snapshot]="src/snapshot/snapshot.c"
   [token]="src/auth/verify.c src/auth/auth.c src/auth/b64.c src/auth/cache.c"
   [keys]="src/auth/keys.c src/auth/b64.c"
   [ops]="src/ops/ops.c src/ops/json.c"
   [config]="src/config/config.c"
+  [status]="src/client/status.c"
 )
 # Longest input tried (bytes).
 declare -A max_len=(
   [request]=4096 [journal]=4096 [recover]=16384 [snapshot]=8192 [token]=4096 [keys]=8192 [ops]=2048 [config]=1024
+  [status]=2048
 )
 
 say() { printf 'fuzz.sh: %s\n' "$*" >&2; }
@@ -166,8 +168,11 @@ coverage() {
     read -ra files <<< "${aims[$t]}"
     printf '%s (inputs: %s committed, %s found by runs)\n' "$t" "$(find "${dirs[@]}" -type f | wc -l)" \
       "$(find "$work/corpus/$t" -type f | wc -l)"
+    # columns: file, regions (missed, cover), functions (missed, executed),
+    # lines (missed, cover), branches (missed, cover)
     llvm-cov-14 report "$work/cov/$t" -instr-profile="$work/cov/profiles/$t.profdata" "${files[@]}" |
-      awk 'NR==1 || /^src\// || /^TOTAL/ {printf "  %-28s regions %7s %7s  lines %6s %6s %8s\n", $1, $2, $4, $8, $9, $10}'
+      awk '$2 ~ /^[0-9]+$/ {printf "  %-24s lines %5s/%-5s %8s   branches %5s/%-5s %8s   regions %7s\n",
+                            $1, $8 - $9, $8, $10, $11 - $12, $11, $13, $4}' | sed "s|$top/src/||"
   done
 }
 
