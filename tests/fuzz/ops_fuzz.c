@@ -73,11 +73,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    FUZZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
+    /* libFuzzer's timer signal can interrupt any of these calls: a
+     * connect interrupted goes on in the background. */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        FUZZ_CHECK(errno == EINTR, "connect: %s", strerror(errno));
+        struct pollfd w = {.fd = fd, .events = POLLOUT};
+        while (poll(&w, 1, 5000) < 0)
+            FUZZ_CHECK(errno == EINTR, "poll: %s", strerror(errno));
+        int so_err = 0;
+        socklen_t so_len = sizeof so_err;
+        FUZZ_CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &so_len) == 0 && so_err == 0, "connect: %s",
+                   strerror(so_err));
+    }
     /* The listener may answer and close before it has read everything. */
     size_t sent = 0;
     while (sent < size) {
         ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n <= 0)
             break;
         sent += (size_t)n;
@@ -94,6 +107,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             continue;
         char buf[4096];
         ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n <= 0)
             break; /* closed (or reset: the listener refused the bytes) */
         for (ssize_t i = 0; i < n && got < sizeof head; i++)
