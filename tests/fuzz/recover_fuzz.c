@@ -11,8 +11,9 @@
  * is read as an offset from the LSN expected there (0: the next one), its
  * batch LSN as a distance back from its LSN, and its CRC is made right
  * unless bit 0 of its time field says to leave it; bit 1 of the time field
- * keeps a wrong type. A segment's second byte perturbs the first LSN its
- * name and header carry (0: it continues the previous segment).
+ * keeps a wrong type. A later segment's first byte perturbs the first LSN its
+ * name and header carry (0: it continues the previous segment); its third
+ * byte, 0xfe or 0xff, damages its header or cuts the file inside it.
  *
  * Properties: replay sees consecutive LSNs ending at the scan's last LSN;
  * open succeeds exactly when the scan found nothing worse than a torn tail;
@@ -128,11 +129,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         drey_segment_header_encode(&h, seg);
         memcpy(seg + DREY_SEGMENT_HEADER, body, len);
         expect = shape_frames(seg, seg_size, seg_lsn);
+        /* A segment's third byte can damage its header or cut the file
+         * inside it. */
+        size_t file_size = seg_size;
+        if (len > 2 && body[2] == 0xfe)
+            seg[body[1] % 36] ^= 0x10;
+        else if (len > 2 && body[2] == 0xff)
+            file_size = body[1] % DREY_SEGMENT_HEADER;
         char path[128];
         snprintf(path, sizeof path, DIR "/journal/%016" PRIx64 ".seg", seg_lsn);
-        fuzz_put_file(io, path, seg, seg_size);
+        fuzz_put_file(io, path, seg, file_size);
         free(seg);
     }
+
+    /* What else a journal directory may hold: a temporary file a crash
+     * left, and a stranger. Neither is a segment. */
+    fuzz_put_file(io, DIR "/journal/0000000000000001.seg.tmp", (const uint8_t *)"x", 1);
+    fuzz_put_file(io, DIR "/journal/README", (const uint8_t *)"x", 1);
 
     drey_journal_scan s1, s2;
     replay_state r1, r2;
