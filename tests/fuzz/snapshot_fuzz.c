@@ -6,8 +6,8 @@
  * instead of a snapshot. The other bits let the target make checksums and
  * counts right before writing, so that the fuzzer reaches the parsing behind
  * them: bit 0 the header CRC, bit 1 each record's CRC, bit 2 the trailer
- * (its record count, chained CRC and own CRC); for a manifest, bit 0 its
- * length and bit 1 its CRC.
+ * (its record count, chained CRC and own CRC; bit 3 makes the count one
+ * off); for a manifest, bit 0 its length and bit 1 its CRC.
  *
  * Properties: a snapshot that reads loads into a store with the entries it
  * announced; the store then snapshots and reads back; a manifest that
@@ -50,7 +50,7 @@ static void fix_snapshot(uint8_t *b, size_t n, unsigned flags) {
     if (flags & 4) {
         uint8_t *t = b + end;
         memcpy(t, "DREYEND", 8);
-        fuzz_put64(t + 8, count);
+        fuzz_put64(t + 8, flags & 8 ? count + 1 : count); /* bit 3: a count one off */
         fuzz_put32(t + 16, chain);
         fuzz_put32(t + 20, drey_crc32c(0, t, 20));
     }
