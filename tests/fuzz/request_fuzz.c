@@ -7,7 +7,8 @@
  * them: the depth check for recursive request types (src/server/wire.c),
  * protobuf-c's unpack into a call arena, then the validation stage's wire
  * pass and checks (src/pipeline/validate.c). Small limits put the limit
- * branches within the fuzzer's reach.
+ * branches within the fuzzer's reach. A reflection request's file name or
+ * symbol is then looked up as src/reflect does (src/descriptors).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/cache/v1/cache.pb-c.h"
+#include "drey/descriptors.h"
 #include "drey/pipeline.h"
 #include "drey/status.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -73,6 +75,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         bool ok = drey_validate_request(&limits, m, data, size, &a, &st);
         if (ok != drey_status_ok(&st))
             abort(); /* the verdict and the status disagree */
+        if (ok && (d == &grpc__reflection__v1__server_reflection_request__descriptor ||
+                   d == &grpc__reflection__v1alpha__server_reflection_request__descriptor)) {
+            /* v1alpha is read as v1, as src/reflect does. */
+            const Grpc__Reflection__V1__ServerReflectionRequest *r =
+                (const Grpc__Reflection__V1__ServerReflectionRequest *)protobuf_c_message_unpack(
+                    &grpc__reflection__v1__server_reflection_request__descriptor, drey_arena_protobuf_allocator(&a),
+                    size, data);
+            const drey_descriptors *dd = drey_descriptors_builtin();
+            if (r != NULL) {
+                switch (r->message_request_case) {
+                case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
+                    (void)drey_descriptors_find_file(dd, r->file_by_filename);
+                    break;
+                case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
+                    (void)drey_descriptors_find_symbol(dd, r->file_containing_symbol);
+                    break;
+                case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
+                    (void)drey_descriptors_find_symbol(dd, r->all_extension_numbers_of_type);
+                    break;
+                default:
+                    break;
+                }
+            }
+        }
         /* What a rejection sends back must encode. */
         if (!ok) {
             uint8_t *out;
