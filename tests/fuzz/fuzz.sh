@@ -5,7 +5,7 @@
 #
 #   tests/fuzz/fuzz.sh check [target...]   build, replay every committed input
 #                                          (regressions/ and corpus/), then fuzz
-#                                          each target DREY_FUZZ_SECONDS (6) s;
+#                                          each target DREY_FUZZ_SECONDS (5) s;
 #                                          fails on any crash, leak, timeout or
 #                                          sanitizer report (bazel/drey.sh test)
 #   tests/fuzz/fuzz.sh run SECONDS [target...]  the longer run, same rules
@@ -178,7 +178,7 @@ coverage() {
 
 case "${1:-}" in
   build) build_fuzz ;;
-  check) shift; run_all "${DREY_FUZZ_SECONDS:-6}" "$@" ;;
+  check) shift; run_all "${DREY_FUZZ_SECONDS:-5}" "$@" ;;
   run)
     shift
     [ "$#" -ge 1 ] || { say "usage: fuzz.sh run SECONDS [target...]"; exit 2; }
