@@ -15,12 +15,28 @@ cd "$top"
 
 # Debian 12 packages the build and the tests use. Node.js comes from Debian
 # when the machine has none.
+#
+# Go (tests/interop/go): one consistent APIv1 set. golang-etcd-server-dev
+# pulls golang-goprotobuf-dev, which pins github.com/golang/protobuf 1.3 and
+# its generator (protoc-gen-go-1-3) and conflicts with the APIv2
+# `protoc-gen-go` package; grpc-go and genproto accept the 1.3 set, so the
+# Go suite uses it and the two install together.
+# The container image (deploy/image/build.sh, tests/deploy/test_image.py):
+# mmdebstrap, and podman with runc named, as crun refuses the hybrid cgroup
+# layout some machines have.
 packages=(
   bazel-bootstrap gcc libc6-dev pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
   libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
   python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
+  # etcd for the cluster's control plane (the tests start their own), and the
+  # protos bazel/gen.sh compiles drey's etcd client from. golang-etcd-server-dev
+  # pulls protoc-gen-go-1-3, which conflicts with the protoc-gen-go package.
+  etcd-server etcd-client
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
+  golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
+  mmdebstrap podman runc
   clang-14 libfuzzer-14-dev libclang-rt-14-dev llvm-14
 )
 

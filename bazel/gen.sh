@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates gen/ from proto/: protoc-c sources for every message drey
 # encodes or decodes, and the descriptor set that server reflection serves.
+# Also the etcd v3 client stubs (gen/etcd, gen/gogoproto, gen/google/api),
+# from the protos Debian ships with etcd's Go sources: drey is an etcd
+# client, so they are compiled but never served by reflection.
 # gen/ is committed; //tests/unit/gen:gen_current_test fails when it is stale.
 #
 # usage: bazel/gen.sh [OUTDIR]   (default: gen/ of this checkout)
@@ -9,6 +12,23 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$top/gen}
 wkt=/usr/include          # google/protobuf/*.proto (libprotobuf-dev)
 grpcp=/usr/share/grpc-proto  # grpc/health, grpc/reflection (grpc-proto)
+gocode=/usr/share/gocode/src
+etcd_roots=(
+  "$gocode/go.etcd.io"                                        # etcd/... (golang-etcd-server-dev)
+  "$gocode/github.com/gogo/protobuf"                          # gogoproto/ (golang-github-gogo-protobuf-dev)
+  "$gocode/github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis"
+                                # google/api/ (golang-github-grpc-ecosystem-grpc-gateway-dev)
+)
+# Unmodified: rpc.proto's google.api.http options have nested braces that
+# no sed can strip safely, so their imports are compiled too.
+etcd_protos=(
+  etcd/etcdserver/etcdserverpb/rpc.proto
+  etcd/mvcc/mvccpb/kv.proto
+  etcd/auth/authpb/auth.proto
+  gogoproto/gogo.proto
+  google/api/annotations.proto
+  google/api/http.proto
+)
 
 # Served to clients: reflection describes exactly these and their imports.
 # google/rpc is among them because every error carries a google.rpc.Status
@@ -19,6 +39,7 @@ served=(
   drey/admin/v1/admin.proto
   google/rpc/status.proto
   google/rpc/error_details.proto
+  drey/cluster/v1/cluster.proto
   grpc/health/v1/health.proto
   grpc/reflection/v1/reflection.proto
   grpc/reflection/v1alpha/reflection.proto
@@ -28,6 +49,7 @@ served=(
 compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
+  drey/internal/v1/meta.proto
   google/protobuf/any.proto
   google/protobuf/duration.proto
   google/protobuf/timestamp.proto
@@ -43,6 +65,23 @@ done
 
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 protoc -I"$top/proto" -I"$wkt" -I"$grpcp" --c_out="$out.tmp" "${existing[@]}"
+
+# Unlike drey's optional protos above, a missing etcd proto is an error: a
+# silently smaller gen/ would only show up as a stale-gen failure.
+etcd_includes=()
+for d in "${etcd_roots[@]}"; do etcd_includes+=("-I$d"); done
+for f in "${etcd_protos[@]}"; do
+  found=
+  for d in "${etcd_roots[@]}"; do [ -f "$d/$f" ] && found=1; done
+  if [ -z "$found" ]; then
+    echo "gen.sh: $f not found; install golang-etcd-server-dev golang-github-gogo-protobuf-dev" \
+      "golang-github-grpc-ecosystem-grpc-gateway-dev (bazel/drey.sh deps)" >&2
+    exit 1
+  fi
+done
+# /usr/include first, so descriptor.proto is libprotobuf-dev's, the one
+# gen/google/protobuf/descriptor.pb-c.* was generated from.
+protoc -I"$wkt" "${etcd_includes[@]}" --c_out="$out.tmp" "${etcd_protos[@]}"
 
 served_existing=()
 for f in "${served[@]}"; do

@@ -13,7 +13,8 @@
 #include "drey/backpressure.h"
 #include "drey/memory.h"
 #include "drey/metrics.h"
-#include "drey/server.h"
+#include "drey/method.h"
+#include "drey/pipeline.h"
 #include "drey/storage.h"
 
 typedef struct drey_admin drey_admin;
@@ -33,7 +34,7 @@ void drey_admin_destroy(drey_admin *a);
 void drey_admin_set_storage(drey_admin *a, drey_storage *st);
 /* The node is draining (SIGTERM): it reports not ready from now on. */
 void drey_admin_set_draining(drey_admin *a);
-bool drey_admin_register(drey_admin *a, drey_server *s);
+bool drey_admin_register(drey_admin *a, drey_method_table *t);
 
 /* The readiness document, built in the arena. */
 Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_arena *arena);

@@ -11,14 +11,17 @@
  *
  * Principal (jwt:{sub} or conn:{id}): at most principal_max_inflight running
  * and principal_max_queued waiting (PRINCIPAL_CONCURRENCY_LIMIT), and its own
- * token bucket (PRINCIPAL_RATE_LIMIT). A principal at its limit is refused
+ * token bucket (PRINCIPAL_RATE_LIMIT). A cluster peer that forwards calls
+ * (node:{id}) is a principal whose limits are the node's own (max_inflight,
+ * max_queued, no per-principal rate): its calls were limited per tenant
+ * where they entered. A principal at its limit is refused
  * while others go on: the queue skips waiters whose principal is full. The
  * principal table is bounded; idle principals are evicted least recently
  * used first.
  *
  * A waiting call leaves the queue at once when its deadline passes
- * (DEADLINE_EXCEEDED) or it is cancelled. A slot is released exactly once,
- * by drey_bp_release(), whichever of reply and cancellation comes first.
+ * (DEADLINE_EXCEEDED) or it is cancelled (drey_bp_cancel). A running call's
+ * slot is released exactly once, by drey_bp_release() when it is done.
  */
 #ifndef DREY_BACKPRESSURE_H
 #define DREY_BACKPRESSURE_H
@@ -88,6 +91,12 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st);
  * neither resume nor fail will come, so the caller finishes the call
  * itself. */
 bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t);
+/* The caller went away: like drey_bp_release for a ticket still queued or
+ * held back (returns true: the caller finishes the call itself), and nothing
+ * for a running one, which keeps its slot until drey_bp_release when its
+ * work is done. Cancelling must not free a slot while the work it admitted
+ * (a write in the journal's queue, say) goes on. */
+bool drey_bp_cancel(drey_bp *bp, drey_bp_ticket *t);
 
 typedef struct drey_bp_stats {
     uint32_t inflight, queued, principals;

@@ -1,9 +1,9 @@
 /*
  * cache — the drey.cache.v1.Cache service.
  *
- * Maps each RPC onto the store. Reads run on the completion-queue thread
- * against the sharded table. Writes are handler `apply` functions: a
- * deterministic state transition of (store, request, now), so the request
+ * Maps each RPC onto the store. Every method is an `apply` function of
+ * (store, request, now): reads run at the end of the chain against the
+ * sharded table; writes are deterministic state transitions, so the request
  * chain can run them after the journal append and recovery can replay them.
  *
  * The service also runs the active expiry cycle (Redis's activeExpireCycle):
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "drey/cache/v1/cache.pb-c.h"
-#include "drey/server.h"
+#include "drey/method.h"
 #include "drey/store.h"
 
 typedef struct drey_cache drey_cache;
@@ -25,7 +25,8 @@ typedef struct drey_cache drey_cache;
 drey_cache *drey_cache_create(drey_store *store);
 void drey_cache_destroy(drey_cache *c);
 
-bool drey_cache_register(drey_cache *c, drey_server *s);
+/* Adds drey.cache.v1.Cache's methods to the table. */
+bool drey_cache_register(drey_cache *c, drey_method_table *t);
 
 /* On a durable node the journal bounds what the expiry cycle may free
  * (drey_journal_sweep_horizon); set before starting it. */

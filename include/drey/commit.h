@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "drey/journal.h"
-#include "drey/server.h"
+#include "drey/method.h"
 #include "drey/store.h"
 
 /* The internal cache holding outcomes (its name is not a valid cache name). */
@@ -30,7 +30,7 @@ typedef struct drey_commit drey_commit;
 
 typedef struct drey_commit_options {
     drey_store *store;
-    drey_server *server;               /* to find a replayed record's method */
+    const drey_method_table *methods;  /* to find a replayed record's method */
     int64_t idempotency_retention_ms;  /* how long an outcome is remembered */
 } drey_commit_options;
 
@@ -74,7 +74,7 @@ size_t drey_commit_outcome_bytes(const drey_write *w);
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
 
 /* Decodes and applies a journal record; -EINVAL for one that names no
- * method of this server or does not decode (recovery stops there). */
+ * write method of the table or does not decode (recovery stops there). */
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);
 
 #endif

@@ -15,6 +15,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* A numeric option set to its word (journal-max-bytes=auto): "not given",
+ * which is not 0. */
+#define DREY_CONFIG_AUTO INT64_C(-1)
+
 typedef struct drey_config {
     char *listen;                   /* host:port of the gRPC listener */
     int64_t workers;                /* completion-queue threads; 0 = one per CPU */
@@ -31,7 +35,9 @@ typedef struct drey_config {
     bool ephemeral;                 /* memory only: no data directory */
     char *fsync;                    /* always, interval:<duration>, never */
     int64_t segment_bytes;          /* preallocated journal segment size */
-    int64_t journal_max_bytes;      /* disk quota of the journal's segments; 0: none */
+    int64_t journal_max_queued, journal_max_queued_bytes; /* bounds of the journal's queue */
+    int64_t journal_max_bytes;      /* disk quota of the journal's segments; 0: none; DREY_CONFIG_AUTO:
+                                       derived from the data directory's file system */
     int64_t batch_wait_ms;          /* group commit: wait for more records */
     int64_t batch_max_bytes;        /* group commit: batch size bound */
     int64_t snapshot_every_bytes;   /* journal growth that triggers a snapshot */
@@ -56,6 +62,12 @@ typedef struct drey_config {
     int64_t max_principals;
     int64_t memory_limit_bytes;
     char *ops_listen;               /* the HTTP listener: health, details, metrics */
+    char *cluster_etcd;             /* etcd endpoints; "" = a single node */
+    char *cluster_prefix;           /* the cluster's keys in etcd */
+    int64_t cluster_lease_ttl_ms;
+    int64_t cluster_partitions;     /* expected; 0 = the cluster's */
+    char *internal_listen, *advertise, *internal_advertise;
+    char *internal_tls_cert, *internal_tls_key, *internal_tls_ca;
 } drey_config;
 
 /* Fills cfg with the defaults of the option table. */

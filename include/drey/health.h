@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 
+#include "drey/method.h"
 #include "drey/server.h"
 
 typedef enum drey_health_status {
@@ -25,7 +26,9 @@ typedef struct drey_health drey_health;
 drey_health *drey_health_create(void);
 void drey_health_destroy(drey_health *h);
 
-bool drey_health_register(drey_health *h, drey_server *s);
+/* Check joins the request chain's table (it is validated, and answers
+ * without a token or admission); Watch is a stream of the transport's. */
+bool drey_health_register(drey_health *h, drey_method_table *t, drey_server *s);
 
 /* Declares a service (or "") and its status; watchers are told. */
 void drey_health_set(drey_health *h, const char *service, drey_health_status status);

@@ -40,6 +40,10 @@ typedef struct drey_io_ops {
      * waiting: returns an fd to close() to release, or -EWOULDBLOCK when
      * another process holds it. Optional (NULL: no locking). */
     int (*lock)(drey_io *io, const char *path);
+    /* The file system holding path: its size and the bytes an unprivileged
+     * writer may still allocate (statvfs f_blocks and f_bavail). Optional
+     * (NULL: unknown, and no journal cap is derived from it). */
+    int (*fs_space)(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes);
 } drey_io_ops;
 
 struct drey_io {
@@ -82,6 +86,11 @@ void drey_io_fault_fail_allocate(drey_io_fault *f, unsigned nth, int err, bool s
  * disk may persist some sectors of an interrupted write and not others.
  * Open descriptors become invalid (-EBADF). */
 void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed);
+
+/* What fs_space reports: a file system of total_bytes, less the bytes of
+ * every file in it (0: not reported, -ENOTSUP), or a failure with -err
+ * when err != 0. Nothing is refused for want of space. */
+void drey_io_fault_set_space(drey_io_fault *f, uint64_t total_bytes, int err);
 
 /* Counts, for assertions. */
 typedef struct drey_io_fault_stats {

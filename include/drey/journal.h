@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "drey/io.h"
+#include "drey/level.h"
 
 typedef enum drey_fsync_policy {
     DREY_FSYNC_ALWAYS,   /* acknowledge after fdatasync */
@@ -49,6 +50,12 @@ typedef struct drey_journal_options {
      * hold; 0 for none. An append that would grow the segments past it is
      * refused (drey_journal_append returns -EDQUOT) before it is queued. */
     uint64_t max_bytes;
+    /* Records (and their payload bytes) queued for the writer at most; 0:
+     * no bound. An append beyond either is refused (-ENOBUFS) before it is
+     * queued. A record larger than max_queued_bytes is still taken when the
+     * queue is empty, so no record is refused for ever. */
+    uint64_t max_queued_records;
+    uint64_t max_queued_bytes;
 } drey_journal_options;
 
 typedef struct drey_journal_record {
@@ -133,9 +140,14 @@ typedef struct drey_journal_entry {
 } drey_journal_entry;
 
 /* Queues e. Refused before anything happens with -EDQUOT when it would
- * cross the disk quota, and with -EIO once the journal has failed; then
- * `done` is never called. */
+ * cross the disk quota, -ENOBUFS when the queue is full, and -EIO once the
+ * journal has failed; then `done` is never called. */
 int drey_journal_append(drey_journal *j, drey_journal_entry *e);
+
+/* Changes the disk quota (0: none) from the next append on. Records
+ * already queued keep their place: a lower cap refuses only what comes
+ * after them. Used for a cap derived from the file system. */
+void drey_journal_set_max_bytes(drey_journal *j, uint64_t max_bytes);
 
 /* Runs fn on the writer thread between batches, with the LSN and time of the
  * last record applied. Used to start a snapshot at an exact LSN. */
@@ -151,14 +163,6 @@ int64_t drey_journal_sweep_horizon(drey_journal *j, int64_t now_ms);
 int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed);
 
 /* The journal disk quota (see drey_journal_options.max_bytes). */
-typedef enum drey_journal_quota_state {
-    DREY_JOURNAL_QUOTA_NORMAL,   /* below the high-water mark */
-    DREY_JOURNAL_QUOTA_HIGH,     /* from high water: observability only */
-    DREY_JOURNAL_QUOTA_CRITICAL, /* the next append would not fit: refused */
-} drey_journal_quota_state;
-
-const char *drey_journal_quota_state_name(drey_journal_quota_state s);
-
 typedef struct drey_journal_stats {
     uint64_t last_lsn;
     uint64_t segments;
@@ -173,8 +177,12 @@ typedef struct drey_journal_stats {
     drey_fsync_policy fsync;
     uint64_t quota_max_bytes;    /* 0: no quota */
     uint64_t quota_high_water_bytes;
-    drey_journal_quota_state quota_state;
+    drey_level quota_state; /* HIGH from high water; CRITICAL: the next append would not fit */
     uint64_t quota_rejections;
+    uint64_t queued_records;     /* appended, not yet taken by the writer */
+    uint64_t queued_bytes;       /* their payload bytes */
+    uint64_t queued_records_peak; /* the most queued at once since open */
+    uint64_t queue_rejections;   /* appends refused with -ENOBUFS */
 } drey_journal_stats;
 
 void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out);

@@ -18,18 +18,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "drey/level.h"
 #include "drey/status.h"
 #include "drey/store.h"
 
 typedef struct drey_memory drey_memory;
-
-typedef enum drey_memory_state {
-    DREY_MEMORY_NORMAL,
-    DREY_MEMORY_HIGH,     /* used >= high: observability only */
-    DREY_MEMORY_CRITICAL, /* used >= critical: growing writes are refused */
-} drey_memory_state;
-
-const char *drey_memory_state_name(drey_memory_state s);
 
 typedef struct drey_memory_options {
     int64_t limit_bytes; /* 0: 80% of the cgroup limit or of RAM */
@@ -49,7 +42,7 @@ int64_t drey_memory_default_limit(void);
 bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
 
 typedef struct drey_memory_stats {
-    drey_memory_state state;
+    drey_level state; /* HIGH: used >= high; CRITICAL: used >= critical */
     int64_t limit_bytes, used_bytes, high_bytes, critical_bytes;
     int64_t jemalloc_allocated_bytes; /* -1 when jemalloc is not the allocator */
     uint64_t rejections;

@@ -34,8 +34,4 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
 int drey_ops_port(const drey_ops *o);
 void drey_ops_stop(drey_ops *o);
 
-/* A protobuf-c message as JSON: field names in lowerCamelCase, 64-bit
- * integers as numbers, maps as objects, every field written. */
-void drey_ops_write_json(FILE *out, const ProtobufCMessage *m);
-
 #endif

@@ -1,13 +1,21 @@
 /*
  * pipeline — the request chain every unary request passes.
  *
- *   decode -> validate -> ... -> apply
+ *   ready -> validate -> principal -> backpressure -> idempotency
+ *         -> memory -> journal -> apply
  *
  * The chain is a table of stages (src/pipeline/pipeline.c), read top to
  * bottom. A stage passes the request on, rejects it with a status (nothing
- * after it runs, and nothing it did stays), or parks it and resumes the chain
- * later with drey_pipeline_resume(). Each stage says which methods it applies
- * to by handler flags.
+ * after it runs, and nothing it did stays), answers it (a retry answered from
+ * its remembered outcome), or parks it and resumes the chain later with
+ * drey_pipeline_resume(). Each stage says which methods it applies to by
+ * method flags (include/drey/method.h).
+ *
+ * The chain does not know where a request came from. A request is a door
+ * (a small table of operations: reply, fail, metadata, peer, deadline,
+ * cancellation) plus the method and the decoded message. The gRPC server is
+ * one door (drey_pipeline_serve); a peer that forwards a call or a record
+ * replicated from a primary are others, and unit tests use an in-memory one.
  */
 #ifndef DREY_PIPELINE_H
 #define DREY_PIPELINE_H
@@ -20,12 +28,20 @@
 #include "drey/backpressure.h"
 #include "drey/commit.h"
 #include "drey/journal.h"
+#include "drey/method.h"
 #include "drey/memory.h"
 #include "drey/metrics.h"
 #include "drey/server.h"
 #include "drey/status.h"
 
 typedef struct drey_pipeline drey_pipeline;
+
+typedef enum drey_stage_result {
+    DREY_STAGE_NEXT,     /* pass to the next stage */
+    DREY_STAGE_REJECT,   /* r->status says why; the request fails */
+    DREY_STAGE_PARKED,   /* the stage resumes the chain later */
+    DREY_STAGE_ANSWERED, /* the stage answered (a retry answered from its outcome) */
+} drey_stage_result;
 
 /* Limits the validation stage enforces (see the option table). */
 typedef struct drey_limits {
@@ -40,6 +56,7 @@ typedef struct drey_limits {
 
 typedef struct drey_pipeline_options {
     drey_limits limits;
+    const drey_method_table *methods; /* what the chain serves */
     drey_commit *commit;     /* applies writes (idempotency, then the method) */
     drey_auth *auth;         /* NULL: no keys; a request with a token is refused */
     bool auth_required;      /* a request without a token is refused */
@@ -47,29 +64,81 @@ typedef struct drey_pipeline_options {
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
     const char *node_id;     /* QuotaFailure subject node:<id> */
+    /* Clusters: where a data request runs. NEXT: here; PARKED: sent to its
+     * partition's owner, answered later (drey_request_relay); REJECT:
+     * r->status (not the owner of a forwarded call, or no owner to reach).
+     * NULL: a single node, everything runs here. */
+    drey_stage_result (*route)(void *ctx, drey_request *r);
+    void *route_ctx;
 } drey_pipeline_options;
 
-typedef struct drey_request {
-    drey_call *call;
+/* Another node's answer to a forwarded request, as it came: passed on to
+ * the caller unchanged (drey_request_relay). */
+typedef struct drey_answer {
+    int code; /* grpc_status_code */
+    const char *message;
+    size_t message_len;
+    const uint8_t *details; /* serialized google.rpc.Status; NULL: none */
+    size_t details_len;
+    const uint8_t *response; /* the serialized response, code OK only */
+    size_t response_len;
+} drey_answer;
+
+/* The door a request came through. Every operation gets the request's
+ * `door` pointer. */
+typedef struct drey_request_ops {
+    /* Answer the request: exactly one of reply/fail, once, from any thread. */
+    void (*reply)(void *door, const ProtobufCMessage *response);
+    void (*fail)(void *door, const drey_status *st);
+    void (*relay)(void *door, const drey_answer *a);
+    /* A request metadata value by lowercase key (not NUL-terminated), or NULL. */
+    const char *(*metadata)(void *door, const char *key, size_t *len);
+    /* Who is calling when no token says: "conn:<n>" for a client connection. */
+    const char *(*peer)(void *door);
+    /* Monotonic ns; INT64_MAX without a deadline. */
+    int64_t (*deadline_mono_ns)(void *door);
+    /* fn runs at most once if the caller goes away before the request is
+     * answered, never once reply or fail has begun. May be NULL: a door
+     * whose caller cannot go away. */
+    void (*on_cancel)(void *door, void (*fn)(void *arg), void *arg);
+    /* Whether the caller authenticated as cluster node id (mutual TLS on
+     * the internal listener). NULL: a door peers never use; a request there
+     * that claims to be forwarded is refused. */
+    bool (*peer_is)(void *door, const char *id, size_t len);
+} drey_request_ops;
+
+/* Metadata of a call one node forwards to another: the forwarding node's
+ * id, and the partition epoch its table had. Accepted only from a peer that
+ * authenticated as that id. */
+#define DREY_FORWARDED_BY "drey-forwarded-by"
+#define DREY_FORWARD_EPOCH "drey-epoch"
+
+struct drey_request {
+    /* Set by the door (drey_request_init). */
+    const drey_request_ops *ops;
+    void *door;
+    drey_arena *arena;          /* lives until the request is answered */
     const drey_method *method;
     const ProtobufCMessage *msg;
+    const uint8_t *bytes;       /* the message as received (validation, the journal) */
+    size_t len;
+
+    /* The chain's. */
     drey_pipeline *pipeline;
-    size_t next_stage;   /* index into the chain */
-    int64_t now_ms;      /* when the request is applied (0: now) */
-    drey_status *status; /* set by a rejecting stage */
-    const char *principal; /* jwt:{sub} or conn:{id}: backpressure, metrics, logs */
-    drey_write write;    /* writes: what commit applies (its principal is the
-                            idempotency scope: jwt:{sub}, or "" when anonymous) */
+    size_t next_stage;     /* index into the chain */
+    int64_t now_ms;        /* when the request is applied (0: now) */
+    drey_status *status;   /* set by a rejecting stage */
+    const char *principal; /* jwt:{sub}, the connection, or node:<id> for a
+                              forwarded call: backpressure, metrics, logs */
+    const char *forwarded_by; /* the node that forwarded it; NULL: a client's */
+    void *route_state;        /* the router's, while it has the request */
+    drey_write write;      /* writes: what commit applies (its principal is the
+                              idempotency scope: jwt:{sub}, or "" when anonymous) */
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
-} drey_request;
+    bool has_ticket;
+};
 
-typedef enum drey_stage_result {
-    DREY_STAGE_NEXT,     /* pass to the next stage */
-    DREY_STAGE_REJECT,   /* r->status says why; the call fails */
-    DREY_STAGE_PARKED,   /* the stage resumes the chain later */
-    DREY_STAGE_ANSWERED, /* the stage replied (a retry answered from its outcome) */
-} drey_stage_result;
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
 void drey_pipeline_destroy(drey_pipeline *p);
@@ -77,15 +146,37 @@ void drey_pipeline_destroy(drey_pipeline *p);
 /* Durable nodes: writes go through this journal (NULL: applied at once,
  * the ephemeral mode). Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
+/* Clusters: the route row's function (see drey_pipeline_options.route).
+ * Set before drey_pipeline_set_ready. */
+void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
 
-/* The server's dispatch function (drey_server_set_dispatch). */
-void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMessage *request);
+/* Binds every method of the table to the gRPC server: the server's door.
+ * internal: the cluster's listener, whose callers are peers that
+ * authenticate with mutual TLS (and forward calls). */
+bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
+
+/* A door's request: fills the door's part of r (which the door allocates,
+ * typically zeroed in its own arena). */
+void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,
+                       const drey_method *method, const ProtobufCMessage *msg, const uint8_t *bytes, size_t len);
+
+/* Runs r through the chain; it is answered through its door, now or later. */
+void drey_pipeline_submit(drey_pipeline *p, drey_request *r);
 
 /* Continues a parked request with the stage after the one that parked it. */
 void drey_pipeline_resume(drey_request *r);
+
+/* Answer a request (handlers at the end of the chain, and the chain itself):
+ * release what the chain holds for it, then answer through its door. */
+void drey_request_reply(drey_request *r, const ProtobufCMessage *response);
+void drey_request_fail(drey_request *r, const drey_status *st);
+void drey_request_relay(drey_request *r, const drey_answer *a);
+static inline drey_arena *drey_request_arena(const drey_request *r) {
+    return r->arena;
+}
 
 /* The validation stage's checks, exposed for unit tests: validates a decoded
  * request (and its wire bytes, for what protobuf-c does not check) and

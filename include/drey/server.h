@@ -1,10 +1,12 @@
 /*
  * server — the gRPC C-core runtime: listener, completion queues, calls.
  *
- * Services are registered from their protobuf-c service descriptors with a
- * table of handlers matched by method name; every method becomes a grpc core
- * registered method, so the hot path never parses a path string. The
- * streaming kind of each method comes from the built-in descriptor set.
+ * A pure transport: methods are registered by path with a request type and
+ * unary or streaming callbacks; every method becomes a grpc core registered
+ * method, so the hot path never parses a path string. It decodes requests
+ * (with a nesting-depth guard protobuf-c lacks), carries metadata, deadlines
+ * and cancellation, and encodes replies and google.rpc.Status failures. What
+ * a request means is the caller's business (src/pipeline).
  *
  * Threads: one completion queue per worker thread. A call's events are
  * delivered on the queue that accepted it, but drey_call_reply(),
@@ -28,61 +30,23 @@
 
 typedef struct drey_server drey_server;
 typedef struct drey_call drey_call;
-typedef struct drey_method drey_method;
 
-/* Handler flags the request chain reads (which stages apply). */
-enum {
-    DREY_HANDLER_READ = 1u << 0,   /* reads the store */
-    DREY_HANDLER_WRITE = 1u << 1,  /* mutates the store: memory admission, journal */
-    DREY_HANDLER_SYSTEM = 1u << 2, /* health, reflection: answer without a token, under overload */
-    DREY_HANDLER_ADMIN = 1u << 3,  /* operator actions: authenticated and admitted, no store access */
-};
-
-/* What a write's state transition gets: the time it happens at (the
- * journal record's, on replay) and where its response is built. */
-typedef struct drey_apply {
-    int64_t now_ms;      /* wall-clock milliseconds */
-    drey_arena *arena;   /* response memory */
-    drey_status *status; /* set when the transition fails */
-} drey_apply;
-
-typedef struct drey_handler {
-    const char *name; /* the method's name in the service descriptor */
-    unsigned flags;
-    /* Write methods (DREY_HANDLER_WRITE): a deterministic state transition.
-     * The request chain runs it after the journal append and recovery runs it
-     * again on replay, so it may depend only on the store, the request and
-     * ax->now_ms. Returns the response, or NULL with ax->status set. */
-    ProtobufCMessage *(*apply)(void *service_ctx, drey_apply *ax, const ProtobufCMessage *request);
-    /* Write methods that can grow memory: the bytes the write would add to
-     * the store's accounting (new size - old size) if applied now. */
-    int64_t (*growth)(void *service_ctx, const ProtobufCMessage *request, int64_t now_ms);
-    /* Other unary methods: called once with the decoded request. The handler must
-     * eventually call drey_call_reply() or drey_call_fail(), from any thread,
-     * even if the call was cancelled meanwhile. */
-    void (*unary)(drey_call *call, const ProtobufCMessage *request);
-    /* Streaming methods: each request message, then the client's half-close
-     * (request NULL). The handler sends with drey_call_send() and ends the
-     * call with drey_call_finish(). */
-    void (*on_message)(drey_call *call, const ProtobufCMessage *request);
-    /* Streaming methods: the call is over (finished or cancelled). After it
-     * returns the handler must not touch the call again. */
-    void (*on_done)(drey_call *call);
-} drey_handler;
-
-struct drey_method {
-    const char *path;                      /* "/drey.cache.v1.Cache/Get" */
-    const char *service;                   /* "drey.cache.v1.Cache" */
-    const ProtobufCMethodDescriptor *desc; /* name, input and output types */
-    const drey_handler *handler;
-    void *service_ctx;                     /* given to drey_server_add_service */
+/* A method served by path. Unary methods get their decoded request once and
+ * must answer it with drey_call_reply() or drey_call_fail(), from any
+ * thread, even if the call was cancelled meanwhile. Streaming methods get
+ * each request message, then the client's half-close (request NULL); they
+ * send with drey_call_send() and end with drey_call_finish(); on_done runs
+ * when the call is over (finished or cancelled), after which the handler
+ * must not touch the call again. */
+typedef struct drey_server_method {
+    const char *path;                        /* "/pkg.Service/Method" */
+    const ProtobufCMessageDescriptor *input; /* the request type */
     bool client_streaming, server_streaming;
-    size_t index;                          /* dense, for per-method metrics */
-};
-
-/* Runs a decoded unary request: the request chain. Defaults to calling the
- * handler directly (apply at the current time for write methods). */
-typedef void (*drey_dispatch_fn)(void *ctx, drey_call *call, const ProtobufCMessage *request);
+    void (*unary)(void *ctx, drey_call *call, const ProtobufCMessage *request);
+    void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *request);
+    void (*on_done)(void *ctx, drey_call *call);
+    void *ctx;
+} drey_server_method;
 
 typedef struct drey_server_options {
     const char *listen;           /* host:port */
@@ -96,16 +60,14 @@ typedef struct drey_server_options {
 
 drey_server *drey_server_create(const drey_server_options *opts);
 
-/* Registers every method of the service. Each descriptor method must have a
- * handler of the right kind, and every handler a method: a mismatch is a
- * programming error reported as false before the server starts. */
-bool drey_server_add_service(drey_server *s, const ProtobufCServiceDescriptor *sd, const drey_handler *handlers,
-                             size_t n_handlers, void *service_ctx);
-
-void drey_server_set_dispatch(drey_server *s, drey_dispatch_fn fn, void *ctx);
+/* Registers a method before the server starts. A method without the
+ * callbacks of its kind, or a path registered twice, is a programming error
+ * reported as false. */
+bool drey_server_add_method(drey_server *s, const drey_server_method *m);
 
 /* Called for every call of a registered method as its status is sent: the
- * method's index, the gRPC status code and the time since it arrived. */
+ * method's index (registration order), the gRPC status code and the time
+ * since it arrived. */
 typedef void (*drey_call_observer_fn)(void *ctx, size_t method, int code, int64_t duration_ns);
 void drey_server_set_call_observer(drey_server *s, drey_call_observer_fn fn, void *ctx);
 
@@ -118,17 +80,14 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap);
 void drey_server_shutdown(drey_server *s, int64_t timeout_ms);
 void drey_server_destroy(drey_server *s);
 
-/* The method registered at path ("/pkg.Service/Method"), or NULL. */
-const drey_method *drey_server_find_method(const drey_server *s, const char *path);
+/* Registered methods' paths, by index. */
 size_t drey_server_method_count(const drey_server *s);
-const drey_method *drey_server_method(const drey_server *s, size_t i);
+const char *drey_server_method_path(const drey_server *s, size_t i);
 
 /* --- calls ---------------------------------------------------------------- */
 
-const drey_method *drey_call_method(const drey_call *c);
-void *drey_call_service_ctx(const drey_call *c);
 drey_arena *drey_call_arena(drey_call *c);
-/* The raw request message a unary call received (for the journal). */
+/* The raw request message a unary call received. */
 void drey_call_request_bytes(const drey_call *c, const uint8_t **data, size_t *len);
 /* A request metadata value by lowercase key; NULL if absent. The value is
  * not NUL-terminated. */
@@ -137,12 +96,10 @@ const char *drey_call_metadata(const drey_call *c, const char *key, size_t *len)
  * never reused within the process. */
 const char *drey_call_connection(drey_call *c);
 
-/* Unary calls: fn runs once, when the reply or failure is issued (before it
- * is sent), from the replying thread. */
-void drey_call_on_finish(drey_call *c, void (*fn)(void *arg), void *arg);
-/* Unary calls: fn runs once if the client cancels (or the deadline passes)
- * before the handler replied, on the completion-queue thread. The handler
- * must still reply. */
+/* Unary calls: fn runs at most once, if the client cancels (or the deadline
+ * passes) before the handler answered, on the completion-queue thread; never
+ * once drey_call_reply() or drey_call_fail() has begun. The handler must
+ * still answer. */
 void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg);
 /* The call's deadline on the monotonic clock (ns); INT64_MAX without one. */
 int64_t drey_call_deadline_mono_ns(const drey_call *c);
@@ -150,13 +107,28 @@ int64_t drey_call_deadline_mono_ns(const drey_call *c);
 void drey_call_set_user(drey_call *c, void *user);
 void *drey_call_user(const drey_call *c);
 
-/* Runs the method's handler: apply (at now_ms) and reply for write methods,
- * the unary handler otherwise. The request chain's last stage. */
-void drey_call_run(drey_call *c, const ProtobufCMessage *request, int64_t now_ms);
+/* Whether the client proved (mutual TLS, verified against the listener's
+ * client CA) a certificate whose subject alternative name or common name
+ * is id. Always false on a listener without client certificates. */
+bool drey_call_peer_is(drey_call *c, const char *id, size_t len);
 
-/* Unary: send the response and OK. Exactly one of reply/fail per call. */
+/* Unary: send the response and OK. Exactly one of reply/fail/relay per call. */
 void drey_call_reply(drey_call *c, const ProtobufCMessage *response);
 void drey_call_fail(drey_call *c, const drey_status *st);
+
+/* Unary: answer with another server's answer as it came (a forwarded
+ * call's): the serialized response for OK, else the code, message and the
+ * google.rpc.Status bytes unchanged. The buffers are copied. */
+typedef struct drey_call_answer {
+    int code; /* grpc_status_code */
+    const char *message;
+    size_t message_len;
+    const uint8_t *details; /* grpc-status-details-bin; NULL: none */
+    size_t details_len;
+    const uint8_t *response; /* code OK only */
+    size_t response_len;
+} drey_call_answer;
+void drey_call_relay(drey_call *c, const drey_call_answer *a);
 
 /* Streaming: queue a message (false once the call is over). */
 bool drey_call_send(drey_call *c, const ProtobufCMessage *message);

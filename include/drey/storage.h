@@ -34,7 +34,22 @@ typedef struct drey_storage_options {
     uint64_t snapshot_every_bytes; /* 0: never by size */
     int64_t snapshot_every_ms;     /* 0: never by time */
     unsigned retain_snapshots;     /* >= 1 */
+    /* --journal-max-bytes not given: journal.max_bytes is ignored and the
+     * cap is derived from the data directory's file system instead, at open
+     * and again every second and after every snapshot (the rule is in
+     * src/storage/diskcap.c). */
+    bool derive_journal_cap;
 } drey_storage_options;
+
+/* Whether the next snapshot fits on the data directory's file system. */
+typedef enum drey_storage_snapshot_room {
+    DREY_STORAGE_SNAPSHOT_UNKNOWN, /* the file system's space cannot be read */
+    DREY_STORAGE_SNAPSHOT_OK,      /* it fits, also once the journal reaches its cap */
+    DREY_STORAGE_SNAPSHOT_LOW,     /* it fits now, but may not once the journal grows */
+    DREY_STORAGE_SNAPSHOT_SHORT,   /* it does not fit: compaction cannot free the journal */
+} drey_storage_snapshot_room;
+
+const char *drey_storage_snapshot_room_name(drey_storage_snapshot_room r);
 
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap);
@@ -69,6 +84,14 @@ typedef struct drey_storage_stats {
     int64_t last_compaction_ms; /* wall clock of the last compaction; 0 if none */
     uint64_t segments_removed;
     bool compaction_failed;
+    /* The data directory's file system, as of the last look (every second). */
+    bool journal_cap_derived;   /* the journal's cap is derived, not configured */
+    uint64_t fs_bytes;          /* size of the file system; 0: unknown */
+    uint64_t fs_avail_bytes;    /* what may still be allocated there */
+    uint64_t reserve_bytes;     /* kept free when the cap is derived */
+    uint64_t snapshot_estimate_bytes; /* the next snapshot, estimated */
+    uint64_t snapshot_files_bytes;    /* the snapshot files kept */
+    drey_storage_snapshot_room snapshot_room;
 } drey_storage_stats;
 
 void drey_storage_get_stats(drey_storage *st, drey_storage_stats *out);

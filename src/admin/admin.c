@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 struct drey_admin {
@@ -22,11 +23,9 @@ struct drey_admin {
 };
 
 drey_admin *drey_admin_create(const drey_admin_options *opts) {
-    drey_admin *a = calloc(1, sizeof *a);
-    if (a == NULL)
-        abort();
+    drey_admin *a = drey_xcalloc(1, sizeof *a);
     a->opts = *opts;
-    a->fsync_policy = strdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
+    a->fsync_policy = drey_xstrdup(opts->fsync_policy != NULL ? opts->fsync_policy : "");
     return a;
 }
 
@@ -45,17 +44,17 @@ void drey_admin_set_draining(drey_admin *a) {
     atomic_store(&a->draining, true);
 }
 
-static void fail(drey_call *call, drey_error e) {
+static void fail(drey_request *r, drey_error e) {
     drey_status st;
     drey_status_init(&st);
     drey_status_set(&st, e);
-    drey_call_fail(call, &st);
+    drey_request_fail(r, &st);
 }
 
 static void snapshot_done(void *arg, const drey_snapshot_result *r) {
-    drey_call *call = arg;
+    drey_request *req = arg;
     if (r->rc != 0) {
-        fail(call, DREY_ERR_SNAPSHOT_FAILED);
+        fail(req, DREY_ERR_SNAPSHOT_FAILED);
         return;
     }
     Drey__Admin__V1__SnapshotResponse resp = DREY__ADMIN__V1__SNAPSHOT_RESPONSE__INIT;
@@ -68,18 +67,18 @@ static void snapshot_done(void *arg, const drey_snapshot_result *r) {
     resp.bytes = r->info.bytes;
     resp.duration = &d;
     resp.segments_removed = r->segments_removed;
-    drey_call_reply(call, &resp.base);
+    drey_request_reply(req, &resp.base);
 }
 
-static void handle_snapshot(drey_call *call, const ProtobufCMessage *msg) {
+static void handle_snapshot(void *ctx, drey_request *r, const ProtobufCMessage *msg) {
     (void)msg;
-    drey_admin *a = drey_call_service_ctx(call);
+    drey_admin *a = ctx;
     drey_storage *st = atomic_load(&a->storage);
     if (st == NULL) {
-        fail(call, a->opts.durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
+        fail(r, a->opts.durable ? DREY_ERR_RECOVERING : DREY_ERR_EPHEMERAL_NODE);
         return;
     }
-    drey_storage_request_snapshot(st, snapshot_done, call);
+    drey_storage_request_snapshot(st, snapshot_done, r);
 }
 
 /* --- readiness ------------------------------------------------------------ */
@@ -117,6 +116,9 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD_(Snapshot) *sn = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
     RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
     RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
+    RD_(DataDisk) *dd = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
+    dd->journal_cap = "";
+    dd->snapshot_room = "";
     jd->state = "normal";
     j->fsync_policy = a->fsync_policy;
     co->state = "idle";
@@ -131,13 +133,17 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         jd->used_bytes = js.disk_bytes;
         jd->max_bytes = js.quota_max_bytes;
         jd->high_water_bytes = js.quota_high_water_bytes;
-        jd->state = (char *)drey_journal_quota_state_name(js.quota_state);
-        jd->write_rejection_active = js.quota_state == DREY_JOURNAL_QUOTA_CRITICAL;
+        jd->state = (char *)drey_level_name(js.quota_state);
+        jd->write_rejection_active = js.quota_state == DREY_LEVEL_CRITICAL;
         j->fsync_policy = (char *)fsync_name(js.fsync);
         j->last_lsn = js.last_lsn;
         j->segments = (uint32_t)js.segments;
         j->last_fsync_micros = js.last_fsync_us;
         j->failed = js.failed;
+        j->queued_records = js.queued_records;
+        j->queued_bytes = js.queued_bytes;
+        j->queued_records_peak = js.queued_records_peak;
+        j->queue_rejections = js.queue_rejections;
         d->ready = !js.failed;
         sn->last_lsn = ss.snapshot_lsn;
         sn->age_seconds = ss.snapshot_time_ms > 0 ? (drey_wall_ms() - ss.snapshot_time_ms) / 1000 : 0;
@@ -145,6 +151,13 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         co->state = ss.compaction_failed ? "failed" : "idle";
         co->last_run = ss.last_compaction_ms > 0 ? rfc3339(arena, ss.last_compaction_ms) : "";
         re->replayed_records = ss.replayed_records;
+        dd->journal_cap = ss.journal_cap_derived ? "derived" : js.quota_max_bytes > 0 ? "configured" : "none";
+        dd->fs_bytes = ss.fs_bytes;
+        dd->available_bytes = ss.fs_avail_bytes;
+        dd->reserve_bytes = ss.reserve_bytes;
+        dd->snapshot_estimate_bytes = ss.snapshot_estimate_bytes;
+        dd->snapshot_files_bytes = ss.snapshot_files_bytes;
+        dd->snapshot_room = (char *)drey_storage_snapshot_room_name(ss.snapshot_room);
     }
     if (atomic_load(&a->draining))
         d->ready = false;
@@ -153,17 +166,18 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     d->snapshot = sn;
     d->compaction = co;
     d->recovery = re;
+    d->data_disk = dd;
 
     RD_(Memory) *m = NEW(arena, RD_(Memory), drey__admin__v1__readiness_details__memory__init);
     drey_memory_stats ms;
     drey_memory_get_stats(a->opts.memory, &ms);
-    m->state = (char *)drey_memory_state_name(ms.state);
+    m->state = (char *)drey_level_name(ms.state);
     m->limit_bytes = ms.limit_bytes;
     m->used_bytes = ms.used_bytes;
     m->high_bytes = ms.high_bytes;
     m->critical_bytes = ms.critical_bytes;
     m->jemalloc_allocated_bytes = ms.jemalloc_allocated_bytes;
-    m->write_rejection_active = ms.state == DREY_MEMORY_CRITICAL;
+    m->write_rejection_active = ms.state == DREY_LEVEL_CRITICAL;
     d->memory = m;
 
     RD_(Backpressure) *b = NEW(arena, RD_(Backpressure), drey__admin__v1__readiness_details__backpressure__init);
@@ -213,22 +227,26 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     drey_arena arena;
     drey_arena_init(&arena, scratch, sizeof scratch);
     RD *d = drey_admin_readiness(a, &arena);
-    static const char *const levels[] = {"normal", "high", "critical"};
 
     gauge(out, "drey_ready", "1 when the node can serve (recovered, journal not failed).", d->ready);
     gauge(out, "drey_journal_disk_used_bytes", "Journal segment bytes on disk, preallocation included.",
           (double)d->journal_disk->used_bytes);
     gauge(out, "drey_journal_disk_max_bytes", "The journal disk quota (0: none).", (double)d->journal_disk->max_bytes);
     state_gauge(out, "drey_journal_disk_state", "Journal disk quota state (1 for the current one).",
-                d->journal_disk->state, levels, 3);
+                d->journal_disk->state, drey_level_names, DREY_LEVEL_COUNT);
     gauge(out, "drey_journal_last_lsn", "LSN of the last journal record.", (double)d->journal->last_lsn);
     gauge(out, "drey_journal_segments", "Journal segment files.", d->journal->segments);
+    gauge(out, "drey_journal_queued_records", "Writes waiting for the journal's writer.",
+          (double)d->journal->queued_records);
+    gauge(out, "drey_journal_queued_bytes", "Payload bytes of the writes waiting for the journal's writer.",
+          (double)d->journal->queued_bytes);
     gauge(out, "drey_journal_failed", "1 once a journal write or sync failed (until a restart).", d->journal->failed);
     gauge(out, "drey_memory_used_bytes", "Bytes of entries, as accounted.", (double)d->memory->used_bytes);
     gauge(out, "drey_memory_limit_bytes", "The memory limit for entries.", (double)d->memory->limit_bytes);
     gauge(out, "drey_memory_jemalloc_allocated_bytes", "jemalloc's stats.allocated (-1 without jemalloc).",
           (double)d->memory->jemalloc_allocated_bytes);
-    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state, levels, 3);
+    state_gauge(out, "drey_memory_state", "Memory state (1 for the current one).", d->memory->state,
+                drey_level_names, DREY_LEVEL_COUNT);
     gauge(out, "drey_inflight_calls", "Calls admitted and running.", d->backpressure->in_flight);
     gauge(out, "drey_queued_calls", "Calls waiting for a slot.", d->backpressure->queued);
     gauge(out, "drey_tracked_principals", "Principals in the backpressure table.",
@@ -237,6 +255,15 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_snapshot_age_seconds", "Age of the newest snapshot.", (double)d->snapshot->age_seconds);
     gauge(out, "drey_recovery_replayed_records", "Journal records replayed at start.",
           (double)d->recovery->replayed_records);
+    gauge(out, "drey_data_disk_available_bytes",
+          "Bytes the data directory's file system still has (0 when unknown or ephemeral).",
+          (double)d->data_disk->available_bytes);
+    gauge(out, "drey_snapshot_estimate_bytes", "The next snapshot's estimated size.",
+          (double)d->data_disk->snapshot_estimate_bytes);
+    static const char *const rooms[] = {"ok", "low", "short", "unknown"};
+    state_gauge(out, "drey_snapshot_room",
+                "Whether the next snapshot fits on the data directory's file system (1 for the current state).",
+                d->data_disk->snapshot_room, rooms, 4);
 
     drey_storage *st = atomic_load(&a->storage);
     if (st != NULL) {
@@ -282,18 +309,17 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     drey_arena_destroy(&arena);
 }
 
-static void handle_readiness(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *readiness(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     (void)msg;
-    drey_admin *a = drey_call_service_ctx(call);
-    drey_call_reply(call, &drey_admin_readiness(a, drey_call_arena(call))->base);
+    return &drey_admin_readiness(ctx, ax->arena)->base;
 }
 
-static const drey_handler handlers[] = {
-    {.name = "Snapshot", .flags = DREY_HANDLER_ADMIN, .unary = handle_snapshot},
-    {.name = "GetReadinessDetails", .flags = DREY_HANDLER_ADMIN, .unary = handle_readiness},
+static const drey_method_spec methods[] = {
+    {.name = "Snapshot", .flags = DREY_METHOD_ADMIN, .handle = handle_snapshot},
+    {.name = "GetReadinessDetails", .flags = DREY_METHOD_ADMIN, .apply = readiness},
 };
 
-bool drey_admin_register(drey_admin *a, drey_server *s) {
-    return drey_server_add_service(s, &drey__admin__v1__admin__descriptor, handlers,
-                                   sizeof handlers / sizeof handlers[0], a);
+bool drey_admin_register(drey_admin *a, drey_method_table *t) {
+    return drey_method_table_add_service(t, &drey__admin__v1__admin__descriptor, methods,
+                                         sizeof methods / sizeof methods[0], a);
 }

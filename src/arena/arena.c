@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+
 #define ARENA_ALIGN 16
 #define ARENA_MIN_BLOCK 4096
 
@@ -70,9 +72,7 @@ void *drey_arena_alloc(drey_arena *a, size_t size) {
     size_t cap = b != NULL ? b->cap * 2 : ARENA_MIN_BLOCK;
     if (cap < size * 2)
         cap = align_up(size * 2);
-    b = malloc(sizeof *b + cap);
-    if (b == NULL)
-        abort();
+    b = drey_xmalloc(sizeof *b + cap);
     b->cap = cap;
     b->used = size;
     b->next = a->head;

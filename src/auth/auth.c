@@ -10,15 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "auth_internal.h"
 #include "drey/log.h"
 
 static char *dup_opt(const char *s) {
     if (s == NULL || s[0] == '\0')
         return NULL;
-    char *d = strdup(s);
-    if (d == NULL)
-        abort();
+    char *d = drey_xstrdup(s);
     return d;
 }
 
@@ -37,9 +36,7 @@ static void free_shell(drey_auth *a) {
 }
 
 drey_auth *drey_auth_create(const drey_auth_options *opts, char *err, size_t err_cap) {
-    drey_auth *a = calloc(1, sizeof *a);
-    if (a == NULL)
-        abort();
+    drey_auth *a = drey_xcalloc(1, sizeof *a);
     a->jwks_file = dup_opt(opts->jwks_file);
     a->keys_dir = dup_opt(opts->keys_dir);
     a->issuer = dup_opt(opts->issuer);

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "drey/alloc.h"
+
 static int value_of(char c) {
     if (c >= 'A' && c <= 'Z')
         return c - 'A';
@@ -32,9 +34,7 @@ unsigned char *drey_auth__b64url_decode(const char *s, size_t n, size_t *out_len
     if (n % 4 == 1)
         return NULL;
     size_t cap = n / 4 * 3 + (n % 4 == 0 ? 0 : n % 4 - 1);
-    unsigned char *out = malloc(cap + 1);
-    if (out == NULL)
-        return NULL;
+    unsigned char *out = drey_xmalloc(cap + 1);
     size_t o = 0;
     uint32_t acc = 0;
     int bits = 0;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "claims.h"
 
 typedef struct entry {
@@ -52,16 +53,12 @@ static uint64_t load64(const uint8_t *p) {
 }
 
 drey_auth__cache *drey_auth__cache_create(size_t entries) {
-    drey_auth__cache *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_auth__cache *c = drey_xcalloc(1, sizeof *c);
     if (entries == 0)
         return c;
     c->capacity = entries;
     c->n_shards = entries < DREY_AUTH_CACHE_SHARDS ? entries : DREY_AUTH_CACHE_SHARDS;
-    c->shards = aligned_alloc(_Alignof(shard), c->n_shards * sizeof(shard));
-    if (c->shards == NULL)
-        abort();
+    c->shards = drey_xaligned(_Alignof(shard), c->n_shards * sizeof(shard));
     for (size_t i = 0; i < c->n_shards; i++) {
         shard *s = &c->shards[i];
         memset(s, 0, sizeof *s);
@@ -71,10 +68,8 @@ drey_auth__cache *drey_auth__cache_create(size_t entries) {
         while (nb < s->cap)
             nb <<= 1;
         s->mask = nb - 1;
-        s->slots = calloc(s->cap, sizeof *s->slots);
-        s->buckets = malloc(nb * sizeof *s->buckets);
-        if (s->slots == NULL || s->buckets == NULL)
-            abort();
+        s->slots = drey_xcalloc(s->cap, sizeof *s->slots);
+        s->buckets = drey_xrealloc(NULL, nb, sizeof *s->buckets);
         for (size_t b = 0; b < nb; b++)
             s->buckets[b] = -1;
     }
@@ -137,9 +132,7 @@ void drey_auth__cache_insert(drey_auth__cache *c, const uint8_t digest[DREY_AUTH
                              const drey_auth__verdict *v) {
     if (c->n_shards == 0)
         return;
-    char *sub = malloc(v->sub_len + 1);
-    if (sub == NULL)
-        return; /* not remembering is always correct */
+    char *sub = drey_xmalloc(v->sub_len + 1);
     memcpy(sub, v->sub, v->sub_len);
     sub[v->sub_len] = '\0';
 

@@ -40,6 +40,7 @@
 #include <openssl/param_build.h>
 #include <openssl/pem.h>
 
+#include "drey/alloc.h"
 #include "b64.h"
 #include "drey/log.h"
 
@@ -315,10 +316,8 @@ static bool jwk_to_key(json_t *jwk, drey_auth__key *k, char *why) {
     k->alg = alg;
     bool ok = fam == FAMILY_HS ? jwk_oct(jwk, alg, k, why) : fam == FAMILY_RS ? jwk_rsa(jwk, alg, k, why)
                                                                            : jwk_ec(jwk, alg, k, why);
-    if (ok && (k->kid = strdup(kid)) == NULL) {
-        snprintf(why, WHY_CAP, "out of memory");
-        ok = false;
-    }
+    if (ok)
+        k->kid = drey_xstrdup(kid);
     return ok;
 }
 
@@ -339,17 +338,12 @@ static void key_clear(drey_auth__key *k) {
     memset(k, 0, sizeof *k);
 }
 
-static bool builder_push(builder *b, drey_auth__key *k) {
+static void builder_push(builder *b, drey_auth__key *k) {
     if (b->n == b->cap) {
-        size_t cap = b->cap == 0 ? 8 : b->cap * 2;
-        drey_auth__key *keys = realloc(b->keys, cap * sizeof *keys);
-        if (keys == NULL)
-            return false;
-        b->keys = keys;
-        b->cap = cap;
+        b->cap = b->cap == 0 ? 8 : b->cap * 2;
+        b->keys = drey_xrealloc(b->keys, b->cap, sizeof *b->keys);
     }
     b->keys[b->n++] = *k;
-    return true;
 }
 
 static void skipped(const char *source, const char *kid, const char *why) {
@@ -372,9 +366,8 @@ static unsigned char *read_file(const char *path, size_t max, size_t *len, char 
         snprintf(why, WHY_CAP, "not a regular file");
     } else if ((uint64_t)st.st_size > max) {
         snprintf(why, WHY_CAP, "larger than %zu bytes", max);
-    } else if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
-        snprintf(why, WHY_CAP, "out of memory");
     } else {
+        buf = drey_xmalloc((size_t)st.st_size + 1);
         size_t got = 0;
         while (got < (size_t)st.st_size) {
             ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
@@ -423,12 +416,7 @@ static bool load_jwks(const char *path, builder *b, char *err, size_t err_cap) {
             key_clear(&k);
             continue;
         }
-        if (!builder_push(b, &k)) {
-            key_clear(&k);
-            json_decref(root);
-            set_err(err, err_cap, "jwks_file %s: out of memory", path);
-            return false;
-        }
+        builder_push(b, &k);
         added++;
     }
     json_decref(root);
@@ -508,10 +496,8 @@ static bool file_to_key(const char *dir, const char *name, bool pem, drey_auth__
         OPENSSL_cleanse(bytes, len);
         free(bytes);
     }
-    if (ok && (k->kid = strndup(name, (size_t)(dot - name))) == NULL) {
-        snprintf(why, WHY_CAP, "out of memory");
-        ok = false;
-    }
+    if (ok)
+        k->kid = drey_xstrndup(name, (size_t)(dot - name));
     return ok;
 }
 
@@ -539,12 +525,7 @@ static bool load_dir(const char *dir, builder *b, char *err, size_t err_cap) {
             skips++;
             continue;
         }
-        if (!builder_push(b, &k)) {
-            key_clear(&k);
-            closedir(d);
-            set_err(err, err_cap, "keys_dir %s: out of memory", dir);
-            return false;
-        }
+        builder_push(b, &k);
         added++;
     }
     closedir(d);
@@ -585,12 +566,7 @@ drey_auth__keyset *drey_auth__keyset_load(const char *jwks_file, const char *key
             builder_free(&b);
             return NULL;
         }
-    drey_auth__keyset *ks = calloc(1, sizeof *ks);
-    if (ks == NULL) {
-        builder_free(&b);
-        set_err(err, err_cap, "out of memory");
-        return NULL;
-    }
+    drey_auth__keyset *ks = drey_xcalloc(1, sizeof *ks);
     ks->n = b.n;
     ks->keys = b.keys;
     return ks;

@@ -56,6 +56,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 
+#include "drey/alloc.h"
 #include "auth_internal.h"
 #include "b64.h"
 #include "claims.h"
@@ -259,10 +260,8 @@ static drey_error check_claims(const drey_auth *a, jwt_t *jwt, int64_t now_ms, d
         json_decref(sub);
         return DREY_ERR_TOKEN_INVALID;
     }
-    *sub_out = strdup(r == 1 ? json_string_value(sub) : "");
+    *sub_out = drey_xstrdup(r == 1 ? json_string_value(sub) : "");
     json_decref(sub);
-    if (*sub_out == NULL)
-        return DREY_ERR_INTERNAL;
     v->sub = *sub_out;
     v->sub_len = strlen(*sub_out);
     return DREY_ERR_NONE;
@@ -337,9 +336,7 @@ static drey_error verify_uncached(drey_auth *a, const drey_auth__keyset *ks, con
     drey_error e = check_header(t, ks, &key);
     if (e != DREY_ERR_NONE)
         return e;
-    char *copy = malloc(t->len + 1);
-    if (copy == NULL)
-        return DREY_ERR_INTERNAL;
+    char *copy = drey_xmalloc(t->len + 1);
     memcpy(copy, t->p, t->len);
     copy[t->len] = '\0';
     jwt_t *jwt = NULL;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 enum { T_NEW, T_QUEUED, T_DELAYED, T_RUNNING, T_DONE };
@@ -36,6 +37,8 @@ struct drey_bp_principal {
     drey_bp_principal *hnext;
     drey_bp_principal *older, *newer; /* LRU list */
     uint32_t inflight, queued;
+    uint32_t max_inflight, max_queued; /* a tenant's limits, or a peer's */
+    bool rated;                        /* the per-principal rate applies */
     double tokens;
     int64_t refilled_ns;
     uint64_t admitted, rejected;
@@ -66,9 +69,7 @@ const char *drey_bp_reject_reason_name(size_t i) {
 }
 
 drey_bp *drey_bp_create(const drey_bp_options *opts, drey_timers *timers) {
-    drey_bp *bp = calloc(1, sizeof *bp);
-    if (bp == NULL)
-        abort();
+    drey_bp *bp = drey_xcalloc(1, sizeof *bp);
     bp->opts = *opts;
     snprintf(bp->node_id, sizeof bp->node_id, "%s", opts->node_id != NULL ? opts->node_id : "");
     bp->opts.node_id = bp->node_id;
@@ -77,9 +78,7 @@ drey_bp *drey_bp_create(const drey_bp_options *opts, drey_timers *timers) {
     size_t n = 64;
     while (n < 2 * (size_t)opts->max_principals)
         n *= 2;
-    bp->table = calloc(n, sizeof *bp->table);
-    if (bp->table == NULL)
-        abort();
+    bp->table = drey_xcalloc(n, sizeof *bp->table);
     bp->table_mask = n - 1;
     bp->node.tokens = opts->node_burst;
     bp->node.refilled_ns = drey_mono_ns();
@@ -167,11 +166,17 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
         table_remove(bp, victim);
     }
     size_t len = strlen(name);
-    drey_bp_principal *p = calloc(1, sizeof *p + len + 1);
-    if (p == NULL)
-        abort();
+    drey_bp_principal *p = drey_xcalloc(1, sizeof *p + len + 1);
     memcpy(p->name, name, len + 1);
     p->hash = h;
+    /* A cluster peer forwarding calls (node:<id>) carries many tenants'
+     * calls, each already limited where it entered: its own budget is the
+     * node's, and no tenant's rate applies to it. Clients cannot choose
+     * principal names, so the prefix is the peer's alone. */
+    bool peer = strncmp(name, "node:", 5) == 0;
+    p->max_inflight = peer ? bp->opts.max_inflight : bp->opts.principal_max_inflight;
+    p->max_queued = peer ? bp->opts.max_queued : bp->opts.principal_max_queued;
+    p->rated = !peer && bp->opts.principal_rate > 0;
     p->tokens = bp->opts.principal_burst;
     p->refilled_ns = now;
     p->hnext = bp->table[h & bp->table_mask];
@@ -204,8 +209,8 @@ static void refuse(drey_bp *bp, drey_bp_principal *p, int reason, int64_t retry_
         drey_status_add_metadata(st, "limitRequestsPerSecond", "%g", bp->opts.principal_rate);
         break;
     case R_PRINCIPAL_CONCURRENCY:
-        drey_status_add_metadata(st, "limitInflightCalls", "%u", bp->opts.principal_max_inflight);
-        drey_status_add_metadata(st, "limitQueuedCalls", "%u", bp->opts.principal_max_queued);
+        drey_status_add_metadata(st, "limitInflightCalls", "%u", p->max_inflight);
+        drey_status_add_metadata(st, "limitQueuedCalls", "%u", p->max_queued);
         break;
     case R_QUEUE_FULL:
         drey_status_add_metadata(st, "limitInflightCalls", "%u", bp->opts.max_inflight);
@@ -263,7 +268,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
             goto rejected;
         }
     }
-    if (bp->opts.principal_rate > 0) {
+    if (p->rated) {
         p->tokens = refill(p->tokens, &p->refilled_ns, bp->opts.principal_rate, bp->opts.principal_burst, now);
         if (p->tokens < 1) {
             refuse(bp, p, R_PRINCIPAL_RATE, ms_to_token(p->tokens, bp->opts.principal_rate), st);
@@ -271,9 +276,9 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
         }
     }
     bool node_room = bp->inflight < bp->opts.max_inflight;
-    bool principal_room = p->inflight < bp->opts.principal_max_inflight;
+    bool principal_room = p->inflight < p->max_inflight;
     if (!(node_room && principal_room)) {
-        if (!principal_room && p->queued >= bp->opts.principal_max_queued) {
+        if (!principal_room && p->queued >= p->max_queued) {
             refuse(bp, p, R_PRINCIPAL_CONCURRENCY, -1, st);
             goto rejected;
         }
@@ -288,7 +293,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
     }
     if (bp->opts.node_rate > 0)
         bp->node.tokens -= 1;
-    if (bp->opts.principal_rate > 0)
+    if (p->rated)
         p->tokens -= 1;
     if (node_room && principal_room) {
         int64_t delay = take_slot(bp, t);
@@ -352,7 +357,7 @@ static drey_bp_ticket *admit_waiters(drey_bp *bp) {
     drey_bp_ticket *t = bp->q_head;
     while (t != NULL && bp->inflight < bp->opts.max_inflight) {
         drey_bp_ticket *next = t->next_;
-        if (t->principal_->inflight < bp->opts.principal_max_inflight) {
+        if (t->principal_->inflight < t->principal_->max_inflight) {
             dequeue(bp, t);
             drey_timer_cancel(bp->timers, &t->timer_);
             take_slot(bp, t); /* a call that waited is not held back again */
@@ -374,10 +379,20 @@ static void resume_all(drey_bp_ticket *t) {
     }
 }
 
-bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
-    if (atomic_exchange(&t->released_, true))
-        return false;
+/* Frees t's slot or takes it out of the queue; with only_parked, only a
+ * ticket still queued or held back (a running call keeps its slot until it
+ * is done, so cancelling it cannot let more work in than max_inflight). The
+ * checks and the release happen under one lock so a ticket being admitted
+ * at the same moment is either released whole or left alone. */
+static bool release(drey_bp *bp, drey_bp_ticket *t, bool only_parked) {
     pthread_mutex_lock(&bp->mu);
+    bool skip = atomic_load(&t->released_) ||
+                (only_parked && t->state_ != T_QUEUED && t->state_ != T_DELAYED);
+    if (skip) {
+        pthread_mutex_unlock(&bp->mu);
+        return false;
+    }
+    atomic_store(&t->released_, true);
     bool parked = false;
     switch (t->state_) {
     case T_QUEUED:
@@ -407,6 +422,14 @@ bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
     if (t->timer_.fn != NULL)
         drey_timer_sync(bp->timers, &t->timer_);
     return parked;
+}
+
+bool drey_bp_release(drey_bp *bp, drey_bp_ticket *t) {
+    return release(bp, t, false);
+}
+
+bool drey_bp_cancel(drey_bp *bp, drey_bp_ticket *t) {
+    return release(bp, t, true);
 }
 
 static void on_delay_done(void *arg) {

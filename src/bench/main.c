@@ -12,12 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "drey/alloc.h"
 #include "bench.h"
 
 int main(int argc, char **argv) {
     drey_bench_options o;
     drey_bench_options_parse(&o, argc, argv);
-    drey_bench_result *r = calloc(1, sizeof *r);
+    drey_bench_result *r = drey_xcalloc(1, sizeof *r);
     char err[512];
     if (!drey_bench_run(&o, r, err, sizeof err)) {
         fprintf(stderr, "drey-bench: %s\n", err);

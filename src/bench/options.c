@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "bench.h"
 #include "drey/config.h"
 
@@ -81,7 +82,7 @@ static int64_t parse_duration(const char *name, const char *v) {
 
 static void parse_mix(drey_bench_options *o, const char *spec) {
     memset(o->mix, 0, sizeof o->mix);
-    char *copy = strdup(spec), *save = NULL;
+    char *copy = drey_xstrdup(spec), *save = NULL;
     for (char *item = strtok_r(copy, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
         char *colon = strchr(item, ':');
         unsigned w = 1;
@@ -113,8 +114,8 @@ static void read_tokens(drey_bench_options *o, const char *path) {
             line[--n] = '\0';
         if (n == 0)
             continue;
-        o->tokens = realloc(o->tokens, (o->n_tokens + 1) * sizeof *o->tokens);
-        o->tokens[o->n_tokens++] = strdup(line);
+        o->tokens = drey_xrealloc(o->tokens, o->n_tokens + 1, sizeof *o->tokens);
+        o->tokens[o->n_tokens++] = drey_xstrdup(line);
     }
     free(line);
     fclose(f);
@@ -220,8 +221,8 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
         } else if (strcmp(name, "seed") == 0) {
             o->seed = parse_count(name, v, 0);
         } else if (strcmp(name, "token") == 0) {
-            o->tokens = realloc(o->tokens, (o->n_tokens + 1) * sizeof *o->tokens);
-            o->tokens[o->n_tokens++] = strdup(v);
+            o->tokens = drey_xrealloc(o->tokens, o->n_tokens + 1, sizeof *o->tokens);
+            o->tokens[o->n_tokens++] = drey_xstrdup(v);
         } else if (strcmp(name, "tokens-file") == 0) {
             read_tokens(o, v);
         } else if (strcmp(name, "raw-method") == 0) {

@@ -19,7 +19,9 @@
 #include <time.h>
 
 #include "bench.h"
+#include "drey/alloc.h"
 #include "drey/arena.h"
+#include "drey/bytes.h"
 #include "drey/client.h"
 
 #define POLL_MS 50
@@ -93,34 +95,23 @@ void drey_bench_stats_merge(drey_bench_stats *dst, const drey_bench_stats *src) 
 
 /* GetResponse.found (field 1, a varint): a scan of the top-level fields. */
 static bool response_found(const uint8_t *p, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        uint64_t tag = 0;
-        for (int shift = 0; i < len && shift < 64; shift += 7) {
-            uint8_t b = p[i++];
-            tag |= (uint64_t)(b & 0x7f) << shift;
-            if (!(b & 0x80))
-                break;
-        }
+    const uint8_t *end = p + len;
+    uint64_t tag, v;
+    while (p < end && drey_bytes_varint(&p, end, &tag)) {
         uint32_t wire = tag & 7;
         if (tag >> 3 == 1 && wire == 0)
-            return i < len && p[i] != 0;
+            return drey_bytes_varint(&p, end, &v) && v != 0;
         if (wire == 0) {
-            while (i < len && (p[i++] & 0x80))
-                ;
+            if (!drey_bytes_varint(&p, end, &v))
+                return false;
         } else if (wire == 2) {
-            uint64_t l = 0;
-            for (int shift = 0; i < len && shift < 64; shift += 7) {
-                uint8_t b = p[i++];
-                l |= (uint64_t)(b & 0x7f) << shift;
-                if (!(b & 0x80))
-                    break;
-            }
-            i += l;
-        } else if (wire == 1) {
-            i += 8;
-        } else if (wire == 5) {
-            i += 4;
+            if (!drey_bytes_varint(&p, end, &v) || v > (uint64_t)(end - p))
+                return false;
+            p += v;
+        } else if (wire == 1 && end - p >= 8) {
+            p += 8;
+        } else if (wire == 5 && end - p >= 4) {
+            p += 4;
         } else {
             return false;
         }
@@ -214,17 +205,17 @@ static void *conn_main(void *arg) {
 }
 
 bool drey_bench_run(const drey_bench_options *o, drey_bench_result *r, char *err, size_t err_cap) {
-    run_shared *sh = calloc(1, sizeof *sh);
+    run_shared *sh = drey_xcalloc(1, sizeof *sh);
     sh->o = o;
     drey_bench_workload_init(&sh->w, o);
     int n = o->connections;
-    conn_thread *threads = calloc((size_t)n, sizeof *threads);
+    conn_thread *threads = drey_xcalloc((size_t)n, sizeof *threads);
     pthread_barrier_init(&sh->barrier, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++) {
         conn_thread *t = &threads[i];
         t->index = i;
         t->sh = sh;
-        t->stats = malloc(sizeof *t->stats);
+        t->stats = drey_xmalloc(sizeof *t->stats);
         drey_bench_stats_init(t->stats);
         t->quota = UINT64_MAX;
         if (o->count > 0)

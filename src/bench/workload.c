@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "bench.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -63,7 +64,7 @@ void drey_bench_workload_init(drey_bench_workload *w, const drey_bench_options *
     w->o = o;
     for (int op = 0; op < DREY_BENCH_N_OPS; op++)
         w->mix_total += o->mix[op];
-    w->value = malloc(o->value_bytes > 0 ? o->value_bytes : 1);
+    w->value = drey_xmalloc(o->value_bytes);
     uint64_t st = o->seed ^ 0xA5A5A5A5ull;
     for (size_t i = 0; i < o->value_bytes; i++)
         w->value[i] = (uint8_t)('a' + splitmix64(&st) % 26); /* incompressible enough, printable */
@@ -73,9 +74,7 @@ void drey_bench_workload_init(drey_bench_workload *w, const drey_bench_options *
             fprintf(stderr, "drey-bench: zipf over more than %llu keys is not supported\n", ZIPF_MAX_KEYS);
             exit(2);
         }
-        w->zipf_cdf = malloc(n * sizeof *w->zipf_cdf);
-        if (w->zipf_cdf == NULL)
-            abort();
+        w->zipf_cdf = drey_xmalloc(n * sizeof *w->zipf_cdf);
         double sum = 0;
         for (uint64_t i = 0; i < n; i++) {
             sum += 1.0 / pow((double)(i + 1), o->zipf_s);
@@ -103,9 +102,7 @@ void drey_bench_gen_init(drey_bench_gen *g, const drey_bench_workload *w, int th
     g->thread = thread;
     g->rng = w->o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)thread * 0xD1B54A32D192ED03ull + 1;
     g->cap = w->o->value_bytes + (size_t)w->o->key_bytes + strlen(w->o->cache) + 256;
-    g->buf = malloc(g->cap);
-    if (g->buf == NULL)
-        abort();
+    g->buf = drey_xmalloc(g->cap);
 }
 
 void drey_bench_gen_free(drey_bench_gen *g) {
@@ -279,9 +276,7 @@ bool drey_bench_load_payloads(const char *path, drey_bench_payload **out, size_t
     for (;;) {
         if (len == cap) {
             cap = cap ? cap * 2 : 1 << 16;
-            data = realloc(data, cap);
-            if (data == NULL)
-                abort();
+            data = drey_xrealloc(data, cap, 1);
         }
         size_t got = fread(data + len, 1, cap - len, f);
         if (got == 0)
@@ -315,9 +310,7 @@ bool drey_bench_load_payloads(const char *path, drey_bench_payload **out, size_t
         }
         if (count == pcap) {
             pcap = pcap ? pcap * 2 : 64;
-            p = realloc(p, pcap * sizeof *p);
-            if (p == NULL)
-                abort();
+            p = drey_xrealloc(p, pcap, sizeof *p);
         }
         p[count].data = data + off + 5;
         p[count].len = mlen;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
 #include "drey/log.h"
@@ -111,31 +112,31 @@ static void copy_out(void *arg, const drey_entry_view *e) {
     o->expires_at_ms = e->expires_at_ms;
 }
 
-static void handle_get(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *read_get(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__GetRequest *req = (const void *)msg;
-    drey_store *s = store_of(drey_call_service_ctx(call));
-    drey_arena *a = drey_call_arena(call);
+    drey_store *s = store_of(ctx);
     drey_key k;
     make_key(s, &k, req->cache, req->key);
-    read_out o = {.arena = a};
-    Drey__Cache__V1__GetResponse resp = DREY__CACHE__V1__GET_RESPONSE__INIT;
-    if (drey_store_read(s, &k, drey_wall_ms(), copy_out, &o)) {
-        resp.found = true;
-        resp.value = o.value;
-        resp.version = o.version;
-        resp.expires_at = drey_cache__timestamp(a, o.expires_at_ms);
+    read_out o = {.arena = ax->arena};
+    Drey__Cache__V1__GetResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__get_response__init(resp);
+    if (drey_store_read(s, &k, ax->now_ms, copy_out, &o)) {
+        resp->found = true;
+        resp->value = o.value;
+        resp->version = o.version;
+        resp->expires_at = drey_cache__timestamp(ax->arena, o.expires_at_ms);
     }
-    drey_call_reply(call, &resp.base);
+    return &resp->base;
 }
 
-static void handle_get_many(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *read_get_many(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__GetManyRequest *req = (const void *)msg;
-    drey_store *s = store_of(drey_call_service_ctx(call));
-    drey_arena *a = drey_call_arena(call);
-    int64_t now = drey_wall_ms();
-    Drey__Cache__V1__GetManyResponse resp = DREY__CACHE__V1__GET_MANY_RESPONSE__INIT;
-    resp.n_results = req->n_keys;
-    resp.results = drey_arena_alloc(a, (req->n_keys ? req->n_keys : 1) * sizeof *resp.results);
+    drey_store *s = store_of(ctx);
+    drey_arena *a = ax->arena;
+    Drey__Cache__V1__GetManyResponse *resp = drey_arena_alloc(a, sizeof *resp);
+    drey__cache__v1__get_many_response__init(resp);
+    resp->n_results = req->n_keys;
+    resp->results = drey_arena_alloc(a, (req->n_keys ? req->n_keys : 1) * sizeof *resp->results);
     for (size_t i = 0; i < req->n_keys; i++) {
         Drey__Cache__V1__GetManyResponse__Result *r = drey_arena_alloc(a, sizeof *r);
         drey__cache__v1__get_many_response__result__init(r);
@@ -143,15 +144,15 @@ static void handle_get_many(drey_call *call, const ProtobufCMessage *msg) {
         drey_key k;
         make_key(s, &k, req->cache, req->keys[i]);
         read_out o = {.arena = a};
-        if (drey_store_read(s, &k, now, copy_out, &o)) {
+        if (drey_store_read(s, &k, ax->now_ms, copy_out, &o)) {
             r->found = true;
             r->value = o.value;
             r->version = o.version;
             r->expires_at = drey_cache__timestamp(a, o.expires_at_ms);
         }
-        resp.results[i] = r;
+        resp->results[i] = r;
     }
-    drey_call_reply(call, &resp.base);
+    return &resp->base;
 }
 
 static void copy_expiry(void *arg, const drey_entry_view *e) {
@@ -160,24 +161,23 @@ static void copy_expiry(void *arg, const drey_entry_view *e) {
     o->expires_at_ms = e->expires_at_ms;
 }
 
-static void handle_get_expiration(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *read_get_expiration(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__GetExpirationRequest *req = (const void *)msg;
-    drey_store *s = store_of(drey_call_service_ctx(call));
-    drey_arena *a = drey_call_arena(call);
+    drey_store *s = store_of(ctx);
     drey_key k;
     make_key(s, &k, req->cache, req->key);
-    read_out o = {.arena = a};
-    int64_t now = drey_wall_ms();
-    Drey__Cache__V1__GetExpirationResponse resp = DREY__CACHE__V1__GET_EXPIRATION_RESPONSE__INIT;
-    if (drey_store_read(s, &k, now, copy_expiry, &o)) {
-        resp.found = true;
+    read_out o = {.arena = ax->arena};
+    Drey__Cache__V1__GetExpirationResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__get_expiration_response__init(resp);
+    if (drey_store_read(s, &k, ax->now_ms, copy_expiry, &o)) {
+        resp->found = true;
         if (o.expires_at_ms != 0) {
-            resp.has_expiration = true;
-            resp.expires_at = drey_cache__timestamp(a, o.expires_at_ms);
-            resp.remaining = drey_cache__duration(a, o.expires_at_ms - now);
+            resp->has_expiration = true;
+            resp->expires_at = drey_cache__timestamp(ax->arena, o.expires_at_ms);
+            resp->remaining = drey_cache__duration(ax->arena, o.expires_at_ms - ax->now_ms);
         }
     }
-    drey_call_reply(call, &resp.base);
+    return &resp->base;
 }
 
 /* --- writes --------------------------------------------------------------- */
@@ -457,25 +457,23 @@ static int64_t growth_increment(void *ctx, const ProtobufCMessage *msg, int64_t 
     return key_growth(store_of(ctx), req->cache, req->key, 8, now_ms);
 }
 
-static const drey_handler handlers[] = {
-    {.name = "Get", .flags = DREY_HANDLER_READ, .unary = handle_get},
-    {.name = "GetMany", .flags = DREY_HANDLER_READ, .unary = handle_get_many},
-    {.name = "GetExpiration", .flags = DREY_HANDLER_READ, .unary = handle_get_expiration},
-    {.name = "Set", .flags = DREY_HANDLER_WRITE, .apply = apply_set, .growth = growth_set},
-    {.name = "SetMany", .flags = DREY_HANDLER_WRITE, .apply = apply_set_many, .growth = growth_set_many},
-    {.name = "Add", .flags = DREY_HANDLER_WRITE, .apply = apply_add, .growth = growth_add},
-    {.name = "Update", .flags = DREY_HANDLER_WRITE, .apply = apply_update, .growth = growth_update},
-    {.name = "GetOrAdd", .flags = DREY_HANDLER_WRITE, .apply = apply_get_or_add, .growth = growth_get_or_add},
-    {.name = "Remove", .flags = DREY_HANDLER_WRITE, .apply = apply_remove},
-    {.name = "Touch", .flags = DREY_HANDLER_WRITE, .apply = apply_touch},
-    {.name = "Persist", .flags = DREY_HANDLER_WRITE, .apply = apply_persist},
-    {.name = "Increment", .flags = DREY_HANDLER_WRITE, .apply = apply_increment, .growth = growth_increment},
+static const drey_method_spec methods[] = {
+    {.name = "Get", .flags = DREY_METHOD_READ, .apply = read_get},
+    {.name = "GetMany", .flags = DREY_METHOD_READ, .apply = read_get_many},
+    {.name = "GetExpiration", .flags = DREY_METHOD_READ, .apply = read_get_expiration},
+    {.name = "Set", .flags = DREY_METHOD_WRITE, .apply = apply_set, .growth = growth_set},
+    {.name = "SetMany", .flags = DREY_METHOD_WRITE, .apply = apply_set_many, .growth = growth_set_many},
+    {.name = "Add", .flags = DREY_METHOD_WRITE, .apply = apply_add, .growth = growth_add},
+    {.name = "Update", .flags = DREY_METHOD_WRITE, .apply = apply_update, .growth = growth_update},
+    {.name = "GetOrAdd", .flags = DREY_METHOD_WRITE, .apply = apply_get_or_add, .growth = growth_get_or_add},
+    {.name = "Remove", .flags = DREY_METHOD_WRITE, .apply = apply_remove},
+    {.name = "Touch", .flags = DREY_METHOD_WRITE, .apply = apply_touch},
+    {.name = "Persist", .flags = DREY_METHOD_WRITE, .apply = apply_persist},
+    {.name = "Increment", .flags = DREY_METHOD_WRITE, .apply = apply_increment, .growth = growth_increment},
 };
 
 drey_cache *drey_cache_create(drey_store *store) {
-    drey_cache *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_cache *c = drey_xcalloc(1, sizeof *c);
     c->store = store;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -491,9 +489,9 @@ void drey_cache_destroy(drey_cache *c) {
     free(c);
 }
 
-bool drey_cache_register(drey_cache *c, drey_server *s) {
-    return drey_server_add_service(s, &drey__cache__v1__cache__descriptor, handlers,
-                                   sizeof handlers / sizeof handlers[0], c);
+bool drey_cache_register(drey_cache *c, drey_method_table *t) {
+    return drey_method_table_add_service(t, &drey__cache__v1__cache__descriptor, methods,
+                                         sizeof methods / sizeof methods[0], c);
 }
 
 /* --- active expiry -------------------------------------------------------- */

@@ -6,6 +6,7 @@
  */
 #include "value.h"
 
+#include "drey/bytes.h"
 #include "drey/cache.h"
 
 #include <string.h>
@@ -37,18 +38,6 @@ int64_t drey_cache__expiry_at(const drey_cache__expiry *ex, int64_t now_ms, int6
         return keep;
     /* 0 means "never": a time at or before the epoch is already past. */
     return at > 0 ? at : 1;
-}
-
-static void put_le64(uint8_t *buf, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le64(const uint8_t *buf) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)buf[i] << (8 * i);
-    return v;
 }
 
 uint32_t drey_cache_value_bytes(const Drey__Cache__V1__Value *v) {
@@ -85,7 +74,7 @@ void drey_cache__value_in(const Drey__Cache__V1__Value *v, drey_arena *a, drey_v
             bits = (uint64_t)v->int64_value;
         else
             memcpy(&bits, &v->double_value, 8);
-        put_le64(buf, bits);
+        drey_bytes_put64(buf, bits);
         out->data = buf;
         out->len = 8;
         break;
@@ -123,9 +112,9 @@ Drey__Cache__V1__Value *drey_cache__value_out(drey_arena *a, const drey_value *v
         break;
     }
     case DREY_VALUE_STRING: m->string_value = drey_arena_strndup(a, (const char *)v->data, v->len); break;
-    case DREY_VALUE_INT64: m->int64_value = (int64_t)get_le64(v->data); break;
+    case DREY_VALUE_INT64: m->int64_value = (int64_t)drey_bytes_get64(v->data); break;
     case DREY_VALUE_DOUBLE: {
-        uint64_t bits = get_le64(v->data);
+        uint64_t bits = drey_bytes_get64(v->data);
         memcpy(&m->double_value, &bits, 8);
         break;
     }
@@ -144,11 +133,11 @@ Drey__Cache__V1__Value *drey_cache__value_out(drey_arena *a, const drey_value *v
 }
 
 int64_t drey_cache__int64_of(const drey_value *v) {
-    return (int64_t)get_le64(v->data);
+    return (int64_t)drey_bytes_get64(v->data);
 }
 
 void drey_cache__int64_value(int64_t n, uint8_t buf[8], drey_value *out) {
-    put_le64(buf, (uint64_t)n);
+    drey_bytes_put64(buf, (uint64_t)n);
     out->kind = DREY_VALUE_INT64;
     out->data = buf;
     out->len = 8;

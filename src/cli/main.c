@@ -16,13 +16,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/client.h"
 #include "drey/config.h"
-#include "drey/ops.h"
+#include "drey/pbjson.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "cluster.h"
 #include "json.h"
 
 enum {
@@ -169,14 +171,14 @@ static bool read_file(const char *path, drey_arena *a, ProtobufCBinaryData *out)
         return false;
     }
     size_t cap = 4096, len = 0;
-    uint8_t *buf = malloc(cap);
+    uint8_t *buf = drey_xmalloc(cap);
     size_t n;
-    while (buf != NULL && (n = fread(buf + len, 1, cap - len, f)) > 0) {
+    while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
         len += n;
         if (len == cap)
-            buf = realloc(buf, cap *= 2);
+            buf = drey_xrealloc(buf, cap *= 2, 1);
     }
-    bool ok = buf != NULL && !ferror(f);
+    bool ok = !ferror(f);
     if (!ok)
         fprintf(stderr, "drey: %s: cannot read\n", path);
     fclose(f);
@@ -408,7 +410,7 @@ static int cmd_ready(cli *c, char **args) {
     if (!call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
               &resp))
         return EXIT_CALL_FAILED;
-    drey_ops_write_json(stdout, &resp->base);
+    drey_pbjson_write(stdout, &resp->base);
     putchar('\n');
     return resp->ready ? EXIT_OK : EXIT_NEGATIVE;
 }
@@ -432,7 +434,8 @@ static const command commands[] = {
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: drey [--addr=HOST:PORT] [--cache=NAME] [--token=JWT] [--timeout=D] <command> ...\n\n"
+    fprintf(out, "usage: drey [--addr=HOST:PORT] [--cache=NAME] [--token=JWT] [--timeout=D] <command> ...\n"
+                 "       drey cluster init|status --etcd=URLS ...   (drey cluster for its options)\n\n"
                  "Options:\n"
                  "  --addr=HOST:PORT  server address (default $DREY_ADDR, else 127.0.0.1:50051)\n"
                  "  --cache=NAME      cache (namespace); default: the server's default cache\n"
@@ -478,9 +481,7 @@ static int run(int argc, char **argv) {
         [F_FILE] = {"file", false, OPT_KIND, NULL, false},
         [F_HELP] = {"help", false, 0, NULL, false},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    if (pos == NULL)
-        abort();
+    char **pos = drey_xcalloc((size_t)argc + 1, sizeof *pos);
     int n_pos = 0;
     bool options_done = false;
     int rc = EXIT_USAGE;
@@ -591,5 +592,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "cluster") == 0)
+        return drey_cli_cluster(argc - 2, argv + 2);
     return run(argc, argv);
 }

@@ -22,6 +22,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "drey/alloc.h"
 #include "headers.h"
 
 #define DETAILS_KEY "grpc-status-details-bin"
@@ -34,18 +35,24 @@ typedef struct registered_method {
     void *handle;
 } registered_method;
 
-/* One unary call: what its batch points into until it completes. */
-typedef struct unary_call {
-    struct unary_call *prev, *next; /* the in-flight list (asynchronous calls) */
+/* What a call's batches point into until they complete: the same for a
+ * unary call and a stream. */
+typedef struct call_io {
     grpc_call *call;
-    void *user;
-    int64_t started_ns;
     grpc_byte_buffer *send;
     grpc_byte_buffer *recv;
     grpc_metadata_array initial_md;
     grpc_metadata_array trailing_md;
     grpc_status_code code;
     grpc_slice details;
+} call_io;
+
+/* One unary call. */
+typedef struct unary_call {
+    struct unary_call *prev, *next; /* the in-flight list (asynchronous calls) */
+    void *user;
+    int64_t started_ns;
+    call_io io;
 } unary_call;
 
 struct drey_client {
@@ -63,13 +70,7 @@ struct drey_client {
 struct drey_client_stream {
     drey_client_stream *prev, *next; /* the client's open streams */
     drey_client *client;
-    grpc_call *call;
-    grpc_byte_buffer *send;
-    grpc_byte_buffer *recv;
-    grpc_metadata_array initial_md;
-    grpc_metadata_array trailing_md;
-    grpc_status_code code;
-    grpc_slice details;
+    call_io io;
     bool ended;        /* a read saw the end of the stream */
     bool undecodable;  /* a message did not decode: the stream was cancelled */
     const char *undecodable_type;
@@ -165,9 +166,7 @@ static void *method_handle(drey_client *c, const char *method) {
     if (c->n_methods == MAX_REGISTERED_METHODS)
         return NULL;
     registered_method *r = &c->methods[c->n_methods];
-    r->path = strdup(method);
-    if (r->path == NULL)
-        abort();
+    r->path = drey_xstrdup(method);
     r->handle = grpc_channel_register_call(c->channel, r->path, NULL, NULL);
     c->n_methods++;
     return r->handle;
@@ -183,48 +182,60 @@ static grpc_call *new_call(drey_client *c, grpc_completion_queue *cq, const char
     return grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL, deadline, NULL);
 }
 
-/* --- unary calls ---------------------------------------------------------- */
+/* Creates io's call (io->send already set) and what its batches fill in. */
+static void io_open(call_io *io, drey_client *c, grpc_completion_queue *cq, const char *method, int64_t timeout_ms) {
+    grpc_metadata_array_init(&io->initial_md);
+    grpc_metadata_array_init(&io->trailing_md);
+    io->recv = NULL;
+    io->details = grpc_empty_slice();
+    io->call = new_call(c, cq, method, timeout_ms);
+}
 
-/* Starts u's batch (u->send set by the caller) on cq with tag u. */
-static grpc_call_error unary_start(drey_client *c, unary_call *u, grpc_completion_queue *cq, const char *method,
-                                   int64_t timeout_ms) {
-    grpc_metadata_array_init(&u->initial_md);
-    grpc_metadata_array_init(&u->trailing_md);
-    u->recv = NULL;
-    u->details = grpc_empty_slice();
-    u->call = new_call(c, cq, method, timeout_ms);
+/* Frees what io's batches filled in, its request and the call. */
+static void io_release(call_io *io) {
+    if (io->recv != NULL)
+        grpc_byte_buffer_destroy(io->recv);
+    if (io->send != NULL)
+        grpc_byte_buffer_destroy(io->send);
+    grpc_slice_unref(io->details);
+    grpc_metadata_array_destroy(&io->initial_md);
+    grpc_metadata_array_destroy(&io->trailing_md);
+    if (io->call != NULL)
+        grpc_call_unref(io->call);
+}
 
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
+/* The four ops that open every call this client makes (one request message,
+ * then the server's headers): ops[0..3]. Unary calls add the response and the
+ * status to the same batch; streams read them later. */
+static void open_ops(grpc_op *ops, drey_client *c, grpc_byte_buffer *send, grpc_metadata_array *initial_md) {
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].data.send_initial_metadata.count = c->headers.count;
     ops[0].data.send_initial_metadata.metadata = c->headers.md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = u->send;
+    ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->initial_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &u->recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &u->trailing_md;
-    ops[5].data.recv_status_on_client.status = &u->code;
-    ops[5].data.recv_status_on_client.status_details = &u->details;
-    u->started_ns = mono_ns();
-    return grpc_call_start_batch(u->call, ops, 6, u, NULL);
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = initial_md;
 }
 
-/* Frees what the call's batch filled in and the call itself. */
-static void unary_release(unary_call *u) {
-    if (u->recv != NULL)
-        grpc_byte_buffer_destroy(u->recv);
-    if (u->send != NULL)
-        grpc_byte_buffer_destroy(u->send);
-    grpc_slice_unref(u->details);
-    grpc_metadata_array_destroy(&u->initial_md);
-    grpc_metadata_array_destroy(&u->trailing_md);
-    if (u->call != NULL)
-        grpc_call_unref(u->call);
+/* --- unary calls ---------------------------------------------------------- */
+
+/* Starts u's batch (u->io.send set by the caller) on cq with tag u. */
+static grpc_call_error unary_start(drey_client *c, unary_call *u, grpc_completion_queue *cq, const char *method,
+                                   int64_t timeout_ms) {
+    io_open(&u->io, c, cq, method, timeout_ms);
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    open_ops(ops, c, u->io.send, &u->io.initial_md);
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &u->io.recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &u->io.trailing_md;
+    ops[5].data.recv_status_on_client.status = &u->io.code;
+    ops[5].data.recv_status_on_client.status_details = &u->io.details;
+    u->started_ns = mono_ns();
+    return grpc_call_start_batch(u->io.call, ops, 6, u, NULL);
 }
 
 /* Runs u (send set) to completion on the pluck queue; false when gRPC
@@ -234,7 +245,7 @@ static bool unary_run(drey_client *c, unary_call *u, const char *method, int64_t
     grpc_call_error err = unary_start(c, u, c->sync_cq, method, timeout_ms);
     if (err != GRPC_CALL_OK) {
         drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
-        unary_release(u);
+        io_release(&u->io);
         return false;
     }
     grpc_event ev = grpc_completion_queue_pluck(c->sync_cq, u, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -247,18 +258,18 @@ grpc_status_code drey_client_unary(drey_client *c, const char *method, const Pro
                                    const ProtobufCMessageDescriptor *response_type, int64_t timeout_ms,
                                    drey_arena *arena, ProtobufCMessage **response, drey_client_status *st) {
     *response = NULL;
-    unary_call u = {.send = buffer_of_message(request)};
+    unary_call u = {.io.send = buffer_of_message(request)};
     if (!unary_run(c, &u, method, timeout_ms, st))
         return st->code;
-    fill_status(st, u.code, u.details, &u.trailing_md, arena);
+    fill_status(st, u.io.code, u.io.details, &u.io.trailing_md, arena);
     if (st->code == GRPC_STATUS_OK) {
-        ProtobufCMessage *m = u.recv != NULL ? decode_buffer(u.recv, response_type, arena) : NULL;
+        ProtobufCMessage *m = u.io.recv != NULL ? decode_buffer(u.io.recv, response_type, arena) : NULL;
         if (m == NULL)
             drey_client_status_set(st, GRPC_STATUS_INTERNAL,
                                    drey_arena_sprintf(arena, "the response is not a valid %s", response_type->name));
         *response = m;
     }
-    unary_release(&u);
+    io_release(&u.io);
     return st->code;
 }
 
@@ -267,13 +278,13 @@ grpc_status_code drey_client_unary_raw(drey_client *c, const char *method, const
                                        drey_client_status *st) {
     response->data = NULL;
     response->len = 0;
-    unary_call u = {.send = buffer_of(request, request_len)};
+    unary_call u = {.io.send = buffer_of(request, request_len)};
     if (!unary_run(c, &u, method, timeout_ms, st))
         return st->code;
-    fill_status(st, u.code, u.details, &u.trailing_md, arena);
-    if (st->code == GRPC_STATUS_OK && u.recv != NULL)
-        copy_buffer(u.recv, arena, response);
-    unary_release(&u);
+    fill_status(st, u.io.code, u.io.details, &u.io.trailing_md, arena);
+    if (st->code == GRPC_STATUS_OK && u.io.recv != NULL)
+        copy_buffer(u.io.recv, arena, response);
+    io_release(&u.io);
     return st->code;
 }
 
@@ -281,13 +292,11 @@ grpc_status_code drey_client_unary_raw(drey_client *c, const char *method, const
 
 bool drey_client_start_call(drey_client *c, const char *method, const void *request, size_t request_len,
                             int64_t timeout_ms, void *user) {
-    unary_call *u = calloc(1, sizeof *u);
-    if (u == NULL)
-        abort();
+    unary_call *u = drey_xcalloc(1, sizeof *u);
     u->user = user;
-    u->send = buffer_of(request, request_len);
+    u->io.send = buffer_of(request, request_len);
     if (unary_start(c, u, c->async_cq, method, timeout_ms) != GRPC_CALL_OK) {
-        unary_release(u);
+        io_release(&u->io);
         free(u);
         return false;
     }
@@ -325,10 +334,10 @@ bool drey_client_next(drey_client *c, int64_t timeout_ms, drey_arena *arena, dre
     out->elapsed_ns = mono_ns() - u->started_ns;
     out->response.data = NULL;
     out->response.len = 0;
-    fill_status(&out->status, u->code, u->details, &u->trailing_md, arena);
-    if (u->code == GRPC_STATUS_OK && u->recv != NULL)
-        copy_buffer(u->recv, arena, &out->response);
-    unary_release(u);
+    fill_status(&out->status, u->io.code, u->io.details, &u->io.trailing_md, arena);
+    if (u->io.code == GRPC_STATUS_OK && u->io.recv != NULL)
+        copy_buffer(u->io.recv, arena, &out->response);
+    io_release(&u->io);
     free(u);
     return true;
 }
@@ -340,14 +349,7 @@ size_t drey_client_in_flight(const drey_client *c) {
 /* --- server streaming ----------------------------------------------------- */
 
 static void stream_release(drey_client_stream *s) {
-    if (s->send != NULL)
-        grpc_byte_buffer_destroy(s->send);
-    if (s->recv != NULL)
-        grpc_byte_buffer_destroy(s->recv);
-    grpc_slice_unref(s->details);
-    grpc_metadata_array_destroy(&s->initial_md);
-    grpc_metadata_array_destroy(&s->trailing_md);
-    grpc_call_unref(s->call);
+    io_release(&s->io);
     free(s);
 }
 
@@ -359,27 +361,15 @@ static void pluck(drey_client *c, void *tag) {
 
 drey_client_stream *drey_client_stream_start(drey_client *c, const char *method, const ProtobufCMessage *request,
                                              int64_t timeout_ms, drey_client_status *st) {
-    drey_client_stream *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        abort();
+    drey_client_stream *s = drey_xcalloc(1, sizeof *s);
     s->client = c;
-    s->send = buffer_of_message(request);
-    s->details = grpc_empty_slice();
-    grpc_metadata_array_init(&s->initial_md);
-    grpc_metadata_array_init(&s->trailing_md);
-    s->call = new_call(c, c->sync_cq, method, timeout_ms);
+    s->io.send = buffer_of_message(request);
+    io_open(&s->io, c, c->sync_cq, method, timeout_ms);
 
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = c->headers.count;
-    ops[0].data.send_initial_metadata.metadata = c->headers.md;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = s->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
-    grpc_call_error err = grpc_call_start_batch(s->call, ops, 4, &s->send_tag, NULL);
+    open_ops(ops, c, s->io.send, &s->io.initial_md);
+    grpc_call_error err = grpc_call_start_batch(s->io.call, ops, 4, &s->send_tag, NULL);
     if (err != GRPC_CALL_OK) {
         drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
         stream_release(s);
@@ -388,13 +378,13 @@ drey_client_stream *drey_client_stream_start(drey_client *c, const char *method,
     grpc_op status_op;
     memset(&status_op, 0, sizeof status_op);
     status_op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    status_op.data.recv_status_on_client.trailing_metadata = &s->trailing_md;
-    status_op.data.recv_status_on_client.status = &s->code;
-    status_op.data.recv_status_on_client.status_details = &s->details;
-    err = grpc_call_start_batch(s->call, &status_op, 1, &s->status_tag, NULL);
+    status_op.data.recv_status_on_client.trailing_metadata = &s->io.trailing_md;
+    status_op.data.recv_status_on_client.status = &s->io.code;
+    status_op.data.recv_status_on_client.status_details = &s->io.details;
+    err = grpc_call_start_batch(s->io.call, &status_op, 1, &s->status_tag, NULL);
     if (err != GRPC_CALL_OK) {
         drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
-        grpc_call_cancel(s->call, NULL);
+        grpc_call_cancel(s->io.call, NULL);
         pluck(c, &s->send_tag);
         stream_release(s);
         return NULL;
@@ -406,20 +396,20 @@ drey_client_stream *drey_client_stream_start(drey_client *c, const char *method,
     return s;
 }
 
-/* Receives the next message into s->recv; false at the end of the stream. */
+/* Receives the next message into s->io.recv; false at the end of the stream. */
 static bool stream_recv(drey_client_stream *s) {
     if (s->ended)
         return false;
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &s->recv;
-    if (grpc_call_start_batch(s->call, &op, 1, &s->recv_tag, NULL) != GRPC_CALL_OK) {
+    op.data.recv_message.recv_message = &s->io.recv;
+    if (grpc_call_start_batch(s->io.call, &op, 1, &s->recv_tag, NULL) != GRPC_CALL_OK) {
         s->ended = true;
         return false;
     }
     pluck(s->client, &s->recv_tag);
-    if (s->recv == NULL) {
+    if (s->io.recv == NULL) {
         s->ended = true;
         return false;
     }
@@ -431,27 +421,27 @@ bool drey_client_stream_read(drey_client_stream *s, const ProtobufCMessageDescri
     *message = NULL;
     if (!stream_recv(s))
         return false;
-    *message = decode_buffer(s->recv, type, arena);
-    grpc_byte_buffer_destroy(s->recv);
-    s->recv = NULL;
+    *message = decode_buffer(s->io.recv, type, arena);
+    grpc_byte_buffer_destroy(s->io.recv);
+    s->io.recv = NULL;
     if (*message == NULL) {
         s->undecodable = true;
         s->undecodable_type = type->name;
         s->ended = true;
-        grpc_call_cancel(s->call, NULL);
+        grpc_call_cancel(s->io.call, NULL);
         return false;
     }
     return true;
 }
 
 void drey_client_stream_cancel(drey_client_stream *s) {
-    grpc_call_cancel(s->call, NULL);
+    grpc_call_cancel(s->io.call, NULL);
 }
 
 grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *arena, drey_client_status *st) {
     while (stream_recv(s)) {
-        grpc_byte_buffer_destroy(s->recv);
-        s->recv = NULL;
+        grpc_byte_buffer_destroy(s->io.recv);
+        s->io.recv = NULL;
     }
     drey_client *c = s->client;
     pluck(c, &s->send_tag);
@@ -460,7 +450,7 @@ grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *ar
         drey_client_status_set(st, GRPC_STATUS_INTERNAL,
                                drey_arena_sprintf(arena, "a stream message is not a valid %s", s->undecodable_type));
     else
-        fill_status(st, s->code, s->details, &s->trailing_md, arena);
+        fill_status(st, s->io.code, s->io.details, &s->io.trailing_md, arena);
     if (s->prev != NULL)
         s->prev->next = s->next;
     else
@@ -478,9 +468,7 @@ drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t
         snprintf(err, err_cap, "no target address");
         return NULL;
     }
-    drey_client *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_client *c = drey_xcalloc(1, sizeof *c);
     grpc_init();
     if (!drey_client__headers_build(&c->headers, opts->token, opts->headers, opts->n_headers, err, err_cap)) {
         free(c);
@@ -526,10 +514,10 @@ void drey_client_close(drey_client *c) {
         drey_arena_destroy(&scratch);
     }
     for (unary_call *u = c->in_flight; u != NULL; u = u->next)
-        grpc_call_cancel(u->call, NULL);
+        grpc_call_cancel(u->io.call, NULL);
     unary_call *u;
     while ((u = take_completion(c, gpr_inf_future(GPR_CLOCK_REALTIME))) != NULL) {
-        unary_release(u);
+        io_release(&u->io);
         free(u);
     }
     grpc_completion_queue_shutdown(c->async_cq);

@@ -9,6 +9,8 @@
 
 #include <grpc/slice.h>
 
+#include "drey/alloc.h"
+
 #define BEARER "Bearer "
 
 static bool legal(const char *key, grpc_slice value, char *err, size_t err_cap) {
@@ -28,9 +30,7 @@ bool drey_client__headers_build(drey_client__headers *h, const char *token, cons
                                 size_t n_extra, char *err, size_t err_cap) {
     bool has_token = token != NULL && token[0] != '\0';
     size_t n = n_extra + (has_token ? 1 : 0);
-    h->md = calloc(n > 0 ? n : 1, sizeof *h->md);
-    if (h->md == NULL)
-        abort();
+    h->md = drey_xcalloc(n > 0 ? n : 1, sizeof *h->md);
     h->count = 0;
     if (has_token) {
         size_t len = strlen(BEARER) + strlen(token);

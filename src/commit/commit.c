@@ -7,6 +7,7 @@
  *   u8 0, u16 error, u8 n, n x (u8 len, key, u8 len, value)   (it failed)
  * expiring `retention` after the write's time.
  */
+#include "drey/alloc.h"
 #include "drey/commit.h"
 
 #include <errno.h>
@@ -28,9 +29,7 @@ struct drey_commit {
 };
 
 drey_commit *drey_commit_create(const drey_commit_options *opts) {
-    drey_commit *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        abort();
+    drey_commit *c = drey_xcalloc(1, sizeof *c);
     c->opts = *opts;
     for (size_t i = 0; i < OUTCOME_STRIPES; i++)
         pthread_mutex_init(&c->stripes[i], NULL);
@@ -186,9 +185,9 @@ static void remember(drey_commit *c, const drey_write *w, drey_apply *ax, const 
 }
 
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
-    void *ctx = w->method->service_ctx;
+    void *ctx = w->method->ctx;
     if (w->request_id[0] == '\0')
-        return w->method->handler->apply(ctx, ax, w->request);
+        return w->method->apply(ctx, ax, w->request);
 
     /* Check, apply and remember under the request_id's stripe lock, so two
      * attempts racing (ephemeral nodes apply on many threads) apply once.
@@ -202,7 +201,7 @@ ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_ap
     if (drey_store_read(c->opts.store, &k, ax->now_ms, copy_value, &f)) {
         resp = answer(w, &f.value, ax);
     } else {
-        resp = w->method->handler->apply(ctx, ax, w->request);
+        resp = w->method->apply(ctx, ax, w->request);
         remember(c, w, ax, &k, resp);
     }
     pthread_mutex_unlock(stripe);
@@ -243,8 +242,8 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         goto out;
     char path[512];
     snprintf(path, sizeof path, "/%s", jr->method);
-    const drey_method *m = drey_server_find_method(c->opts.server, path);
-    if (m == NULL || m->handler->apply == NULL)
+    const drey_method *m = drey_method_find(c->opts.methods, path);
+    if (m == NULL || (m->flags & DREY_METHOD_WRITE) == 0)
         goto out;
     ProtobufCMessage *req = protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&a),
                                                       jr->request.len, jr->request.data);

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+
 typedef enum {
     OPT_STRING,
     OPT_INT,
@@ -31,6 +33,25 @@ typedef struct option {
     int64_t min, max;     /* accepted range for numeric types */
     const char *help;     /* one sentence: what it does and the trade-off */
 } option;
+
+/* Numeric options that also take one word, which sets the field to a value
+ * outside its range: journal-max-bytes=auto ("not given") is not 0 ("none"). */
+static const struct {
+    const char *option, *word;
+    int64_t value;
+} words[] = {
+    {"journal-max-bytes", "auto", DREY_CONFIG_AUTO},
+};
+
+static const char *word_of(const option *o, int64_t *value) {
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        if (strcmp(words[i].option, o->name) == 0) {
+            *value = words[i].value;
+            return words[i].word;
+        }
+    }
+    return NULL;
+}
 
 #define FIELD(f) offsetof(drey_config, f)
 #define MIB (1024 * 1024)
@@ -70,10 +91,22 @@ static const option options[] = {
      "process, loses up to that much); never: the kernel decides (development only)."},
     {"segment-bytes", OPT_BYTES, FIELD(segment_bytes), "64MiB", 64 * 1024, (int64_t)1 << 40,
      "Size of a journal segment, preallocated when it is created (appending to preallocated space syncs faster)."},
-    {"journal-max-bytes", OPT_BYTES, FIELD(journal_max_bytes), "0", 0, (int64_t)1 << 50,
+    {"journal-max-bytes", OPT_BYTES, FIELD(journal_max_bytes), "auto", 0, (int64_t)1 << 50,
      "Hard cap on the journal's segment bytes on disk, preallocation included (not snapshots). A write that would "
-     "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot and "
-     "compaction free space and writes resume by themselves. 0: no cap. At least --segment-bytes."},
+     "cross it is refused with RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA while the node stays up; a snapshot (taken by "
+     "itself once the journal passes 80% of the cap, unless --snapshot-every-bytes=0) and its compaction free "
+     "space and writes resume by themselves. auto: derived from the data directory's file system at start, every "
+     "second and after each snapshot, so that a full disk never fails the journal: the journal may grow by half of "
+     "the space available beyond a reserve (5% of the file system, 1MiB to 1GiB) and the next snapshot (estimated "
+     "as the larger of the last snapshot and the store's accounted bytes); the other half is left for that "
+     "snapshot to grow as the journal does. 0: no cap (a full disk then fails writes with UNAVAILABLE "
+     "JOURNAL_WRITE_FAILED). A number: at least --segment-bytes."},
+    {"journal-max-queued", OPT_INT, FIELD(journal_max_queued), "16384", 1, 100000000,
+     "Writes that may wait for the journal's writer at once; more get RESOURCE_EXHAUSTED JOURNAL_QUEUE_FULL "
+     "before anything is written, so callers that give up early cannot pile up work."},
+    {"journal-max-queued-bytes", OPT_BYTES, FIELD(journal_max_queued_bytes), "256MiB", 4096, (int64_t)1 << 40,
+     "Bytes of writes that may wait for the journal's writer at once (JOURNAL_QUEUE_FULL beyond; a single larger "
+     "write still goes when the queue is empty)."},
     {"batch-wait", OPT_DURATION, FIELD(batch_wait_ms), "0", 0, 1000,
      "Group commit: how long the journal waits for more writes before writing a batch (a batch also closes when the "
      "previous sync ends); 0 adds no latency."},
@@ -115,6 +148,28 @@ static const option options[] = {
     {"tls-key", OPT_STRING, FIELD(tls_key), "", 0, 0, "PEM private key of --tls-cert."},
     {"tls-client-ca", OPT_STRING, FIELD(tls_client_ca), "", 0, 0,
      "PEM CA bundle: require client certificates it signed (mutual TLS)."},
+    {"cluster-etcd", OPT_STRING, FIELD(cluster_etcd), "", 0, 0,
+     "etcd endpoints (comma-separated http://host:port) of the cluster this node joins; empty: a single node. "
+     "The cluster must exist (`drey cluster init`)."},
+    {"cluster-prefix", OPT_STRING, FIELD(cluster_prefix), "drey/", 0, 0,
+     "Where the cluster's keys live in etcd; several clusters can share one etcd under different prefixes."},
+    {"cluster-lease-ttl", OPT_DURATION, FIELD(cluster_lease_ttl_ms), "5s", 2000, 3600 * 1000,
+     "Lease of this node's membership, kept alive on a stream: a node that stops renewing it leaves the "
+     "membership this long after (etcd's minimum is 2s)."},
+    {"cluster-partitions", OPT_INT, FIELD(cluster_partitions), "0", 0, 65536,
+     "Partitions this node expects the cluster to have; it refuses to join one with another count. 0: any."},
+    {"internal-listen", OPT_STRING, FIELD(internal_listen), "", 0, 0,
+     "host:port of the internal listener peers forward calls to (mutual TLS only; required with --cluster-etcd)."},
+    {"advertise", OPT_STRING, FIELD(advertise), "", 0, 0,
+     "host:port clients reach this node's public listener at (a StatefulSet pod's DNS name); empty: --listen."},
+    {"internal-advertise", OPT_STRING, FIELD(internal_advertise), "", 0, 0,
+     "host:port peers reach the internal listener at; empty: --internal-listen."},
+    {"internal-tls-cert", OPT_STRING, FIELD(internal_tls_cert), "", 0, 0,
+     "PEM certificate of this node for the internal listener and its calls to peers; its SAN or CN must be the "
+     "node id. Re-read when the file changes."},
+    {"internal-tls-key", OPT_STRING, FIELD(internal_tls_key), "", 0, 0, "PEM private key of --internal-tls-cert."},
+    {"internal-tls-ca", OPT_STRING, FIELD(internal_tls_ca), "", 0, 0,
+     "PEM CA that signs every node's internal certificate (pinned: peers must present one it signed)."},
     {"max-inflight", OPT_INT, FIELD(max_inflight), "256", 1, 1000000,
      "Calls running at once on the node; more wait in the queue."},
     {"max-queued", OPT_INT, FIELD(max_queued), "128", 0, 1000000,
@@ -247,7 +302,7 @@ static bool set_option(drey_config *cfg, const option *o, const char *value, con
     case OPT_STRING: {
         char **slot = (char **)(void *)base;
         free(*slot);
-        *slot = strdup(value);
+        *slot = drey_xstrdup(value);
         return true;
     }
     case OPT_BOOL: {
@@ -267,11 +322,20 @@ static bool set_option(drey_config *cfg, const option *o, const char *value, con
         n = v;
         break;
     }
-    case OPT_BYTES: ok = drey_config_parse_bytes(value, &n); break;
+    case OPT_BYTES:
+        if (word_of(o, &n) != NULL && strcmp(value, word_of(o, &n)) == 0) {
+            *(int64_t *)(void *)base = n;
+            return true;
+        }
+        ok = drey_config_parse_bytes(value, &n);
+        break;
     case OPT_DURATION: ok = drey_config_parse_duration_ms(value, &n); break;
     }
     if (!ok) {
-        fprintf(err, "dreyd: %s: expected %s, e.g. %s\n", origin, type_name(o->type), o->fallback);
+        if (word_of(o, &n) != NULL)
+            fprintf(err, "dreyd: %s: expected %s or %s, e.g. 64MiB\n", origin, type_name(o->type), word_of(o, &n));
+        else
+            fprintf(err, "dreyd: %s: expected %s, e.g. %s\n", origin, type_name(o->type), o->fallback);
         return false;
     }
     if (n < o->min || n > o->max) {

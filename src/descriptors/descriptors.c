@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+#include "drey/bytes.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
 typedef struct symbol {
@@ -36,29 +38,9 @@ struct drey_descriptors {
     size_t n_services;
 };
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n == 0 ? 1 : n);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
-static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if ((b & 0x80) == 0) {
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
-
 static char *join(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
-    char *s = xmalloc(la + lb + 2);
+    char *s = drey_xmalloc(la + lb + 2);
     if (la == 0) {
         memcpy(s, b, lb + 1);
         return s;
@@ -72,9 +54,7 @@ static char *join(const char *a, const char *b) {
 static void add_symbol(drey_descriptors *d, char *name, size_t file) {
     if (d->n_symbols == d->cap_symbols) {
         d->cap_symbols = d->cap_symbols ? d->cap_symbols * 2 : 256;
-        d->symbols = realloc(d->symbols, d->cap_symbols * sizeof *d->symbols);
-        if (d->symbols == NULL)
-            abort();
+        d->symbols = drey_xrealloc(d->symbols, d->cap_symbols, sizeof *d->symbols);
     }
     d->symbols[d->n_symbols].name = name;
     d->symbols[d->n_symbols].file = file;
@@ -165,11 +145,11 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     Google__Protobuf__FileDescriptorSet *fds = google__protobuf__file_descriptor_set__unpack(NULL, len, set);
     if (fds == NULL)
         return NULL;
-    drey_descriptors *d = xmalloc(sizeof *d);
+    drey_descriptors *d = drey_xmalloc(sizeof *d);
     memset(d, 0, sizeof *d);
     d->set = fds;
     d->n_files = fds->n_file;
-    d->files = xmalloc(d->n_files * sizeof *d->files);
+    d->files = drey_xcalloc(d->n_files, sizeof *d->files);
     memset(d->files, 0, d->n_files * sizeof *d->files);
 
     /* Wire-level pass: the exact bytes of each file, in order. */
@@ -177,7 +157,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     size_t n = 0;
     while (p < end) {
         uint64_t key, flen;
-        if (!read_varint(&p, end, &key) || key != ((1 << 3) | 2) || !read_varint(&p, end, &flen) ||
+        if (!drey_bytes_varint(&p, end, &key) || key != ((1 << 3) | 2) || !drey_bytes_varint(&p, end, &flen) ||
             flen > (uint64_t)(end - p) || n >= d->n_files)
             goto fail;
         d->files[n].data = p;
@@ -195,7 +175,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
     for (size_t f = 0; f < d->n_files; f++) {
         const Google__Protobuf__FileDescriptorProto *fp = fds->file[f];
         const char *pkg = fp->package != NULL ? fp->package : "";
-        d->files[f].deps = xmalloc(fp->n_dependency * sizeof(size_t));
+        d->files[f].deps = drey_xcalloc(fp->n_dependency, sizeof(size_t));
         for (size_t i = 0; i < fp->n_dependency; i++) {
             long dep = -1;
             for (size_t g = 0; g < d->n_files; g++) {
@@ -214,9 +194,7 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
             const Google__Protobuf__ServiceDescriptorProto *sp = fp->service[i];
             char *sname = join(pkg, sp->name);
             add_symbol(d, sname, f);
-            d->services = realloc(d->services, (d->n_services + 1) * sizeof *d->services);
-            if (d->services == NULL)
-                abort();
+            d->services = drey_xrealloc(d->services, d->n_services + 1, sizeof *d->services);
             d->services[d->n_services++] = sname;
             for (size_t m = 0; m < sp->n_method; m++)
                 add_symbol(d, join(sname, sp->method[m]->name), f);

@@ -27,11 +27,13 @@
 #include "drey/backpressure.h"
 #include "drey/cache.h"
 #include "drey/clock.h"
+#include "drey/cluster.h"
 #include "drey/commit.h"
 #include "drey/config.h"
 #include "drey/health.h"
 #include "drey/log.h"
 #include "drey/memory.h"
+#include "drey/method.h"
 #include "drey/metrics.h"
 #include "drey/ops.h"
 #include "drey/pipeline.h"
@@ -41,6 +43,19 @@
 #include "drey/storage.h"
 #include "drey/store.h"
 #include "drey/timer.h"
+
+/* jemalloc's options, read before main runs (MALLOC_CONF in the environment
+ * overrides any of them; a build without jemalloc never reads this).
+ *
+ * jemalloc returns freed pages to the system only as it decays them, and by
+ * default only a thread that allocates does that work: an idle node kept
+ * every page of its last burst (52 MB resident for 5.8 MB allocated, for as
+ * long as it stayed idle). A background thread decays on a timer instead,
+ * and a 1 s dirty decay (muzzy 0: purged pages go straight back) returns a
+ * burst within a few seconds; tests/bench/idle_rss.py measures it and
+ * tests/integration/python/test_idle_memory.py holds it. One thread is
+ * enough for the purging and keeps the thread count flat on small nodes. */
+const char *malloc_conf = "background_thread:true,max_background_threads:1,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
 /* gRPC core's own log lines, as JSON like everything else on stderr. */
 static void grpc_log_to_json(gpr_log_func_args *args) {
@@ -96,6 +111,18 @@ static bool parse_fsync(const char *s, drey_fsync_policy *policy, int64_t *inter
     return false;
 }
 
+/* host:port as others reach it: the advertised address when given, else
+ * the listen address with the port actually bound. */
+static void reachable_at(char *out, size_t cap, const char *advertised, const char *listen, int port) {
+    if (advertised[0] != '\0') {
+        snprintf(out, cap, "%s", advertised);
+        return;
+    }
+    const char *colon = strrchr(listen, ':');
+    int hlen = colon != NULL ? (int)(colon - listen) : (int)strlen(listen);
+    snprintf(out, cap, "%.*s:%d", hlen, listen, port);
+}
+
 static void observe_call(void *ctx, size_t method, int code, int64_t duration_ns) {
     drey_metrics_observe_call(ctx, method, code, duration_ns);
 }
@@ -144,6 +171,14 @@ int main(int argc, char **argv, char **envp) {
     }
     if (cfg.journal_max_bytes > 0 && cfg.journal_max_bytes < cfg.segment_bytes) {
         fprintf(stderr, "dreyd: --journal-max-bytes must be 0 or at least --segment-bytes (one segment)\n");
+        drey_config_free(&cfg);
+        return 2;
+    }
+    bool clustered = cfg.cluster_etcd[0] != '\0';
+    if (clustered && (cfg.internal_listen[0] == '\0' || cfg.internal_tls_cert[0] == '\0' ||
+                      cfg.internal_tls_key[0] == '\0' || cfg.internal_tls_ca[0] == '\0')) {
+        fprintf(stderr, "dreyd: a cluster node (--cluster-etcd) needs --internal-listen, --internal-tls-cert, "
+                        "--internal-tls-key and --internal-tls-ca: peers forward calls only over mutual TLS\n");
         drey_config_free(&cfg);
         return 2;
     }
@@ -239,9 +274,10 @@ int main(int argc, char **argv, char **envp) {
         .tls_client_ca = cfg.tls_client_ca,
     };
     drey_server *server = drey_server_create(&sopts);
+    drey_method_table *methods = drey_method_table_create();
     drey_commit_options copts = {
         .store = store,
-        .server = server,
+        .methods = methods,
         .idempotency_retention_ms = cfg.idempotency_retention_ms,
     };
     drey_commit *commit = drey_commit_create(&copts);
@@ -252,6 +288,7 @@ int main(int argc, char **argv, char **envp) {
             .max_value_bytes = (size_t)cfg.max_value_bytes,
             .max_batch = (size_t)cfg.max_batch,
         },
+        .methods = methods,
         .commit = commit,
         .auth = auth,
         .auth_required = auth != NULL,
@@ -261,12 +298,45 @@ int main(int argc, char **argv, char **envp) {
         .node_id = node_id,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
-    drey_server_set_dispatch(server, drey_pipeline_dispatch, pipeline);
     drey_storage *storage = NULL;
+    drey_server *internal = NULL;
+    drey_cluster *cluster = NULL;
+    int internal_port = 0;
 
     int rc = 0;
-    if (!drey_cache_register(cache, server) || !drey_health_register(health, server) ||
-        !drey_reflect_register(server) || !drey_admin_register(admin, server)) {
+    if (clustered) {
+        drey_server_options io = {
+            .listen = cfg.internal_listen,
+            .workers = workers,
+            .max_recv_message_bytes = cfg.max_recv_message_bytes,
+            .tls_cert = cfg.internal_tls_cert,
+            .tls_key = cfg.internal_tls_key,
+            .tls_client_ca = cfg.internal_tls_ca,
+        };
+        internal = drey_server_create(&io);
+        drey_cluster_options co = {
+            .etcd = cfg.cluster_etcd,
+            .prefix = cfg.cluster_prefix,
+            .node_id = node_id,
+            .lease_ttl_s = (cfg.cluster_lease_ttl_ms + 999) / 1000,
+            .partitions = (uint32_t)cfg.cluster_partitions,
+            .tls_cert = cfg.internal_tls_cert,
+            .tls_key = cfg.internal_tls_key,
+            .tls_ca = cfg.internal_tls_ca,
+            .build = "drey",
+            .timers = timers,
+        };
+        cluster = drey_cluster_create(&co, err, sizeof err);
+        if (cluster == NULL) {
+            DREY_LOG_ERROR("cannot start as a cluster node", DREY_LOG_STR("error", err));
+            rc = 1;
+            goto out;
+        }
+    }
+    if (!drey_cache_register(cache, methods) || !drey_health_register(health, methods, server) ||
+        !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
+        !drey_reflect_register(server) ||
+        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;
         goto out;
@@ -274,7 +344,7 @@ int main(int argc, char **argv, char **envp) {
     const char *method_names[64];
     size_t n_methods = drey_server_method_count(server);
     for (size_t i = 0; i < n_methods && i < 64; i++)
-        method_names[i] = drey_server_method(server, i)->path;
+        method_names[i] = drey_server_method_path(server, i);
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_server_set_call_observer(server, observe_call, metrics);
@@ -285,6 +355,13 @@ int main(int argc, char **argv, char **envp) {
     if (port == 0) {
         DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err), DREY_LOG_STR("listen", cfg.listen));
         rc = 1;
+        goto out;
+    }
+    if (internal != NULL && (internal_port = drey_server_start(internal, err, sizeof err)) == 0) {
+        DREY_LOG_ERROR("cannot start the internal listener", DREY_LOG_STR("error", err),
+                       DREY_LOG_STR("listen", cfg.internal_listen));
+        rc = 1;
+        drey_server_shutdown(server, 0);
         goto out;
     }
     int ops_port = 0;
@@ -300,7 +377,7 @@ int main(int argc, char **argv, char **envp) {
         ops_port = drey_ops_port(ops);
     }
     DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg.listen), DREY_LOG_INT("port", port),
-                  DREY_LOG_INT("ops_port", ops_port),
+                  DREY_LOG_INT("ops_port", ops_port), DREY_LOG_INT("internal_port", internal_port),
                   DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
                   DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
                   DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL));
@@ -318,8 +395,11 @@ int main(int argc, char **argv, char **envp) {
                 .fsync_interval_ms = fsync_interval_ms,
                 .batch_wait_us = cfg.batch_wait_ms * 1000,
                 .batch_max_bytes = (size_t)cfg.batch_max_bytes,
-                .max_bytes = (uint64_t)cfg.journal_max_bytes,
+                .max_bytes = cfg.journal_max_bytes > 0 ? (uint64_t)cfg.journal_max_bytes : 0,
+                .max_queued_records = (uint64_t)cfg.journal_max_queued,
+                .max_queued_bytes = (uint64_t)cfg.journal_max_queued_bytes,
             },
+            .derive_journal_cap = cfg.journal_max_bytes == DREY_CONFIG_AUTO,
             .snapshot_every_bytes = (uint64_t)cfg.snapshot_every_bytes,
             .snapshot_every_ms = cfg.snapshot_every_ms,
             .retain_snapshots = (unsigned)cfg.retain_snapshots,
@@ -334,6 +414,20 @@ int main(int argc, char **argv, char **envp) {
         drey_journal_set_batch_observer(drey_storage_journal(storage), observe_batch, metrics);
         drey_cache_set_expiry_horizon(cache, journal_horizon, drey_storage_journal(storage));
         drey_admin_set_storage(admin, storage);
+    }
+    if (cluster != NULL) {
+        char advertise[300], internal_at[300];
+        reachable_at(advertise, sizeof advertise, cfg.advertise, cfg.listen, port);
+        reachable_at(internal_at, sizeof internal_at, cfg.internal_advertise, cfg.internal_listen, internal_port);
+        drey_cluster_set_addresses(cluster, advertise, internal_at);
+        if (drey_cluster_join(cluster, err, sizeof err) != 0) {
+            DREY_LOG_ERROR("cannot join the cluster: the node will not start", DREY_LOG_STR("error", err));
+            rc = 1;
+            drey_server_shutdown(server, 0);
+            drey_server_shutdown(internal, 0);
+            goto out;
+        }
+        drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
     }
     drey_pipeline_set_ready(pipeline, true);
     drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);
@@ -362,7 +456,12 @@ int main(int argc, char **argv, char **envp) {
         }
     }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
+    /* Out of the membership first, so peers stop forwarding here; calls in
+     * flight still finish. */
+    drey_cluster_leave(cluster);
     drey_server_shutdown(server, cfg.shutdown_timeout_ms);
+    if (internal != NULL)
+        drey_server_shutdown(internal, cfg.shutdown_timeout_ms);
     drey_cache_stop_expiry(cache);
 
 out:
@@ -370,8 +469,11 @@ out:
     /* The journal completes what it holds before the server goes. */
     drey_storage_close(storage);
     drey_server_destroy(server);
+    drey_server_destroy(internal);
+    drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
+    drey_method_table_destroy(methods);
     drey_admin_destroy(admin);
     drey_health_destroy(health);
     drey_cache_destroy(cache);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define MAX_SERVICES 16
@@ -52,9 +53,7 @@ static void send_status(drey_call *call, drey_health_status st) {
 }
 
 drey_health *drey_health_create(void) {
-    drey_health *h = calloc(1, sizeof *h);
-    if (h == NULL)
-        abort();
+    drey_health *h = drey_xcalloc(1, sizeof *h);
     pthread_mutex_init(&h->mu, NULL);
     return h;
 }
@@ -112,30 +111,25 @@ void drey_health_drain(drey_health *h) {
     pthread_mutex_unlock(&h->mu);
 }
 
-static void handle_check(drey_call *call, const ProtobufCMessage *msg) {
+static ProtobufCMessage *check(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)msg;
-    drey_health *h = drey_call_service_ctx(call);
-    drey_health_status st = drey_health_get(h, req->service);
+    drey_health_status st = drey_health_get(ctx, req->service);
     if (st == DREY_HEALTH_SERVICE_UNKNOWN) {
-        drey_status err;
-        drey_status_init(&err);
-        drey_status_set(&err, DREY_ERR_UNKNOWN_SERVICE);
-        drey_call_fail(call, &err);
-        return;
+        drey_status_set(ax->status, DREY_ERR_UNKNOWN_SERVICE);
+        return NULL;
     }
-    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    resp.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)st;
-    drey_call_reply(call, &resp.base);
+    Grpc__Health__V1__HealthCheckResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    grpc__health__v1__health_check_response__init(resp);
+    resp->status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)st;
+    return &resp->base;
 }
 
-static void watch_message(drey_call *call, const ProtobufCMessage *msg) {
+static void watch_message(void *ctx, drey_call *call, const ProtobufCMessage *msg) {
     if (msg == NULL)
         return; /* half-close: the stream stays open for updates */
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)msg;
-    drey_health *h = drey_call_service_ctx(call);
-    watcher *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        abort();
+    drey_health *h = ctx;
+    watcher *w = drey_xcalloc(1, sizeof *w);
     w->call = call;
     /* A name too long to be a known service watches as unknown. */
     snprintf(w->service, sizeof w->service, "%s", strlen(req->service) < MAX_SERVICE_NAME ? req->service : "\x01");
@@ -155,8 +149,8 @@ static void watch_message(drey_call *call, const ProtobufCMessage *msg) {
     pthread_mutex_unlock(&h->mu);
 }
 
-static void watch_done(drey_call *call) {
-    drey_health *h = drey_call_service_ctx(call);
+static void watch_done(void *ctx, drey_call *call) {
+    drey_health *h = ctx;
     pthread_mutex_lock(&h->mu);
     watcher *w = drey_call_user(call);
     if (w != NULL) {
@@ -172,12 +166,16 @@ static void watch_done(drey_call *call) {
     pthread_mutex_unlock(&h->mu);
 }
 
-static const drey_handler handlers[] = {
-    {.name = "Check", .flags = DREY_HANDLER_SYSTEM, .unary = handle_check},
-    {.name = "Watch", .flags = DREY_HANDLER_SYSTEM, .on_message = watch_message, .on_done = watch_done},
-};
-
-bool drey_health_register(drey_health *h, drey_server *s) {
-    return drey_server_add_service(s, &grpc__health__v1__health__descriptor, handlers,
-                                   sizeof handlers / sizeof handlers[0], h);
+bool drey_health_register(drey_health *h, drey_method_table *t, drey_server *s) {
+    static const drey_method_spec check_spec = {.name = "Check", .flags = DREY_METHOD_SYSTEM, .apply = check};
+    const ProtobufCServiceDescriptor *sd = &grpc__health__v1__health__descriptor;
+    drey_server_method watch = {
+        .path = "/grpc.health.v1.Health/Watch",
+        .input = &grpc__health__v1__health_check_request__descriptor,
+        .server_streaming = true,
+        .on_message = watch_message,
+        .on_done = watch_done,
+        .ctx = h,
+    };
+    return drey_method_table_add_service(t, sd, &check_spec, 1, h) && drey_server_add_method(s, &watch);
 }

@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/io.h"
 
 #define FAULT_SECTOR 512          /* the unit a torn write keeps or loses */
@@ -50,26 +51,6 @@
 
 /* --- small helpers -------------------------------------------------------- */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n > 0 ? n : 1);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
-static void *xrealloc(void *p, size_t n) {
-    p = realloc(p, n > 0 ? n : 1);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
-static char *xstrdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = xmalloc(n);
-    memcpy(d, s, n);
-    return d;
-}
 
 /* --- byte buffers ---------------------------------------------------------- */
 
@@ -85,7 +66,7 @@ static void buf_resize(fault_buf *b, size_t len) {
         size_t cap = b->cap > 0 ? b->cap : 4096;
         while (cap < len)
             cap *= 2;
-        b->data = xrealloc(b->data, cap);
+        b->data = drey_xrealloc(b->data, cap, 1);
         b->cap = cap;
     }
     if (len > b->len)
@@ -161,6 +142,8 @@ struct drey_io_fault {
     int next_fd;
     fault_inode *first, *last; /* all live inodes */
     fault_arm write_arm, sync_arm, alloc_arm;
+    uint64_t space_total; /* the file system's size for fs_space; 0: not reported */
+    int space_err;        /* fs_space fails with -space_err */
     drey_io_fault_stats stats;
 };
 
@@ -171,7 +154,7 @@ static drey_io_fault *fs_of(drey_io *io) {
 /* --- inode life ----------------------------------------------------------------- */
 
 static fault_inode *inode_new(drey_io_fault *f) {
-    fault_inode *ino = xmalloc(sizeof *ino);
+    fault_inode *ino = drey_xmalloc(sizeof *ino);
     memset(ino, 0, sizeof *ino);
     ino->prev = f->last;
     if (f->last != NULL)
@@ -219,7 +202,7 @@ static void inode_unref(drey_io_fault *f, fault_inode *ino) {
 static void inode_apply(fault_inode *ino, fault_op op) {
     if (ino->nlog == ino->caplog) {
         ino->caplog = ino->caplog > 0 ? ino->caplog * 2 : 8;
-        ino->log = xrealloc(ino->log, ino->caplog * sizeof *ino->log);
+        ino->log = drey_xrealloc(ino->log, ino->caplog, sizeof *ino->log);
     }
     ino->log[ino->nlog++] = op;
     switch (op.kind) {
@@ -360,10 +343,10 @@ static fault_entry *get_entry(drey_io_fault *f, const char *path) {
         return e;
     if (f->nentries == f->capentries) {
         f->capentries = f->capentries > 0 ? f->capentries * 2 : 16;
-        f->entries = xrealloc(f->entries, f->capentries * sizeof *f->entries);
+        f->entries = drey_xrealloc(f->entries, f->capentries, sizeof *f->entries);
     }
     e = &f->entries[f->nentries++];
-    e->path = xstrdup(path);
+    e->path = drey_xstrdup(path);
     e->cur = e->dur = NULL;
     return e;
 }
@@ -460,7 +443,7 @@ static int ft_open(drey_io *io, const char *path, int flags, int mode) {
     }
     if (f->nfds == f->capfds) {
         f->capfds = f->capfds > 0 ? f->capfds * 2 : 16;
-        f->fds = xrealloc(f->fds, f->capfds * sizeof *f->fds);
+        f->fds = drey_xrealloc(f->fds, f->capfds, sizeof *f->fds);
     }
     if (f->next_fd == INT_MAX) {
         rc = -EMFILE;
@@ -507,7 +490,7 @@ static ssize_t ft_pwrite(drey_io *io, int fd, const void *buf, size_t n, off_t o
         rc = -EFBIG;
     } else {
         if (n > 0) {
-            uint8_t *copy = xmalloc(n);
+            uint8_t *copy = drey_xmalloc(n);
             memcpy(copy, buf, n);
             inode_apply(d->ino, (fault_op){.kind = OP_WRITE, .off = (size_t)off, .len = n, .data = copy});
         }
@@ -687,9 +670,9 @@ static int ft_mkdir(drey_io *io, const char *path) {
     }
     if (f->ndirs == f->capdirs) {
         f->capdirs = f->capdirs > 0 ? f->capdirs * 2 : 8;
-        f->dirs = xrealloc(f->dirs, f->capdirs * sizeof *f->dirs);
+        f->dirs = drey_xrealloc(f->dirs, f->capdirs, sizeof *f->dirs);
     }
-    f->dirs[f->ndirs++] = xstrdup(p);
+    f->dirs[f->ndirs++] = drey_xstrdup(p);
 out:
     pthread_mutex_unlock(&f->mu);
     return rc;
@@ -738,22 +721,40 @@ static int ft_list_dir(drey_io *io, const char *path, char ***names, size_t *n) 
     pthread_mutex_lock(&f->mu);
     if ((rc = check_dir(f, p)) != 0)
         goto out;
-    char **v = xmalloc((f->nentries + f->ndirs) * sizeof *v);
+    char **v = drey_xcalloc(f->nentries + f->ndirs, sizeof *v);
     size_t count = 0;
     for (size_t i = 0; i < f->nentries; i++) {
         parent_of(f->entries[i].path, parent);
         if (f->entries[i].cur != NULL && strcmp(parent, p) == 0)
-            v[count++] = xstrdup(base_of(f->entries[i].path));
+            v[count++] = drey_xstrdup(base_of(f->entries[i].path));
     }
     for (size_t i = 0; i < f->ndirs; i++) {
         parent_of(f->dirs[i], parent);
         if (strcmp(parent, p) == 0 && strcmp(f->dirs[i], p) != 0)
-            v[count++] = xstrdup(base_of(f->dirs[i]));
+            v[count++] = drey_xstrdup(base_of(f->dirs[i]));
     }
     qsort(v, count, sizeof *v, name_cmp);
     *names = v;
     *n = count;
 out:
+    pthread_mutex_unlock(&f->mu);
+    return rc;
+}
+
+/* The size set by drey_io_fault_set_space, less every live file's bytes
+ * (unlinked files still open count, as on a real file system). */
+static int ft_fs_space(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes) {
+    (void)path;
+    drey_io_fault *f = fs_of(io);
+    pthread_mutex_lock(&f->mu);
+    int rc = f->space_err != 0 ? -f->space_err : f->space_total == 0 ? -ENOTSUP : 0;
+    if (rc == 0) {
+        uint64_t used = 0;
+        for (fault_inode *ino = f->first; ino != NULL; ino = ino->next)
+            used += ino->cur.len;
+        *total_bytes = f->space_total;
+        *avail_bytes = used < f->space_total ? f->space_total - used : 0;
+    }
     pthread_mutex_unlock(&f->mu);
     return rc;
 }
@@ -772,12 +773,13 @@ static const drey_io_ops fault_ops = {
     .mkdir = ft_mkdir,
     .sync_dir = ft_sync_dir,
     .list_dir = ft_list_dir,
+    .fs_space = ft_fs_space,
 };
 
 /* --- the test-facing API ----------------------------------------------------------- */
 
 drey_io_fault *drey_io_fault_create(void) {
-    drey_io_fault *f = xmalloc(sizeof *f);
+    drey_io_fault *f = drey_xmalloc(sizeof *f);
     memset(f, 0, sizeof *f);
     f->io.ops = &fault_ops;
     pthread_mutex_init(&f->mu, NULL);
@@ -842,6 +844,13 @@ void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
         inode_unref(f, ino);
     }
     f->write_arm = f->sync_arm = f->alloc_arm = (fault_arm){0};
+    pthread_mutex_unlock(&f->mu);
+}
+
+void drey_io_fault_set_space(drey_io_fault *f, uint64_t total_bytes, int err) {
+    pthread_mutex_lock(&f->mu);
+    f->space_total = total_bytes;
+    f->space_err = err;
     pthread_mutex_unlock(&f->mu);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/io.h"
 
 int drey_io_pwrite_all(drey_io *io, int fd, const void *buf, size_t n, off_t off) {
@@ -69,9 +70,7 @@ int drey_io_read_file(drey_io *io, const char *path, uint8_t **data, size_t *n) 
     int rc = io->ops->fsize(io, fd, &size);
     uint8_t *buf = NULL;
     if (rc == 0) {
-        buf = malloc(size > 0 ? (size_t)size : 1);
-        if (buf == NULL)
-            abort();
+        buf = drey_xmalloc(size > 0 ? (size_t)size : 1);
         rc = drey_io_pread_all(io, fd, buf, (size_t)size, 0);
     }
     io->ops->close(io, fd);

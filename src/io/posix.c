@@ -10,8 +10,10 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "drey/alloc.h"
 #include "drey/io.h"
 
 static int px_open(drey_io *io, const char *path, int flags, int mode) {
@@ -98,9 +100,7 @@ static int px_sync_dir(drey_io *io, const char *path) {
 static int px_mkdir(drey_io *io, const char *path) {
     if (mkdir(path, 0755) != 0)
         return errno == EEXIST ? 0 : -errno;
-    char *copy = strdup(path);
-    if (copy == NULL)
-        return -ENOMEM;
+    char *copy = drey_xstrdup(path);
     int rc = px_sync_dir(io, dirname(copy));
     free(copy);
     return rc;
@@ -116,20 +116,16 @@ static int px_list_dir(drey_io *io, const char *path, char ***names, size_t *n) 
     if (d == NULL)
         return -errno;
     size_t cap = 16, count = 0;
-    char **v = malloc(cap * sizeof *v);
-    if (v == NULL)
-        abort();
+    char **v = drey_xmalloc(cap * sizeof *v);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
         if (count == cap) {
             cap *= 2;
-            v = realloc(v, cap * sizeof *v);
-            if (v == NULL)
-                abort();
+            v = drey_xrealloc(v, cap, sizeof *v);
         }
-        v[count++] = strdup(e->d_name);
+        v[count++] = drey_xstrdup(e->d_name);
     }
     closedir(d);
     qsort(v, count, sizeof *v, name_cmp);
@@ -151,6 +147,16 @@ static int px_lock(drey_io *io, const char *path) {
     return fd;
 }
 
+static int px_fs_space(drey_io *io, const char *path, uint64_t *total_bytes, uint64_t *avail_bytes) {
+    (void)io;
+    struct statvfs sv;
+    if (statvfs(path, &sv) != 0)
+        return -errno;
+    *total_bytes = (uint64_t)sv.f_blocks * sv.f_frsize;
+    *avail_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+    return 0;
+}
+
 static const drey_io_ops posix_ops = {
     .open = px_open,
     .close = px_close,
@@ -166,6 +172,7 @@ static const drey_io_ops posix_ops = {
     .sync_dir = px_sync_dir,
     .list_dir = px_list_dir,
     .lock = px_lock,
+    .fs_space = px_fs_space,
 };
 
 static drey_io posix_io = {.ops = &posix_ops};

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/journal.h"
 #include "drey/log.h"
@@ -77,17 +78,10 @@ struct drey_journal {
     uint64_t epoch_lsn;   /* first LSN written since the last sync; 0: none */
 };
 
-static void *xrealloc(void *p, size_t n) {
-    p = realloc(p, n);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
 static void add_segment(drey_journal *j, const char *name, uint64_t first_lsn, uint64_t size) {
     if (j->n_segs == j->cap_segs) {
         j->cap_segs = j->cap_segs ? j->cap_segs * 2 : 8;
-        j->segs = xrealloc(j->segs, j->cap_segs * sizeof *j->segs);
+        j->segs = drey_xrealloc(j->segs, j->cap_segs, sizeof *j->segs);
     }
     segment *s = &j->segs[j->n_segs++];
     snprintf(s->name, sizeof s->name, "%s", name);
@@ -230,7 +224,7 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
         total += drey_frame_size(e->len);
     if (total > j->buf_cap) {
         j->buf_cap = total > 2 * j->buf_cap ? total : 2 * j->buf_cap;
-        j->buf = xrealloc(j->buf, j->buf_cap);
+        j->buf = drey_xrealloc(j->buf, j->buf_cap, 1);
     }
     uint64_t first = j->next_lsn;
     /* The frames' batch LSN is the first LSN written since the segment was
@@ -372,6 +366,10 @@ static void *writer_main(void *arg) {
         }
         int64_t time_ms = 0;
         if (tail != NULL) {
+            for (drey_journal_entry *e = batch; e != tail->next_; e = e->next_) {
+                j->stats.queued_records--;
+                j->stats.queued_bytes -= e->len;
+            }
             j->q_head = tail->next_;
             if (j->q_head == NULL)
                 j->q_tail = NULL;
@@ -461,11 +459,9 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
         return -EINVAL;
     }
 
-    drey_journal *j = calloc(1, sizeof *j);
-    if (j == NULL)
-        abort();
+    drey_journal *j = drey_xcalloc(1, sizeof *j);
     j->opts = *opts;
-    j->dir = strdup(opts->dir);
+    j->dir = drey_xstrdup(opts->dir);
     j->opts.dir = j->dir;
     j->io = io;
     j->fd = -1;
@@ -568,8 +564,10 @@ void drey_journal_close(drey_journal *j) {
 /* Whether a frame of `need` bytes fits the quota after what is queued;
  * reserves it when `reserve`. Needs j->mu. */
 static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
-    if (j->opts.max_bytes == 0)
-        return true;
+    /* Without a cap the plan is kept all the same: a cap set later
+     * (drey_journal_set_max_bytes) then starts from true figures even while
+     * records are queued. */
+    uint64_t max = j->opts.max_bytes > 0 ? j->opts.max_bytes : UINT64_MAX;
     if (need <= j->plan_free) {
         if (reserve) {
             j->plan_free -= need;
@@ -580,7 +578,7 @@ static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
     /* A new segment, or the empty current one grown to the same size. */
     uint64_t size = new_segment_size(j, need);
     uint64_t growth = j->plan_empty ? size - j->plan_seg : size;
-    if (j->plan_used + growth > j->opts.max_bytes)
+    if (growth > max || j->plan_used > max - growth)
         return false;
     if (reserve) {
         j->plan_used += growth;
@@ -598,6 +596,13 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
         pthread_mutex_unlock(&j->mu);
         return -EIO;
     }
+    if ((j->opts.max_queued_records > 0 && j->stats.queued_records >= j->opts.max_queued_records) ||
+        (j->opts.max_queued_bytes > 0 && j->stats.queued_records > 0 &&
+         j->stats.queued_bytes + e->len > j->opts.max_queued_bytes)) {
+        j->stats.queue_rejections++;
+        pthread_mutex_unlock(&j->mu);
+        return -ENOBUFS;
+    }
     if (!quota_fits(j, drey_frame_size(e->len), true)) {
         j->stats.quota_rejections++;
         /* A record no segment under the cap could ever hold says nothing
@@ -613,15 +618,23 @@ int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     else
         j->q_head = e;
     j->q_tail = e;
+    j->stats.queued_records++;
+    j->stats.queued_bytes += e->len;
+    if (j->stats.queued_records > j->stats.queued_records_peak)
+        j->stats.queued_records_peak = j->stats.queued_records;
     pthread_cond_signal(&j->cond);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
 
+void drey_journal_set_max_bytes(drey_journal *j, uint64_t max_bytes) {
+    pthread_mutex_lock(&j->mu);
+    j->opts.max_bytes = max_bytes;
+    pthread_mutex_unlock(&j->mu);
+}
+
 void drey_journal_on_writer(drey_journal *j, void (*fn)(void *arg, uint64_t lsn, int64_t time_ms), void *arg) {
-    task *t = malloc(sizeof *t);
-    if (t == NULL)
-        abort();
+    task *t = drey_xmalloc(sizeof *t);
     t->fn = fn;
     t->arg = arg;
     pthread_mutex_lock(&j->mu);
@@ -689,16 +702,16 @@ void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out) {
     *out = j->stats;
     out->quota_max_bytes = j->opts.max_bytes;
     out->quota_high_water_bytes = j->opts.max_bytes / 10 * 8;
-    out->quota_state = DREY_JOURNAL_QUOTA_NORMAL;
+    out->quota_state = DREY_LEVEL_NORMAL;
     if (j->opts.max_bytes > 0) {
         /* Critical while even the smallest record, or the last one refused,
          * would not fit: the state tells what writes see now, never what
          * they saw once. */
         if (!quota_fits(j, drey_frame_size(SMALLEST_RECORD), false) ||
             (j->refused_need > 0 && !quota_fits(j, j->refused_need, false)))
-            out->quota_state = DREY_JOURNAL_QUOTA_CRITICAL;
+            out->quota_state = DREY_LEVEL_CRITICAL;
         else if (out->disk_bytes >= out->quota_high_water_bytes)
-            out->quota_state = DREY_JOURNAL_QUOTA_HIGH;
+            out->quota_state = DREY_LEVEL_HIGH;
     }
     pthread_mutex_unlock(&j->mu);
 }

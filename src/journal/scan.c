@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+#include "drey/bytes.h"
 #include "drey/journal.h"
 #include "frame.h"
 #include "journal_internal.h"
@@ -33,19 +35,7 @@ const char *drey_journal_problem_name(drey_journal_problem p) {
 }
 
 bool drey_journal__segment_name(const char *name, uint64_t *first_lsn) {
-    size_t n = strlen(name);
-    if (n != 20 || strcmp(name + 16, ".seg") != 0)
-        return false;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char c = name[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0)
-            return false;
-        v = v << 4 | (uint64_t)d;
-    }
-    *first_lsn = v;
-    return true;
+    return drey_bytes_hex_name(name, "", ".seg", first_lsn);
 }
 
 void drey_journal__path(char *buf, size_t cap, const char *dir, const char *name) {
@@ -102,9 +92,7 @@ int drey_journal_scan_dir(drey_io *io, const char *dir, uint64_t after_lsn, drey
         return 0; /* no journal yet */
     if (rc != 0)
         return rc;
-    out->segments = calloc(n_names ? n_names : 1, sizeof *out->segments);
-    if (out->segments == NULL)
-        abort();
+    out->segments = drey_xcalloc(n_names ? n_names : 1, sizeof *out->segments);
     uint64_t expect = 0; /* next LSN; 0 until the first segment sets it */
     rc = 0;
     for (size_t i = 0; i < n_names && rc == 0; i++) {

@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "drey/bytes.h"
+
 #define LOG_LINE_MAX 4096
 
 drey_log_level drey_log_min_level = DREY_LOG_LEVEL_INFO;
@@ -40,22 +42,6 @@ void drey_log_set_fd(int fd) {
     log_fd = fd;
 }
 
-/* The length of the valid UTF-8 sequence at p (n bytes left), 0 if invalid. */
-static size_t utf8_seq(const unsigned char *p, size_t n) {
-    size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
-    if (p[0] < 0xc2 || p[0] > 0xf4 || n < len)
-        return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xc0) != 0x80)
-            return 0;
-    }
-    /* Overlong 3- and 4-byte forms, surrogates, beyond U+10FFFF. */
-    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) || (p[0] == 0xf0 && p[1] < 0x90) ||
-        (p[0] == 0xf4 && p[1] >= 0x90))
-        return 0;
-    return len;
-}
-
 size_t drey_log_json_escape(char *buf, size_t len, size_t cap, const char *s) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *p = (const unsigned char *)s;
@@ -78,7 +64,7 @@ size_t drey_log_json_escape(char *buf, size_t len, size_t cap, const char *s) {
             } else if (*p < 0x80) {
                 esc[0] = (char)*p;
                 n = 1;
-            } else if ((used = utf8_seq(p, left)) > 0) {
+            } else if ((used = drey_bytes_utf8_seq(p, left)) > 0) {
                 src = (const char *)p;
                 n = used;
             } else {

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "drey/alloc.h"
+
 /* A refused write may retry after about this long: memory frees as entries
  * expire or are removed, not on a clock. */
 #define RETRY_MS 1000
@@ -23,15 +25,6 @@ struct drey_memory {
     char node_id[96];
     _Atomic uint64_t rejections;
 };
-
-const char *drey_memory_state_name(drey_memory_state s) {
-    switch (s) {
-    case DREY_MEMORY_NORMAL: return "normal";
-    case DREY_MEMORY_HIGH: return "high";
-    case DREY_MEMORY_CRITICAL: return "critical";
-    }
-    return "?";
-}
 
 static int64_t read_limit_file(const char *path) {
     FILE *f = fopen(path, "r");
@@ -56,9 +49,7 @@ int64_t drey_memory_default_limit(void) {
 }
 
 drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *store) {
-    drey_memory *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        abort();
+    drey_memory *m = drey_xcalloc(1, sizeof *m);
     m->store = store;
     m->limit = opts->limit_bytes > 0 ? opts->limit_bytes : drey_memory_default_limit();
     m->high = m->limit * 80 / 100; /* the limit is at most 2^50 (config): no overflow */
@@ -71,8 +62,8 @@ void drey_memory_destroy(drey_memory *m) {
     free(m);
 }
 
-static drey_memory_state state_of(const drey_memory *m, int64_t used) {
-    return used >= m->critical ? DREY_MEMORY_CRITICAL : used >= m->high ? DREY_MEMORY_HIGH : DREY_MEMORY_NORMAL;
+static drey_level state_of(const drey_memory *m, int64_t used) {
+    return used >= m->critical ? DREY_LEVEL_CRITICAL : used >= m->high ? DREY_LEVEL_HIGH : DREY_LEVEL_NORMAL;
 }
 
 bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st) {

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+
 #define MAX_METHODS 64
 #define MAX_CODES 17
 #define MAX_REJECTION_KINDS 64
@@ -81,9 +83,7 @@ static void hist_observe(drey_histogram *h, double v) {
 }
 
 drey_metrics *drey_metrics_create(void) {
-    drey_metrics *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        abort();
+    drey_metrics *m = drey_xcalloc(1, sizeof *m);
     pthread_mutex_init(&m->mu, NULL);
     for (size_t i = 0; i < MAX_METHODS; i++)
         hist_init(&m->latency[i], latency_bounds_s, sizeof latency_bounds_s / sizeof latency_bounds_s[0]);
@@ -103,7 +103,7 @@ void drey_metrics_destroy(drey_metrics *m) {
 
 void drey_metrics_set_methods(drey_metrics *m, const char *const *names, size_t n) {
     for (size_t i = 0; i < n && i < MAX_METHODS; i++)
-        m->methods[i] = strdup(names[i]);
+        m->methods[i] = drey_xstrdup(names[i]);
     m->n_methods = n < MAX_METHODS ? n : MAX_METHODS;
 }
 

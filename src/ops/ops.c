@@ -14,8 +14,10 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/pbjson.h"
 
 struct drey_ops {
     drey_ops_options opts;
@@ -94,7 +96,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             FILE *f = open_memstream(&body, &len);
             bool details = url[1] == 'h';
             if (details) {
-                drey_ops_write_json(f, &drey_admin_readiness(o->opts.admin, &a)->base);
+                drey_pbjson_write(f, &drey_admin_readiness(o->opts.admin, &a)->base);
                 fputc('\n', f);
             } else {
                 drey_metrics_write(o->opts.metrics, f);
@@ -131,9 +133,7 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
         snprintf(err, err_cap, "ops listener %s: %s", opts->listen, gai_strerror(gai));
         return NULL;
     }
-    drey_ops *o = calloc(1, sizeof *o);
-    if (o == NULL)
-        abort();
+    drey_ops *o = drey_xcalloc(1, sizeof *o);
     o->opts = *opts;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)

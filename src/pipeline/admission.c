@@ -7,9 +7,11 @@
  *   keys refuses token-less calls (auth_required); a node without keys
  *   refuses calls that bring a token it cannot check.
  * backpressure: takes a slot, waits in the queue, or is refused. The slot is
- *   released in exactly one place, the call's finish hook, which runs when
- *   the call replies whatever stage replied; a cancelled waiter leaves the
- *   queue at once.
+ *   released in exactly one place, when the request is answered whatever
+ *   stage answered it (drey_request_reply/fail); a cancelled waiter leaves
+ *   the queue at once, while a cancelled request that already runs keeps its
+ *   slot until its work is done, so callers that give up cannot pile up
+ *   work past --max-inflight.
  * memory: a write that would grow memory past the critical level is refused.
  *
  * Nothing before the journal changes state: a refusal here leaves no trace.
@@ -23,11 +25,35 @@
 
 #define SUB_MAX 256
 
+/* A forwarded call: only on the internal listener, only from the peer its
+ * metadata names. Backpressure counts it against that peer (node:<id>),
+ * while its token, verified below as any other, still scopes its request_id
+ * to the original caller. */
+static drey_stage_result forwarded(drey_request *r) {
+    size_t n;
+    const char *by = r->ops->metadata(r->door, DREY_FORWARDED_BY, &n);
+    if (r->ops->peer_is == NULL) {
+        if (by == NULL)
+            return DREY_STAGE_NEXT;
+        drey_pipeline__status(r, DREY_ERR_FORWARDING_NOT_ALLOWED);
+        return DREY_STAGE_REJECT;
+    }
+    if (by == NULL || n == 0 || n > 128 || !r->ops->peer_is(r->door, by, n)) {
+        drey_pipeline__status(r, DREY_ERR_PEER_UNAUTHENTICATED);
+        return DREY_STAGE_REJECT;
+    }
+    r->forwarded_by = drey_arena_strndup(r->arena, by, n);
+    return DREY_STAGE_NEXT;
+}
+
 drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
     const drey_pipeline_options *o = drey_pipeline__options(p);
+    if (forwarded(r) == DREY_STAGE_REJECT)
+        return DREY_STAGE_REJECT;
     size_t len;
-    const char *header = drey_call_metadata(r->call, "authorization", &len);
-    const char *conn = drey_call_connection(r->call);
+    const char *header = r->ops->metadata(r->door, "authorization", &len);
+    const char *conn = r->forwarded_by != NULL ? drey_arena_sprintf(r->arena, "node:%s", r->forwarded_by)
+                                                : r->ops->peer(r->door);
     if (header == NULL) {
         if (o->auth_required) {
             drey_pipeline__status(r, DREY_ERR_TOKEN_MISSING);
@@ -52,23 +78,19 @@ drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
         r->principal = conn; /* verified, but names nobody */
         return DREY_STAGE_NEXT;
     }
-    r->principal = drey_arena_sprintf(drey_call_arena(r->call), "jwt:%s", sub);
-    r->write.principal = r->principal; /* idempotency scope */
+    const char *subject = drey_arena_sprintf(r->arena, "jwt:%s", sub);
+    r->write.principal = subject; /* idempotency scope: the original caller */
+    r->principal = r->forwarded_by != NULL ? conn : subject;
     return DREY_STAGE_NEXT;
 }
 
 /* --- backpressure --------------------------------------------------------- */
 
-static void on_finish(void *arg) {
-    drey_request *r = arg;
-    drey_bp_release(drey_pipeline__options(r->pipeline)->backpressure, &r->ticket);
-}
-
 static void on_cancel(void *arg) {
     drey_request *r = arg;
-    if (drey_bp_release(drey_pipeline__options(r->pipeline)->backpressure, &r->ticket)) {
+    if (drey_bp_cancel(drey_pipeline__options(r->pipeline)->backpressure, &r->ticket)) {
         /* It was waiting: nobody else will answer it. */
-        drey_call_fail(r->call, drey_pipeline__status(r, DREY_ERR_CANCELLED));
+        drey_request_fail(r, drey_pipeline__status(r, DREY_ERR_CANCELLED));
     }
 }
 
@@ -78,12 +100,12 @@ static void on_resume(void *arg) {
 
 static void on_fail(void *arg, const drey_status *st) {
     drey_request *r = arg;
-    r->status = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    r->status = drey_arena_alloc(r->arena, sizeof *st);
     memcpy(r->status, st, sizeof *st);
     drey_metrics *m = drey_pipeline__options(r->pipeline)->metrics;
     if (m != NULL)
         drey_metrics_observe_rejection(m, "backpressure", drey_error_lookup(st->error)->reason);
-    drey_call_fail(r->call, r->status);
+    drey_request_fail(r, r->status);
 }
 
 drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r) {
@@ -91,40 +113,40 @@ drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r)
     if (bp == NULL)
         return DREY_STAGE_NEXT;
     r->ticket.principal = r->principal;
-    r->ticket.deadline_ns = drey_call_deadline_mono_ns(r->call);
+    r->ticket.deadline_ns = r->ops->deadline_mono_ns(r->door);
     r->ticket.resume = on_resume;
     r->ticket.fail = on_fail;
     r->ticket.arg = r;
-    drey_call_on_finish(r->call, on_finish, r);
-    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     switch (drey_bp_admit(bp, &r->ticket, st)) {
     case DREY_BP_ADMITTED:
-        break;
+        r->has_ticket = true;
+        return DREY_STAGE_NEXT;
     case DREY_BP_PARKED:
-        drey_call_on_cancel(r->call, on_cancel, r);
+        r->has_ticket = true;
+        if (r->ops->on_cancel != NULL)
+            r->ops->on_cancel(r->door, on_cancel, r);
         return DREY_STAGE_PARKED;
     case DREY_BP_REJECTED:
-        r->status = st;
-        DREY_LOG_DEBUG("request refused", DREY_LOG_STR("principal", r->principal),
-                       DREY_LOG_STR("method", r->method->path),
-                       DREY_LOG_STR("reason", drey_error_lookup(st->error)->reason));
-        return DREY_STAGE_REJECT;
+        break;
     }
-    drey_call_on_cancel(r->call, on_cancel, r);
-    return DREY_STAGE_NEXT;
+    r->status = st;
+    DREY_LOG_DEBUG("request refused", DREY_LOG_STR("principal", r->principal), DREY_LOG_STR("method", r->method->path),
+                   DREY_LOG_STR("reason", drey_error_lookup(st->error)->reason));
+    return DREY_STAGE_REJECT;
 }
 
 /* --- memory --------------------------------------------------------------- */
 
 drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     const drey_pipeline_options *o = drey_pipeline__options(p);
-    const drey_handler *h = r->method->handler;
-    if (o->memory == NULL || h->growth == NULL)
+    const drey_method *m = r->method;
+    if (o->memory == NULL || m->growth == NULL)
         return DREY_STAGE_NEXT;
-    int64_t growth = h->growth(r->method->service_ctx, r->msg, drey_wall_ms());
+    int64_t growth = m->growth(m->ctx, r->msg, drey_wall_ms());
     if (growth > 0)
         growth += (int64_t)drey_commit_outcome_bytes(&r->write);
-    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     if (drey_memory_admit(o->memory, growth, st))
         return DREY_STAGE_NEXT;
     r->status = st;

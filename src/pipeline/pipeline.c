@@ -1,6 +1,7 @@
 /*
  * pipeline — the chain, declared once; see include/drey/pipeline.h.
  */
+#include "drey/alloc.h"
 #include "drey/pipeline.h"
 
 #include <stdatomic.h>
@@ -16,19 +17,23 @@ typedef struct stage {
     drey_stage_result (*run)(drey_pipeline *p, drey_request *r);
 } stage;
 
-#define DATA (DREY_HANDLER_READ | DREY_HANDLER_WRITE)
+#define DATA (DREY_METHOD_READ | DREY_METHOD_WRITE)
 
 /* The chain, in order. After the last stage the request is applied: a
- * write through commit, anything else by its handler. Health and reflection
- * (SYSTEM) only get validated: probes must answer under overload and
- * without tokens. */
+ * write through commit, anything else by its handler. Health (SYSTEM) is
+ * only validated: probes must answer under overload and without tokens.
+ * A retry is answered from its remembered outcome before memory admission
+ * can refuse it: a refusal says the write was not applied, which would be
+ * false for a retry of one that was. */
 static const stage chain[] = {
     {"ready", DATA, drey_pipeline__ready},
     {"validate", 0, drey_pipeline__validate},
-    {"principal", DATA | DREY_HANDLER_ADMIN, drey_pipeline__principal},
-    {"backpressure", DATA | DREY_HANDLER_ADMIN, drey_pipeline__backpressure},
-    {"memory", DREY_HANDLER_WRITE, drey_pipeline__memory},
-    {"journal", DREY_HANDLER_WRITE, drey_pipeline__journal},
+    {"principal", DATA | DREY_METHOD_ADMIN, drey_pipeline__principal},
+    {"backpressure", DATA | DREY_METHOD_ADMIN, drey_pipeline__backpressure},
+    {"route", DATA, drey_pipeline__route},
+    {"idempotency", DREY_METHOD_WRITE, drey_pipeline__idempotency},
+    {"memory", DREY_METHOD_WRITE, drey_pipeline__memory},
+    {"journal", DREY_METHOD_WRITE, drey_pipeline__journal},
 };
 
 #define N_STAGES (sizeof chain / sizeof chain[0])
@@ -37,22 +42,30 @@ struct drey_pipeline {
     drey_pipeline_options opts;
     drey_journal *journal;
     _Atomic bool ready;
+    struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
-    drey_pipeline *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        abort();
+    drey_pipeline *p = drey_xcalloc(1, sizeof *p);
     p->opts = *opts;
     return p;
 }
 
 void drey_pipeline_destroy(drey_pipeline *p) {
+    if (p == NULL)
+        return;
+    free(p->bindings[0]);
+    free(p->bindings[1]);
     free(p);
 }
 
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j) {
     p->journal = j;
+}
+
+void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
+    p->opts.route = route;
+    p->opts.route_ctx = ctx;
 }
 
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready) {
@@ -75,8 +88,13 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p) {
     return p->opts.commit;
 }
 
+void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b) {
+    free(p->bindings[internal]);
+    p->bindings[internal] = b;
+}
+
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {
-    drey_status *st = drey_arena_alloc(drey_call_arena(r->call), sizeof *st);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     drey_status_init(st);
     drey_status_set(st, e);
     r->status = st;
@@ -90,28 +108,69 @@ drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r) {
     return DREY_STAGE_REJECT;
 }
 
+/* What the chain holds for a request goes before its answer does, so a
+ * caller that sees the answer finds the slot free. */
+static void release(drey_request *r) {
+    if (r->has_ticket)
+        drey_bp_release(r->pipeline->opts.backpressure, &r->ticket);
+}
+
+void drey_request_reply(drey_request *r, const ProtobufCMessage *response) {
+    release(r);
+    r->ops->reply(r->door, response);
+}
+
+void drey_request_fail(drey_request *r, const drey_status *st) {
+    release(r);
+    r->ops->fail(r->door, st);
+}
+
+void drey_request_relay(drey_request *r, const drey_answer *a) {
+    release(r);
+    r->ops->relay(r->door, a);
+}
+
+drey_stage_result drey_pipeline__route(drey_pipeline *p, drey_request *r) {
+    if (p->opts.route == NULL)
+        return DREY_STAGE_NEXT;
+    return p->opts.route(p->opts.route_ctx, r);
+}
+
+void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,
+                       const drey_method *method, const ProtobufCMessage *msg, const uint8_t *bytes, size_t len) {
+    r->ops = ops;
+    r->door = door;
+    r->arena = arena;
+    r->method = method;
+    r->msg = msg;
+    r->bytes = bytes;
+    r->len = len;
+}
+
 /* The end of the chain. */
 static void apply(drey_pipeline *p, drey_request *r) {
-    if (r->method->handler->apply == NULL) {
-        drey_call_run(r->call, r->msg, drey_wall_ms());
+    const drey_method *m = r->method;
+    if (m->apply == NULL) {
+        m->handle(m->ctx, r, r->msg);
         return;
     }
     drey_status st;
     drey_status_init(&st);
     drey_apply ax = {
         .now_ms = r->now_ms != 0 ? r->now_ms : drey_wall_ms(),
-        .arena = drey_call_arena(r->call),
+        .arena = r->arena,
         .status = &st,
     };
-    ProtobufCMessage *resp = drey_commit_apply(p->opts.commit, &r->write, &ax);
+    ProtobufCMessage *resp = (m->flags & DREY_METHOD_WRITE) != 0 ? drey_commit_apply(p->opts.commit, &r->write, &ax)
+                                                                 : m->apply(m->ctx, &ax, r->msg);
     if (resp != NULL)
-        drey_call_reply(r->call, resp);
+        drey_request_reply(r, resp);
     else
-        drey_call_fail(r->call, &st);
+        drey_request_fail(r, &st);
 }
 
 static void run_from(drey_request *r) {
-    unsigned flags = r->method->handler->flags;
+    unsigned flags = r->method->flags;
     while (r->next_stage < N_STAGES) {
         const stage *s = &chain[r->next_stage++];
         if (s->applies_to != 0 && (s->applies_to & flags) == 0)
@@ -124,26 +183,20 @@ static void run_from(drey_request *r) {
             if (r->pipeline->opts.metrics != NULL)
                 drey_metrics_observe_rejection(r->pipeline->opts.metrics, s->name,
                                                drey_error_lookup(r->status->error)->reason);
-            drey_call_fail(r->call, r->status);
+            drey_request_fail(r, r->status);
             return;
         }
     }
     apply(r->pipeline, r);
 }
 
-void drey_pipeline_dispatch(void *pipeline, drey_call *call, const ProtobufCMessage *request) {
-    drey_request *r = drey_arena_calloc(drey_call_arena(call), sizeof *r);
-    r->call = call;
-    r->method = drey_call_method(call);
-    r->msg = request;
-    r->pipeline = pipeline;
+void drey_pipeline_submit(drey_pipeline *p, drey_request *r) {
+    r->pipeline = p;
+    r->next_stage = 0;
     r->principal = "runtime";
-    if (r->method->handler->apply != NULL) {
-        const uint8_t *bytes;
-        size_t len;
-        drey_call_request_bytes(call, &bytes, &len);
+    if ((r->method->flags & DREY_METHOD_WRITE) != 0) {
         /* Anonymous until the principal stage names a token subject. */
-        drey_commit_write_init(&r->write, r->method, request, bytes, len, "");
+        drey_commit_write_init(&r->write, r->method, r->msg, r->bytes, r->len, "");
     }
     run_from(r);
 }

@@ -12,11 +12,17 @@ drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__validate(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__route(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__idempotency(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r);
 
 drey_journal *drey_pipeline__journal_of(const drey_pipeline *p);
 drey_commit *drey_pipeline__commit(const drey_pipeline *p);
+
+/* The gRPC door's bindings, freed with the pipeline. */
+struct binding;
+void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b);
 
 /* A status in the request's arena, for a rejecting stage. */
 drey_status *drey_pipeline__status(drey_request *r, drey_error e);

@@ -62,25 +62,38 @@ static void set_files(drey_arena *a, response *resp, const drey_descriptors *d, 
     resp->file_descriptor_response = fr;
 }
 
-static void set_services(drey_arena *a, response *resp, const drey_descriptors *d) {
+/* Whether the server serves a method of the service: the descriptor set
+ * describes services a node may not run (a single node has no Cluster). */
+static bool served(const drey_server *s, const char *service) {
+    size_t n = strlen(service);
+    for (size_t i = 0; i < drey_server_method_count(s); i++) {
+        const char *path = drey_server_method_path(s, i);
+        if (strncmp(path + 1, service, n) == 0 && path[1 + n] == '/')
+            return true;
+    }
+    return false;
+}
+
+static void set_services(drey_arena *a, response *resp, const drey_descriptors *d, const drey_server *s) {
     const char *const *names;
     size_t n = drey_descriptors_services(d, &names);
     Grpc__Reflection__V1__ListServiceResponse *ls = drey_arena_alloc(a, sizeof *ls);
     grpc__reflection__v1__list_service_response__init(ls);
-    ls->n_service = n;
     ls->service = drey_arena_alloc(a, (n ? n : 1) * sizeof *ls->service);
     for (size_t i = 0; i < n; i++) {
+        if (!served(s, names[i]))
+            continue;
         Grpc__Reflection__V1__ServiceResponse *sr = drey_arena_alloc(a, sizeof *sr);
         grpc__reflection__v1__service_response__init(sr);
         sr->name = (char *)names[i];
-        ls->service[i] = sr;
+        ls->service[ls->n_service++] = sr;
     }
     resp->message_response_case =
         GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_LIST_SERVICES_RESPONSE;
     resp->list_services_response = ls;
 }
 
-static void answer(drey_call *call, const request *req) {
+static void answer(const drey_server *s, drey_call *call, const request *req) {
     drey_arena *a = drey_call_arena(call);
     const drey_descriptors *d = drey_descriptors_builtin();
     response resp = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
@@ -89,7 +102,7 @@ static void answer(drey_call *call, const request *req) {
     long file;
     switch (req->message_request_case) {
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
-        set_services(a, &resp, d);
+        set_services(a, &resp, d, s);
         break;
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
         file = drey_descriptors_find_file(d, req->file_by_filename);
@@ -127,15 +140,15 @@ static void answer(drey_call *call, const request *req) {
     drey_call_send(call, &resp.base);
 }
 
-static void on_message_v1(drey_call *call, const ProtobufCMessage *msg) {
+static void on_message_v1(void *ctx, drey_call *call, const ProtobufCMessage *msg) {
     if (msg == NULL) {
         drey_call_finish(call, NULL); /* the client is done asking */
         return;
     }
-    answer(call, (const request *)msg);
+    answer(ctx, call, (const request *)msg);
 }
 
-static void on_message_v1alpha(drey_call *call, const ProtobufCMessage *msg) {
+static void on_message_v1alpha(void *ctx, drey_call *call, const ProtobufCMessage *msg) {
     if (msg == NULL) {
         drey_call_finish(call, NULL);
         return;
@@ -149,19 +162,25 @@ static void on_message_v1alpha(drey_call *call, const ProtobufCMessage *msg) {
         drey_call_finish(call, NULL);
         return;
     }
-    answer(call, req);
+    answer(ctx, call, req);
 }
 
-static const drey_handler handlers_v1[] = {
-    {.name = "ServerReflectionInfo", .flags = DREY_HANDLER_SYSTEM, .on_message = on_message_v1},
-};
-
-static const drey_handler handlers_v1alpha[] = {
-    {.name = "ServerReflectionInfo", .flags = DREY_HANDLER_SYSTEM, .on_message = on_message_v1alpha},
-};
-
 bool drey_reflect_register(drey_server *s) {
-    return drey_server_add_service(s, &grpc__reflection__v1__server_reflection__descriptor, handlers_v1, 1, NULL) &&
-           drey_server_add_service(s, &grpc__reflection__v1alpha__server_reflection__descriptor, handlers_v1alpha, 1,
-                                   NULL);
+    const drey_server_method v1 = {
+        .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        .input = &grpc__reflection__v1__server_reflection_request__descriptor,
+        .client_streaming = true,
+        .server_streaming = true,
+        .on_message = on_message_v1,
+        .ctx = s,
+    };
+    const drey_server_method v1alpha = {
+        .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        .input = &grpc__reflection__v1alpha__server_reflection_request__descriptor,
+        .client_streaming = true,
+        .server_streaming = true,
+        .on_message = on_message_v1alpha,
+        .ctx = s,
+    };
+    return drey_server_add_method(s, &v1) && drey_server_add_method(s, &v1alpha);
 }

@@ -8,6 +8,7 @@
  * that the stream holds until the call is over (streaming). The call is freed
  * when the last one goes, whichever thread drops it.
  */
+#include "drey/alloc.h"
 #include "drey/server.h"
 
 #include <arpa/inet.h>
@@ -28,7 +29,6 @@
 #include <grpc/support/time.h>
 
 #include "drey/clock.h"
-#include "drey/descriptors.h"
 #include "drey/log.h"
 #include "tls.h"
 #include "wire.h"
@@ -46,11 +46,10 @@ typedef struct tag {
 } tag;
 
 typedef struct method_rt {
-    drey_method pub;
+    drey_server_method spec; /* its path is ours */
+    size_t index;
     void *registered; /* grpc core's handle */
     bool recursive;   /* the request type nests without bound */
-    char *path;
-    char *service;
 } method_rt;
 
 typedef struct request_slot {
@@ -83,8 +82,6 @@ struct drey_call {
     char conn[32];
     void *user;
     bool replied;                    /* unary: reply or fail issued (under mu) */
-    void (*finish_hook)(void *arg);  /* unary: runs when replying */
-    void *finish_arg;
     void (*cancel_hook)(void *arg);  /* unary: runs on cancellation before replying */
     void *cancel_arg;
     _Atomic int refs;
@@ -123,8 +120,6 @@ struct drey_server {
     bool started;
     method_rt **methods;
     size_t n_methods;
-    drey_dispatch_fn dispatch;
-    void *dispatch_ctx;
     drey_call_observer_fn observer;
     void *observer_ctx;
     drey_server_options opts;
@@ -144,13 +139,6 @@ static void call_unref(drey_call *c);
 static void request_call(drey_server *s, request_slot *slot);
 
 /* --- helpers -------------------------------------------------------------- */
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n);
-    if (p == NULL)
-        abort();
-    return p;
-}
 
 static grpc_byte_buffer *pack_message(const ProtobufCMessage *m) {
     size_t n = protobuf_c_message_get_packed_size(m);
@@ -173,7 +161,7 @@ static grpc_slice flatten(grpc_byte_buffer *bb) {
 }
 
 static ProtobufCMessage *decode(drey_arena *arena, const method_rt *m, grpc_slice s) {
-    const ProtobufCMessageDescriptor *d = m->pub.desc->input;
+    const ProtobufCMessageDescriptor *d = m->spec.input;
     if (m->recursive && !drey_server__depth_ok(d, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), MAX_MESSAGE_DEPTH))
         return NULL;
     return protobuf_c_message_unpack(d, drey_arena_protobuf_allocator(arena), GRPC_SLICE_LENGTH(s),
@@ -181,6 +169,14 @@ static ProtobufCMessage *decode(drey_arena *arena, const method_rt *m, grpc_slic
 }
 
 /* --- calls ---------------------------------------------------------------- */
+
+static bool is_streaming_method(const method_rt *m) {
+    return m->spec.client_streaming || m->spec.server_streaming;
+}
+
+static bool is_streaming(const drey_call *c) {
+    return c->method != NULL && is_streaming_method(c->method);
+}
 
 static void on_close(tag *t, bool ok);
 static void on_send(tag *t, bool ok);
@@ -190,7 +186,7 @@ static drey_call *call_new(drey_server *s, request_slot *slot) {
     pthread_mutex_lock(&s->mu);
     s->live_calls++;
     pthread_mutex_unlock(&s->mu);
-    drey_call *c = xmalloc(sizeof *c);
+    drey_call *c = drey_xmalloc(sizeof *c);
     memset(c, 0, offsetof(drey_call, arena_buf));
     c->server = s;
     c->method = slot->method;
@@ -225,6 +221,7 @@ static void call_free(drey_call *c) {
     free(c->finish_status);
     if (c->has_trailer)
         grpc_slice_unref(c->trailer.value);
+    grpc_slice_unref(c->status_msg); /* a zeroed slice is inline: a no-op */
     if (c->has_request)
         grpc_slice_unref(c->request);
     if (c->recv_buf != NULL)
@@ -264,7 +261,7 @@ static void start_batch(drey_call *c, const grpc_op *ops, size_t n, tag *t) {
 static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
     drey_server *s = c->server;
     if (s->observer != NULL && c->method != NULL)
-        s->observer(s->observer_ctx, c->method->pub.index,
+        s->observer(s->observer_ctx, c->method->index,
                     st == NULL || drey_status_ok(st) ? GRPC_STATUS_OK : (int)drey_status_code(st),
                     drey_mono_ns() - c->started_ns);
     grpc_op *op = ops;
@@ -298,12 +295,8 @@ static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
 static void unary_finish(drey_call *c, const ProtobufCMessage *response, const drey_status *st) {
     pthread_mutex_lock(&c->mu);
     c->replied = true;
-    void (*hook)(void *) = c->finish_hook;
-    c->finish_hook = NULL;
     c->cancel_hook = NULL;
     pthread_mutex_unlock(&c->mu);
-    if (hook != NULL)
-        hook(c->finish_arg);
     grpc_op ops[3];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
@@ -319,24 +312,46 @@ static void unary_finish(drey_call *c, const ProtobufCMessage *response, const d
     call_unref(c); /* the handler's reference */
 }
 
-void drey_call_run(drey_call *c, const ProtobufCMessage *request, int64_t now_ms) {
-    const drey_handler *h = c->method->pub.handler;
-    if (h->unary != NULL) {
-        h->unary(c, request);
-        return;
-    }
-    drey_status st;
-    drey_status_init(&st);
-    drey_apply ax = {.now_ms = now_ms, .arena = &c->arena, .status = &st};
-    ProtobufCMessage *resp = h->apply(c->method->pub.service_ctx, &ax, request);
-    if (resp != NULL)
-        drey_call_reply(c, resp);
-    else
-        drey_call_fail(c, &st);
-}
-
 void drey_call_reply(drey_call *c, const ProtobufCMessage *response) {
     unary_finish(c, response, NULL);
+}
+
+void drey_call_relay(drey_call *c, const drey_call_answer *a) {
+    pthread_mutex_lock(&c->mu);
+    c->replied = true;
+    c->cancel_hook = NULL;
+    pthread_mutex_unlock(&c->mu);
+    drey_server *s = c->server;
+    if (s->observer != NULL && c->method != NULL)
+        s->observer(s->observer_ctx, c->method->index, a->code, drey_mono_ns() - c->started_ns);
+    grpc_op ops[3];
+    size_t n = 0;
+    memset(ops, 0, sizeof ops);
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (a->code == GRPC_STATUS_OK) {
+        grpc_slice slice = grpc_slice_from_copied_buffer((const char *)a->response, a->response_len);
+        c->reply_bb = grpc_raw_byte_buffer_create(&slice, 1);
+        grpc_slice_unref(slice);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = c->reply_bb;
+    }
+    grpc_op *op = &ops[n++];
+    op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op->data.send_status_from_server.status = (grpc_status_code)a->code;
+    if (a->code != GRPC_STATUS_OK) {
+        c->status_msg = grpc_slice_from_copied_buffer(a->message != NULL ? a->message : "", a->message_len);
+        op->data.send_status_from_server.status_details = &c->status_msg;
+        if (a->details != NULL) {
+            c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
+            c->trailer.value = grpc_slice_from_copied_buffer((const char *)a->details, a->details_len);
+            c->has_trailer = true;
+            op->data.send_status_from_server.trailing_metadata_count = 1;
+            op->data.send_status_from_server.trailing_metadata = &c->trailer;
+        }
+    }
+    c->status_sent = true;
+    start_batch(c, ops, n, &c->send_tag);
+    call_unref(c); /* the handler's reference */
 }
 
 void drey_call_fail(drey_call *c, const drey_status *st) {
@@ -387,7 +402,7 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message) {
     pthread_mutex_lock(&c->mu);
     bool open = !atomic_load(&c->closed) && !c->finish_wanted;
     if (open) {
-        out_msg *m = xmalloc(sizeof *m);
+        out_msg *m = drey_xmalloc(sizeof *m);
         m->next = NULL;
         m->bb = pack_message(message);
         if (c->q_tail != NULL)
@@ -406,7 +421,7 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
     if (!c->finish_wanted) {
         c->finish_wanted = true;
         if (st != NULL && !drey_status_ok(st)) {
-            c->finish_status = xmalloc(sizeof *st);
+            c->finish_status = drey_xmalloc(sizeof *st);
             memcpy(c->finish_status, st, sizeof *st);
         }
         pump_locked(c);
@@ -417,7 +432,7 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
 static void on_send(tag *t, bool ok) {
     drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, send_tag));
     (void)ok; /* a failed send means the call is gone; RECV_CLOSE tells us */
-    if (c->method != NULL && (c->method->pub.client_streaming || c->method->pub.server_streaming)) {
+    if (is_streaming(c)) {
         pthread_mutex_lock(&c->mu);
         c->sending = false;
         if (ok)
@@ -425,10 +440,6 @@ static void on_send(tag *t, bool ok) {
         pthread_mutex_unlock(&c->mu);
     }
     call_unref(c);
-}
-
-static bool is_streaming(const drey_call *c) {
-    return c->method != NULL && (c->method->pub.client_streaming || c->method->pub.server_streaming);
 }
 
 static void on_close(tag *t, bool ok) {
@@ -444,8 +455,8 @@ static void on_close(tag *t, bool ok) {
             hook(c->cancel_arg);
     }
     if (is_streaming(c)) {
-        if (c->method->pub.handler->on_done != NULL)
-            c->method->pub.handler->on_done(c);
+        if (c->method->spec.on_done != NULL)
+            c->method->spec.on_done(c->method->spec.ctx, c);
         call_unref(c); /* the stream's reference */
     }
     call_unref(c); /* RECV_CLOSE's reference */
@@ -461,7 +472,7 @@ static void start_recv(drey_call *c) {
 
 static void on_recv(tag *t, bool ok) {
     drey_call *c = (drey_call *)((char *)t - offsetof(drey_call, recv_tag));
-    const drey_method *m = &c->method->pub;
+    const drey_server_method *m = &c->method->spec;
     if (!ok || atomic_load(&c->closed)) {
         call_unref(c);
         return;
@@ -469,7 +480,7 @@ static void on_recv(tag *t, bool ok) {
     if (c->recv_buf == NULL) {
         /* Half-close. A server-streaming method has its one request already. */
         if (m->client_streaming)
-            m->handler->on_message(c, NULL);
+            m->on_message(m->ctx, c, NULL);
         call_unref(c);
         return;
     }
@@ -488,7 +499,7 @@ static void on_recv(tag *t, bool ok) {
         call_unref(c);
         return;
     }
-    m->handler->on_message(c, msg);
+    m->on_message(m->ctx, c, msg);
     drey_arena_reset(&c->arena);
     pthread_mutex_lock(&c->mu);
     bool more = m->client_streaming && !c->finish_wanted;
@@ -554,7 +565,7 @@ static void on_new_call(tag *t, bool ok) {
         fail_new(c, DREY_ERR_MALFORMED_REQUEST);
         return;
     }
-    s->dispatch(s->dispatch_ctx, c, req);
+    c->method->spec.unary(c->method->spec.ctx, c, req);
 }
 
 static void request_call(drey_server *s, request_slot *slot) {
@@ -568,10 +579,7 @@ static void request_call(drey_server *s, request_slot *slot) {
     grpc_call_error err;
     if (slot->method != NULL) {
         err = grpc_server_request_registered_call(s->grpc, slot->method->registered, &slot->call, &slot->deadline,
-                                                  &slot->md, slot->method->pub.client_streaming ||
-                                                                     slot->method->pub.server_streaming
-                                                                 ? NULL
-                                                                 : &slot->payload,
+                                                  &slot->md, is_streaming_method(slot->method) ? NULL : &slot->payload,
                                                   s->cqs[slot->cq], s->cqs[slot->cq], &slot->tag);
     } else {
         grpc_call_details_init(&slot->details);
@@ -585,7 +593,7 @@ static void request_call(drey_server *s, request_slot *slot) {
 }
 
 static void new_slot(drey_server *s, size_t cq, method_rt *m) {
-    request_slot *slot = xmalloc(sizeof *slot);
+    request_slot *slot = drey_xmalloc(sizeof *slot);
     memset(slot, 0, sizeof *slot);
     slot->tag.done = on_new_call;
     slot->server = s;
@@ -595,14 +603,6 @@ static void new_slot(drey_server *s, size_t cq, method_rt *m) {
 }
 
 /* --- call accessors ------------------------------------------------------- */
-
-const drey_method *drey_call_method(const drey_call *c) {
-    return c->method != NULL ? &c->method->pub : NULL;
-}
-
-void *drey_call_service_ctx(const drey_call *c) {
-    return c->method != NULL ? c->method->pub.service_ctx : NULL;
-}
 
 drey_arena *drey_call_arena(drey_call *c) {
     return &c->arena;
@@ -660,13 +660,6 @@ const char *drey_call_connection(drey_call *c) {
     return c->conn;
 }
 
-void drey_call_on_finish(drey_call *c, void (*fn)(void *arg), void *arg) {
-    pthread_mutex_lock(&c->mu);
-    c->finish_hook = fn;
-    c->finish_arg = arg;
-    pthread_mutex_unlock(&c->mu);
-}
-
 void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg) {
     pthread_mutex_lock(&c->mu);
     bool already = atomic_load(&c->closed) && c->cancelled && !c->replied;
@@ -677,6 +670,31 @@ void drey_call_on_cancel(drey_call *c, void (*fn)(void *arg), void *arg) {
     pthread_mutex_unlock(&c->mu);
     if (already)
         fn(arg); /* cancelled before the hook was set */
+}
+
+static bool property_is(grpc_auth_context *ac, const char *name, const char *id, size_t len) {
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, name);
+    for (const grpc_auth_property *p; (p = grpc_auth_property_iterator_next(&it)) != NULL;) {
+        if (p->value_length == len && memcmp(p->value, id, len) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool drey_call_peer_is(drey_call *c, const char *id, size_t len) {
+    grpc_auth_context *ac = grpc_call_auth_context(c->call);
+    if (ac == NULL)
+        return false;
+    /* Properties are read under the connection's stripe: drey_call_connection
+     * may be adding one to the same context. */
+    pthread_mutex_t *mu = &conn_stripes[((uintptr_t)ac >> 4) % CONN_STRIPES];
+    pthread_mutex_lock(mu);
+    bool ok = grpc_auth_context_peer_is_authenticated(ac) &&
+              (property_is(ac, GRPC_X509_SAN_PROPERTY_NAME, id, len) ||
+               property_is(ac, GRPC_X509_CN_PROPERTY_NAME, id, len));
+    pthread_mutex_unlock(mu);
+    grpc_auth_context_release(ac);
+    return ok;
 }
 
 int64_t drey_call_deadline_mono_ns(const drey_call *c) {
@@ -699,11 +717,6 @@ void *drey_call_user(const drey_call *c) {
 }
 
 /* --- server --------------------------------------------------------------- */
-
-static void default_dispatch(void *ctx, drey_call *call, const ProtobufCMessage *request) {
-    (void)ctx;
-    drey_call_run(call, request, drey_wall_ms());
-}
 
 static void on_shutdown(tag *t, bool ok) {
     (void)ok;
@@ -730,16 +743,15 @@ static void *worker_main(void *arg) {
 
 drey_server *drey_server_create(const drey_server_options *opts) {
     grpc_init();
-    drey_server *s = xmalloc(sizeof *s);
+    drey_server *s = drey_xmalloc(sizeof *s);
     memset(s, 0, sizeof *s);
     s->opts = *opts;
-    s->listen = strdup(opts->listen);
+    s->listen = drey_xstrdup(opts->listen);
     s->opts.listen = s->listen;
-    s->opts.tls_cert = opts->tls_cert != NULL ? strdup(opts->tls_cert) : NULL;
-    s->opts.tls_key = opts->tls_key != NULL ? strdup(opts->tls_key) : NULL;
-    s->opts.tls_client_ca = opts->tls_client_ca != NULL ? strdup(opts->tls_client_ca) : NULL;
+    s->opts.tls_cert = opts->tls_cert != NULL ? drey_xstrdup(opts->tls_cert) : NULL;
+    s->opts.tls_key = opts->tls_key != NULL ? drey_xstrdup(opts->tls_key) : NULL;
+    s->opts.tls_client_ca = opts->tls_client_ca != NULL ? drey_xstrdup(opts->tls_client_ca) : NULL;
     s->n_cqs = opts->workers > 0 ? opts->workers : 1;
-    s->dispatch = default_dispatch;
     s->shutdown_tag.done = on_shutdown;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
@@ -757,7 +769,7 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     grpc_channel_args cargs = {.num_args = 2, .args = args};
     s->grpc = grpc_server_create(&cargs, NULL);
 
-    s->cqs = xmalloc(s->n_cqs * sizeof *s->cqs);
+    s->cqs = drey_xmalloc(s->n_cqs * sizeof *s->cqs);
     for (size_t i = 0; i < s->n_cqs; i++) {
         s->cqs[i] = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(s->grpc, s->cqs[i], NULL);
@@ -765,82 +777,41 @@ drey_server *drey_server_create(const drey_server_options *opts) {
     return s;
 }
 
-static const drey_handler *find_handler(const drey_handler *handlers, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(handlers[i].name, name) == 0)
-            return &handlers[i];
+bool drey_server_add_method(drey_server *s, const drey_server_method *m) {
+    bool streaming = m->client_streaming || m->server_streaming;
+    if (streaming ? m->on_message == NULL || m->unary != NULL : m->unary == NULL || m->on_message != NULL) {
+        DREY_LOG_ERROR("no callbacks of the method's kind", DREY_LOG_STR("path", m->path),
+                       DREY_LOG_BOOL("streaming", streaming));
+        return false;
     }
-    return NULL;
-}
-
-bool drey_server_add_service(drey_server *s, const ProtobufCServiceDescriptor *sd, const drey_handler *handlers,
-                             size_t n_handlers, void *service_ctx) {
-    const drey_descriptors *d = drey_descriptors_builtin();
-    for (size_t i = 0; i < n_handlers; i++) {
-        bool found = false;
-        for (unsigned m = 0; m < sd->n_methods; m++)
-            found |= strcmp(sd->methods[m].name, handlers[i].name) == 0;
-        if (!found) {
-            DREY_LOG_ERROR("handler for a method the service does not have", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", handlers[i].name));
+    for (size_t i = 0; i < s->n_methods; i++) {
+        if (strcmp(s->methods[i]->spec.path, m->path) == 0) {
+            DREY_LOG_ERROR("method registered twice", DREY_LOG_STR("path", m->path));
             return false;
         }
     }
-    for (unsigned m = 0; m < sd->n_methods; m++) {
-        const ProtobufCMethodDescriptor *md = &sd->methods[m];
-        const drey_handler *h = find_handler(handlers, n_handlers, md->name);
-        bool cs = false, ss = false;
-        if (!drey_descriptors_method_kind(d, sd->name, md->name, &cs, &ss)) {
-            DREY_LOG_ERROR("method missing from the descriptor set", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", md->name));
-            return false;
-        }
-        bool streaming = cs || ss;
-        if (h == NULL || (streaming ? h->on_message == NULL : (h->unary == NULL) == (h->apply == NULL))) {
-            DREY_LOG_ERROR("no handler of the method's kind", DREY_LOG_STR("service", sd->name),
-                           DREY_LOG_STR("method", md->name), DREY_LOG_BOOL("streaming", streaming));
-            return false;
-        }
-        method_rt *rt = xmalloc(sizeof *rt);
-        memset(rt, 0, sizeof *rt);
-        size_t plen = strlen(sd->name) + strlen(md->name) + 3;
-        rt->path = xmalloc(plen);
-        snprintf(rt->path, plen, "/%s/%s", sd->name, md->name);
-        rt->service = strdup(sd->name);
-        rt->pub.path = rt->path;
-        rt->pub.service = rt->service;
-        rt->pub.desc = md;
-        rt->pub.handler = h;
-        rt->pub.service_ctx = service_ctx;
-        rt->pub.client_streaming = cs;
-        rt->pub.server_streaming = ss;
-        rt->pub.index = s->n_methods;
-        rt->recursive = drey_server__type_is_recursive(md->input);
-        rt->registered = grpc_server_register_method(
-            s->grpc, rt->path, NULL, streaming ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-        if (rt->registered == NULL) {
-            DREY_LOG_ERROR("grpc refused to register a method", DREY_LOG_STR("path", rt->path));
-            free(rt->path);
-            free(rt->service);
-            free(rt);
-            return false;
-        }
-        s->methods = realloc(s->methods, (s->n_methods + 1) * sizeof *s->methods);
-        if (s->methods == NULL)
-            abort();
-        s->methods[s->n_methods++] = rt;
+    method_rt *rt = drey_xmalloc(sizeof *rt);
+    memset(rt, 0, sizeof *rt);
+    rt->spec = *m;
+    rt->spec.path = drey_xstrdup(m->path);
+    rt->index = s->n_methods;
+    rt->recursive = drey_server__type_is_recursive(m->input);
+    rt->registered = grpc_server_register_method(
+        s->grpc, rt->spec.path, NULL, streaming ? GRPC_SRM_PAYLOAD_NONE : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    if (rt->registered == NULL) {
+        DREY_LOG_ERROR("grpc refused to register a method", DREY_LOG_STR("path", rt->spec.path));
+        free((char *)rt->spec.path);
+        free(rt);
+        return false;
     }
+    s->methods = drey_xrealloc(s->methods, s->n_methods + 1, sizeof *s->methods);
+    s->methods[s->n_methods++] = rt;
     return true;
 }
 
 void drey_server_set_call_observer(drey_server *s, drey_call_observer_fn fn, void *ctx) {
     s->observer = fn;
     s->observer_ctx = ctx;
-}
-
-void drey_server_set_dispatch(drey_server *s, drey_dispatch_fn fn, void *ctx) {
-    s->dispatch = fn;
-    s->dispatch_ctx = ctx;
 }
 
 /* grpc core does not say why a bind failed; bind a plain socket to the same
@@ -907,7 +878,7 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap) {
         }
         new_slot(s, q, NULL);
     }
-    s->threads = xmalloc(s->n_cqs * sizeof *s->threads);
+    s->threads = drey_xmalloc(s->n_cqs * sizeof *s->threads);
     for (size_t q = 0; q < s->n_cqs; q++) {
         if (pthread_create(&s->threads[q], NULL, worker_main, s->cqs[q]) != 0)
             abort();
@@ -977,8 +948,7 @@ void drey_server_destroy(drey_server *s) {
         grpc_server_credentials_release(s->creds);
     drey_server__tls_destroy(s->tls);
     for (size_t m = 0; m < s->n_methods; m++) {
-        free(s->methods[m]->path);
-        free(s->methods[m]->service);
+        free((char *)s->methods[m]->spec.path);
         free(s->methods[m]);
     }
     free(s->methods);
@@ -994,18 +964,10 @@ void drey_server_destroy(drey_server *s) {
     grpc_shutdown();
 }
 
-const drey_method *drey_server_find_method(const drey_server *s, const char *path) {
-    for (size_t m = 0; m < s->n_methods; m++) {
-        if (strcmp(s->methods[m]->path, path) == 0)
-            return &s->methods[m]->pub;
-    }
-    return NULL;
-}
-
 size_t drey_server_method_count(const drey_server *s) {
     return s->n_methods;
 }
 
-const drey_method *drey_server_method(const drey_server *s, size_t i) {
-    return &s->methods[i]->pub;
+const char *drey_server_method_path(const drey_server *s, size_t i) {
+    return s->methods[i]->spec.path;
 }

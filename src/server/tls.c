@@ -19,6 +19,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "drey/alloc.h"
 #include "drey/log.h"
 
 typedef struct file_id {
@@ -47,17 +48,13 @@ static char *read_all(const char *path, char *err, size_t cap) {
         return NULL;
     }
     size_t n = 0, size = 4096;
-    char *buf = malloc(size);
-    if (buf == NULL)
-        abort();
+    char *buf = drey_xmalloc(size);
     size_t r;
     while ((r = fread(buf + n, 1, size - n - 1, f)) > 0) {
         n += r;
         if (size - n - 1 == 0) {
             size *= 2;
-            buf = realloc(buf, size);
-            if (buf == NULL)
-                abort();
+            buf = drey_xrealloc(buf, size, 1);
         }
     }
     fclose(f);
@@ -162,13 +159,11 @@ static grpc_ssl_certificate_config_reload_status fetch(void *user, grpc_ssl_serv
 
 drey_server__tls *drey_server__tls_create(const char *cert, const char *key, const char *client_ca,
                                           grpc_server_credentials **creds, char *err, size_t err_cap) {
-    drey_server__tls *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        abort();
+    drey_server__tls *t = drey_xcalloc(1, sizeof *t);
     pthread_mutex_init(&t->mu, NULL);
-    t->paths[0] = strdup(cert);
-    t->paths[1] = strdup(key);
-    t->paths[2] = client_ca != NULL && client_ca[0] != '\0' ? strdup(client_ca) : NULL;
+    t->paths[0] = drey_xstrdup(cert);
+    t->paths[1] = drey_xstrdup(key);
+    t->paths[2] = client_ca != NULL && client_ca[0] != '\0' ? drey_xstrdup(client_ca) : NULL;
     /* Load once now so a bad path fails the start, not the first client. */
     grpc_ssl_server_certificate_config *first = NULL;
     if (fetch(t, &first) != GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW) {

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+#include "drey/bytes.h"
 #include "drey/crc32c.h"
 
 #define SNAP_MAGIC "DREYSNP"
@@ -43,40 +45,12 @@ struct drey_snapshot {
     buffer shards[DREY_STORE_SHARDS];
 };
 
-static void put16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p) {
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
 static uint8_t *reserve(buffer *b, size_t n) {
     if (b->cap - b->len < n) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap - b->len < n)
             cap *= 2;
-        b->data = realloc(b->data, cap);
-        if (b->data == NULL)
-            abort();
+        b->data = drey_xrealloc(b->data, cap, 1);
         b->cap = cap;
     }
     uint8_t *p = b->data + b->len;
@@ -96,23 +70,21 @@ static void on_item(void *ctx, size_t shard, const drey_store_item *it) {
     uint8_t *q = p + RECORD_HEAD;
     q[0] = (uint8_t)it->cache_len;
     q[1] = (uint8_t)it->entry.value.kind;
-    put16(q + 2, (uint16_t)it->key_len);
-    put32(q + 4, it->entry.value.len);
-    put64(q + 8, it->entry.version);
-    put64(q + 16, (uint64_t)it->entry.expires_at_ms);
+    drey_bytes_put16(q + 2, (uint16_t)it->key_len);
+    drey_bytes_put32(q + 4, it->entry.value.len);
+    drey_bytes_put64(q + 8, it->entry.version);
+    drey_bytes_put64(q + 16, (uint64_t)it->entry.expires_at_ms);
     memcpy(q + BODY_FIXED, it->cache, it->cache_len);
     memcpy(q + BODY_FIXED + it->cache_len, it->key, it->key_len);
     if (it->entry.value.len > 0)
         memcpy(q + BODY_FIXED + it->cache_len + it->key_len, it->entry.value.data, it->entry.value.len);
-    put32(p, (uint32_t)body);
-    put32(p + 4, drey_crc32c(0, q, body));
+    drey_bytes_put32(p, (uint32_t)body);
+    drey_bytes_put32(p + 4, drey_crc32c(0, q, body));
     b->count++;
 }
 
 drey_snapshot *drey_snapshot_begin(drey_store *s, uint64_t lsn, int64_t time_ms) {
-    drey_snapshot *snap = calloc(1, sizeof *snap);
-    if (snap == NULL)
-        abort();
+    drey_snapshot *snap = drey_xcalloc(1, sizeof *snap);
     snap->store = s;
     snap->lsn = lsn;
     snap->time_ms = time_ms;
@@ -138,12 +110,12 @@ int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char
     int fd = rc == 0 ? io->ops->open(io, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : rc;
     uint8_t head[SNAP_HEADER] = {0};
     memcpy(head, SNAP_MAGIC, 8);
-    put32(head + 8, SNAP_VERSION);
-    put32(head + 12, SNAP_HEADER);
-    put64(head + 16, snap->lsn);
-    put64(head + 24, (uint64_t)snap->time_ms);
-    put64(head + 32, snap->last_version);
-    put32(head + 48, drey_crc32c(0, head, 48));
+    drey_bytes_put32(head + 8, SNAP_VERSION);
+    drey_bytes_put32(head + 12, SNAP_HEADER);
+    drey_bytes_put64(head + 16, snap->lsn);
+    drey_bytes_put64(head + 24, (uint64_t)snap->time_ms);
+    drey_bytes_put64(head + 32, snap->last_version);
+    drey_bytes_put32(head + 48, drey_crc32c(0, head, 48));
     uint64_t off = 0, count = 0;
     uint32_t chain = 0;
     if (fd >= 0) {
@@ -169,9 +141,9 @@ int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char
     if (rc == 0) {
         uint8_t trailer[SNAP_TRAILER] = {0};
         memcpy(trailer, SNAP_END_MAGIC, 8);
-        put64(trailer + 8, count);
-        put32(trailer + 16, chain);
-        put32(trailer + 20, drey_crc32c(0, trailer, 20));
+        drey_bytes_put64(trailer + 8, count);
+        drey_bytes_put32(trailer + 16, chain);
+        drey_bytes_put32(trailer + 20, drey_crc32c(0, trailer, 20));
         rc = drey_io_pwrite_all(io, fd, trailer, sizeof trailer, (off_t)off);
         off += sizeof trailer;
     }
@@ -197,18 +169,7 @@ int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char
 }
 
 bool drey_snapshot_parse_name(const char *name, uint64_t *lsn) {
-    if (strlen(name) != 26 || strncmp(name, "snap-", 5) != 0 || strcmp(name + 21, ".snap") != 0)
-        return false;
-    uint64_t v = 0;
-    for (int i = 5; i < 21; i++) {
-        char c = name[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0)
-            return false;
-        v = v << 4 | (uint64_t)d;
-    }
-    *lsn = v;
-    return true;
+    return drey_bytes_hex_name(name, "snap-", ".snap", lsn);
 }
 
 #define FAIL(...)                                                                                                    \
@@ -242,48 +203,46 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
         return rc;
     }
     if ((uint64_t)size < SNAP_HEADER + SNAP_TRAILER || memcmp(head, SNAP_MAGIC, 8) != 0 ||
-        get32(head + 8) != SNAP_VERSION || get32(head + 48) != drey_crc32c(0, head, 48) ||
-        get32(head + 12) < SNAP_HEADER || get32(head + 12) > (uint64_t)size - SNAP_TRAILER)
+        drey_bytes_get32(head + 8) != SNAP_VERSION || drey_bytes_get32(head + 48) != drey_crc32c(0, head, 48) ||
+        drey_bytes_get32(head + 12) < SNAP_HEADER || drey_bytes_get32(head + 12) > (uint64_t)size - SNAP_TRAILER)
         FAIL("%s: bad snapshot header", path); /* a header size past the records would read past the end */
     memset(info, 0, sizeof *info);
-    info->lsn = get64(head + 16);
-    info->time_ms = (int64_t)get64(head + 24);
-    info->last_version = get64(head + 32);
+    info->lsn = drey_bytes_get64(head + 16);
+    info->time_ms = (int64_t)drey_bytes_get64(head + 24);
+    info->last_version = drey_bytes_get64(head + 32);
     info->bytes = (uint64_t)size;
-    if (memcmp(t, SNAP_END_MAGIC, 8) != 0 || get32(t + 20) != drey_crc32c(0, t, 20))
+    if (memcmp(t, SNAP_END_MAGIC, 8) != 0 || drey_bytes_get32(t + 20) != drey_crc32c(0, t, 20))
         FAIL("%s: the trailer is missing or damaged (a truncated snapshot)", path);
 
     const uint64_t end = (uint64_t)size - SNAP_TRAILER;
-    uint64_t pos = get32(head + 12); /* next byte of the file to read */
+    uint64_t pos = drey_bytes_get32(head + 12); /* next byte of the file to read */
     uint64_t rec = pos;              /* file offset of buf[start] */
     size_t cap = READ_CHUNK, have = 0, start = 0;
-    buf = malloc(cap);
-    if (buf == NULL)
-        abort();
+    buf = drey_xmalloc(cap);
     uint32_t chain = 0;
     uint64_t count = 0;
     for (;;) {
         size_t avail = have - start;
         size_t need = RECORD_HEAD + BODY_FIXED;
         if (avail >= RECORD_HEAD) {
-            uint32_t body = get32(buf + start);
+            uint32_t body = drey_bytes_get32(buf + start);
             if (body < BODY_FIXED || body > end - rec - RECORD_HEAD)
                 FAIL("%s: record at offset %" PRIu64 " is damaged", path, rec);
             need = RECORD_HEAD + (size_t)body;
         }
         if (avail >= need) {
             const uint8_t *r = buf + start, *q = r + RECORD_HEAD;
-            uint32_t body = get32(r);
-            if (get32(r + 4) != drey_crc32c(0, q, body))
+            uint32_t body = drey_bytes_get32(r);
+            if (drey_bytes_get32(r + 4) != drey_crc32c(0, q, body))
                 FAIL("%s: record at offset %" PRIu64 " is damaged", path, rec);
             drey_store_item it = {
                 .cache_len = q[0],
-                .key_len = get16(q + 2),
+                .key_len = drey_bytes_get16(q + 2),
             };
             it.entry.value.kind = (drey_value_kind)q[1];
-            it.entry.value.len = get32(q + 4);
-            it.entry.version = get64(q + 8);
-            it.entry.expires_at_ms = (int64_t)get64(q + 16);
+            it.entry.value.len = drey_bytes_get32(q + 4);
+            it.entry.version = drey_bytes_get64(q + 8);
+            it.entry.expires_at_ms = (int64_t)drey_bytes_get64(q + 16);
             if ((uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len != body)
                 FAIL("%s: record at offset %" PRIu64 " has inconsistent lengths", path, rec);
             it.cache = (const char *)q + BODY_FIXED;
@@ -308,9 +267,7 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
         start = 0;
         if (need > cap) {
             cap = need;
-            buf = realloc(buf, cap);
-            if (buf == NULL)
-                abort();
+            buf = drey_xrealloc(buf, cap, 1);
         }
         size_t n = cap - have < end - pos ? cap - have : (size_t)(end - pos);
         rc = drey_io_pread_all(io, fd, buf + have, n, (off_t)pos);
@@ -321,8 +278,8 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
         have += n;
         pos += n;
     }
-    if (count != get64(t + 8) || chain != get32(t + 16))
-        FAIL("%s: holds %" PRIu64 " records where its trailer says %" PRIu64, path, count, get64(t + 8));
+    if (count != drey_bytes_get64(t + 8) || chain != drey_bytes_get32(t + 16))
+        FAIL("%s: holds %" PRIu64 " records where its trailer says %" PRIu64, path, count, drey_bytes_get64(t + 8));
     info->entries = count;
 out:
     free(buf);
@@ -343,9 +300,9 @@ static uint64_t announced_count(drey_io *io, const char *path) {
     uint64_t n = 0;
     if (io->ops->fsize(io, fd, &size) == 0 && size >= (off_t)SNAP_TRAILER &&
         drey_io_pread_all(io, fd, t, sizeof t, size - (off_t)SNAP_TRAILER) == 0 && memcmp(t, SNAP_END_MAGIC, 8) == 0 &&
-        get32(t + 20) == drey_crc32c(0, t, 20)) {
+        drey_bytes_get32(t + 20) == drey_crc32c(0, t, 20)) {
         uint64_t most = ((uint64_t)size - SNAP_TRAILER) / (RECORD_HEAD + BODY_FIXED);
-        n = get64(t + 8) < most ? get64(t + 8) : most;
+        n = drey_bytes_get64(t + 8) < most ? drey_bytes_get64(t + 8) : most;
     }
     io->ops->close(io, fd);
     return n;

@@ -85,7 +85,24 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(MEMORY_PRESSURE, "MEMORY_PRESSURE", "the write would grow memory past the node's critical level"),
     QUOTA(JOURNAL_DISK_QUOTA, "JOURNAL_DISK_QUOTA",
           "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
+    QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
+          "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
 #undef QUOTA
+    [DREY_ERR_CROSS_PARTITION] = {DREY_ERR_CROSS_PARTITION, GRPC_STATUS_INVALID_ARGUMENT, "CROSS_PARTITION",
+                                  "the entries of an atomic batch must share a partition (use one {hash tag})"},
+    [DREY_ERR_NOT_PRIMARY] = {DREY_ERR_NOT_PRIMARY, GRPC_STATUS_UNAVAILABLE, "NOT_PRIMARY",
+                              "this node does not own the key's partition; ErrorInfo names the owner"},
+    [DREY_ERR_PARTITION_UNAVAILABLE] = {DREY_ERR_PARTITION_UNAVAILABLE, GRPC_STATUS_UNAVAILABLE,
+                                        "PARTITION_UNAVAILABLE",
+                                        "the node that owns the key's partition cannot be reached; retry later"},
+    [DREY_ERR_FORWARDING_NOT_ALLOWED] = {DREY_ERR_FORWARDING_NOT_ALLOWED, GRPC_STATUS_PERMISSION_DENIED,
+                                         "FORWARDING_NOT_ALLOWED",
+                                         "forwarding metadata is accepted only from cluster peers on the internal "
+                                         "listener"},
+    [DREY_ERR_PEER_UNAUTHENTICATED] = {DREY_ERR_PEER_UNAUTHENTICATED, GRPC_STATUS_UNAUTHENTICATED,
+                                       "PEER_UNAUTHENTICATED",
+                                       "the internal listener serves only peers whose certificate names the node "
+                                       "they say they are"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

@@ -10,12 +10,15 @@
 #include "drey/storage.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/bytes.h"
 #include "drey/crc32c.h"
 #include "drey/journal/v1/journal.pb-c.h"
 #include "drey/log.h"
@@ -45,6 +48,13 @@ struct drey_storage {
     uint64_t bytes_at_snapshot; /* journal bytes_written at the last snapshot */
     uint64_t appends_at_snapshot;
     int64_t last_snapshot_mono;
+    bool last_snapshot_failed;
+    uint64_t last_snapshot_bytes; /* size of the newest snapshot file */
+    /* The disk watch's own (the opening thread, then the snapshot thread). */
+    int64_t last_watch_mono;
+    uint64_t logged_cap;          /* the derived cap last logged; 0: none yet */
+    drey_storage_snapshot_room logged_room;
+    bool fs_space_failed_logged;
     drey_storage_stats stats;
 };
 
@@ -62,8 +72,7 @@ int drey_storage__read_manifest(drey_io *io, const char *dir, char *snapshot, si
         return rc;
     rc = -EINVAL;
     if (n >= 16 && memcmp(buf, MANIFEST_MAGIC, 8) == 0) {
-        uint32_t len = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
-        uint32_t crc = (uint32_t)buf[12] | (uint32_t)buf[13] << 8 | (uint32_t)buf[14] << 16 | (uint32_t)buf[15] << 24;
+        uint32_t len = drey_bytes_get32(buf + 8), crc = drey_bytes_get32(buf + 12);
         if (len == n - 16 && crc == drey_crc32c(0, buf + 16, len)) {
             Drey__Journal__V1__Manifest *m = drey__journal__v1__manifest__unpack(NULL, len, buf + 16);
             if (m != NULL) {
@@ -86,16 +95,12 @@ static int write_manifest(drey_io *io, const char *dir, const char *snapshot, ui
     m.retained_snapshots = retained;
     m.n_retained_snapshots = n_retained;
     size_t len = protobuf_c_message_get_packed_size(&m.base);
-    uint8_t *buf = malloc(16 + len);
-    if (buf == NULL)
-        abort();
+    uint8_t *buf = drey_xmalloc(16 + len);
     memcpy(buf, MANIFEST_MAGIC, 8);
     protobuf_c_message_pack(&m.base, buf + 16);
     uint32_t crc = drey_crc32c(0, buf + 16, len);
-    for (int i = 0; i < 4; i++) {
-        buf[8 + i] = (uint8_t)(len >> (8 * i));
-        buf[12 + i] = (uint8_t)(crc >> (8 * i));
-    }
+    drey_bytes_put32(buf + 8, (uint32_t)len);
+    drey_bytes_put32(buf + 12, crc);
     int rc = drey_io_write_file_atomic(io, dir, "CURRENT", buf, 16 + len);
     free(buf);
     return rc;
@@ -217,6 +222,129 @@ static int load_snapshot(drey_storage *st, uint64_t *lsn, char *err, size_t cap,
     return rc;
 }
 
+/* --- the disk watch: derived cap, room for snapshots ----------------------- */
+
+/* A snapshot file's header and trailer. */
+#define SNAPSHOT_FRAMING 96u
+
+/* Sizes of the snapshot files kept (all, and the newest), from the files. */
+static void measure_snapshots(drey_storage *st) {
+    char **names;
+    size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
+    uint64_t total = 0, newest = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/snapshots/%s", st->dir, names[i]);
+        int fd = st->io->ops->open(st->io, path, O_RDONLY, 0);
+        if (fd < 0)
+            continue;
+        off_t size = 0;
+        if (st->io->ops->fsize(st->io, fd, &size) == 0) {
+            total += (uint64_t)size;
+            if (i == 0)
+                newest = (uint64_t)size;
+        }
+        st->io->ops->close(st->io, fd);
+    }
+    drey_io_free_names(names, n);
+    pthread_mutex_lock(&st->mu);
+    st->stats.snapshot_files_bytes = total;
+    st->last_snapshot_bytes = newest;
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void log_cap(const char *msg, uint64_t cap, const drey_storage__disk *d) {
+    DREY_LOG_INFO(msg, DREY_LOG_UINT("max_bytes", cap), DREY_LOG_UINT("fs_bytes", d->fs_bytes),
+                  DREY_LOG_UINT("fs_avail_bytes", d->avail_bytes), DREY_LOG_UINT("journal_bytes", d->journal_bytes),
+                  DREY_LOG_UINT("snapshot_estimate_bytes", d->snapshot_bytes),
+                  DREY_LOG_UINT("reserve_bytes", drey_storage__reserve_bytes(d->fs_bytes)));
+}
+
+/* Looks at the data directory's file system: re-derives the journal's cap
+ * when it is derived and tells whether the next snapshot fits. Runs every
+ * second on the snapshot thread (and at open, and after each snapshot), not
+ * on the write path: each derivation already leaves room for the snapshot to
+ * grow with the journal up to the cap (diskcap.c), so the timer is only
+ * there for what the node cannot see -- the volume grown or shrunk, other
+ * writers -- and it sees that even while writes are refused and no segment
+ * is being created. Not under st->mu. */
+static void watch_disk(drey_storage *st) {
+    st->last_watch_mono = drey_mono_ms();
+    drey_io *io = st->io;
+    if (io->ops->fs_space == NULL)
+        return; /* an io that cannot tell: no derived cap, room unknown */
+    /* The journal's figures first: a segment created between the two looks
+     * then lowers the cap instead of counting twice. */
+    drey_journal_stats js;
+    drey_journal_get_stats(st->journal, &js);
+    uint64_t total, avail;
+    int rc = io->ops->fs_space(io, st->dir, &total, &avail);
+    if (rc != 0) {
+        /* Once per failure spell: the cap stays as last derived (none if
+         * it never was), the room becomes unknown. */
+        if (!st->fs_space_failed_logged && st->opts.derive_journal_cap)
+            DREY_LOG_WARN("cannot read the data directory's file system space; the journal cap is not re-derived",
+                          DREY_LOG_STR("dir", st->dir), DREY_LOG_STR("error", strerror(-rc)),
+                          DREY_LOG_UINT("journal_max_bytes", js.quota_max_bytes));
+        st->fs_space_failed_logged = true;
+        st->logged_room = DREY_STORAGE_SNAPSHOT_UNKNOWN;
+        pthread_mutex_lock(&st->mu);
+        st->stats.snapshot_room = DREY_STORAGE_SNAPSHOT_UNKNOWN;
+        pthread_mutex_unlock(&st->mu);
+        return;
+    }
+    if (st->fs_space_failed_logged && st->opts.derive_journal_cap)
+        DREY_LOG_INFO("the data directory's file system space can be read again", DREY_LOG_STR("dir", st->dir));
+    st->fs_space_failed_logged = false;
+    pthread_mutex_lock(&st->mu);
+    uint64_t est = st->last_snapshot_bytes;
+    pthread_mutex_unlock(&st->mu);
+    int64_t store_bytes = drey_store_bytes(st->store);
+    uint64_t from_store = (store_bytes > 0 ? (uint64_t)store_bytes : 0) + SNAPSHOT_FRAMING;
+    if (from_store > est)
+        est = from_store;
+    drey_storage__disk d = {.fs_bytes = total, .avail_bytes = avail, .journal_bytes = js.disk_bytes,
+                            .snapshot_bytes = est};
+    uint64_t cap = js.quota_max_bytes;
+    if (st->opts.derive_journal_cap) {
+        cap = drey_storage__derive_cap(&d);
+        drey_journal_set_max_bytes(st->journal, cap);
+        /* Logged at start and when it moves by a sixteenth: it follows the
+         * store's size, which changes with every write. */
+        uint64_t diff = cap > st->logged_cap ? cap - st->logged_cap : st->logged_cap - cap;
+        if (st->logged_cap == 0 || diff >= st->logged_cap / 16) {
+            log_cap(st->logged_cap == 0 ? "journal disk cap derived from the file system"
+                                        : "journal disk cap re-derived",
+                    cap, &d);
+            st->logged_cap = cap;
+        }
+    }
+    drey_storage_snapshot_room room = drey_storage__snapshot_fits(&d, cap);
+    bool was_tight = st->logged_room == DREY_STORAGE_SNAPSHOT_LOW || st->logged_room == DREY_STORAGE_SNAPSHOT_SHORT;
+    if (room != st->logged_room && (room != DREY_STORAGE_SNAPSHOT_OK || was_tight)) {
+        if (room == DREY_STORAGE_SNAPSHOT_OK)
+            DREY_LOG_INFO("the next snapshot fits on the data directory's file system again",
+                          DREY_LOG_UINT("snapshot_estimate_bytes", est), DREY_LOG_UINT("fs_avail_bytes", avail));
+        else
+            DREY_LOG_WARN(room == DREY_STORAGE_SNAPSHOT_SHORT
+                              ? "the next snapshot does not fit on the data directory's file system: compaction "
+                                "cannot free the journal; free space or grow the volume"
+                              : "the next snapshot may not fit once the journal grows: free space, grow the volume "
+                                "or take a snapshot now",
+                          DREY_LOG_STR("snapshot_room", drey_storage_snapshot_room_name(room)),
+                          DREY_LOG_UINT("snapshot_estimate_bytes", est), DREY_LOG_UINT("fs_avail_bytes", avail),
+                          DREY_LOG_UINT("journal_bytes", js.disk_bytes), DREY_LOG_UINT("journal_max_bytes", cap));
+    }
+    st->logged_room = room;
+    pthread_mutex_lock(&st->mu);
+    st->stats.fs_bytes = total;
+    st->stats.fs_avail_bytes = avail;
+    st->stats.reserve_bytes = drey_storage__reserve_bytes(total);
+    st->stats.snapshot_estimate_bytes = est;
+    st->stats.snapshot_room = room;
+    pthread_mutex_unlock(&st->mu);
+}
+
 /* --- snapshots ------------------------------------------------------------ */
 
 static void begin_on_writer(void *arg, uint64_t lsn, int64_t time_ms) {
@@ -264,13 +392,9 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
         char **names;
         size_t n = drey_storage__list_snapshots(st->io, st->dir, &names);
         size_t n_kept = n < st->opts.retain_snapshots ? n : st->opts.retain_snapshots;
-        char **kept = malloc((n_kept ? n_kept : 1) * sizeof *kept);
-        if (kept == NULL)
-            abort();
+        char **kept = drey_xmalloc((n_kept ? n_kept : 1) * sizeof *kept);
         for (size_t i = 0; i < n_kept; i++) {
-            kept[i] = malloc(strlen(names[i]) + 12);
-            if (kept[i] == NULL)
-                abort();
+            kept[i] = drey_xmalloc(strlen(names[i]) + 12);
             sprintf(kept[i], "snapshots/%s", names[i]);
         }
         r->rc = write_manifest(st->io, st->dir, r->file, r->info.lsn, kept, n_kept);
@@ -300,8 +424,13 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
         st->stats.snapshots_failed++;
     }
     st->last_snapshot_mono = drey_mono_ms();
+    st->last_snapshot_failed = r->rc != 0;
     pthread_mutex_unlock(&st->mu);
 
+    /* The new snapshot's size and the space compaction freed move the cap. */
+    if (r->rc == 0)
+        measure_snapshots(st);
+    watch_disk(st);
     if (r->rc == 0)
         DREY_LOG_INFO("snapshot written", DREY_LOG_STR("file", r->file), DREY_LOG_UINT("lsn", r->info.lsn),
                       DREY_LOG_UINT("entries", r->info.entries), DREY_LOG_UINT("bytes", r->info.bytes),
@@ -312,11 +441,22 @@ static void take_snapshot(drey_storage *st, drey_snapshot_result *r) {
         DREY_LOG_ERROR("compaction failed", DREY_LOG_STR("error", strerror(-compaction_rc)));
 }
 
-/* Whether the size or time trigger has fired. Needs st->mu. */
+#define QUOTA_RETRY_MS 10000
+
+/* Whether the size, quota or time trigger has fired. Needs st->mu. */
 static bool snapshot_due(drey_storage *st) {
     drey_journal_stats js;
     drey_journal_get_stats(st->journal, &js);
     if (st->opts.snapshot_every_bytes > 0 && js.bytes_written - st->bytes_at_snapshot >= st->opts.snapshot_every_bytes)
+        return true;
+    /* A journal past its quota's high-water mark, with segments before the
+     * one being written that a compaction would delete: snapshot now rather
+     * than refuse writes at the cap. A size trigger like the one above, off
+     * with it; after a failed snapshot it waits, so a full disk is not
+     * retried every second. */
+    if (st->opts.snapshot_every_bytes > 0 && js.quota_state != DREY_LEVEL_NORMAL && js.segments > 1 &&
+        js.appends > st->appends_at_snapshot &&
+        (!st->last_snapshot_failed || drey_mono_ms() - st->last_snapshot_mono >= QUOTA_RETRY_MS))
         return true;
     return st->opts.snapshot_every_ms > 0 && js.appends > st->appends_at_snapshot &&
            drey_mono_ms() - st->last_snapshot_mono >= st->opts.snapshot_every_ms;
@@ -326,11 +466,26 @@ static void *snapshot_main(void *arg) {
     drey_storage *st = arg;
     pthread_mutex_lock(&st->mu);
     while (!st->stopping) {
+        if (drey_mono_ms() - st->last_watch_mono >= 1000) {
+            pthread_mutex_unlock(&st->mu);
+            watch_disk(st);
+            pthread_mutex_lock(&st->mu);
+            continue;
+        }
         if (st->waiters == NULL && !snapshot_due(st)) {
-            /* Triggers are checked once a second: they are coarse by nature. */
+            /* Triggers are checked once a second: they are coarse by nature.
+             * With a cap, ten times a second (a lock and a copy of the
+             * journal's figures): the last fifth of the cap may fill in well
+             * under a second, and every write after it is refused until the
+             * compaction the quota trigger starts. */
+            drey_journal_stats js;
+            drey_journal_get_stats(st->journal, &js);
+            int64_t wait_ms = js.quota_max_bytes > 0 ? 100 : 1000;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += 1;
+            int64_t ns = until.tv_nsec + wait_ms * 1000000;
+            until.tv_sec += ns / 1000000000;
+            until.tv_nsec = ns % 1000000000;
             pthread_cond_timedwait(&st->cond, &st->mu, &until);
             continue;
         }
@@ -363,9 +518,7 @@ static void *snapshot_main(void *arg) {
 
 void drey_storage_request_snapshot(drey_storage *st, void (*done)(void *arg, const drey_snapshot_result *r),
                                    void *arg) {
-    waiter *w = malloc(sizeof *w);
-    if (w == NULL)
-        abort();
+    waiter *w = drey_xmalloc(sizeof *w);
     w->done = done;
     w->arg = arg;
     pthread_mutex_lock(&st->mu);
@@ -398,13 +551,22 @@ static void remove_leftovers(drey_storage *st) {
     drey_io_free_names(names, n);
 }
 
+/* What open acquires before it can fail and close releases last: the data
+ * directory's lock, the strings and the synchronisation. */
+static void free_storage(drey_storage *st) {
+    if (st->lock_fd >= 0)
+        st->io->ops->close(st->io, st->lock_fd);
+    free(st->dir);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+}
+
 int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_commit *commit, drey_storage **out,
                       char *err, size_t err_cap) {
-    drey_storage *st = calloc(1, sizeof *st);
-    if (st == NULL)
-        abort();
+    drey_storage *st = drey_xcalloc(1, sizeof *st);
     st->opts = *opts;
-    st->dir = strdup(opts->journal.dir);
+    st->dir = drey_xstrdup(opts->journal.dir);
     st->io = opts->journal.io;
     st->store = store;
     if (st->opts.retain_snapshots == 0)
@@ -440,6 +602,8 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     replay_ctx rctx = {.commit = commit, .last_log_ms = drey_mono_ms()};
     drey_journal_options jo = opts->journal;
     jo.dir = st->dir;
+    if (opts->derive_journal_cap)
+        jo.max_bytes = 0; /* until the disk watch below derives it, before any append */
     rc = drey_journal_open(&jo, snapshot_lsn, replay_one, &rctx, &st->journal, err, err_cap);
     if (rc != 0) {
         if (fallback[0] != '\0') {
@@ -456,6 +620,9 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     st->stats.replayed_records = rctx.records;
     st->stats.recovery_ms = drey_mono_ms() - t0;
     st->last_snapshot_mono = drey_mono_ms();
+    st->stats.journal_cap_derived = opts->derive_journal_cap;
+    measure_snapshots(st);
+    watch_disk(st);
     DREY_LOG_INFO("recovery: done", DREY_LOG_UINT("snapshot_lsn", snapshot_lsn),
                   DREY_LOG_UINT("replayed_records", rctx.records), DREY_LOG_UINT("last_lsn", js.last_lsn),
                   DREY_LOG_UINT("torn_tails_cut", js.torn_tails_cut), DREY_LOG_INT("ms", st->stats.recovery_ms));
@@ -464,12 +631,7 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     *out = st;
     return 0;
 fail:
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
     return rc;
 }
 
@@ -482,12 +644,7 @@ void drey_storage_close(drey_storage *st) {
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->thread, NULL);
     drey_journal_close(st->journal);
-    if (st->lock_fd >= 0)
-        st->io->ops->close(st->io, st->lock_fd);
-    free(st->dir);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cond);
-    free(st);
+    free_storage(st);
 }
 
 drey_journal *drey_storage_journal(drey_storage *st) {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "drey/alloc.h"
 #include "siphash.h"
 
 #define SHARD_MIN_BUCKETS 16
@@ -66,24 +67,15 @@ static size_t shard_index(uint64_t hash) {
     return (size_t)(hash >> 56);
 }
 
-static void *xcalloc(size_t n, size_t size) {
-    void *p = calloc(n, size);
-    if (p == NULL)
-        abort();
-    return p;
-}
-
 drey_store *drey_store_create(void) {
-    drey_store *s;
-    if (posix_memalign((void **)&s, 64, sizeof *s) != 0)
-        abort();
+    drey_store *s = drey_xaligned(64, sizeof *s);
     memset(s, 0, sizeof *s);
     if (getrandom(s->seed, sizeof s->seed, 0) != (ssize_t)sizeof s->seed)
         abort();
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
         pthread_rwlock_init(&sh->lock, NULL);
-        sh->buckets = xcalloc(SHARD_MIN_BUCKETS, sizeof(entry *));
+        sh->buckets = drey_xcalloc(SHARD_MIN_BUCKETS, sizeof(entry *));
         sh->mask = SHARD_MIN_BUCKETS - 1;
     }
     return s;
@@ -178,7 +170,7 @@ static void view_of(const entry *e, drey_entry_view *v) {
 }
 
 static void resize(shard *sh, size_t nbuckets) {
-    entry **nb = xcalloc(nbuckets, sizeof(entry *));
+    entry **nb = drey_xcalloc(nbuckets, sizeof(entry *));
     size_t nmask = nbuckets - 1;
     for (size_t b = 0; b <= sh->mask; b++) {
         entry *e = sh->buckets[b];
@@ -315,9 +307,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
     shard *sh = shard_of(s, k.hash);
     const drey_value *v = &item->entry.value;
-    entry *e = malloc(offsetof(entry, data) + k.cache_len + k.key_len + v->len);
-    if (e == NULL)
-        abort();
+    entry *e = drey_xmalloc(offsetof(entry, data) + k.cache_len + k.key_len + v->len);
     e->version = item->entry.version;
     e->expires_at_ms = item->entry.expires_at_ms;
     e->hash = (uint32_t)k.hash;
@@ -393,9 +383,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
                         uint64_t version) {
     shard *sh = txn_shard(t, k);
     size_t size = offsetof(entry, data) + k->cache_len + k->key_len + v->len;
-    entry *e = malloc(size);
-    if (e == NULL)
-        abort();
+    entry *e = drey_xmalloc(size);
     e->version = version;
     e->expires_at_ms = expires_at_ms;
     e->hash = (uint32_t)k->hash;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 
 #define NOT_ARMED SIZE_MAX
@@ -101,9 +102,7 @@ static void *timer_main(void *arg) {
 }
 
 drey_timers *drey_timers_create(void) {
-    drey_timers *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        abort();
+    drey_timers *t = drey_xcalloc(1, sizeof *t);
     pthread_mutex_init(&t->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -141,9 +140,7 @@ void drey_timer_arm(drey_timers *t, drey_timer *timer) {
         remove_at(t, timer->heap_index_); /* re-armed: one entry, the new time */
     if (t->n == t->cap) {
         t->cap = t->cap ? t->cap * 2 : 64;
-        t->heap = realloc(t->heap, t->cap * sizeof *t->heap);
-        if (t->heap == NULL)
-            abort();
+        t->heap = drey_xrealloc(t->heap, t->cap, sizeof *t->heap);
     }
     timer->heap_index_ = t->n;
     t->heap[t->n++] = timer;

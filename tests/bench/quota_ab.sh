@@ -18,6 +18,7 @@ run() {  # $1: label, rest: extra dreyd flags
   echo "$label $tput"
 }
 for r in 1 2 3; do
-  run "no-cap" 
+  run "no-cap" --journal-max-bytes=0
   run "cap-64GiB" --journal-max-bytes=64GiB
+  run "cap-derived"   # the default: derived from the file system, re-derived every second
 done

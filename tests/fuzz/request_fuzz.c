@@ -1,6 +1,7 @@
 /*
  * Fuzz target: a request as the server receives it, for every method of
- * every service drey serves (Cache, Admin, Health, reflection v1/v1alpha).
+ * every service drey serves (Cache, Admin, Cluster, Health, reflection
+ * v1/v1alpha).
  *
  * The first byte picks the method; the rest is the message. It goes through
  * what the server does with bytes from the network before any handler sees
@@ -17,6 +18,7 @@
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
 #include "drey/cache/v1/cache.pb-c.h"
+#include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/descriptors.h"
 #include "drey/pipeline.h"
 #include "drey/status.h"
@@ -31,6 +33,7 @@
 static const ProtobufCServiceDescriptor *const services[] = {
     &drey__cache__v1__cache__descriptor,
     &drey__admin__v1__admin__descriptor,
+    &drey__cluster__v1__cluster__descriptor,
     &grpc__health__v1__health__descriptor,
     &grpc__reflection__v1__server_reflection__descriptor,
     &grpc__reflection__v1alpha__server_reflection__descriptor,

@@ -31,19 +31,22 @@ def put(target, name, data):
 def stubs():
     out = tempfile.mkdtemp(prefix="drey-fuzz-seeds-")
     subprocess.run(["protoc", "-I" + os.path.join(top, "proto"), "-I/usr/include", "--python_out=" + out,
-                    "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto"], check=True)
+                    "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto", "drey/cluster/v1/cluster.proto"],
+                   check=True)
     subprocess.run(["protoc", "-I/usr/share/grpc-proto/grpc", "--python_out=" + out, "health/v1/health.proto",
                     "reflection/v1/reflection.proto"], check=True)
     sys.path.insert(0, out)
     return (importlib.import_module("drey.cache.v1.cache_pb2"), importlib.import_module("drey.admin.v1.admin_pb2"),
-            importlib.import_module("health.v1.health_pb2"),
+            importlib.import_module("drey.cluster.v1.cluster_pb2"), importlib.import_module("health.v1.health_pb2"),
             importlib.import_module("reflection.v1.reflection_pb2"))
 
 
 def requests():
-    cache, admin, health, refl = stubs()
+    cache, admin, cluster, health, refl = stubs()
+    # the order of request_fuzz.c's services
     methods = [m for m in cache.DESCRIPTOR.services_by_name["Cache"].methods]
     methods += [m for m in admin.DESCRIPTOR.services_by_name["Admin"].methods]
+    methods += [m for m in cluster.DESCRIPTOR.services_by_name["Cluster"].methods]
     methods += [m for m in health.DESCRIPTOR.services_by_name["Health"].methods]
     methods += [m for m in refl.DESCRIPTOR.services_by_name["ServerReflection"].methods]
     index = {m.full_name: i for i, m in enumerate(methods)}

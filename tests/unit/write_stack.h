@@ -1,7 +1,7 @@
 /*
  * A write stack for unit tests of commit and storage: a store, the cache
- * service registered on a server that is never started (so
- * drey_server_find_method works for replay), and a commit. Plus builders
+ * service's methods in a method table (which replay resolves records
+ * through), and a commit. Plus builders
  * for cache write requests as the request chain would hand them over: the
  * decoded message and its wire bytes.
  */
@@ -19,31 +19,29 @@
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/commit.h"
 #include "drey/journal.h"
-#include "drey/server.h"
+#include "drey/method.h"
 #include "drey/status.h"
 #include "drey/store.h"
 
 typedef struct write_stack {
     drey_store *store;
     drey_cache *cache;
-    drey_server *server;
+    drey_method_table *methods;
     drey_commit *commit;
 } write_stack;
 
 static inline void stack_create(write_stack *s, int64_t retention_ms) {
     s->store = drey_store_create();
     s->cache = drey_cache_create(s->store);
-    drey_server_options so = {.listen = "127.0.0.1:0", .workers = 1, .max_recv_message_bytes = 4 << 20};
-    s->server = drey_server_create(&so);
-    cr_assert_not_null(s->server);
-    cr_assert(drey_cache_register(s->cache, s->server));
-    drey_commit_options co = {.store = s->store, .server = s->server, .idempotency_retention_ms = retention_ms};
+    s->methods = drey_method_table_create();
+    cr_assert(drey_cache_register(s->cache, s->methods));
+    drey_commit_options co = {.store = s->store, .methods = s->methods, .idempotency_retention_ms = retention_ms};
     s->commit = drey_commit_create(&co);
 }
 
 static inline void stack_destroy(write_stack *s) {
     drey_commit_destroy(s->commit);
-    drey_server_destroy(s->server);
+    drey_method_table_destroy(s->methods);
     drey_cache_destroy(s->cache);
     drey_store_destroy(s->store);
     memset(s, 0, sizeof *s);
@@ -52,7 +50,7 @@ static inline void stack_destroy(write_stack *s) {
 static inline const drey_method *stack_method(write_stack *s, const char *name) {
     char path[128];
     snprintf(path, sizeof path, "/drey.cache.v1.Cache/%s", name);
-    const drey_method *m = drey_server_find_method(s->server, path);
+    const drey_method *m = drey_method_find(s->methods, path);
     cr_assert_not_null(m, "no method %s", path);
     return m;
 }

@@ -1,5 +1,8 @@
-"""A real full disk: the data directory is a small size-limited tmpfs that
-the test fills. The server stays up, fails writes with UNAVAILABLE
+"""A real full disk with no journal cap (--journal-max-bytes=0): the data
+directory is a small size-limited tmpfs that the test fills. (On defaults
+the node derives a cap from the file system and refuses with
+JOURNAL_DISK_QUOTA before the disk is full: test_diskcap.py.) The server
+stays up, fails writes with UNAVAILABLE
 JOURNAL_WRITE_FAILED (errno ENOSPC) without applying them, keeps serving
 reads and health; once space is freed writes work again (the journal goes
 on after a segment could not be created: include/drey/journal.h), and after
@@ -81,8 +84,8 @@ class DiskFullTest(DreyTestCase):
         self.data_dir = os.path.join(self.mnt, "data")
 
     def boot(self):
-        srv = DreyServer("--data-dir=" + self.data_dir, "--segment-bytes=%d" % SEGMENT, "--snapshot-every-bytes=0",
-                         "--snapshot-every=0", "--ops-listen=127.0.0.1:0").start()
+        srv = DreyServer("--data-dir=" + self.data_dir, "--segment-bytes=%d" % SEGMENT, "--journal-max-bytes=0",
+                         "--snapshot-every-bytes=0", "--snapshot-every=0", "--ops-listen=127.0.0.1:0").start()
         self.addCleanup(srv.kill)
         ch = srv.channel()
         return (srv, ServiceClient(ch, self.pb.cache, CACHE_SERVICE), ServiceClient(ch, self.pb.admin, ADMIN_SERVICE),
@@ -165,6 +168,7 @@ class DiskFullTest(DreyTestCase):
         d = admin.GetReadinessDetails(self.pb.admin.GetReadinessDetailsRequest(), timeout=WAIT)
         self.assertTrue(d.ready)
         self.assertFalse(d.journal.failed, "a segment that could not be created must not fail the journal")
+        self.assertEqual((d.data_disk.journal_cap, d.journal_disk.max_bytes), ("none", 0), "explicit 0: no cap")
         self.assertEqual(d.journal.segments, 1)
         warn = srv.find_log(lambda r: r.get("msg") == "journal cannot start a new segment")
         self.assertIsNotNone(warn, srv.log_text())

@@ -212,6 +212,13 @@ class QuotaMetricsTest(MetricsCase):
         self.assertEqual(m.get("drey_ready"), float(d["ready"]), where)
         self.assertEqual(m.get("drey_memory_used_bytes"), d["memory"]["usedBytes"], where)
         self.assertEqual(m.get("drey_snapshot_last_lsn"), d["snapshot"]["lastLsn"], where)
+        dd = d["dataDisk"]
+        # the disk is looked at every second: its figures may move between the two reads, its state not here
+        self.assertGreater(m.get("drey_snapshot_estimate_bytes"), 0, where)
+        self.assertGreater(m.get("drey_data_disk_available_bytes"), 0, where)
+        self.assertEqual(dd["journalCap"], "configured", where)
+        rooms = {l["state"]: v for l, v in m.series("drey_snapshot_room")}
+        self.assertEqual(rooms, {s: float(s == dd["snapshotRoom"]) for s in ("ok", "low", "short", "unknown")}, where)
         # group commit: every record written since the start is in one batch
         self.assertEqual(m.get("drey_journal_batch_records_sum"), d["journal"]["lastLsn"], where)
         self.assertEqual(m.get("drey_journal_fsync_duration_seconds_count"),

@@ -215,6 +215,13 @@ class ReadinessCase(DreyTestCase):
         # jemalloc's own figure moves with every request served (-1 without jemalloc)
         je = [doc["memory"].pop("jemallocAllocatedBytes") for doc in (http, got, again)]
         self.assertTrue(all(v == -1 for v in je) or all(v > 0 for v in je), je)
+        # the data directory's file system is looked at every second and other processes write to it: what it
+        # has available (and a cap derived from that) may move between two reads
+        for doc in (http, got, again):
+            self.assertIsInstance(doc["dataDisk"].pop("availableBytes"), int)
+            if doc["dataDisk"]["journalCap"] == "derived":
+                for k in ("maxBytes", "highWaterBytes"):
+                    self.assertIsInstance(doc["journalDisk"].pop(k), int)
         self.assertEqual(http, again, "%s: the details moved while nothing happened" % where)
         self.assertEqual(got, http, where)
         return http

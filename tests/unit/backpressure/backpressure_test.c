@@ -310,6 +310,32 @@ Test(backpressure, a_release_resumes_the_oldest_waiter_exactly_once) {
     cr_assert_eq(rejected_total(&s), 0);
 }
 
+/* Cancelling frees a slot only while the call waits for it: a running call
+ * keeps its slot until it is released as done, or callers that give up
+ * could let more than max_inflight calls' work run at once. */
+Test(backpressure, a_cancel_takes_a_waiter_out_but_leaves_a_running_call_its_slot) {
+    drey_bp_options o = base_options();
+    o.max_inflight = 1;
+    o.max_queued = 2;
+    start(&o);
+    call a, b, c;
+    expect(DREY_BP_ADMITTED, &a, "p1");
+    expect(DREY_BP_PARKED, &b, "p2");
+    cr_assert(!drey_bp_cancel(bp, &a.t), "a runs: cancel leaves it alone");
+    expect_counts(1, 1, 1);
+    cr_assert_eq(atomic_load(&b.resumed), 0, "a still holds the slot");
+    cr_assert(drey_bp_cancel(bp, &b.t), "b waited: the caller must finish it");
+    cr_assert(!drey_bp_cancel(bp, &b.t), "only the first counts");
+    expect_counts(1, 0, 1);
+    expect(DREY_BP_PARKED, &c, "p3");
+    cr_assert(!drey_bp_release(bp, &a.t), "a is done");
+    cr_assert(wait_resumed(&c), "c gets the slot a kept until it was done");
+    cr_assert_eq(atomic_load(&b.resumed) + atomic_load(&b.failed), 0, "b was cancelled: never resumed");
+    cr_assert(!drey_bp_cancel(bp, &c.t), "c runs now");
+    cr_assert(!drey_bp_release(bp, &c.t));
+    expect_counts(0, 0, 2);
+}
+
 Test(backpressure, a_waiter_released_before_its_turn_leaves_the_line_for_good) {
     drey_bp_options o = base_options();
     o.max_inflight = 1;

@@ -30,6 +30,7 @@ static const char *const option_names[] = {
     "ephemeral",
     "fsync",
     "segment-bytes",
+    "journal-max-bytes",
     "batch-wait",
     "batch-max-bytes",
     "snapshot-every-bytes",
@@ -110,6 +111,7 @@ static void assert_same_config(const drey_config *a, const drey_config *b, const
     cr_assert(eq(i64, a->shutdown_timeout_ms, b->shutdown_timeout_ms), "%s", context);
     cr_assert(eq(i64, a->expiry_sweep_interval_ms, b->expiry_sweep_interval_ms), "%s", context);
     cr_assert(eq(i64, a->segment_bytes, b->segment_bytes), "%s", context);
+    cr_assert(eq(i64, a->journal_max_bytes, b->journal_max_bytes), "%s", context);
     cr_assert(eq(i64, a->batch_wait_ms, b->batch_wait_ms), "%s", context);
     cr_assert(eq(i64, a->batch_max_bytes, b->batch_max_bytes), "%s", context);
     cr_assert(eq(i64, a->snapshot_every_bytes, b->snapshot_every_bytes), "%s", context);
@@ -138,6 +140,7 @@ Test(config, defaults) {
     cr_assert(not(c.ephemeral));
     cr_assert(eq(str, c.fsync, "always"));
     cr_assert(eq(i64, c.segment_bytes, 64 << 20));
+    cr_assert(eq(i64, c.journal_max_bytes, DREY_CONFIG_AUTO));
     cr_assert(eq(i64, c.batch_wait_ms, 0));
     cr_assert(eq(i64, c.batch_max_bytes, 16 << 20));
     cr_assert(eq(i64, c.snapshot_every_bytes, 256 << 20));
@@ -305,6 +308,33 @@ Test(config, values_that_do_not_parse) {
     parse_fails(ARGS("--drain-grace=1.5s"), NULL, "--drain-grace", NULL);
     parse_fails(ARGS("--drain-grace=-1s"), NULL, "--drain-grace", NULL);
     parse_fails(ARGS("--drain-grace="), NULL, "--drain-grace", NULL);
+}
+
+/* --journal-max-bytes: not given (auto, derived from the file system) is not
+ * 0 (no cap), and the word is only a word for the option that has it. */
+Test(config, journal_max_bytes_tells_auto_from_zero) {
+    run r;
+    parse_ok(&r, NO_ARGS, NULL);
+    cr_assert(eq(i64, r.cfg.journal_max_bytes, DREY_CONFIG_AUTO));
+    cr_assert(lt(i64, DREY_CONFIG_AUTO, 0), "auto must not look like a cap or like 0");
+    done(&r);
+    parse_ok(&r, ARGS("--journal-max-bytes=0"), NULL);
+    cr_assert(eq(i64, r.cfg.journal_max_bytes, 0));
+    done(&r);
+    parse_ok(&r, ARGS("--journal-max-bytes=0", "--journal-max-bytes=auto"), NULL);
+    cr_assert(eq(i64, r.cfg.journal_max_bytes, DREY_CONFIG_AUTO));
+    done(&r);
+    parse_ok(&r, NO_ARGS, ARGS("DREY_JOURNAL_MAX_BYTES=64MiB"));
+    cr_assert(eq(i64, r.cfg.journal_max_bytes, 64 << 20));
+    done(&r);
+    parse_ok(&r, ARGS("--journal-max-bytes=auto"), ARGS("DREY_JOURNAL_MAX_BYTES=0"));
+    cr_assert(eq(i64, r.cfg.journal_max_bytes, DREY_CONFIG_AUTO));
+    done(&r);
+    parse_fails(ARGS("--journal-max-bytes=-1"), NULL, "--journal-max-bytes: expected bytes or auto", NULL);
+    parse_fails(ARGS("--journal-max-bytes=AUTO"), NULL, "--journal-max-bytes: expected bytes or auto", NULL);
+    parse_fails(ARGS("--journal-max-bytes="), NULL, "--journal-max-bytes", NULL);
+    parse_fails(ARGS("--segment-bytes=auto"), NULL, "--segment-bytes: expected bytes, e.g. 64MiB", NULL);
+    parse_fails(ARGS("--memory-limit=auto"), NULL, "--memory-limit: expected bytes", NULL);
 }
 
 /* A rejected value leaves the field as it was. */

@@ -869,3 +869,33 @@ Test(fault, concurrent_callers_share_one_lock) {
         free(data);
     }
 }
+
+/* fs_space: not reported until set; then the size less every file's bytes
+ * (an unlinked file still open included); or the failure asked for. */
+Test(fault, fs_space_reports_what_was_set_less_the_files) {
+    uint64_t total = 1, avail = 1;
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), -ENOTSUP);
+    drey_io_fault_set_space(fs, 1 << 20, 0);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), 0);
+    cr_assert_eq(total, 1 << 20);
+    cr_assert_eq(avail, 1 << 20);
+    int fd = io->ops->open(io, "/a", O_RDWR | O_CREAT, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(io->ops->fallocate(io, fd, 0, 300000), 0);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), 0);
+    cr_assert_eq(avail, (1 << 20) - 300000);
+    cr_assert_eq(io->ops->unlink(io, "/a"), 0);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), 0);
+    cr_assert_eq(avail, (1 << 20) - 300000, "an open file keeps its space");
+    cr_assert_eq(io->ops->close(io, fd), 0);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), 0);
+    cr_assert_eq(avail, 1 << 20);
+    drey_io_fault_set_space(fs, 1000, 0);
+    fd = io->ops->open(io, "/b", O_RDWR | O_CREAT, 0644);
+    cr_assert_eq(io->ops->fallocate(io, fd, 0, 4096), 0);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), 0);
+    cr_assert_eq(avail, 0, "more files than space: nothing available, not a wrap-around");
+    io->ops->close(io, fd);
+    drey_io_fault_set_space(fs, 1 << 20, EIO);
+    cr_assert_eq(io->ops->fs_space(io, "/", &total, &avail), -EIO);
+}

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "drey/io.h"
@@ -165,4 +166,18 @@ Test(posix, write_file_atomic_and_read_file) {
 
     cr_assert_eq(drey_io_read_file(io, at(0, "missing"), &data, &n), -ENOENT);
     cr_assert_eq(drey_io_write_file_atomic(io, at(0, "nodir"), "m", "x", 1), -ENOENT);
+}
+
+/* The file system's space is statvfs's, and preallocating a file takes it
+ * from what is available (the derived journal cap depends on both). */
+Test(posix, fs_space_is_statvfs_and_allocation_takes_from_it) {
+    cr_assert_not_null(io->ops->fs_space);
+    uint64_t total = 0, avail = 0;
+    cr_assert_eq(io->ops->fs_space(io, root, &total, &avail), 0);
+    struct statvfs sv;
+    cr_assert_eq(statvfs(root, &sv), 0);
+    cr_assert_eq(total, (uint64_t)sv.f_blocks * sv.f_frsize);
+    cr_assert(total > 0 && avail <= total, "total %llu avail %llu", (unsigned long long)total,
+              (unsigned long long)avail);
+    cr_assert_eq(io->ops->fs_space(io, at(0, "missing/dir"), &total, &avail), -ENOENT);
 }

@@ -1143,3 +1143,84 @@ Test(journal, temporaries_left_by_a_crash_are_removed_at_open) {
     cr_assert(!file_exists(io, JDIR "/journal/0000000000000003.seg.tmp"));
     drey_journal_close(j);
 }
+
+/* --- a cap that changes (derived from the file system) -------------------- */
+
+/* The quota plan is kept without a cap too, so a cap set while records are
+ * queued counts them: here 70 queued records of 1,040 bytes fill the first
+ * 64 KiB segment and start a second, and with a cap of two segments set
+ * behind them only what fits in the second is accepted. A plan left stale
+ * while there was no cap would think one segment was used and let a third
+ * be created past the cap. */
+Test(journal, a_cap_set_while_records_are_queued_counts_them) {
+    drey_journal_options o = jopts();
+    drey_journal *j = jopen(&o, 0, NULL);
+    enum { QUEUED = 70, LEN = 1000, MAX = 200 };
+    static pending p[MAX];
+    waiter w;
+    waiter_init(&w);
+    gate g;
+    gate_close(&g, j);
+    for (size_t i = 0; i < QUEUED; i++) {
+        pending_set_big(&p[i], &w, pattern(LEN, i), LEN);
+        cr_assert_eq(drey_journal_append(j, &p[i].e), 0, "no cap: %zu refused", i);
+    }
+    drey_journal_set_max_bytes(j, 2 * SEG_BYTES);
+    size_t n = QUEUED, refused = 0;
+    while (n < MAX) {
+        pending_set_big(&p[n], &w, pattern(LEN, n), LEN);
+        int rc = drey_journal_append(j, &p[n].e);
+        if (rc != 0) {
+            cr_assert_eq(rc, -EDQUOT);
+            free(p[n].big);
+            refused++;
+            break;
+        }
+        n++;
+    }
+    cr_assert_eq(refused, 1, "the cap never refused a record");
+    /* Each 64 KiB segment holds 62 frames of 1,040 bytes after its header. */
+    size_t per_segment = (SEG_BYTES - 64) / 1040;
+    cr_assert_eq(n, 2 * per_segment, "accepted %zu records under a cap of two segments", n);
+    gate_open(&g);
+    wait_done(&w, n);
+    gate_destroy(&g);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(p[i].err, 0, "record %zu: %d", i, p[i].err);
+    drey_journal_stats s = stats_of(j);
+    cr_assert_eq(s.disk_bytes, 2 * SEG_BYTES);
+    cr_assert_eq(s.quota_max_bytes, 2 * SEG_BYTES);
+    cr_assert_eq(s.quota_state, DREY_LEVEL_CRITICAL);
+    cr_assert_eq(s.quota_rejections, 1);
+
+    /* Raised: the refused record fits again (two of three segments are
+     * below the high-water mark). Lowered below what is on disk: what fits
+     * in the segment being written still goes, a new segment does not. 0:
+     * no cap again. */
+    drey_journal_set_max_bytes(j, 3 * SEG_BYTES);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_NORMAL);
+    append_each(j, "raised", 1, 0);
+    drey_journal_set_max_bytes(j, 1);
+    cr_assert_eq(append_one(j, "small-fits-in-the-current-segment", NULL), 0);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_CRITICAL);
+    uint8_t *big = pattern(SEG_BYTES, 7);
+    waiter w2;
+    waiter_init(&w2);
+    pending q;
+    pending_set_big(&q, &w2, big, SEG_BYTES);
+    cr_assert_eq(drey_journal_append(j, &q.e), -EDQUOT);
+    cr_assert_eq(stats_of(j).disk_bytes, 2 * SEG_BYTES);
+    drey_journal_set_max_bytes(j, 0);
+    append_or_done(j, &q.e);
+    wait_done(&w2, 1);
+    cr_assert_eq(q.err, 0);
+    cr_assert_eq(stats_of(j).segments, 3);
+    cr_assert_eq(stats_of(j).quota_max_bytes, 0);
+    cr_assert_eq(stats_of(j).quota_state, DREY_LEVEL_NORMAL);
+    free(big);
+    for (size_t i = 0; i < n; i++)
+        free(p[i].big);
+    waiter_destroy(&w2);
+    waiter_destroy(&w);
+    drey_journal_close(j);
+}

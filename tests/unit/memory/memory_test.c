@@ -102,7 +102,7 @@ static drey_memory_stats stats(void) {
     return st;
 }
 
-static drey_memory_state state(void) {
+static drey_level state(void) {
     return stats().state;
 }
 
@@ -189,16 +189,10 @@ Test(memory, a_tiny_limit_still_has_room_below_it) {
     drey_memory_stats st = stats();
     cr_assert(eq(i64, st.high_bytes, 40));
     cr_assert(eq(i64, st.critical_bytes, 47));
-    cr_assert(eq(int, st.state, DREY_MEMORY_NORMAL), "an empty store");
+    cr_assert(eq(int, st.state, DREY_LEVEL_NORMAL), "an empty store");
     drey_status ds;
     cr_assert(drey_memory_admit(mem, 47, &ds));
     cr_assert(not(drey_memory_admit(mem, 48, &ds)));
-}
-
-Test(memory, state_names) {
-    cr_assert(eq(str, (char *)drey_memory_state_name(DREY_MEMORY_NORMAL), "normal"));
-    cr_assert(eq(str, (char *)drey_memory_state_name(DREY_MEMORY_HIGH), "high"));
-    cr_assert(eq(str, (char *)drey_memory_state_name(DREY_MEMORY_CRITICAL), "critical"));
 }
 
 /* --- state ---------------------------------------------------------------- */
@@ -207,28 +201,28 @@ Test(memory, state_names) {
  * critical is critical. */
 Test(memory, state_follows_the_stores_accounted_bytes) {
     mem = create(LIMIT, "n1");
-    cr_assert(eq(int, state(), DREY_MEMORY_NORMAL), "an empty store");
+    cr_assert(eq(int, state(), DREY_LEVEL_NORMAL), "an empty store");
 
     static const struct {
         int64_t used;
-        drey_memory_state want;
+        drey_level want;
     } steps[] = {
-        {HIGH - 1, DREY_MEMORY_NORMAL},       {HIGH, DREY_MEMORY_HIGH},
-        {CRITICAL - 1, DREY_MEMORY_HIGH},     {CRITICAL, DREY_MEMORY_CRITICAL},
-        {LIMIT + 5000, DREY_MEMORY_CRITICAL}, {CRITICAL - 1, DREY_MEMORY_HIGH}, /* shrinking back */
-        {HIGH - 1, DREY_MEMORY_NORMAL},
+        {HIGH - 1, DREY_LEVEL_NORMAL},       {HIGH, DREY_LEVEL_HIGH},
+        {CRITICAL - 1, DREY_LEVEL_HIGH},     {CRITICAL, DREY_LEVEL_CRITICAL},
+        {LIMIT + 5000, DREY_LEVEL_CRITICAL}, {CRITICAL - 1, DREY_LEVEL_HIGH}, /* shrinking back */
+        {HIGH - 1, DREY_LEVEL_NORMAL},
     };
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         set_used(steps[i].used);
         drey_memory_stats st = stats();
         cr_assert(eq(i64, st.used_bytes, steps[i].used));
         cr_assert(eq(int, st.state, steps[i].want), "used %lld: %s, want %s", (long long)steps[i].used,
-                  drey_memory_state_name(st.state), drey_memory_state_name(steps[i].want));
+                  drey_level_name(st.state), drey_level_name(steps[i].want));
     }
 
     remove_key("u");
     cr_assert(eq(i64, stats().used_bytes, 0));
-    cr_assert(eq(int, state(), DREY_MEMORY_NORMAL), "after the entry is removed");
+    cr_assert(eq(int, state(), DREY_LEVEL_NORMAL), "after the entry is removed");
 }
 
 /* Used is the sum over every entry, not one key's. */
@@ -241,7 +235,7 @@ Test(memory, used_counts_every_entry) {
         put_bytes(k, 1000, NEVER);
     }
     cr_assert(eq(i64, stats().used_bytes, 9 * each));
-    cr_assert(eq(int, state(), 9 * each >= CRITICAL ? DREY_MEMORY_CRITICAL : DREY_MEMORY_HIGH));
+    cr_assert(eq(int, state(), 9 * each >= CRITICAL ? DREY_LEVEL_CRITICAL : DREY_LEVEL_HIGH));
 }
 
 /* An expired entry nobody has swept still holds its memory, so it still
@@ -250,7 +244,7 @@ Test(memory, an_expired_entry_counts_until_it_is_swept) {
     mem = create(LIMIT, "n1");
     int64_t overhead = (int64_t)drey_store_entry_bytes(0, 1, 0);
     put_bytes("e", (size_t)(CRITICAL - overhead), 1000);
-    cr_assert(eq(int, state(), DREY_MEMORY_CRITICAL));
+    cr_assert(eq(int, state(), DREY_LEVEL_CRITICAL));
     cr_assert(not(admit(1)));
 
     size_t expired = 0;
@@ -258,7 +252,7 @@ Test(memory, an_expired_entry_counts_until_it_is_swept) {
         drey_store_sweep(store, 2000, SIZE_MAX, &expired);
     cr_assert(eq(sz, expired, 1));
     cr_assert(eq(i64, stats().used_bytes, 0));
-    cr_assert(eq(int, state(), DREY_MEMORY_NORMAL));
+    cr_assert(eq(int, state(), DREY_LEVEL_NORMAL));
     cr_assert(admit(1));
 }
 
@@ -480,7 +474,7 @@ Test(memory, stats_report_the_figures_admission_uses) {
     set_used(HIGH + 1);
     cr_assert(not(admit(CRITICAL)));
     drey_memory_stats st = stats();
-    cr_assert(eq(int, st.state, DREY_MEMORY_HIGH));
+    cr_assert(eq(int, st.state, DREY_LEVEL_HIGH));
     cr_assert(eq(i64, st.limit_bytes, LIMIT));
     cr_assert(eq(i64, st.high_bytes, HIGH));
     cr_assert(eq(i64, st.critical_bytes, CRITICAL));
@@ -512,6 +506,6 @@ Test(memory, a_limit_of_zero_means_the_default) {
     int64_t d = drey_memory_default_limit();
     cr_assert(eq(i64, st.limit_bytes, d));
     assert_thresholds(&st);
-    cr_assert(eq(int, st.state, DREY_MEMORY_NORMAL), "an empty store under the default limit");
+    cr_assert(eq(int, st.state, DREY_LEVEL_NORMAL), "an empty store under the default limit");
     cr_assert(admit(1));
 }

@@ -1,7 +1,8 @@
 /*
  * Unit tests for src/pipeline/validate.c: the validation stage.
  *
- * The rule helpers (UTF-8, keys, cache names) are checked directly. Whole
+ * The rule helpers (keys, cache names) are checked directly; UTF-8 itself is
+ * tests/unit/bytes/bytes_test.c. Whole
  * requests go through drey_validate_request() the way the stage runs it:
  * built with protobuf-c and packed (the field pass), or hand-encoded with
  * tests/unit/pb_writer.h and unpacked (the wire pass: what protobuf-c lets
@@ -166,66 +167,6 @@ typedef struct bytes_case {
 } bytes_case;
 
 #define B(what, lit) {what, lit, sizeof lit - 1}
-
-Test(validate, utf8_accepts_well_formed_text) {
-    static const bytes_case ok[] = {
-        B("empty", ""),
-        B("ascii", "hello, world"),
-        B("NUL is a code point", "a\0b"),
-        B("U+0080", "\xc2\x80"),
-        B("U+07FF", "\xdf\xbf"),
-        B("U+0800", "\xe0\xa0\x80"),
-        B("U+D7FF, last before surrogates", "\xed\x9f\xbf"),
-        B("U+E000, first after surrogates", "\xee\x80\x80"),
-        B("U+FFFF", "\xef\xbf\xbf"),
-        B("U+10000", "\xf0\x90\x80\x80"),
-        B("U+1D11E", "\xf0\x9d\x84\x9e"),
-        B("U+10FFFF, the last code point", "\xf4\x8f\xbf\xbf"),
-        B("mixed", "k\xc3\xa9y-\xe2\x82\xac-\xf0\x9f\x98\x80"),
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        cr_assert(drey_validate_utf8((const uint8_t *)ok[i].s, ok[i].n), "%s", ok[i].what);
-}
-
-Test(validate, utf8_rejects_malformed_text) {
-    static const bytes_case bad[] = {
-        B("lone continuation 80", "\x80"),
-        B("lone continuation BF", "a\xbf"),
-        B("overlong NUL C0 80", "\xc0\x80"),
-        B("overlong C1 BF", "\xc1\xbf"),
-        B("overlong 3-byte E0 80 80", "\xe0\x80\x80"),
-        B("overlong 3-byte E0 9F BF", "\xe0\x9f\xbf"),
-        B("overlong 4-byte F0 80 80 80", "\xf0\x80\x80\x80"),
-        B("overlong 4-byte F0 8F BF BF", "\xf0\x8f\xbf\xbf"),
-        B("surrogate U+D800", "\xed\xa0\x80"),
-        B("surrogate U+DBFF", "\xed\xaf\xbf"),
-        B("surrogate U+DC00", "\xed\xb0\x80"),
-        B("surrogate U+DFFF", "\xed\xbf\xbf"),
-        B("U+110000", "\xf4\x90\x80\x80"),
-        B("lead F5", "\xf5\x80\x80\x80"),
-        B("lead F7", "\xf7\xbf\xbf\xbf"),
-        B("lead F8 (5 bytes)", "\xf8\x88\x80\x80\x80"),
-        B("lead FC (6 bytes)", "\xfc\x84\x80\x80\x80\x80"),
-        B("FE", "\xfe"),
-        B("FF", "\xff"),
-        B("truncated 2-byte", "\xc3"),
-        B("truncated 3-byte", "\xe2\x82"),
-        B("truncated 4-byte", "\xf0\x9d\x84"),
-        B("truncated at the end", "abc\xe2\x82"),
-        B("bad continuation", "\xc3\x28"),
-        B("bad second of three", "\xe2\x28\xa1"),
-        B("bad third of three", "\xe2\x82\x28"),
-        B("bad fourth of four", "\xf0\x9d\x84\x28"),
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        cr_assert(not(drey_validate_utf8((const uint8_t *)bad[i].s, bad[i].n)), "%s", bad[i].what);
-}
-
-/* The length is the bound, not a NUL: bytes after n are never read. */
-Test(validate, utf8_reads_only_n_bytes) {
-    cr_assert(drey_validate_utf8((const uint8_t *)"ab\xff", 2));
-    cr_assert(not(drey_validate_utf8((const uint8_t *)"\xe2\x82\xac", 2)), "a cut sequence");
-}
 
 /* --- keys ----------------------------------------------------------------- */
 

@@ -15,9 +15,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "drey/clock.h"
 #include "drey/journal.h"
+#include "drey/log.h"
 #include "drey/storage.h"
 #include "src/storage/storage_internal.h"
 #include "tests/unit/write_stack.h"
@@ -1033,4 +1036,155 @@ Test(storage, crash_loop_recovers_exactly_the_acknowledged_state) {
     cr_assert_gt(cov.snapshots_failed, 10);
     cr_assert_gt(cov.unacked_recovered, 10);
     cr_assert_gt(cov.torn_cut, 10);
+}
+
+/* --- the derived journal cap (the rule itself: diskcap_test.c) -------------- */
+
+static drey_storage_stats storage_stats(drey_storage *st) {
+    drey_storage_stats ss;
+    drey_storage_get_stats(st, &ss);
+    return ss;
+}
+
+/* The journal's cap is the rule applied to the figures of the last look. */
+static void expect_derived(drey_storage *st, const char *what) {
+    drey_storage_stats ss = storage_stats(st);
+    drey_journal_stats js;
+    drey_journal_get_stats(drey_storage_journal(st), &js);
+    drey_storage__disk d = {.fs_bytes = ss.fs_bytes, .avail_bytes = ss.fs_avail_bytes, .journal_bytes = js.disk_bytes,
+                            .snapshot_bytes = ss.snapshot_estimate_bytes};
+    cr_assert(ss.journal_cap_derived, "%s", what);
+    cr_assert_eq(js.quota_max_bytes, drey_storage__derive_cap(&d), "%s: cap %" PRIu64, what, js.quota_max_bytes);
+    cr_assert_eq(ss.reserve_bytes, drey_storage__reserve_bytes(ss.fs_bytes), "%s", what);
+}
+
+/* Polls the storage's figures (the disk is looked at every second) until
+ * pred holds, with a deadline. */
+static drey_storage_stats wait_stats(drey_storage *st, bool (*pred)(const drey_storage_stats *, uint64_t), uint64_t arg,
+                                     const char *what) {
+    int64_t deadline = drey_mono_ms() + 10000;
+    for (;;) {
+        drey_storage_stats ss = storage_stats(st);
+        if (pred(&ss, arg))
+            return ss;
+        cr_assert_lt(drey_mono_ms(), deadline, "timed out waiting for %s", what);
+        usleep(10 * 1000);
+    }
+}
+
+static bool fs_is(const drey_storage_stats *ss, uint64_t bytes) {
+    return ss->fs_bytes == bytes && ss->snapshot_room != DREY_STORAGE_SNAPSHOT_UNKNOWN;
+}
+
+static bool room_is(const drey_storage_stats *ss, uint64_t room) {
+    return ss->snapshot_room == (drey_storage_snapshot_room)room;
+}
+
+/* Bytes of every file, by the fault file system's own account. */
+static uint64_t files_bytes(void) {
+    uint64_t total, avail;
+    cr_assert_eq(io->ops->fs_space(io, DIR, &total, &avail), 0);
+    cr_assert_gt(avail, 0);
+    return total - avail;
+}
+
+Test(storage, a_derived_cap_follows_the_file_system_and_outlives_losing_sight_of_it) {
+    int logfd = memfd_create("log", 0);
+    cr_assert_geq(logfd, 0);
+    drey_log_set_fd(logfd);
+    const uint64_t MIB = 1 << 20;
+    drey_io_fault_set_space(fs, 8 * MIB, 0);
+    write_stack s;
+    stack_create(&s, RETENTION);
+    drey_storage_options o = sopts(64 * 1024, 2);
+    o.derive_journal_cap = true;
+    o.journal.max_bytes = 12345; /* ignored when derived */
+    drey_storage *st = node_open(&o, &s);
+    expect_derived(st, "at open");
+    drey_storage_stats ss = storage_stats(st);
+    cr_assert_eq(ss.fs_bytes, 8 * MIB);
+    cr_assert_eq(ss.fs_avail_bytes, 8 * MIB - 64 * 1024, "one segment on an empty file system");
+    cr_assert_eq(ss.snapshot_estimate_bytes, 96, "an empty store: a snapshot's header and trailer");
+    cr_assert_eq(ss.snapshot_room, DREY_STORAGE_SNAPSHOT_OK);
+
+    /* Writes grow the store; a snapshot's size and compaction move the cap. */
+    for (int i = 0; i < 40; i++) {
+        spec sp = {.op = OP_SET, .if_version = -1};
+        snprintf(sp.key, sizeof sp.key, "k%d", i);
+        memset(sp.value, 'v', 600);
+        result r;
+        submit(&s, st, &sp, &r);
+        cr_assert_eq(r.journal_err, 0);
+    }
+    drey_snapshot_result snap = snapshot_now(st);
+    cr_assert_eq(snap.rc, 0);
+    ss = storage_stats(st);
+    cr_assert_eq(ss.snapshot_files_bytes, snap.info.bytes);
+    cr_assert_geq(ss.snapshot_estimate_bytes, snap.info.bytes, "the estimate is below the snapshot it estimates");
+    cr_assert_eq(ss.fs_avail_bytes, 8 * MIB - files_bytes(), "the figures of the look after the compaction");
+    expect_derived(st, "after a snapshot");
+
+    /* The volume grows: re-derived within a second. */
+    drey_io_fault_set_space(fs, 16 * MIB, 0);
+    wait_stats(st, fs_is, 16 * MIB, "the grown volume");
+    expect_derived(st, "grown");
+    uint64_t grown;
+    {
+        drey_journal_stats js;
+        drey_journal_get_stats(drey_storage_journal(st), &js);
+        grown = js.quota_max_bytes;
+    }
+
+    /* Lost sight of the file system: the cap stays, the room is unknown,
+     * one warning; then back. */
+    drey_io_fault_set_space(fs, 16 * MIB, EIO);
+    wait_stats(st, room_is, DREY_STORAGE_SNAPSHOT_UNKNOWN, "the room unknown");
+    drey_journal_stats js;
+    drey_journal_get_stats(drey_storage_journal(st), &js);
+    cr_assert_eq(js.quota_max_bytes, grown);
+    drey_io_fault_set_space(fs, 16 * MIB, 0);
+    wait_stats(st, room_is, DREY_STORAGE_SNAPSHOT_OK, "the room back");
+    expect_derived(st, "seen again");
+
+    /* Shrunk (another writer): no room beyond the reserve and the snapshot
+     * leaves the journal what it has (low); less than the snapshot: short. */
+    uint64_t used = files_bytes();
+    drey_io_fault_set_space(fs, used + ss.snapshot_estimate_bytes + 1024, 0);
+    ss = wait_stats(st, room_is, DREY_STORAGE_SNAPSHOT_LOW, "the room low");
+    drey_journal_get_stats(drey_storage_journal(st), &js);
+    cr_assert_eq(js.quota_max_bytes, js.disk_bytes, "the journal may not grow");
+    expect_derived(st, "low");
+    drey_io_fault_set_space(fs, used + ss.snapshot_estimate_bytes / 2, 0);
+    wait_stats(st, room_is, DREY_STORAGE_SNAPSHOT_SHORT, "the room short");
+    expect_derived(st, "short");
+    drey_storage_close(st);
+
+    /* Not derived: the figures and the room still, the cap untouched. */
+    drey_io_fault_set_space(fs, 16 * MIB, 0);
+    o.derive_journal_cap = false;
+    o.journal.max_bytes = 0;
+    st = node_open(&o, &s);
+    ss = storage_stats(st);
+    cr_assert(!ss.journal_cap_derived);
+    cr_assert_eq(ss.fs_bytes, 16 * MIB);
+    cr_assert_eq(ss.snapshot_room, DREY_STORAGE_SNAPSHOT_OK);
+    drey_journal_get_stats(drey_storage_journal(st), &js);
+    cr_assert_eq(js.quota_max_bytes, 0);
+    drey_storage_close(st);
+    stack_destroy(&s);
+
+    drey_log_set_fd(2);
+    static char logbuf[1 << 16];
+    ssize_t n = pread(logfd, logbuf, sizeof logbuf - 1, 0);
+    cr_assert_gt(n, 0);
+    logbuf[n] = '\0';
+    close(logfd);
+    cr_assert_not_null(strstr(logbuf, "\"journal disk cap derived from the file system\""), "%s", logbuf);
+    cr_assert_not_null(strstr(logbuf, "\"journal disk cap re-derived\""), "%s", logbuf);
+    const char *warn = strstr(logbuf, "cannot read the data directory's file system space");
+    cr_assert_not_null(warn, "%s", logbuf);
+    cr_assert_null(strstr(warn + 1, "cannot read the data directory's file system space"), "warned more than once");
+    cr_assert_not_null(strstr(logbuf, "can be read again"), "%s", logbuf);
+    cr_assert_not_null(strstr(logbuf, "\"snapshot_room\":\"low\""), "%s", logbuf);
+    cr_assert_not_null(strstr(logbuf, "\"snapshot_room\":\"short\""), "%s", logbuf);
 }

@@ -190,6 +190,12 @@ void   drey__admin__v1__readiness_details__recovery__init
   static const Drey__Admin__V1__ReadinessDetails__Recovery init_value = DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__data_disk__init
+                     (Drey__Admin__V1__ReadinessDetails__DataDisk         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__DataDisk init_value = DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message)
 {
@@ -708,7 +714,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__backpressur
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__backpressure__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal__field_descriptors[5] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journal__field_descriptors[9] =
 {
   {
     "fsync_policy",
@@ -770,18 +776,70 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__journa
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "queued_records",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_records),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queued_bytes",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queued_records_peak",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queued_records_peak),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "queue_rejections",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Journal, queue_rejections),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__journal__field_indices_by_name[] = {
   4,   /* field[4] = failed */
   0,   /* field[0] = fsync_policy */
   3,   /* field[3] = last_fsync_micros */
   1,   /* field[1] = last_lsn */
+  8,   /* field[8] = queue_rejections */
+  6,   /* field[6] = queued_bytes */
+  5,   /* field[5] = queued_records */
+  7,   /* field[7] = queued_records_peak */
   2,   /* field[2] = segments */
 };
 static const ProtobufCIntRange drey__admin__v1__readiness_details__journal__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__descriptor =
 {
@@ -791,7 +849,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__journal__de
   "Drey__Admin__V1__ReadinessDetails__Journal",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Journal),
-  5,
+  9,
   drey__admin__v1__readiness_details__journal__field_descriptors,
   drey__admin__v1__readiness_details__journal__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__journal__number_ranges,
@@ -964,7 +1022,123 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__d
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__recovery__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[8] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__data_disk__field_descriptors[7] =
+{
+  {
+    "journal_cap",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, journal_cap),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "fs_bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, fs_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "available_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, available_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reserve_bytes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, reserve_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot_estimate_bytes",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, snapshot_estimate_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot_files_bytes",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, snapshot_files_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot_room",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__DataDisk, snapshot_room),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__data_disk__field_indices_by_name[] = {
+  2,   /* field[2] = available_bytes */
+  1,   /* field[1] = fs_bytes */
+  0,   /* field[0] = journal_cap */
+  3,   /* field[3] = reserve_bytes */
+  4,   /* field[4] = snapshot_estimate_bytes */
+  5,   /* field[5] = snapshot_files_bytes */
+  6,   /* field[6] = snapshot_room */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__data_disk__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.DataDisk",
+  "DataDisk",
+  "Drey__Admin__V1__ReadinessDetails__DataDisk",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__DataDisk),
+  7,
+  drey__admin__v1__readiness_details__data_disk__field_descriptors,
+  drey__admin__v1__readiness_details__data_disk__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__data_disk__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__data_disk__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[9] =
 {
   {
     "ready",
@@ -1062,10 +1236,23 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "data_disk",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, data_disk),
+    &drey__admin__v1__readiness_details__data_disk__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
   3,   /* field[3] = backpressure */
   6,   /* field[6] = compaction */
+  8,   /* field[8] = data_disk */
   4,   /* field[4] = journal */
   1,   /* field[1] = journal_disk */
   2,   /* field[2] = memory */
@@ -1076,7 +1263,7 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
 static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -1086,7 +1273,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  8,
+  9,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__number_ranges,

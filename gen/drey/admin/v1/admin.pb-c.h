@@ -28,6 +28,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Journal Drey__Admin__V1__Readi
 typedef struct Drey__Admin__V1__ReadinessDetails__Snapshot Drey__Admin__V1__ReadinessDetails__Snapshot;
 typedef struct Drey__Admin__V1__ReadinessDetails__Compaction Drey__Admin__V1__ReadinessDetails__Compaction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__ReadinessDetails__Recovery;
+typedef struct Drey__Admin__V1__ReadinessDetails__DataDisk Drey__Admin__V1__ReadinessDetails__DataDisk;
 
 
 /* --- enums --- */
@@ -147,10 +148,19 @@ struct  Drey__Admin__V1__ReadinessDetails__Journal
   uint32_t segments;
   int64_t last_fsync_micros;
   protobuf_c_boolean failed;
+  /*
+   * Writes waiting for the journal's writer, and the most there have been
+   * at once since start. The queue is bounded (--journal-max-queued,
+   * --journal-max-queued-bytes); writes beyond get JOURNAL_QUEUE_FULL.
+   */
+  uint64_t queued_records;
+  uint64_t queued_bytes;
+  uint64_t queued_records_peak;
+  uint64_t queue_rejections;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__JOURNAL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__journal__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Drey__Admin__V1__ReadinessDetails__Snapshot
@@ -196,6 +206,55 @@ struct  Drey__Admin__V1__ReadinessDetails__Recovery
     , (char *)protobuf_c_empty_string, 0 }
 
 
+/*
+ * The data directory's file system: what the journal's cap is derived
+ * from when --journal-max-bytes is not given, and whether the next
+ * snapshot (which compaction must write before it can delete segments)
+ * fits. Looked at every second and after each snapshot.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__DataDisk
+{
+  ProtobufCMessage base;
+  /*
+   * How journal_disk.max_bytes is set: derived (from this file system;
+   * --journal-max-bytes not given), configured (--journal-max-bytes=<bytes>)
+   * or none (--journal-max-bytes=0); empty on an ephemeral node.
+   */
+  char *journal_cap;
+  /*
+   * The file system's size and what may still be allocated on it; 0 when
+   * unknown.
+   */
+  uint64_t fs_bytes;
+  uint64_t available_bytes;
+  /*
+   * Kept free for other writers, the manifest and temporary files when
+   * the cap is derived.
+   */
+  uint64_t reserve_bytes;
+  /*
+   * The next snapshot's estimated size: the larger of the newest snapshot
+   * file and the store's accounted bytes.
+   */
+  uint64_t snapshot_estimate_bytes;
+  /*
+   * The snapshot files kept.
+   */
+  uint64_t snapshot_files_bytes;
+  /*
+   * ok: the next snapshot fits, also once the journal has grown to its
+   * cap; low: it fits now but may not once the journal grows (free space,
+   * grow the volume or take a snapshot now); short: it does not fit, so a
+   * compaction cannot free the journal; unknown: the space cannot be read;
+   * empty on an ephemeral node.
+   */
+  char *snapshot_room;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__data_disk__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
+
+
 struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
@@ -212,10 +271,11 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__Snapshot *snapshot;
   Drey__Admin__V1__ReadinessDetails__Compaction *compaction;
   Drey__Admin__V1__ReadinessDetails__Recovery *recovery;
+  Drey__Admin__V1__ReadinessDetails__DataDisk *data_disk;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -299,6 +359,9 @@ void   drey__admin__v1__readiness_details__compaction__init
 /* Drey__Admin__V1__ReadinessDetails__Recovery methods */
 void   drey__admin__v1__readiness_details__recovery__init
                      (Drey__Admin__V1__ReadinessDetails__Recovery         *message);
+/* Drey__Admin__V1__ReadinessDetails__DataDisk methods */
+void   drey__admin__v1__readiness_details__data_disk__init
+                     (Drey__Admin__V1__ReadinessDetails__DataDisk         *message);
 /* Drey__Admin__V1__ReadinessDetails methods */
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message);
@@ -353,6 +416,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Compaction_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__Recovery_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Recovery *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__DataDisk_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__DataDisk *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
                  (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
@@ -404,6 +470,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__jour
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snapshot__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS

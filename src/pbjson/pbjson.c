@@ -1,24 +1,25 @@
 /*
- * A protobuf-c message as JSON, driven by its descriptor (for the readiness
- * details, whose schema lives in admin.proto; the JSON follows it, so the
- * two can never drift apart).
+ * pbjson — a protobuf-c message as JSON; see include/drey/pbjson.h.
+ *
+ * The descriptor drives everything (for the readiness details, whose schema
+ * lives in admin.proto: the JSON follows it, so the two cannot drift apart).
  */
+#include "drey/pbjson.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/log.h"
-#include "drey/ops.h"
 
 static void write_string(FILE *out, const char *s) {
     if (s == NULL)
         s = "";
     /* Escaping grows a byte to at most six (\u00XX). */
     size_t cap = strlen(s) * 6 + 1;
-    char small[1024], *buf = cap <= sizeof small ? small : malloc(cap);
-    if (buf == NULL)
-        abort();
+    char small[1024], *buf = cap <= sizeof small ? small : drey_xmalloc(cap);
     size_t n = drey_log_json_escape(buf, 0, cap, s);
     fputc('"', out);
     fwrite(buf, 1, n, out);
@@ -82,7 +83,7 @@ static void write_scalar(FILE *out, const ProtobufCFieldDescriptor *f, const voi
         if (sub == NULL)
             fputs("null", out);
         else
-            drey_ops_write_json(out, sub);
+            drey_pbjson_write(out, sub);
         break;
     }
     }
@@ -114,7 +115,7 @@ static bool is_map(const ProtobufCFieldDescriptor *f) {
            strcmp(d->fields[0].name, "key") == 0 && strcmp(d->fields[1].name, "value") == 0;
 }
 
-void drey_ops_write_json(FILE *out, const ProtobufCMessage *m) {
+void drey_pbjson_write(FILE *out, const ProtobufCMessage *m) {
     const ProtobufCMessageDescriptor *d = m->descriptor;
     fputc('{', out);
     bool first = true;

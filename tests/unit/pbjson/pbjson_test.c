@@ -1,5 +1,5 @@
 /*
- * Unit tests for src/ops/json.c: drey_ops_write_json, the descriptor-driven
+ * Unit tests for src/pbjson/pbjson.c: drey_pbjson_write, the descriptor-driven
  * protobuf-c → JSON writer behind GET /health/ready/details.
  *
  * Pinned: field names in lowerCamelCase, in descriptor order; every field
@@ -28,7 +28,7 @@
 
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/cache/v1/cache.pb-c.h"
-#include "drey/ops.h"
+#include "drey/pbjson.h"
 #include "google/protobuf/descriptor.pb-c.h"
 
 typedef Drey__Admin__V1__ReadinessDetails details;
@@ -42,7 +42,7 @@ static char *render(const void *msg) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     cr_assert_not_null(f);
-    drey_ops_write_json(f, msg);
+    drey_pbjson_write(f, msg);
     cr_assert(eq(int, fclose(f), 0));
     cr_assert(eq(sz, strlen(buf), len), "a NUL inside the document");
     return buf;
@@ -82,6 +82,7 @@ typedef struct full_details {
     Drey__Admin__V1__ReadinessDetails__Snapshot snap;
     Drey__Admin__V1__ReadinessDetails__Compaction comp;
     Drey__Admin__V1__ReadinessDetails__Recovery rec;
+    Drey__Admin__V1__ReadinessDetails__DataDisk data;
 } full_details;
 
 static void fill(full_details *x) {
@@ -96,6 +97,7 @@ static void fill(full_details *x) {
         .snap = DREY__ADMIN__V1__READINESS_DETAILS__SNAPSHOT__INIT,
         .comp = DREY__ADMIN__V1__READINESS_DETAILS__COMPACTION__INIT,
         .rec = DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT,
+        .data = DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT,
     };
     x->d.ready = 1;
     x->disk.state = "high";
@@ -140,6 +142,14 @@ static void fill(full_details *x) {
     x->d.snapshot = &x->snap;
     x->d.compaction = &x->comp;
     x->d.recovery = &x->rec;
+    x->data.journal_cap = "derived";
+    x->data.fs_bytes = 2199023255552ull;
+    x->data.available_bytes = 1500000000000ull;
+    x->data.reserve_bytes = 1073741824ull;
+    x->data.snapshot_estimate_bytes = 5000000000ull;
+    x->data.snapshot_files_bytes = 9000000000ull;
+    x->data.snapshot_room = "ok";
+    x->d.data_disk = &x->data;
 }
 
 /* --- the readiness document ----------------------------------------------- */
@@ -159,10 +169,14 @@ Test(json, readiness_details_are_written_whole_in_camel_case) {
                  "\"backpressure\":{\"inFlight\":12,\"queued\":3,\"trackedPrincipals\":7,"
                  "\"rejectionsByReason\":{\"queue_full\":42,\"principal_limit\":5}},"
                  "\"journal\":{\"fsyncPolicy\":\"batch\",\"lastLsn\":123456789012,\"segments\":4,"
-                 "\"lastFsyncMicros\":850,\"failed\":false},"
+                 "\"lastFsyncMicros\":850,\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":123456789000,\"ageSeconds\":3600,\"inFlight\":true},"
                  "\"compaction\":{\"state\":\"idle\",\"lastRun\":\"2024-05-01T12:00:00Z\"},"
-                 "\"recovery\":{\"state\":\"done\",\"replayedRecords\":1000000}}"));
+                 "\"recovery\":{\"state\":\"done\",\"replayedRecords\":1000000},"
+                 "\"dataDisk\":{\"journalCap\":\"derived\",\"fsBytes\":2199023255552,"
+                 "\"availableBytes\":1500000000000,\"reserveBytes\":1073741824,"
+                 "\"snapshotEstimateBytes\":5000000000,\"snapshotFilesBytes\":9000000000,"
+                 "\"snapshotRoom\":\"ok\"}}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "journalDisk"), &x.disk.base);
@@ -172,6 +186,7 @@ Test(json, readiness_details_are_written_whole_in_camel_case) {
     assert_every_field_present(json_object_get(j, "snapshot"), &x.snap.base);
     assert_every_field_present(json_object_get(j, "compaction"), &x.comp.base);
     assert_every_field_present(json_object_get(j, "recovery"), &x.rec.base);
+    assert_every_field_present(json_object_get(j, "dataDisk"), &x.data.base);
     json_t *mem = json_object_get(j, "memory");
     cr_assert(eq(int, json_is_integer(json_object_get(mem, "limitBytes")), 1),
               "64-bit integers are numbers, not strings");
@@ -201,6 +216,7 @@ Test(json, default_values_are_written_not_omitted) {
     x.snap = (Drey__Admin__V1__ReadinessDetails__Snapshot)DREY__ADMIN__V1__READINESS_DETAILS__SNAPSHOT__INIT;
     x.comp = (Drey__Admin__V1__ReadinessDetails__Compaction)DREY__ADMIN__V1__READINESS_DETAILS__COMPACTION__INIT;
     x.rec = (Drey__Admin__V1__ReadinessDetails__Recovery)DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT;
+    x.data = (Drey__Admin__V1__ReadinessDetails__DataDisk)DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT;
     char *text = render(&x.d);
     cr_assert(eq(str, text,
                  "{\"ready\":false,"
@@ -210,10 +226,12 @@ Test(json, default_values_are_written_not_omitted) {
                  "\"jemallocAllocatedBytes\":0,\"writeRejectionActive\":false},"
                  "\"backpressure\":{\"inFlight\":0,\"queued\":0,\"trackedPrincipals\":0,\"rejectionsByReason\":{}},"
                  "\"journal\":{\"fsyncPolicy\":\"\",\"lastLsn\":0,\"segments\":0,\"lastFsyncMicros\":0,"
-                 "\"failed\":false},"
+                 "\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":0,\"ageSeconds\":0,\"inFlight\":false},"
                  "\"compaction\":{\"state\":\"\",\"lastRun\":\"\"},"
-                 "\"recovery\":{\"state\":\"\",\"replayedRecords\":0}}"));
+                 "\"recovery\":{\"state\":\"\",\"replayedRecords\":0},"
+                 "\"dataDisk\":{\"journalCap\":\"\",\"fsBytes\":0,\"availableBytes\":0,\"reserveBytes\":0,"
+                 "\"snapshotEstimateBytes\":0,\"snapshotFilesBytes\":0,\"snapshotRoom\":\"\"}}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "memory"), &x.mem.base);
@@ -229,7 +247,7 @@ Test(json, absent_sub_messages_are_null) {
     char *text = render(&d);
     cr_assert(eq(str, text,
                  "{\"ready\":false,\"journalDisk\":null,\"memory\":null,\"backpressure\":null,\"journal\":null,"
-                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null}"));
+                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null,\"dataDisk\":null}"));
     json_t *j = parse(text, 0);
     cr_assert(eq(sz, json_object_size(j), d.base.descriptor->n_fields));
     json_decref(j);

@@ -1,0 +1,99 @@
+/*
+ * cluster — several dreyd as one cache.
+ *
+ * Keys fall into a fixed number of partitions (include/drey/placement.h);
+ * each partition has one owner. The cluster's metadata lives in etcd
+ * (proto/drey/internal/v1/meta.proto): its config, the members under their
+ * leases, the controller's claim and the partition table, each entry's etcd
+ * mod_revision being that partition's epoch. Every node watches all of it
+ * and routes from memory: no etcd call sits on the request path.
+ *
+ * Routing is the request chain's route row (drey_cluster_route): a request
+ * for a partition this node owns runs here; any other is forwarded once,
+ * over the owner's internal listener (mutual TLS, the peer's identity is its
+ * certificate's SAN or CN equal to its node id), with the caller's token and
+ * remaining deadline. The owner never forwards again: if its table says
+ * otherwise it answers NOT_PRIMARY, and the forwarding node retries once
+ * when its own table has moved on (safe: refused before the journal). A
+ * partition whose owner is not a member is PARTITION_UNAVAILABLE. GetMany
+ * scatters per owner and gathers; SetMany stays atomic, so its entries must
+ * share a partition (CROSS_PARTITION otherwise).
+ *
+ * One member is the controller (a lease claim on <prefix>controller). It
+ * alone writes the partition table, each write a compare-and-swap on the
+ * entry's epoch. It makes the first assignment, by rendezvous hashing, once
+ * the cluster's initial_nodes are members.
+ *
+ * If etcd becomes unreachable, nodes keep serving with the table they have;
+ * the table cannot change meanwhile (readiness details say so).
+ */
+#ifndef DREY_CLUSTER_H
+#define DREY_CLUSTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/pipeline.h"
+#include "drey/server.h"
+#include "drey/timer.h"
+
+typedef struct drey_cluster drey_cluster;
+
+typedef struct drey_cluster_options {
+    const char *etcd;      /* etcd endpoints, comma-separated */
+    const char *prefix;    /* where the cluster's keys live in etcd, e.g. "drey/" */
+    const char *node_id;
+    const char *advertise; /* host:port clients reach this node's public listener at */
+    const char *internal;  /* host:port peers reach its internal listener at */
+    int64_t lease_ttl_s;
+    uint32_t partitions;   /* the count this node expects; 0: the cluster's */
+    /* Peers: this node's certificate and key (its SAN or CN is its node id)
+     * and the CA that signs every node's, pinned. */
+    const char *tls_cert, *tls_key, *tls_ca;
+    const char *build;     /* this binary's version, for the member entry */
+    drey_timers *timers;   /* a NOT_PRIMARY retry waits for the table on them */
+} drey_cluster_options;
+
+/* Loads the peer certificates; no etcd yet. Until joined, the node routes
+ * nothing (an empty table). NULL with a message in err. */
+drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, size_t err_cap);
+
+/* Where clients and peers reach this node, once its listeners are bound;
+ * before drey_cluster_join. */
+void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const char *internal);
+
+/* Connects to etcd, checks the cluster's config against this node, waits
+ * for an earlier registration of the same node id to expire, registers
+ * under a lease kept alive on a stream, loads and watches the table and
+ * stands for controller. 0, or -1 with a message in err. */
+int drey_cluster_join(drey_cluster *c, char *err, size_t err_cap);
+
+/* Deregisters (revokes the lease: the node's entry goes at once), stops
+ * standing for controller and ends WatchTopology streams. Routing goes on
+ * with the last table. */
+void drey_cluster_leave(drey_cluster *c);
+void drey_cluster_destroy(drey_cluster *c);
+
+/* The pipeline's route row (drey_pipeline_options.route; ctx: the cluster). */
+drey_stage_result drey_cluster_route(void *cluster, drey_request *r);
+
+/* drey.cluster.v1.Cluster/WatchTopology on the public server. */
+bool drey_cluster_register(drey_cluster *c, drey_server *s);
+
+typedef struct drey_cluster_status {
+    char node_id[128];
+    char controller[128]; /* "" when none */
+    bool is_controller;
+    bool etcd_reachable;  /* the keepalive and the watch are current */
+    uint32_t partitions;  /* the cluster's count */
+    uint32_t owned;       /* partitions this node is primary of */
+    uint32_t unassigned;
+    uint32_t members;
+    int64_t revision;     /* of the table this node routes with */
+    uint64_t forwarded, not_primary, retried, unavailable;
+} drey_cluster_status;
+
+void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);
+
+#endif

@@ -1,0 +1,95 @@
+/*
+ * method — the table of methods the request chain serves, and what a write
+ * is.
+ *
+ * A method is a unary RPC of a service drey implements: its path, its
+ * protobuf-c descriptor, the flags that tell the chain which stages apply,
+ * and either a synchronous function of (state, request, time) — `apply`: a
+ * write's deterministic state transition, or a read — or an asynchronous
+ * handler for what answers later (a snapshot). The table knows no transport: the gRPC
+ * server, a peer that forwards a call and a replicated record all resolve
+ * methods here, and recovery replays journal records through the same
+ * `apply` the live chain runs. Streaming methods are the transport's own
+ * business (src/server) and are not in the table.
+ *
+ * Services fill the table once at start-up; it is read-only afterwards and
+ * may be read from any thread without a lock.
+ */
+#ifndef DREY_METHOD_H
+#define DREY_METHOD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "drey/arena.h"
+#include "drey/status.h"
+
+/* The request the chain carries (include/drey/pipeline.h). */
+typedef struct drey_request drey_request;
+
+/* Which stages of the chain a method passes. */
+enum {
+    DREY_METHOD_READ = 1u << 0,   /* reads the store */
+    DREY_METHOD_WRITE = 1u << 1,  /* mutates the store: memory admission, journal */
+    DREY_METHOD_SYSTEM = 1u << 2, /* health: answers without a token, under overload */
+    DREY_METHOD_ADMIN = 1u << 3,  /* operator actions: authenticated and admitted, no store access */
+};
+
+/* What `apply` gets: the time it happens at (for a write, the journal
+ * record's, also on replay) and where its response is built. */
+typedef struct drey_apply {
+    int64_t now_ms;      /* wall-clock milliseconds */
+    drey_arena *arena;   /* response memory */
+    drey_status *status; /* set when the transition fails */
+} drey_apply;
+
+/* How a service describes one of its methods. */
+typedef struct drey_method_spec {
+    const char *name; /* the method's name in the service descriptor */
+    unsigned flags;
+    /* Returns the response, or NULL with ax->status set. For a write
+     * (DREY_METHOD_WRITE, which must have it) a deterministic state
+     * transition of (store, request, ax->now_ms), run after the journal
+     * append and again on replay; for anything else a function of the
+     * current state, run at the end of the chain. */
+    ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
+    /* Writes that can grow memory: the bytes the write would add to the
+     * store's accounting (new size - old size) if applied now. */
+    int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    /* Methods without apply: runs once with the decoded request at the end
+     * of the chain and must eventually answer it (drey_request_reply or
+     * drey_request_fail in include/drey/pipeline.h), from any thread. */
+    void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
+} drey_method_spec;
+
+typedef struct drey_method {
+    const char *path;                      /* "/drey.cache.v1.Cache/Get" */
+    const ProtobufCMethodDescriptor *desc; /* name, input and output types */
+    unsigned flags;
+    ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
+    int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
+    void *ctx;                             /* given to drey_method_table_add_service */
+} drey_method;
+
+typedef struct drey_method_table drey_method_table;
+
+drey_method_table *drey_method_table_create(void);
+void drey_method_table_destroy(drey_method_table *t);
+
+/* Adds every unary method of the service. Each needs a spec with exactly
+ * one of apply and handle (a write: apply); streaming methods must have
+ * none (they are registered on the transport). A mismatch is a programming
+ * error, logged and reported as false. */
+bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceDescriptor *sd,
+                                   const drey_method_spec *specs, size_t n_specs, void *ctx);
+
+/* The method at path ("/pkg.Service/Method"), or NULL. */
+const drey_method *drey_method_find(const drey_method_table *t, const char *path);
+size_t drey_method_count(const drey_method_table *t);
+const drey_method *drey_method_at(const drey_method_table *t, size_t i);
+
+#endif

@@ -1,0 +1,242 @@
+/*
+ * drey cluster — the operator's view of a cluster, straight from etcd.
+ *
+ *   drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] [--replication-factor=1]
+ *                     [--initial-nodes=1]
+ *   drey cluster status --etcd=URLS [--prefix=drey/]
+ *
+ * init writes the cluster's config once (the same values again are fine,
+ * others are refused: the partition count is fixed for the cluster's life).
+ * status prints the config, the controller, every member with the
+ * partitions it owns, and the partitions nobody owns, as one JSON object.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/arena.h"
+#include "drey/etcd.h"
+#include "drey/internal/v1/meta.pb-c.h"
+#include "cluster.h"
+
+#define CALL_MS 5000
+
+static const char *flag_value(int argc, char **argv, const char *name, const char *def) {
+    size_t n = strlen(name);
+    for (int i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) == 0 && strncmp(argv[i] + 2, name, n) == 0 && argv[i][2 + n] == '=')
+            return argv[i] + 3 + n;
+    }
+    return def;
+}
+
+static bool known_flags(int argc, char **argv, const char *const *names) {
+    for (int i = 0; i < argc; i++) {
+        bool ok = false;
+        for (const char *const *n = names; *n != NULL && !ok; n++) {
+            size_t len = strlen(*n);
+            ok = strncmp(argv[i], "--", 2) == 0 && strncmp(argv[i] + 2, *n, len) == 0 && argv[i][2 + len] == '=';
+        }
+        if (!ok) {
+            fprintf(stderr, "drey cluster: unknown argument %s\n", argv[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool parse_u32(const char *s, uint32_t *out) {
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+/* Writes the cluster's config once: the same values again are fine, others
+ * are refused (the partition count is fixed for the cluster's life). */
+static int init_config(const char *etcd, const char *prefix, uint32_t partitions, uint32_t replication_factor,
+                      uint32_t initial_nodes, char *err, size_t cap) {
+    if (partitions < 1 || partitions > 65536) {
+        snprintf(err, cap, "--partitions must be 1 to 65536");
+        return -1;
+    }
+    if (replication_factor != 1) {
+        snprintf(err, cap, "--replication-factor: this build replicates nothing yet (1 only)");
+        return -1;
+    }
+    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, cap);
+    if (e == NULL)
+        return -1;
+    Drey__Internal__V1__ClusterConfig cfg = DREY__INTERNAL__V1__CLUSTER_CONFIG__INIT;
+    cfg.format = DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1;
+    cfg.partitions = partitions;
+    cfg.replication_factor = replication_factor;
+    cfg.hash_function = 1;
+    cfg.initial_nodes = initial_nodes > 0 ? initial_nodes : 1;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__cluster_config__pack(&cfg, buf);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    size_t pl = strlen(prefix);
+    const char *key = drey_arena_sprintf(&a, "%s%sconfig", prefix, pl > 0 && prefix[pl - 1] == '/' ? "" : "/");
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, 0);
+    drey_etcd_txn_get(&t, DREY_ETCD_ELSE, key, false);
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    int rc = -1;
+    if (drey_etcd_txn_commit(e, &t, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+        snprintf(err, cap, "cannot reach etcd at %s: %s", etcd, st.message);
+    } else if (resp->succeeded) {
+        rc = 0;
+    } else if (resp->n_responses == 1 && resp->responses[0]->response_range != NULL &&
+               resp->responses[0]->response_range->n_kvs == 1) {
+        const Mvccpb__KeyValue *kv = resp->responses[0]->response_range->kvs[0];
+        Drey__Internal__V1__ClusterConfig *old =
+            drey__internal__v1__cluster_config__unpack(drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
+        if (old != NULL && old->format == cfg.format && old->partitions == cfg.partitions &&
+            old->replication_factor == cfg.replication_factor && old->hash_function == cfg.hash_function)
+            rc = 0; /* the same again: nothing to do */
+        else
+            snprintf(err, cap,
+                     "a cluster already exists under %s with %u partitions and replication factor %u: its config "
+                     "is fixed for its life",
+                     key, old != NULL ? old->partitions : 0, old != NULL ? old->replication_factor : 0);
+    } else {
+        snprintf(err, cap, "unexpected answer from etcd");
+    }
+    drey_arena_destroy(&a);
+    drey_etcd_close(e);
+    return rc;
+}
+
+static int status(const char *etcd, const char *prefix) {
+    char err[256];
+    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, sizeof err);
+    if (e == NULL) {
+        fprintf(stderr, "drey cluster: %s\n", err);
+        return 2;
+    }
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    Etcdserverpb__RangeResponse *resp;
+    drey_etcd_status st;
+    int rc = 1;
+    if (drey_etcd_get(e, prefix, true, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+        fprintf(stderr, "drey cluster: cannot read etcd (%s): %s\n", st.endpoint, st.message);
+        goto out;
+    }
+    size_t plen = strlen(prefix);
+    Drey__Internal__V1__ClusterConfig *cfg = NULL;
+    const char *controller = "";
+    uint32_t owners_cap = 0;
+    char **owner = NULL; /* per partition */
+    for (size_t i = 0; i < resp->n_kvs; i++) {
+        const Mvccpb__KeyValue *kv = resp->kvs[i];
+        const char *k = (const char *)kv->key.data + plen;
+        size_t kl = kv->key.len - plen;
+        if (kl == 6 && memcmp(k, "config", 6) == 0) {
+            cfg = drey__internal__v1__cluster_config__unpack(drey_arena_protobuf_allocator(&a), kv->value.len,
+                                                             kv->value.data);
+            if (cfg != NULL && cfg->partitions > 0) {
+                owners_cap = cfg->partitions;
+                owner = drey_arena_calloc(&a, owners_cap * sizeof *owner);
+            }
+        } else if (kl == 10 && memcmp(k, "controller", 10) == 0) {
+            controller = drey_arena_strndup(&a, (const char *)kv->value.data, kv->value.len);
+        }
+    }
+    if (cfg == NULL) {
+        fprintf(stderr, "drey cluster: no cluster under %s (drey cluster init creates one)\n", prefix);
+        goto out;
+    }
+    for (size_t i = 0; i < resp->n_kvs; i++) {
+        const Mvccpb__KeyValue *kv = resp->kvs[i];
+        const char *k = (const char *)kv->key.data + plen;
+        size_t kl = kv->key.len - plen;
+        if (kl == 16 && memcmp(k, "partitions/", 11) == 0) {
+            char digits[6];
+            memcpy(digits, k + 11, 5);
+            digits[5] = '\0';
+            uint32_t p;
+            Drey__Internal__V1__PartitionEntry *pe = drey__internal__v1__partition_entry__unpack(
+                drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
+            if (parse_u32(digits, &p) && p < owners_cap && pe != NULL)
+                owner[p] = pe->primary;
+        }
+    }
+    printf("{\"partitions\":%u,\"replicationFactor\":%u,\"controller\":\"%s\",\"nodes\":[", cfg->partitions,
+           cfg->replication_factor, controller);
+    bool first = true;
+    for (size_t i = 0; i < resp->n_kvs; i++) {
+        const Mvccpb__KeyValue *kv = resp->kvs[i];
+        const char *k = (const char *)kv->key.data + plen;
+        size_t kl = kv->key.len - plen;
+        if (kl <= 6 || memcmp(k, "nodes/", 6) != 0)
+            continue;
+        Drey__Internal__V1__Member *m =
+            drey__internal__v1__member__unpack(drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
+        if (m == NULL)
+            continue;
+        uint32_t owned = 0;
+        for (uint32_t p = 0; p < owners_cap; p++)
+            owned += owner[p] != NULL && strcmp(owner[p], m->id) == 0;
+        printf("%s{\"id\":\"%s\",\"advertise\":\"%s\",\"internal\":\"%s\",\"partitions\":%u}", first ? "" : ",",
+               m->id, m->advertise, m->internal, owned);
+        first = false;
+    }
+    uint32_t unowned = 0;
+    for (uint32_t p = 0; p < owners_cap; p++)
+        unowned += owner[p] == NULL || owner[p][0] == '\0';
+    printf("],\"unassignedPartitions\":%u}\n", unowned);
+    rc = 0;
+out:
+    drey_arena_destroy(&a);
+    drey_etcd_close(e);
+    return rc;
+}
+
+int drey_cli_cluster(int argc, char **argv) {
+    static const char *const init_flags[] = {"etcd", "prefix", "partitions", "replication-factor", "initial-nodes",
+                                             NULL};
+    static const char *const status_flags[] = {"etcd", "prefix", NULL};
+    if (argc < 1 || (strcmp(argv[0], "init") != 0 && strcmp(argv[0], "status") != 0)) {
+        fprintf(stderr, "usage: drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] "
+                        "[--replication-factor=1] [--initial-nodes=1]\n"
+                        "       drey cluster status --etcd=URLS [--prefix=drey/]\n");
+        return 2;
+    }
+    bool init = strcmp(argv[0], "init") == 0;
+    if (!known_flags(argc - 1, argv + 1, init ? init_flags : status_flags))
+        return 2;
+    const char *etcd = flag_value(argc - 1, argv + 1, "etcd", getenv("DREY_CLUSTER_ETCD"));
+    if (etcd == NULL || etcd[0] == '\0') {
+        fprintf(stderr, "drey cluster: --etcd=URLS is required\n");
+        return 2;
+    }
+    const char *prefix_flag = flag_value(argc - 1, argv + 1, "prefix", "drey/");
+    size_t pl = strlen(prefix_flag);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s%s", prefix_flag, pl > 0 && prefix_flag[pl - 1] == '/' ? "" : "/");
+    if (!init)
+        return status(etcd, prefix);
+    uint32_t partitions, rf, initial;
+    if (!parse_u32(flag_value(argc - 1, argv + 1, "partitions", "256"), &partitions) ||
+        !parse_u32(flag_value(argc - 1, argv + 1, "replication-factor", "1"), &rf) ||
+        !parse_u32(flag_value(argc - 1, argv + 1, "initial-nodes", "1"), &initial)) {
+        fprintf(stderr, "drey cluster: --partitions, --replication-factor and --initial-nodes take numbers\n");
+        return 2;
+    }
+    char err[320];
+    if (init_config(etcd, prefix, partitions, rf, initial, err, sizeof err) != 0) {
+        fprintf(stderr, "drey cluster init: %s\n", err);
+        return 1;
+    }
+    printf("{\"partitions\":%u,\"replicationFactor\":%u,\"initialNodes\":%u}\n", partitions, rf, initial);
+    return 0;
+}

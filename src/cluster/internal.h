@@ -1,0 +1,106 @@
+/* The cluster module's internals: the topology, peers, the pieces' glue. */
+#ifndef DREY_CLUSTER_INTERNAL_H
+#define DREY_CLUSTER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "drey/cluster.h"
+#include "drey/etcd.h"
+#include "drey/internal/v1/meta.pb-c.h"
+
+#define DREY_CLUSTER_MAX_ID 128
+
+/* A node as routing sees it. */
+typedef struct drey_cluster__node {
+    char *id, *advertise, *internal;
+    bool member; /* registered now (its lease alive) */
+} drey_cluster__node;
+
+typedef struct drey_cluster__part {
+    int64_t epoch;   /* mod_revision of the entry; 0: no entry */
+    int32_t primary; /* index into nodes; -1: none */
+} drey_cluster__part;
+
+/* An immutable table, shared by reference: routing acquires the current
+ * one, the watch publishes a new one. */
+typedef struct drey_cluster__topology {
+    _Atomic int refs;
+    int64_t revision;
+    uint32_t n_parts;
+    uint32_t rf;
+    drey_cluster__part *parts;
+    size_t n_nodes;
+    drey_cluster__node *nodes;
+    int32_t self; /* index of this node; -1 if not in the table */
+    char controller[DREY_CLUSTER_MAX_ID];
+} drey_cluster__topology;
+
+void drey_cluster__topology_unref(drey_cluster__topology *t);
+
+/* --- peers: calls to other nodes' internal listeners ---------------------- */
+
+typedef struct drey_cluster__peers drey_cluster__peers;
+
+drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *key, const char *ca, char *err,
+                                                size_t err_cap);
+void drey_cluster__peers_destroy(drey_cluster__peers *p);
+
+typedef struct drey_cluster__header {
+    const char *key;
+    const char *value;
+    size_t len;
+} drey_cluster__header;
+
+/* A unary call of path on node id at address, with the serialized request
+ * and headers; done runs once, on the peers' thread, with the answer (whose
+ * buffers live until done returns). */
+void drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+                              const uint8_t *request, size_t len, const drey_cluster__header *headers,
+                              size_t n_headers, int64_t deadline_mono_ns,
+                              void (*done)(void *arg, const drey_answer *a), void *arg);
+
+/* --- the cluster ----------------------------------------------------------- */
+
+typedef struct topo_watcher topo_watcher;
+
+struct drey_cluster {
+    drey_cluster_options opts;
+    char *prefix;
+    drey_etcd *etcd;
+    drey_etcd_lease lease;
+    drey_etcd_keepalive *keepalive;
+    drey_etcd_watch *watch;
+    drey_cluster__peers *peers;
+    uint32_t n_parts, rf, initial_nodes;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    /* Under mu: the table as the watch last left it. */
+    Drey__Internal__V1__Member **members;
+    size_t n_members, cap_members;
+    Drey__Internal__V1__PartitionEntry **entries; /* n_parts; NULL: no entry */
+    int64_t *epochs;
+    char controller[DREY_CLUSTER_MAX_ID];
+    int64_t revision;
+    bool watch_ended, lease_lost, leaving, stopping;
+    drey_cluster__topology *topo; /* the published table (a reference) */
+    topo_watcher *watchers;        /* WatchTopology streams */
+
+    pthread_t controller_thread;
+    bool controller_running;
+
+    _Atomic uint64_t forwarded, not_primary, retried, unavailable;
+};
+
+drey_cluster__topology *drey_cluster__acquire(drey_cluster *c);
+/* Rebuilds the topology from the table; needs c->mu. */
+void drey_cluster__publish_locked(drey_cluster *c);
+/* WatchTopology streams get the new topology; needs c->mu. */
+void drey_cluster__notify_watchers_locked(drey_cluster *c);
+void drey_cluster__close_watchers(drey_cluster *c);
+
+/* The controller's loop (member.c). */
+void *drey_cluster__controller_main(void *arg);
+
+#endif

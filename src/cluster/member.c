@@ -1,0 +1,532 @@
+/*
+ * member — joining the cluster, watching its table, and the controller.
+ *
+ * Join: read and check the cluster's config, take a lease, register the
+ * node under it (waiting for an earlier registration of the same id to
+ * expire: two processes must never share an id), keep the lease alive on a
+ * stream, read everything under the prefix and watch it from there. The
+ * watch's callbacks run on the etcd client's thread and only update the
+ * table and publish a new topology; everything that calls etcd runs on the
+ * controller thread, woken by every change and once a second.
+ *
+ * The controller thread of every node stands for controller (a transaction
+ * that puts <prefix>controller under the node's lease if nobody holds it).
+ * The node that holds it reconciles the partition table: today, the first
+ * assignment of unassigned partitions by rendezvous hashing once the
+ * cluster's initial_nodes are members. Each write compares the entry's
+ * mod_revision (its epoch) with the one this node saw, so a deposed or
+ * stale controller changes nothing; a new controller resumes from whatever
+ * the table says.
+ *
+ * A lost lease (etcd unreachable past the TTL, or the node paused) takes the
+ * node out of the membership; the controller thread registers it again with
+ * a new lease once etcd answers, while routing goes on with the last table.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "drey/alloc.h"
+#include "drey/clock.h"
+#include "drey/log.h"
+#include "drey/placement.h"
+#include "internal.h"
+
+#define CALL_MS 2000
+#define TXN_OPS 100 /* below etcd's --max-txn-ops (128) */
+
+static char *xstrdup(const char *s) {
+    return drey_xstrdup(s != NULL ? s : "");
+}
+
+static char *key_of(const drey_cluster *c, drey_arena *a, const char *suffix) {
+    return drey_arena_sprintf(a, "%s%s", c->prefix, suffix);
+}
+
+static char *partition_key(const drey_cluster *c, drey_arena *a, uint32_t p) {
+    return drey_arena_sprintf(a, "%spartitions/%05" PRIu32, c->prefix, p);
+}
+
+static void nap_ms(int64_t ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* --- the table ------------------------------------------------------------- */
+
+static void remove_member_locked(drey_cluster *c, const char *id, size_t len) {
+    for (size_t i = 0; i < c->n_members; i++) {
+        if (strlen(c->members[i]->id) == len && memcmp(c->members[i]->id, id, len) == 0) {
+            drey__internal__v1__member__free_unpacked(c->members[i], NULL);
+            c->members[i] = c->members[--c->n_members];
+            return;
+        }
+    }
+}
+
+/* Applies one key's new value (NULL: deleted) to the table; needs c->mu. */
+static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool deleted) {
+    size_t plen = strlen(c->prefix);
+    if (kv->key.len <= plen || memcmp(kv->key.data, c->prefix, plen) != 0)
+        return;
+    const char *rest = (const char *)kv->key.data + plen;
+    size_t rlen = kv->key.len - plen;
+    if (rlen > 6 && memcmp(rest, "nodes/", 6) == 0) {
+        remove_member_locked(c, rest + 6, rlen - 6);
+        if (deleted)
+            return;
+        Drey__Internal__V1__Member *m = drey__internal__v1__member__unpack(NULL, kv->value.len, kv->value.data);
+        if (m == NULL) {
+            DREY_LOG_WARN("undecodable member entry in etcd", DREY_LOG_INT("revision", kv->mod_revision));
+            return;
+        }
+        if (c->n_members == c->cap_members) {
+            c->cap_members = c->cap_members ? c->cap_members * 2 : 8;
+            c->members = drey_xrealloc(c->members, c->cap_members, sizeof *c->members);
+        }
+        c->members[c->n_members++] = m;
+    } else if (rlen == 10 && memcmp(rest, "controller", 10) == 0) {
+        size_t n = deleted ? 0 : kv->value.len < sizeof c->controller - 1 ? kv->value.len : sizeof c->controller - 1;
+        memcpy(c->controller, kv->value.data, n);
+        c->controller[n] = '\0';
+    } else if (rlen == 16 && memcmp(rest, "partitions/", 11) == 0) {
+        char digits[6];
+        memcpy(digits, rest + 11, 5);
+        digits[5] = '\0';
+        char *end;
+        unsigned long p = strtoul(digits, &end, 10);
+        if (*end != '\0' || p >= c->n_parts)
+            return;
+        if (c->entries[p] != NULL)
+            drey__internal__v1__partition_entry__free_unpacked(c->entries[p], NULL);
+        c->entries[p] = NULL;
+        c->epochs[p] = 0;
+        if (deleted)
+            return;
+        c->entries[p] = drey__internal__v1__partition_entry__unpack(NULL, kv->value.len, kv->value.data);
+        c->epochs[p] = kv->mod_revision;
+    }
+}
+
+static void on_events(void *user, Mvccpb__Event *const *events, size_t n) {
+    drey_cluster *c = user;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        const Mvccpb__KeyValue *kv = events[i]->kv;
+        if (kv == NULL)
+            continue;
+        apply_kv_locked(c, kv, events[i]->type == MVCCPB__EVENT__EVENT_TYPE__DELETE);
+        if (kv->mod_revision > c->revision)
+            c->revision = kv->mod_revision;
+    }
+    drey_cluster__publish_locked(c);
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_watch_end(void *user, const drey_etcd_watch_end *end) {
+    drey_cluster *c = user;
+    DREY_LOG_ERROR("the cluster table's watch ended; routing goes on with the last table",
+                   DREY_LOG_INT("reason", end->reason), DREY_LOG_STR("message", end->message ? end->message : ""));
+    pthread_mutex_lock(&c->mu);
+    c->watch_ended = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Reads everything under the prefix into the table; returns the revision
+ * read at, or -1. */
+static int64_t load_table(drey_cluster *c, char *err, size_t cap) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    Etcdserverpb__RangeResponse *resp;
+    drey_etcd_status st;
+    int64_t rev = -1;
+    if (drey_etcd_get(c->etcd, c->prefix, true, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+        snprintf(err, cap, "cannot read the cluster table from etcd (%s): %s", st.endpoint, st.message);
+        goto out;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < resp->n_kvs; i++)
+        apply_kv_locked(c, resp->kvs[i], false);
+    rev = resp->header != NULL ? resp->header->revision : 0;
+    c->revision = rev;
+    drey_cluster__publish_locked(c);
+    pthread_mutex_unlock(&c->mu);
+out:
+    drey_arena_destroy(&a);
+    return rev;
+}
+
+/* --- membership ------------------------------------------------------------- */
+
+static void on_lease_lost(void *user, drey_etcd_lease_loss why) {
+    drey_cluster *c = user;
+    DREY_LOG_ERROR("this node's etcd lease is lost; it will register again once etcd answers",
+                   DREY_LOG_STR("why", why == DREY_ETCD_LEASE_EXPIRED ? "expired" : "unconfirmed"));
+    pthread_mutex_lock(&c->mu);
+    c->lease_lost = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Takes a lease and puts nodes/<id> under it, waiting up to wait_ms for an
+ * earlier registration of the id to go. 0, or -1 with err. */
+static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap) {
+    drey_etcd_status st;
+    if (drey_etcd_lease_grant(c->etcd, c->opts.lease_ttl_s, CALL_MS, &c->lease, &st) != GRPC_STATUS_OK) {
+        snprintf(err, cap, "cannot take a lease from etcd (%s): %s", st.endpoint, st.message);
+        return -1;
+    }
+    Drey__Internal__V1__Member m = DREY__INTERNAL__V1__MEMBER__INIT;
+    m.id = (char *)c->opts.node_id;
+    m.advertise = (char *)c->opts.advertise;
+    m.internal = (char *)c->opts.internal;
+    m.build = (char *)(c->opts.build != NULL ? c->opts.build : "");
+    uint8_t buf[1024];
+    size_t len = drey__internal__v1__member__get_packed_size(&m);
+    if (len > sizeof buf) {
+        snprintf(err, cap, "the node id or addresses are too long");
+        return -1;
+    }
+    drey__internal__v1__member__pack(&m, buf);
+    int64_t until = drey_mono_ms() + wait_ms;
+    bool told = false;
+    for (;;) {
+        drey_arena a;
+        drey_arena_init(&a, NULL, 0);
+        const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
+        drey_etcd_txn t;
+        drey_etcd_txn_init(&t, &a);
+        drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
+        drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, c->lease.id);
+        Etcdserverpb__TxnResponse *resp;
+        grpc_status_code code = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st);
+        bool ok = code == GRPC_STATUS_OK && resp->succeeded;
+        drey_arena_destroy(&a);
+        if (ok)
+            return 0;
+        if (code != GRPC_STATUS_OK && !st.may_have_applied) {
+            snprintf(err, cap, "cannot register in etcd (%s): %s", st.endpoint, st.message);
+            return -1;
+        }
+        if (drey_mono_ms() >= until) {
+            snprintf(err, cap,
+                     "node id %s is registered by another process (or a previous run whose lease has not "
+                     "expired): refusing to share it",
+                     c->opts.node_id);
+            return -1;
+        }
+        if (!told)
+            DREY_LOG_INFO("waiting for an earlier registration of this node id to expire",
+                          DREY_LOG_STR("node_id", c->opts.node_id));
+        told = true;
+        nap_ms(100); /* a retry interval against etcd, not a synchronisation */
+    }
+}
+
+static bool check_config(drey_cluster *c, char *err, size_t cap) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    bool ok = false;
+    Etcdserverpb__RangeResponse *resp;
+    drey_etcd_status st;
+    const char *key = key_of(c, &a, "config");
+    if (drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+        snprintf(err, cap, "cannot reach etcd at %s: %s", c->opts.etcd, st.message);
+        goto out;
+    }
+    if (resp->n_kvs == 0) {
+        snprintf(err, cap, "no cluster under %s in etcd: run `drey cluster init --etcd=%s` first", c->prefix,
+                 c->opts.etcd);
+        goto out;
+    }
+    Drey__Internal__V1__ClusterConfig *cfg = drey__internal__v1__cluster_config__unpack(
+        drey_arena_protobuf_allocator(&a), resp->kvs[0]->value.len, resp->kvs[0]->value.data);
+    if (cfg == NULL || cfg->format != DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1 || cfg->hash_function != 1) {
+        snprintf(err, cap, "the cluster's config under %s is of a format this build does not know (format %u)",
+                 key, cfg != NULL ? cfg->format : 0);
+        goto out;
+    }
+    if (c->opts.partitions != 0 && c->opts.partitions != cfg->partitions) {
+        snprintf(err, cap, "the cluster has %u partitions and this node was started for %u: refusing to join",
+                 cfg->partitions, c->opts.partitions);
+        goto out;
+    }
+    if (cfg->partitions == 0 || cfg->replication_factor == 0) {
+        snprintf(err, cap, "the cluster's config is unusable (0 partitions or replicas)");
+        goto out;
+    }
+    if (cfg->replication_factor != 1) {
+        snprintf(err, cap, "the cluster asks for %u replicas; this build replicates nothing (factor 1 only)",
+                 cfg->replication_factor);
+        goto out;
+    }
+    c->n_parts = cfg->partitions;
+    c->rf = cfg->replication_factor;
+    c->initial_nodes = cfg->initial_nodes > 0 ? cfg->initial_nodes : 1;
+    ok = true;
+out:
+    drey_arena_destroy(&a);
+    return ok;
+}
+
+drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, size_t cap) {
+    drey_cluster *c = drey_xcalloc(1, sizeof *c);
+    c->opts = *opts;
+    c->opts.node_id = xstrdup(opts->node_id);
+    c->opts.advertise = xstrdup(opts->advertise);
+    c->opts.internal = xstrdup(opts->internal);
+    c->opts.etcd = xstrdup(opts->etcd);
+    c->opts.build = xstrdup(opts->build);
+    size_t pl = strlen(opts->prefix);
+    c->prefix = drey_xmalloc(pl + 2);
+    snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
+    pthread_mutex_init(&c->mu, NULL);
+    /* The controller's periodic wake-up measures time on the monotonic
+     * clock: a wall-clock step must not change how long it waits. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_lock(&c->mu);
+    drey_cluster__publish_locked(c); /* an empty table until joined */
+    pthread_mutex_unlock(&c->mu);
+    c->peers = drey_cluster__peers_create(opts->tls_cert, opts->tls_key, opts->tls_ca, err, cap);
+    if (c->peers == NULL) {
+        drey_cluster_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const char *internal) {
+    free((char *)c->opts.advertise);
+    free((char *)c->opts.internal);
+    c->opts.advertise = xstrdup(advertise);
+    c->opts.internal = xstrdup(internal);
+}
+
+int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
+    c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd}, err, cap);
+    if (c->etcd == NULL || !check_config(c, err, cap))
+        return -1;
+    c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
+    c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
+    if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
+        return -1;
+    c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
+    int64_t rev = load_table(c, err, cap);
+    if (rev < 0)
+        return -1;
+    drey_etcd_watch_options wo = {
+        .key = c->prefix,
+        .prefix = true,
+        .start_revision = rev + 1,
+        .on_events = on_events,
+        .on_end = on_watch_end,
+        .user = c,
+    };
+    c->watch = drey_etcd_watch_start(c->etcd, &wo);
+    if (pthread_create(&c->controller_thread, NULL, drey_cluster__controller_main, c) != 0)
+        abort();
+    c->controller_running = true;
+    DREY_LOG_INFO("joined the cluster", DREY_LOG_STR("node_id", c->opts.node_id),
+                  DREY_LOG_UINT("partitions", c->n_parts), DREY_LOG_INT("revision", rev),
+                  DREY_LOG_INT("lease_ttl_s", c->lease.ttl_s));
+    return 0;
+}
+
+void drey_cluster_leave(drey_cluster *c) {
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    bool was = c->leaving;
+    c->leaving = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+    if (was)
+        return;
+    drey_cluster__close_watchers(c);
+    if (c->controller_running) {
+        pthread_join(c->controller_thread, NULL);
+        c->controller_running = false;
+    }
+    drey_etcd_keepalive_stop(c->keepalive);
+    c->keepalive = NULL;
+    if (c->lease.id != 0) {
+        drey_etcd_status st;
+        if (drey_etcd_lease_revoke(c->etcd, c->lease.id, CALL_MS, &st) != GRPC_STATUS_OK)
+            DREY_LOG_WARN("could not revoke the lease; it expires by itself", DREY_LOG_STR("error", st.message));
+        c->lease.id = 0;
+    }
+    DREY_LOG_INFO("left the cluster", DREY_LOG_STR("node_id", c->opts.node_id));
+}
+
+void drey_cluster_destroy(drey_cluster *c) {
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->leaving = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+    if (c->controller_running)
+        pthread_join(c->controller_thread, NULL);
+    drey_etcd_keepalive_stop(c->keepalive);
+    drey_etcd_watch_close(c->watch);
+    drey_etcd_close(c->etcd);
+    drey_cluster__peers_destroy(c->peers);
+    for (size_t i = 0; i < c->n_members; i++)
+        drey__internal__v1__member__free_unpacked(c->members[i], NULL);
+    free(c->members);
+    for (uint32_t p = 0; c->entries != NULL && p < c->n_parts; p++) {
+        if (c->entries[p] != NULL)
+            drey__internal__v1__partition_entry__free_unpacked(c->entries[p], NULL);
+    }
+    free(c->entries);
+    free(c->epochs);
+    drey_cluster__topology_unref(c->topo);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cond);
+    free((char *)c->opts.node_id);
+    free((char *)c->opts.advertise);
+    free((char *)c->opts.internal);
+    free((char *)c->opts.etcd);
+    free((char *)c->opts.build);
+    free(c->prefix);
+    free(c);
+}
+
+/* --- the controller --------------------------------------------------------- */
+
+static bool campaign(drey_cluster *c) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    const char *key = key_of(c, &a, "controller");
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, c->opts.node_id, strlen(c->opts.node_id), c->lease.id);
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    bool won = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+    drey_arena_destroy(&a);
+    if (won)
+        DREY_LOG_INFO("this node is the cluster's controller", DREY_LOG_STR("node_id", c->opts.node_id));
+    return won;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first assignment: every partition without an owner gets the node
+ * rendezvous hashing ranks first among the members, once there are enough
+ * of them. Returns false when etcd refused or failed (retried later). */
+static bool assign_unowned(drey_cluster *c) {
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->n_members;
+    uint32_t unowned = 0;
+    for (uint32_t p = 0; p < c->n_parts; p++)
+        unowned += c->entries[p] == NULL || c->entries[p]->primary[0] == '\0';
+    bool first = unowned == c->n_parts;
+    if (unowned == 0 || n == 0 || (first && n < c->initial_nodes)) {
+        pthread_mutex_unlock(&c->mu);
+        return true;
+    }
+    char **ids = drey_xcalloc(n, sizeof *ids);
+    int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
+    bool *want = drey_xcalloc(c->n_parts, sizeof *want);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = xstrdup(c->members[i]->id);
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        epochs[p] = c->epochs[p];
+        want[p] = c->entries[p] == NULL || c->entries[p]->primary[0] == '\0';
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    qsort(ids, n, sizeof *ids, cmp_str);
+    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * sizeof *assign);
+    drey_placement_assign((const char *const *)ids, n, c->n_parts, 1, assign);
+    bool ok = true;
+    for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {
+        drey_arena a;
+        drey_arena_init(&a, NULL, 0);
+        drey_etcd_txn t;
+        drey_etcd_txn_init(&t, &a);
+        size_t ops = 0;
+        uint32_t p = p0;
+        for (; p < c->n_parts && ops < TXN_OPS; p++) {
+            if (!want[p])
+                continue;
+            Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
+            e.primary = ids[assign[p]];
+            size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
+            uint8_t *buf = drey_arena_alloc(&a, len ? len : 1);
+            drey__internal__v1__partition_entry__pack(&e, buf);
+            const char *key = partition_key(c, &a, p);
+            drey_etcd_txn_if_mod_revision(&t, key, DREY_ETCD_EQUAL, epochs[p]);
+            drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, 0);
+            ops++;
+        }
+        p0 = p;
+        if (ops > 0) {
+            Etcdserverpb__TxnResponse *resp;
+            drey_etcd_status st;
+            ok = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+            if (!ok)
+                DREY_LOG_WARN("a partition table write did not apply; the controller will look again",
+                              DREY_LOG_STR("error", st.message));
+        }
+        drey_arena_destroy(&a);
+    }
+    if (ok)
+        DREY_LOG_INFO("partitions assigned", DREY_LOG_UINT("partitions", unowned), DREY_LOG_UINT("nodes", n));
+    for (size_t i = 0; i < n; i++)
+        free(ids[i]);
+    free(ids);
+    free(epochs);
+    free(want);
+    free(assign);
+    return ok;
+}
+
+void *drey_cluster__controller_main(void *arg) {
+    drey_cluster *c = arg;
+    char err[256];
+    pthread_mutex_lock(&c->mu);
+    while (!c->leaving) {
+        bool lost = c->lease_lost;
+        bool leader = strcmp(c->controller, c->opts.node_id) == 0;
+        bool vacant = c->controller[0] == '\0';
+        pthread_mutex_unlock(&c->mu);
+        if (lost) {
+            drey_etcd_keepalive_stop(c->keepalive);
+            c->keepalive = NULL;
+            if (register_node(c, 0, err, sizeof err) == 0) {
+                c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
+                pthread_mutex_lock(&c->mu);
+                c->lease_lost = false;
+                pthread_mutex_unlock(&c->mu);
+                DREY_LOG_INFO("registered again with a new lease", DREY_LOG_STR("node_id", c->opts.node_id));
+            }
+        } else if (vacant) {
+            leader = campaign(c);
+        }
+        if (leader && !lost)
+            assign_unowned(c);
+        pthread_mutex_lock(&c->mu);
+        if (c->leaving)
+            break;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&c->cond, &c->mu, &until);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}

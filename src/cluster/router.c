@@ -1,0 +1,446 @@
+/*
+ * router — the chain's route row: run here, forward once, or refuse.
+ *
+ * A data request names its keys by field: `cache` with `key` (one key),
+ * `keys` (GetMany) or `entries[].key` (SetMany). One key's partition has one
+ * owner; the request runs here when that is this node, is forwarded to the
+ * owner otherwise, and is refused when the owner is not a member
+ * (PARTITION_UNAVAILABLE: with one replica nobody else has the data) or
+ * when this node received it forwarded and does not own it (NOT_PRIMARY,
+ * never forwarded twice: two tables that disagree cannot bounce a call).
+ *
+ * A forwarded call carries the caller's token (the owner verifies it again,
+ * so a request_id stays scoped by the original principal), the forwarding
+ * node's id and the partition's epoch, and the caller's remaining deadline.
+ * The owner's answer is relayed as it came, details included. A NOT_PRIMARY
+ * answer means the owner's table is newer: once this node's table has moved
+ * on (or after a second) the request is routed once more. That retry is
+ * safe because NOT_PRIMARY is refused before the journal; nothing else is
+ * ever retried here.
+ *
+ * GetMany scatters: keys this node owns are read here first, then every
+ * other owner gets one GetMany of its keys; the answers are gathered in the
+ * caller's order. Reads are per key anyway, so nothing is lost by splitting.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/cache/v1/cache.pb-c.h"
+#include "drey/clock.h"
+#include "drey/log.h"
+#include "drey/placement.h"
+#include "google/rpc/error_details.pb-c.h"
+#include "google/rpc/status.pb-c.h"
+#include "internal.h"
+
+#define RETRY_WAIT_NS 1000000000LL
+#define RETRY_POLL_NS 10000000LL
+#define UNAVAILABLE_RETRY_MS 500
+
+typedef struct fwd {
+    drey_cluster *c;
+    drey_request *r;
+    int64_t revision; /* of the table the request was routed with */
+    int64_t retry_until_ns;
+    bool retried;
+    drey_timer timer;
+} fwd;
+
+/* --- what a request names --------------------------------------------------- */
+
+static const void *field(const ProtobufCMessage *m, const char *name, const ProtobufCFieldDescriptor **fd) {
+    *fd = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
+    return *fd != NULL ? (const char *)m + (*fd)->offset : NULL;
+}
+
+static const char *string_field(const ProtobufCMessage *m, const char *name) {
+    const ProtobufCFieldDescriptor *fd;
+    const void *p = field(m, name, &fd);
+    if (p == NULL || fd->type != PROTOBUF_C_TYPE_STRING || fd->label == PROTOBUF_C_LABEL_REPEATED)
+        return NULL;
+    return *(char *const *)p;
+}
+
+static uint32_t partition_of(const drey_cluster__topology *t, const char *cache, const char *key) {
+    return drey_placement_partition(cache, strlen(cache), key, strlen(key), t->n_parts);
+}
+
+/* --- refusals ---------------------------------------------------------------- */
+
+static drey_stage_result not_primary(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p) {
+    atomic_fetch_add(&c->not_primary, 1);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+    drey_status_init(st);
+    drey_status_set(st, DREY_ERR_NOT_PRIMARY);
+    drey_status_add_metadata(st, "partition", "%u", p);
+    drey_status_add_metadata(st, "epoch", "%lld", (long long)t->parts[p].epoch);
+    drey_status_add_metadata(st, "primary", "%s", t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "");
+    r->status = st;
+    return DREY_STAGE_REJECT;
+}
+
+static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t p) {
+    atomic_fetch_add(&c->unavailable, 1);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+    drey_status_init(st);
+    drey_status_set(st, DREY_ERR_PARTITION_UNAVAILABLE);
+    drey_status_add_metadata(st, "partition", "%u", p);
+    st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
+    r->status = st;
+    return DREY_STAGE_REJECT;
+}
+
+/* The owner of p when a call may go to it: 1 this node, 0 another (*node),
+ * -1 refused (r->status set). */
+static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
+                 const drey_cluster__node **node, drey_stage_result *refusal) {
+    int32_t o = t->parts[p].primary;
+    if (o >= 0 && o == t->self)
+        return 1;
+    if (r->forwarded_by != NULL) {
+        *refusal = not_primary(c, r, t, p);
+        return -1;
+    }
+    if (o < 0 || !t->nodes[o].member || t->nodes[o].internal[0] == '\0') {
+        *refusal = unavailable(c, r, p);
+        return -1;
+    }
+    *node = &t->nodes[o];
+    return 0;
+}
+
+/* --- forwarding -------------------------------------------------------------- */
+
+static size_t forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h) {
+    size_t n = 0, len;
+    const char *auth = r->ops->metadata(r->door, "authorization", &len);
+    if (auth != NULL)
+        h[n++] = (drey_cluster__header){"authorization", auth, len};
+    h[n++] = (drey_cluster__header){DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    const char *e = drey_arena_sprintf(r->arena, "%lld", (long long)epoch);
+    h[n++] = (drey_cluster__header){DREY_FORWARD_EPOCH, e, strlen(e)};
+    return n;
+}
+
+/* Whether a is the owner's NOT_PRIMARY. */
+static bool is_not_primary(const drey_answer *a) {
+    if (a->code != GRPC_STATUS_UNAVAILABLE || a->details == NULL)
+        return false;
+    Google__Rpc__Status *st = google__rpc__status__unpack(NULL, a->details_len, a->details);
+    bool yes = false;
+    for (size_t i = 0; st != NULL && i < st->n_details && !yes; i++) {
+        const Google__Protobuf__Any *any = st->details[i];
+        if (strcmp(any->type_url, "type.googleapis.com/google.rpc.ErrorInfo") != 0)
+            continue;
+        Google__Rpc__ErrorInfo *ei = google__rpc__error_info__unpack(NULL, any->value.len, any->value.data);
+        yes = ei != NULL && strcmp(ei->reason, "NOT_PRIMARY") == 0;
+        if (ei != NULL)
+            google__rpc__error_info__free_unpacked(ei, NULL);
+    }
+    if (st != NULL)
+        google__rpc__status__free_unpacked(st, NULL);
+    return yes;
+}
+
+static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f);
+
+/* Routes a request that met NOT_PRIMARY again, once this node's table moved
+ * on or the wait is over (on the timer thread). */
+static void retry(void *arg) {
+    fwd *f = arg;
+    drey_cluster__topology *t = drey_cluster__acquire(f->c);
+    int64_t rev = t->revision;
+    drey_cluster__topology_unref(t);
+    if (rev == f->revision && drey_mono_ns() < f->retry_until_ns) {
+        f->timer.at_ns = drey_mono_ns() + RETRY_POLL_NS;
+        drey_timer_arm(f->c->opts.timers, &f->timer);
+        return;
+    }
+    atomic_fetch_add(&f->c->retried, 1);
+    drey_request *r = f->r;
+    switch (route_request(f->c, r, f)) {
+    case DREY_STAGE_NEXT:
+        drey_pipeline_resume(r);
+        break;
+    case DREY_STAGE_REJECT:
+        drey_request_fail(r, r->status);
+        break;
+    default:
+        break; /* forwarded again; answered by its completion */
+    }
+}
+
+static void forwarded_done(void *arg, const drey_answer *a) {
+    fwd *f = arg;
+    if (!f->retried && is_not_primary(a) && f->c->opts.timers != NULL) {
+        f->retried = true;
+        f->retry_until_ns = drey_mono_ns() + RETRY_WAIT_NS;
+        f->timer = (drey_timer){.at_ns = drey_mono_ns(), .fn = retry, .arg = f};
+        drey_timer_arm(f->c->opts.timers, &f->timer);
+        return;
+    }
+    drey_request_relay(f->r, a);
+}
+
+static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64_t epoch) {
+    drey_request *r = f->r;
+    drey_cluster__header h[3];
+    size_t n = forward_headers(c, r, epoch, h);
+    atomic_fetch_add(&c->forwarded, 1);
+    drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes, r->len, h, n,
+                             r->ops->deadline_mono_ns(r->door), forwarded_done, f);
+}
+
+/* --- GetMany: scatter and gather ---------------------------------------------- */
+
+typedef struct gather {
+    drey_request *r;
+    const Drey__Cache__V1__GetManyRequest *req;
+    Drey__Cache__V1__GetManyResponse__Result **results; /* in the caller's order */
+    _Atomic size_t pending;
+    drey_answer failure; /* the first remote failure, copied into the arena */
+    bool failed;
+} gather;
+
+typedef struct scatter_part {
+    gather *g;
+    size_t *index; /* positions in the caller's keys */
+    size_t n;
+} scatter_part;
+
+static void gathered(gather *g) {
+    drey_request *r = g->r;
+    if (g->failed) {
+        drey_request_relay(r, &g->failure);
+        return;
+    }
+    Drey__Cache__V1__GetManyResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
+    drey__cache__v1__get_many_response__init(resp);
+    resp->n_results = g->req->n_keys;
+    resp->results = g->results;
+    drey_request_reply(r, &resp->base);
+}
+
+static void scatter_done(void *arg, const drey_answer *a) {
+    scatter_part *sp = arg;
+    gather *g = sp->g;
+    drey_arena *arena = g->r->arena; /* only the peers' thread touches it now */
+    Drey__Cache__V1__GetManyResponse *resp = NULL;
+    if (a->code == GRPC_STATUS_OK)
+        resp = drey__cache__v1__get_many_response__unpack(drey_arena_protobuf_allocator(arena), a->response_len,
+                                                         a->response);
+    if (resp != NULL && resp->n_results == sp->n) {
+        for (size_t i = 0; i < sp->n; i++)
+            g->results[sp->index[i]] = resp->results[i];
+    } else if (!g->failed) {
+        g->failed = true;
+        g->failure = *a;
+        if (a->code == GRPC_STATUS_OK)
+            g->failure = (drey_answer){.code = GRPC_STATUS_INTERNAL, .message = "a peer's answer did not decode"};
+        g->failure.message = drey_arena_strndup(arena, g->failure.message, g->failure.message_len);
+        if (a->details != NULL) {
+            uint8_t *d = drey_arena_alloc(arena, a->details_len);
+            memcpy(d, a->details, a->details_len);
+            g->failure.details = d;
+        }
+        g->failure.response = NULL;
+        g->failure.response_len = 0;
+    }
+    if (atomic_fetch_sub(&g->pending, 1) == 1)
+        gathered(g);
+}
+
+static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    const Drey__Cache__V1__GetManyRequest *req = (const void *)r->msg;
+    size_t n = req->n_keys;
+    int32_t *who = drey_arena_alloc(r->arena, (n ? n : 1) * sizeof *who);
+    bool all_here = true;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t p = partition_of(t, req->cache, req->keys[i]);
+        const drey_cluster__node *node = NULL;
+        drey_stage_result refusal;
+        int o = owner(c, r, t, p, &node, &refusal);
+        if (o < 0)
+            return refusal;
+        who[i] = o == 1 ? -1 : t->parts[p].primary;
+        all_here &= o == 1;
+    }
+    if (all_here)
+        return DREY_STAGE_NEXT;
+    gather *g = drey_arena_calloc(r->arena, sizeof *g);
+    g->r = r;
+    g->req = req;
+    g->results = drey_arena_alloc(r->arena, (n ? n : 1) * sizeof *g->results);
+    /* Groups: this node's keys (-1), then each other owner's. */
+    size_t n_groups = 0;
+    int32_t *groups = drey_arena_alloc(r->arena, (n + 1) * sizeof *groups);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = 0;
+        while (k < n_groups && groups[k] != who[i])
+            k++;
+        if (k == n_groups)
+            groups[n_groups++] = who[i];
+    }
+    scatter_part *parts = drey_arena_calloc(r->arena, n_groups * sizeof *parts);
+    size_t remote = 0;
+    for (size_t k = 0; k < n_groups; k++) {
+        parts[k].g = g;
+        parts[k].index = drey_arena_alloc(r->arena, n * sizeof *parts[k].index);
+        for (size_t i = 0; i < n; i++) {
+            if (who[i] == groups[k])
+                parts[k].index[parts[k].n++] = i;
+        }
+        remote += groups[k] >= 0;
+    }
+    atomic_store(&g->pending, remote);
+    /* This node's keys first, while nothing else touches the arena. */
+    for (size_t k = 0; k < n_groups; k++) {
+        if (groups[k] >= 0)
+            continue;
+        Drey__Cache__V1__GetManyRequest sub = *req;
+        sub.n_keys = parts[k].n;
+        sub.keys = drey_arena_alloc(r->arena, parts[k].n * sizeof *sub.keys);
+        for (size_t i = 0; i < parts[k].n; i++)
+            sub.keys[i] = req->keys[parts[k].index[i]];
+        drey_status st;
+        drey_status_init(&st);
+        drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
+        Drey__Cache__V1__GetManyResponse *resp = (void *)r->method->apply(r->method->ctx, &ax, &sub.base);
+        if (resp == NULL) {
+            r->status = drey_arena_alloc(r->arena, sizeof st);
+            *r->status = st;
+            return DREY_STAGE_REJECT;
+        }
+        for (size_t i = 0; i < parts[k].n; i++)
+            g->results[parts[k].index[i]] = resp->results[i];
+    }
+    /* Pack every sub-request before sending any: answers may come at once. */
+    uint8_t **bytes = drey_arena_alloc(r->arena, n_groups * sizeof *bytes);
+    size_t *lens = drey_arena_alloc(r->arena, n_groups * sizeof *lens);
+    for (size_t k = 0; k < n_groups; k++) {
+        if (groups[k] < 0)
+            continue;
+        Drey__Cache__V1__GetManyRequest sub = *req;
+        sub.n_keys = parts[k].n;
+        sub.keys = drey_arena_alloc(r->arena, parts[k].n * sizeof *sub.keys);
+        for (size_t i = 0; i < parts[k].n; i++)
+            sub.keys[i] = req->keys[parts[k].index[i]];
+        lens[k] = drey__cache__v1__get_many_request__get_packed_size(&sub);
+        bytes[k] = drey_arena_alloc(r->arena, lens[k] ? lens[k] : 1);
+        drey__cache__v1__get_many_request__pack(&sub, bytes[k]);
+    }
+    drey_cluster__header h[3];
+    size_t nh = forward_headers(c, r, 0, h);
+    for (size_t k = 0; k < n_groups; k++) {
+        if (groups[k] < 0)
+            continue;
+        const drey_cluster__node *to = &t->nodes[groups[k]];
+        atomic_fetch_add(&c->forwarded, 1);
+        drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, bytes[k], lens[k], h, nh,
+                                 r->ops->deadline_mono_ns(r->door), scatter_done, &parts[k]);
+    }
+    return DREY_STAGE_PARKED;
+}
+
+/* --- the row ------------------------------------------------------------------- */
+
+/* SetMany is atomic, so its entries must share a partition: false with
+ * CROSS_PARTITION (a field violation per entry elsewhere) when they do
+ * not. *p: that partition, or UINT32_MAX for no entries. */
+static bool set_many_partition(drey_request *r, const drey_cluster__topology *t, uint32_t *p_out) {
+    const Drey__Cache__V1__SetManyRequest *req = (const void *)r->msg;
+    *p_out = UINT32_MAX;
+    if (req->n_entries == 0)
+        return true;
+    uint32_t p0 = partition_of(t, req->cache, req->entries[0]->key);
+    drey_status *st = NULL;
+    for (size_t i = 1; i < req->n_entries; i++) {
+        if (partition_of(t, req->cache, req->entries[i]->key) == p0)
+            continue;
+        if (st == NULL) {
+            st = drey_arena_alloc(r->arena, sizeof *st);
+            drey_status_init(st);
+            drey_status_set(st, DREY_ERR_CROSS_PARTITION);
+        }
+        drey_status_add_violation(st, DREY_ERR_CROSS_PARTITION, "entries[%zu].key", i);
+    }
+    if (st != NULL) {
+        r->status = st;
+        return false;
+    }
+    *p_out = p0;
+    return true;
+}
+
+static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f) {
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    drey_stage_result res = DREY_STAGE_NEXT;
+    const char *cache = string_field(r->msg, "cache");
+    const char *key = string_field(r->msg, "key");
+    uint32_t p;
+    if (cache == NULL || t->n_parts == 0)
+        goto out; /* names no key: a node-local request */
+    if (r->msg->descriptor == &drey__cache__v1__get_many_request__descriptor) {
+        res = route_get_many(c, r, t);
+        goto out;
+    }
+    if (r->msg->descriptor == &drey__cache__v1__set_many_request__descriptor) {
+        bool ok = set_many_partition(r, t, &p);
+        if (!ok)
+            res = DREY_STAGE_REJECT;
+        if (!ok || p == UINT32_MAX)
+            goto out;
+    } else if (key != NULL) {
+        p = partition_of(t, cache, key);
+    } else {
+        goto out;
+    }
+    const drey_cluster__node *to = NULL;
+    int o = owner(c, r, t, p, &to, &res);
+    if (o < 0)
+        goto out;
+    if (o == 1) {
+        res = DREY_STAGE_NEXT;
+        goto out;
+    }
+    if (f == NULL) {
+        f = drey_arena_calloc(r->arena, sizeof *f);
+        f->c = c;
+        f->r = r;
+    }
+    f->revision = t->revision;
+    forward(c, f, to, t->parts[p].epoch);
+    res = DREY_STAGE_PARKED;
+out:
+    drey_cluster__topology_unref(t);
+    return res;
+}
+
+drey_stage_result drey_cluster_route(void *cluster, drey_request *r) {
+    return route_request(cluster, r, NULL);
+}
+
+void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
+    memset(out, 0, sizeof *out);
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    snprintf(out->node_id, sizeof out->node_id, "%s", c->opts.node_id);
+    snprintf(out->controller, sizeof out->controller, "%s", t->controller);
+    out->is_controller = strcmp(t->controller, c->opts.node_id) == 0;
+    out->partitions = t->n_parts;
+    out->revision = t->revision;
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        out->owned += t->parts[p].primary >= 0 && t->parts[p].primary == t->self;
+        out->unassigned += t->parts[p].primary < 0;
+    }
+    for (size_t i = 0; i < t->n_nodes; i++)
+        out->members += t->nodes[i].member;
+    drey_cluster__topology_unref(t);
+    pthread_mutex_lock(&c->mu);
+    out->etcd_reachable = !c->lease_lost && !c->watch_ended;
+    pthread_mutex_unlock(&c->mu);
+    out->forwarded = atomic_load(&c->forwarded);
+    out->not_primary = atomic_load(&c->not_primary);
+    out->retried = atomic_load(&c->retried);
+    out->unavailable = atomic_load(&c->unavailable);
+}

@@ -1,0 +1,123 @@
+/*
+ * internal — what the etcd client's files share: the client, its thread's
+ * tags and timers, and the streams the thread drives.
+ */
+#ifndef DREY_ETCD_INTERNAL_H
+#define DREY_ETCD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+
+#include "drey/etcd.h"
+
+#define DREY_ETCD__MAX_ENDPOINTS 16
+
+/* Methods, indexes into each endpoint's registered call handles. */
+enum {
+    DREY_ETCD__RANGE,
+    DREY_ETCD__PUT,
+    DREY_ETCD__DELETE_RANGE,
+    DREY_ETCD__TXN,
+    DREY_ETCD__LEASE_GRANT,
+    DREY_ETCD__LEASE_REVOKE,
+    DREY_ETCD__LEASE_KEEPALIVE,
+    DREY_ETCD__WATCH,
+    DREY_ETCD__N_METHODS
+};
+
+/* What the thread does with a completion: every tag on the queue starts
+ * with one of these. */
+typedef struct drey_etcd__tag drey_etcd__tag;
+struct drey_etcd__tag {
+    void (*done)(drey_etcd *e, drey_etcd__tag *t, bool ok);
+};
+
+typedef struct drey_etcd__endpoint {
+    char target[128]; /* "host:port" */
+    grpc_channel *channel;
+    void *methods[DREY_ETCD__N_METHODS];
+} drey_etcd__endpoint;
+
+/* A stream the thread drives (a watch or a keepalive). The thread alone
+ * touches its gRPC state; user threads touch only what e->mu guards. */
+typedef struct drey_etcd__stream drey_etcd__stream;
+struct drey_etcd__stream {
+    drey_etcd__stream *next; /* e->streams (thread) or e->incoming (under mu) */
+    drey_etcd *e;
+    /* Called by the thread: start (the stream was just handed over), a timer
+     * that came due, a close request, and release (nothing in flight after
+     * closing: free what the stream owns, not the stream). */
+    void (*on_start)(drey_etcd__stream *s);
+    void (*on_timer)(drey_etcd__stream *s);
+    void (*on_close)(drey_etcd__stream *s);
+    void (*on_release)(drey_etcd__stream *s);
+    int64_t timer_ns; /* monotonic; 0: none (thread) */
+    int pending;      /* batches in flight (thread) */
+    bool closing;     /* on_close was called (thread) */
+    /* Under e->mu. */
+    bool close_requested;
+    bool released;      /* the thread is done with it: the closer may free it */
+    bool free_on_release; /* closed from a callback: the thread frees it */
+};
+
+struct drey_etcd {
+    drey_etcd__endpoint endpoints[DREY_ETCD__MAX_ENDPOINTS];
+    size_t n_endpoints;
+    int64_t connect_timeout_ms;
+    _Atomic size_t current; /* the endpoint calls try first */
+
+    grpc_completion_queue *cq; /* next-type, polled by the thread */
+    pthread_t thread;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* a stream was released */
+    drey_etcd__stream *incoming; /* started, not yet seen by the thread */
+    bool wake_pending;           /* a wake tag is on the queue */
+    bool stopping;
+    drey_etcd__tag wake_tag;
+
+    drey_etcd__stream *streams; /* the thread's */
+};
+
+/* True on the client's thread (inside a callback). */
+bool drey_etcd__on_thread(const drey_etcd *e);
+
+/* Hands s (its callbacks set) to the thread, which calls on_start. */
+void drey_etcd__stream_add(drey_etcd *e, drey_etcd__stream *s);
+
+/* Asks the thread to close s and waits until it has (or, on the thread,
+ * marks s to be freed by the thread). Returns true when the caller must free
+ * s (after which no callback can come), false when the thread will. */
+bool drey_etcd__stream_close(drey_etcd__stream *s);
+
+/* Whether the thread may still call s's user callbacks: false once a close
+ * was asked for. A closer from another thread waits for the thread to
+ * release s, which it does only between callbacks, so no callback runs
+ * after close returns. */
+bool drey_etcd__may_call_back(drey_etcd__stream *s);
+
+/* A new call on endpoint ep's channel, on the thread's queue, no deadline. */
+grpc_call *drey_etcd__stream_call(drey_etcd *e, size_t ep, int method);
+
+/* The metadata every stream sends: "hasleader: true" makes an etcd member
+ * that lost its leader end our stream (clientv3.WithRequireLeader), so it
+ * reconnects to one that has a leader instead of hanging. */
+void drey_etcd__hasleader(grpc_metadata *md);
+
+/* Unary call with the retry rules of etcd.h. */
+grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessage *req,
+                                  const ProtobufCMessageDescriptor *resp_type, bool idempotent, int64_t timeout_ms,
+                                  drey_arena *arena, ProtobufCMessage **resp, drey_etcd_status *st);
+
+void drey_etcd__status_set(drey_etcd_status *st, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+grpc_byte_buffer *drey_etcd__pack(const ProtobufCMessage *m);
+/* Decodes bb as type with allocator a (NULL: malloc). */
+ProtobufCMessage *drey_etcd__unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *type,
+                                    ProtobufCAllocator *a);
+
+#endif

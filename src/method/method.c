@@ -1,0 +1,135 @@
+/*
+ * method — the method table; see include/drey/method.h.
+ *
+ * Lookups by path run once per replayed record and once per method at
+ * start-up (the transport binds each method to a handle of its own), so a
+ * linear scan over a few dozen methods is enough.
+ */
+#include "drey/alloc.h"
+#include "drey/method.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/descriptors.h"
+#include "drey/log.h"
+
+struct drey_method_table {
+    drey_method **methods;
+    size_t n;
+};
+
+drey_method_table *drey_method_table_create(void) {
+    drey_method_table *t = drey_xcalloc(1, sizeof *t);
+    return t;
+}
+
+void drey_method_table_destroy(drey_method_table *t) {
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        free((char *)t->methods[i]->path);
+        free(t->methods[i]);
+    }
+    free(t->methods);
+    free(t);
+}
+
+static const drey_method_spec *find_spec(const drey_method_spec *specs, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(specs[i].name, name) == 0)
+            return &specs[i];
+    }
+    return NULL;
+}
+
+/* Whether the service's method md is streaming (then it is the
+ * transport's, not the table's); false with *ok false when the descriptor
+ * set does not know it. */
+static bool is_streaming(const ProtobufCServiceDescriptor *sd, const ProtobufCMethodDescriptor *md, bool *ok) {
+    bool cs = false, ss = false;
+    *ok = drey_descriptors_method_kind(drey_descriptors_builtin(), sd->name, md->name, &cs, &ss);
+    if (!*ok)
+        DREY_LOG_ERROR("method missing from the descriptor set", DREY_LOG_STR("service", sd->name),
+                       DREY_LOG_STR("method", md->name));
+    return cs || ss;
+}
+
+static bool spec_ok(const ProtobufCServiceDescriptor *sd, const ProtobufCMethodDescriptor *md,
+                    const drey_method_spec *spec) {
+    bool known;
+    bool streaming = is_streaming(sd, md, &known);
+    if (!known)
+        return false;
+    const char *why = NULL;
+    if (streaming && spec != NULL)
+        why = "streaming methods belong to the transport";
+    else if (streaming)
+        return true;
+    else if (spec == NULL)
+        why = "no spec for the method";
+    else if ((spec->apply == NULL) == (spec->handle == NULL))
+        why = "exactly one of apply and handle";
+    else if ((spec->flags & DREY_METHOD_WRITE) != 0 && spec->apply == NULL)
+        why = "a write needs apply";
+    if (why != NULL) {
+        DREY_LOG_ERROR("bad method spec", DREY_LOG_STR("service", sd->name), DREY_LOG_STR("method", md->name),
+                       DREY_LOG_STR("why", why));
+        return false;
+    }
+    return true;
+}
+
+bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceDescriptor *sd,
+                                   const drey_method_spec *specs, size_t n_specs, void *ctx) {
+    for (size_t i = 0; i < n_specs; i++) {
+        if (protobuf_c_service_descriptor_get_method_by_name(sd, specs[i].name) == NULL) {
+            DREY_LOG_ERROR("spec for a method the service does not have", DREY_LOG_STR("service", sd->name),
+                           DREY_LOG_STR("method", specs[i].name));
+            return false;
+        }
+    }
+    for (unsigned m = 0; m < sd->n_methods; m++) {
+        if (!spec_ok(sd, &sd->methods[m], find_spec(specs, n_specs, sd->methods[m].name)))
+            return false;
+    }
+    t->methods = drey_xrealloc(t->methods, t->n + sd->n_methods, sizeof *t->methods);
+    for (unsigned m = 0; m < sd->n_methods; m++) {
+        const ProtobufCMethodDescriptor *md = &sd->methods[m];
+        const drey_method_spec *spec = find_spec(specs, n_specs, md->name);
+        if (spec == NULL)
+            continue; /* streaming: checked above */
+        drey_method *dm = drey_xcalloc(1, sizeof *dm);
+        size_t plen = strlen(sd->name) + strlen(md->name) + 3;
+        char *path = drey_xmalloc(plen);
+        snprintf(path, plen, "/%s/%s", sd->name, md->name);
+        *dm = (drey_method){
+            .path = path,
+            .desc = md,
+            .flags = spec->flags,
+            .apply = spec->apply,
+            .growth = spec->growth,
+            .handle = spec->handle,
+            .ctx = ctx,
+        };
+        t->methods[t->n++] = dm;
+    }
+    return true;
+}
+
+const drey_method *drey_method_find(const drey_method_table *t, const char *path) {
+    for (size_t i = 0; i < t->n; i++) {
+        if (strcmp(t->methods[i]->path, path) == 0)
+            return t->methods[i];
+    }
+    return NULL;
+}
+
+size_t drey_method_count(const drey_method_table *t) {
+    return t->n;
+}
+
+const drey_method *drey_method_at(const drey_method_table *t, size_t i) {
+    return t->methods[i];
+}

@@ -1,0 +1,174 @@
+/*
+ * placement — the partition rule and rendezvous assignment with bounded
+ * loads; see include/drey/placement.h.
+ *
+ * Partitions are placed in id order, each taking the highest-ranked nodes
+ * that still have room. The order is fixed (not, say, by weight), so the
+ * result depends only on the node set: a join changes the caps and the
+ * ranking of the partitions the new node wins, and the rest mostly stay.
+ */
+#include "drey/placement.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/crc32c.h"
+
+/* Loads are capped at ceil(LOAD_FACTOR x fair share). 1.25 keeps the fullest
+ * node within about 1.25x of the mean while a join moves about 1-2x the
+ * minimum (tests/bench/placement.c measures both). */
+#define LOAD_NUM 5
+#define LOAD_DEN 4
+
+void drey_placement_routing_key(const char *key, size_t key_len, size_t *off, size_t *len) {
+    const char *open = memchr(key, '{', key_len);
+    if (open != NULL) {
+        size_t start = (size_t)(open - key) + 1;
+        const char *close = memchr(key + start, '}', key_len - start);
+        if (close != NULL && close > key + start) {
+            *off = start;
+            *len = (size_t)(close - (key + start));
+            return;
+        }
+    }
+    *off = 0;
+    *len = key_len;
+}
+
+uint32_t drey_placement_partition(const char *cache, size_t cache_len, const char *key, size_t key_len,
+                                  uint32_t n_partitions) {
+    /* The store's normalisation: "default" and "" are one cache, so they must
+     * be one partition. */
+    if (cache_len == 7 && memcmp(cache, "default", 7) == 0)
+        cache_len = 0;
+    uint8_t len_le[4] = {(uint8_t)cache_len, (uint8_t)(cache_len >> 8), (uint8_t)(cache_len >> 16),
+                         (uint8_t)(cache_len >> 24)};
+    uint32_t crc = drey_crc32c(0, len_le, sizeof len_le);
+    crc = drey_crc32c(crc, cache, cache_len);
+    crc = drey_crc32c(crc, "\x1f", 1);
+    size_t off, len;
+    drey_placement_routing_key(key, key_len, &off, &len);
+    crc = drey_crc32c(crc, key + off, len);
+    return crc % n_partitions;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15u;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
+    return x ^ (x >> 31);
+}
+
+static uint64_t fnv1a64(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 0x100000001b3u;
+    }
+    return h;
+}
+
+/* The weight from a node's precomputed fnv1a64: CRC-32C would be cheaper,
+ * but it is linear, and a linear hash correlates the rankings of different
+ * partitions. */
+static uint64_t weight_of(uint64_t node_hash, uint32_t partition) {
+    return splitmix64(node_hash ^ splitmix64(partition));
+}
+
+uint64_t drey_placement_weight(const char *node_id, size_t node_id_len, uint32_t partition) {
+    return weight_of(fnv1a64(node_id, node_id_len), partition);
+}
+
+typedef struct ranked {
+    uint64_t weight;
+    uint32_t node;
+} ranked;
+
+static int by_rank(const void *a, const void *b, void *ids) {
+    const ranked *x = a, *y = b;
+    if (x->weight != y->weight)
+        return x->weight > y->weight ? -1 : 1;
+    /* Equal weights (astronomically rare) fall back to the ids, so the order
+     * of node_ids still does not matter. */
+    const char *const *names = ids;
+    return strcmp(names[x->node], names[y->node]);
+}
+
+static uint32_t cap_of(uint64_t slots, size_t n_nodes) {
+    uint64_t fair_scaled = slots * LOAD_NUM;
+    uint64_t den = (uint64_t)n_nodes * LOAD_DEN;
+    return (uint32_t)((fair_scaled + den - 1) / den);
+}
+
+static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_partitions, uint32_t rf, uint32_t *out,
+                   bool bounded) {
+    uint32_t r = drey_placement_replicas(rf, n_nodes);
+    if (r == 0)
+        return;
+    uint64_t *hashes = malloc(n_nodes * sizeof *hashes);
+    ranked *rank = malloc(n_nodes * sizeof *rank);
+    uint32_t *primaries = calloc(n_nodes, sizeof *primaries);
+    uint32_t *slots = calloc(n_nodes, sizeof *slots);
+    bool *taken = calloc(n_nodes, sizeof *taken);
+    if (hashes == NULL || rank == NULL || primaries == NULL || slots == NULL || taken == NULL)
+        abort();
+    for (size_t i = 0; i < n_nodes; i++)
+        hashes[i] = fnv1a64(node_ids[i], strlen(node_ids[i]));
+    uint32_t primary_cap = bounded ? cap_of(n_partitions, n_nodes) : UINT32_MAX;
+    uint32_t slot_cap = bounded ? cap_of((uint64_t)n_partitions * r, n_nodes) : UINT32_MAX;
+
+    for (uint32_t p = 0; p < n_partitions; p++) {
+        for (size_t i = 0; i < n_nodes; i++)
+            rank[i] = (ranked){weight_of(hashes[i], p), (uint32_t)i};
+        qsort_r(rank, n_nodes, sizeof *rank, by_rank, (void *)node_ids);
+        uint32_t *dst = out + (size_t)p * r;
+        /* The primary: the first with room for both a primary and a slot. The
+         * caps exceed the totals, but the two together can leave no node with
+         * both; then room for a slot will do, and then anyone. */
+        size_t pick = n_nodes;
+        for (size_t i = 0; i < n_nodes && pick == n_nodes; i++)
+            if (primaries[rank[i].node] < primary_cap && slots[rank[i].node] < slot_cap)
+                pick = i;
+        for (size_t i = 0; i < n_nodes && pick == n_nodes; i++)
+            if (slots[rank[i].node] < slot_cap)
+                pick = i;
+        if (pick == n_nodes)
+            pick = 0;
+        uint32_t node = rank[pick].node;
+        dst[0] = node;
+        taken[node] = true;
+        primaries[node]++;
+        slots[node]++;
+        for (uint32_t k = 1; k < r; k++) {
+            size_t want = n_nodes;
+            for (size_t i = 0; i < n_nodes && want == n_nodes; i++)
+                if (!taken[rank[i].node] && slots[rank[i].node] < slot_cap)
+                    want = i;
+            for (size_t i = 0; i < n_nodes && want == n_nodes; i++)
+                if (!taken[rank[i].node])
+                    want = i;
+            node = rank[want].node;
+            dst[k] = node;
+            taken[node] = true;
+            slots[node]++;
+        }
+        for (uint32_t k = 0; k < r; k++)
+            taken[dst[k]] = false;
+    }
+    free(taken);
+    free(slots);
+    free(primaries);
+    free(rank);
+    free(hashes);
+}
+
+void drey_placement_assign(const char *const *node_ids, size_t n_nodes, uint32_t n_partitions, uint32_t rf,
+                           uint32_t *out) {
+    assign(node_ids, n_nodes, n_partitions, rf, out, true);
+}
+
+void drey_placement_assign_unbounded(const char *const *node_ids, size_t n_nodes, uint32_t n_partitions,
+                                     uint32_t rf, uint32_t *out) {
+    assign(node_ids, n_nodes, n_partitions, rf, out, false);
+}

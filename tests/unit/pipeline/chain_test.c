@@ -1,0 +1,828 @@
+/*
+ * Unit tests for the request chain (src/pipeline/pipeline.c and its stages)
+ * through an in-memory door: no gRPC server, the real store, cache methods,
+ * commit, backpressure, memory admission and a journal on the faulting
+ * in-memory file system.
+ *
+ * Each test pins one promise of include/drey/pipeline.h: a refusal at any
+ * stage leaves no trace (no journal record, memory and its accounting
+ * unchanged, no remembered outcome, no version consumed); the stages run in
+ * the declared order; a parked request resumes; a cancelled waiter leaves
+ * the queue while a cancelled running request keeps its slot; the journal's
+ * queue is bounded.
+ *
+ * A second service (drey.admin.v1.Admin, with a test's own handlers) lets a
+ * test hold a request at the end of the chain for as long as it likes: its
+ * Snapshot handler only records the request, and the test answers it.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "drey/admin/v1/admin.pb-c.h"
+#include "drey/cache.h"
+#include "drey/cache/v1/cache.pb-c.h"
+#include "drey/clock.h"
+#include "drey/commit.h"
+#include "drey/io.h"
+#include "drey/journal.h"
+#include "drey/memory.h"
+#include "drey/method.h"
+#include "drey/pipeline.h"
+#include "drey/store.h"
+#include "drey/timer.h"
+
+#define WAIT_MS 10000
+
+/* --- the in-memory door ---------------------------------------------------- */
+
+typedef struct door {
+    drey_arena arena;
+    drey_request r;
+    const char *authorization; /* metadata, or NULL */
+    const char *forwarded_by;  /* metadata, or NULL */
+    const char *peer_id;       /* the identity the peer proved (internal door) */
+    void (*cancel_fn)(void *arg);
+    void *cancel_arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool answered;
+    drey_status st; /* the failure; DREY_ERR_NONE for a reply */
+    uint8_t resp[4096];
+    size_t resp_len;
+} door;
+
+static void door_reply(void *d_, const ProtobufCMessage *response) {
+    door *d = d_;
+    pthread_mutex_lock(&d->mu);
+    cr_assert(!d->answered, "answered twice");
+    d->resp_len = protobuf_c_message_get_packed_size(response);
+    cr_assert_leq(d->resp_len, sizeof d->resp);
+    protobuf_c_message_pack(response, d->resp);
+    drey_status_init(&d->st);
+    d->answered = true;
+    pthread_cond_broadcast(&d->cond);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void door_fail(void *d_, const drey_status *st) {
+    door *d = d_;
+    pthread_mutex_lock(&d->mu);
+    cr_assert(!d->answered, "answered twice");
+    d->st = *st;
+    d->answered = true;
+    pthread_cond_broadcast(&d->cond);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static const char *door_metadata(void *d_, const char *key, size_t *len) {
+    door *d = d_;
+    const char *v = strcmp(key, "authorization") == 0 ? d->authorization
+                    : strcmp(key, DREY_FORWARDED_BY) == 0 ? d->forwarded_by
+                                                          : NULL;
+    if (v != NULL)
+        *len = strlen(v);
+    return v;
+}
+
+static bool door_peer_is(void *d_, const char *id, size_t len) {
+    door *d = d_;
+    return d->peer_id != NULL && strlen(d->peer_id) == len && memcmp(d->peer_id, id, len) == 0;
+}
+
+static const char *door_peer(void *d_) {
+    (void)d_;
+    return "conn:1";
+}
+
+static int64_t door_deadline(void *d_) {
+    (void)d_;
+    return INT64_MAX;
+}
+
+static void door_on_cancel(void *d_, void (*fn)(void *), void *arg) {
+    door *d = d_;
+    pthread_mutex_lock(&d->mu);
+    d->cancel_fn = fn;
+    d->cancel_arg = arg;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static const drey_request_ops door_ops = {
+    .reply = door_reply,
+    .fail = door_fail,
+    .metadata = door_metadata,
+    .peer = door_peer,
+    .deadline_mono_ns = door_deadline,
+    .on_cancel = door_on_cancel,
+};
+
+/* The cluster's internal listener: its callers prove who they are. */
+static const drey_request_ops internal_ops = {
+    .reply = door_reply,
+    .fail = door_fail,
+    .metadata = door_metadata,
+    .peer = door_peer,
+    .deadline_mono_ns = door_deadline,
+    .on_cancel = door_on_cancel,
+    .peer_is = door_peer_is,
+};
+
+/* The caller goes away: the door runs the chain's cancel hook once, as the
+ * gRPC door does, unless the request was answered. */
+static void door_cancel(door *d) {
+    pthread_mutex_lock(&d->mu);
+    void (*fn)(void *) = d->answered ? NULL : d->cancel_fn;
+    d->cancel_fn = NULL;
+    pthread_mutex_unlock(&d->mu);
+    if (fn != NULL)
+        fn(d->cancel_arg);
+}
+
+static bool door_wait(door *d, int64_t ms) {
+    int64_t until = drey_mono_ms() + ms;
+    pthread_mutex_lock(&d->mu);
+    while (!d->answered && drey_mono_ms() < until) {
+        pthread_mutex_unlock(&d->mu);
+        struct timespec ts = {.tv_nsec = 1000000};
+        nanosleep(&ts, NULL); /* polls with a deadline */
+        pthread_mutex_lock(&d->mu);
+    }
+    bool a = d->answered;
+    pthread_mutex_unlock(&d->mu);
+    return a;
+}
+
+static bool door_answered(door *d) {
+    pthread_mutex_lock(&d->mu);
+    bool a = d->answered;
+    pthread_mutex_unlock(&d->mu);
+    return a;
+}
+
+static void door_free(door *d) {
+    drey_arena_destroy(&d->arena);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cond);
+    free(d);
+}
+
+/* --- the fixture ----------------------------------------------------------- */
+
+typedef struct fixture_opts {
+    bool durable;
+    bool auth_required;
+    uint32_t max_inflight, max_queued, principal_max_inflight, principal_max_queued;
+    int64_t memory_limit;
+    uint64_t journal_max_bytes, max_queued_records;
+    size_t max_key_bytes;
+} fixture_opts;
+
+typedef struct fixture {
+    drey_store *store;
+    drey_cache *cache;
+    drey_method_table *methods;
+    drey_commit *commit;
+    drey_timers *timers;
+    drey_bp *bp;
+    drey_memory *memory;
+    drey_io_fault *fs;
+    drey_journal *journal;
+    drey_pipeline *p;
+    /* The parked Admin/Snapshot request, for the test to answer. */
+    pthread_mutex_t mu;
+    drey_request *held;
+    /* The journal writer, blocked between batches until released. */
+    pthread_cond_t cond;
+    bool writer_blocked, writer_release;
+} fixture;
+
+static fixture f;
+
+static void hold(void *ctx, drey_request *r, const ProtobufCMessage *msg) {
+    (void)ctx;
+    (void)msg;
+    pthread_mutex_lock(&f.mu);
+    f.held = r;
+    pthread_mutex_unlock(&f.mu);
+}
+
+static ProtobufCMessage *empty_details(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    (void)ctx;
+    (void)msg;
+    Drey__Admin__V1__ReadinessDetails *d = drey_arena_alloc(ax->arena, sizeof *d);
+    drey__admin__v1__readiness_details__init(d);
+    return &d->base;
+}
+
+static const drey_method_spec admin_specs[] = {
+    {.name = "Snapshot", .flags = DREY_METHOD_ADMIN, .handle = hold},
+    {.name = "GetReadinessDetails", .flags = DREY_METHOD_ADMIN, .apply = empty_details},
+};
+
+static void fixture_open(const fixture_opts *o) {
+    memset(&f, 0, sizeof f);
+    pthread_mutex_init(&f.mu, NULL);
+    pthread_cond_init(&f.cond, NULL);
+    f.store = drey_store_create();
+    f.cache = drey_cache_create(f.store);
+    f.methods = drey_method_table_create();
+    cr_assert(drey_cache_register(f.cache, f.methods));
+    cr_assert(drey_method_table_add_service(f.methods, &drey__admin__v1__admin__descriptor, admin_specs, 2, NULL));
+    drey_commit_options co = {.store = f.store, .methods = f.methods, .idempotency_retention_ms = 60000};
+    f.commit = drey_commit_create(&co);
+    f.timers = drey_timers_create();
+    drey_bp_options bo = {
+        .max_inflight = o->max_inflight ? o->max_inflight : 64,
+        .max_queued = o->max_queued,
+        .max_wait_ms = 60000,
+        .slowdown_at = 1000000,
+        .principal_max_inflight = o->principal_max_inflight ? o->principal_max_inflight : 64,
+        .principal_max_queued = o->principal_max_queued,
+        .max_principals = 64,
+        .node_id = "t",
+    };
+    f.bp = drey_bp_create(&bo, f.timers);
+    drey_memory_options mo = {.limit_bytes = o->memory_limit ? o->memory_limit : (int64_t)1 << 30, .node_id = "t"};
+    f.memory = drey_memory_create(&mo, f.store);
+    if (o->durable) {
+        f.fs = drey_io_fault_create();
+        drey_io *io = drey_io_fault_io(f.fs);
+        cr_assert_eq(io->ops->mkdir(io, "/d"), 0);
+        drey_journal_options jo = {
+            .dir = "/d",
+            .io = io,
+            .segment_bytes = 64 * 1024,
+            .fsync = DREY_FSYNC_ALWAYS,
+            .batch_max_bytes = 1 << 20,
+            .max_bytes = o->journal_max_bytes,
+            .max_queued_records = o->max_queued_records,
+        };
+        char err[256];
+        cr_assert_eq(drey_journal_open(&jo, 0, NULL, NULL, &f.journal, err, sizeof err), 0, "%s", err);
+    }
+    drey_pipeline_options po = {
+        .limits = {.max_cache_name_bytes = 64,
+                   .max_key_bytes = o->max_key_bytes ? o->max_key_bytes : 256,
+                   .max_value_bytes = 1 << 20,
+                   .max_batch = 100},
+        .methods = f.methods,
+        .commit = f.commit,
+        .auth_required = o->auth_required,
+        .backpressure = f.bp,
+        .memory = f.memory,
+        .node_id = "t",
+    };
+    f.p = drey_pipeline_create(&po);
+    drey_pipeline_set_journal(f.p, f.journal);
+    drey_pipeline_set_ready(f.p, true);
+}
+
+static void fixture_close(void) {
+    drey_journal_close(f.journal);
+    drey_pipeline_destroy(f.p);
+    drey_memory_destroy(f.memory);
+    drey_bp_destroy(f.bp);
+    drey_timers_destroy(f.timers);
+    drey_commit_destroy(f.commit);
+    drey_method_table_destroy(f.methods);
+    drey_cache_destroy(f.cache);
+    drey_store_destroy(f.store);
+    drey_io_fault_destroy(f.fs);
+    pthread_mutex_destroy(&f.mu);
+    pthread_cond_destroy(&f.cond);
+}
+
+static void teardown(void) {
+    fixture_close();
+}
+
+TestSuite(chain, .fini = teardown, .timeout = 60);
+
+typedef struct via {
+    const char *authorization;
+    bool internal;            /* through the internal listener's door */
+    const char *forwarded_by; /* its metadata */
+    const char *peer_id;      /* who the peer proved to be */
+} via;
+
+/* Submits msg as a call of method (a path) through a new door. */
+static door *submit_via(const char *method, const ProtobufCMessage *msg, via v) {
+    door *d = calloc(1, sizeof *d);
+    cr_assert_not_null(d);
+    drey_arena_init(&d->arena, NULL, 0);
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cond, NULL);
+    d->authorization = v.authorization;
+    d->forwarded_by = v.forwarded_by;
+    d->peer_id = v.peer_id;
+    const drey_method *m = drey_method_find(f.methods, method);
+    cr_assert_not_null(m, "%s", method);
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *bytes = drey_arena_alloc(&d->arena, len ? len : 1);
+    protobuf_c_message_pack(msg, bytes);
+    ProtobufCMessage *decoded =
+        protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&d->arena), len, bytes);
+    cr_assert_not_null(decoded);
+    drey_request_init(&d->r, v.internal ? &internal_ops : &door_ops, d, &d->arena, m, decoded, bytes, len);
+    drey_pipeline_submit(f.p, &d->r);
+    return d;
+}
+
+static door *submit(const char *method, const ProtobufCMessage *msg, const char *authorization) {
+    return submit_via(method, msg, (via){.authorization = authorization});
+}
+
+typedef struct set_args {
+    const char *key, *value, *request_id, *authorization;
+    size_t value_len; /* 0: strlen(value) */
+} set_args;
+
+static door *set(set_args a) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE;
+    v.bytes_value.data = (uint8_t *)a.value;
+    v.bytes_value.len = a.value_len ? a.value_len : strlen(a.value);
+    Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
+    req.cache = "c";
+    req.key = (char *)a.key;
+    req.value = &v;
+    req.request_id = (char *)(a.request_id ? a.request_id : "");
+    return submit("/drey.cache.v1.Cache/Set", &req.base, a.authorization);
+}
+
+static door *hold_via(via v) {
+    Drey__Admin__V1__SnapshotRequest req = DREY__ADMIN__V1__SNAPSHOT_REQUEST__INIT;
+    return submit_via("/drey.admin.v1.Admin/Snapshot", &req.base, v);
+}
+
+static door *hold_one(void) {
+    return hold_via((via){0});
+}
+
+static drey_request *take_held(void) {
+    pthread_mutex_lock(&f.mu);
+    drey_request *r = f.held;
+    f.held = NULL;
+    pthread_mutex_unlock(&f.mu);
+    cr_assert_not_null(r, "the held request reached its handler");
+    return r;
+}
+
+static void answer_held(drey_request *r) {
+    Drey__Admin__V1__SnapshotResponse resp = DREY__ADMIN__V1__SNAPSHOT_RESPONSE__INIT;
+    drey_request_reply(r, &resp.base);
+}
+
+static void expect_ok(door *d) {
+    cr_assert(door_wait(d, WAIT_MS), "answered");
+    cr_assert_eq(d->st.error, DREY_ERR_NONE, "refused: %s", drey_error_lookup(d->st.error)->reason);
+}
+
+static void expect_refused(door *d, drey_error e) {
+    cr_assert(door_wait(d, WAIT_MS), "answered");
+    cr_assert_eq(d->st.error, e, "expected %s, got %s", drey_error_lookup(e)->reason,
+                 drey_error_lookup(d->st.error)->reason);
+}
+
+/* Everything a request could leave behind. Outcomes live in the store, so
+ * its entry count and bytes cover them. */
+typedef struct trace {
+    uint64_t entries, bytes, version, lsn, appends;
+    int64_t memory_used;
+} trace;
+
+static trace take_trace(void) {
+    trace t = {0};
+    drey_store_stats ss;
+    drey_store_get_stats(f.store, &ss);
+    t.entries = ss.entries;
+    t.bytes = ss.bytes;
+    t.version = drey_store_last_version(f.store);
+    drey_memory_stats ms;
+    drey_memory_get_stats(f.memory, &ms);
+    t.memory_used = ms.used_bytes;
+    if (f.journal != NULL) {
+        drey_journal_stats js;
+        drey_journal_get_stats(f.journal, &js);
+        t.lsn = js.last_lsn;
+        t.appends = js.appends;
+    }
+    return t;
+}
+
+static void expect_no_trace(const trace *before, const char *what) {
+    trace now = take_trace();
+    cr_assert_eq(now.entries, before->entries, "%s: entries (outcomes included)", what);
+    cr_assert_eq(now.bytes, before->bytes, "%s: accounted bytes", what);
+    cr_assert_eq(now.memory_used, before->memory_used, "%s: memory accounting", what);
+    cr_assert_eq(now.version, before->version, "%s: a version was consumed", what);
+    cr_assert_eq(now.lsn, before->lsn, "%s: a journal record was written", what);
+    cr_assert_eq(now.appends, before->appends, "%s: a journal record was written", what);
+}
+
+/* A first write, so that there is state a refusal could disturb. */
+static trace baseline(void) {
+    door *d = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_ok(d);
+    door_free(d);
+    return take_trace();
+}
+
+/* --- the journal writer, held between batches ------------------------------ */
+
+static void block_writer_task(void *arg, uint64_t lsn, int64_t time_ms) {
+    (void)arg;
+    (void)lsn;
+    (void)time_ms;
+    pthread_mutex_lock(&f.mu);
+    f.writer_blocked = true;
+    pthread_cond_broadcast(&f.cond);
+    while (!f.writer_release)
+        pthread_cond_wait(&f.cond, &f.mu);
+    f.writer_blocked = false;
+    pthread_mutex_unlock(&f.mu);
+}
+
+static void block_writer(void) {
+    f.writer_release = false;
+    drey_journal_on_writer(f.journal, block_writer_task, NULL);
+    pthread_mutex_lock(&f.mu);
+    while (!f.writer_blocked)
+        pthread_cond_wait(&f.cond, &f.mu);
+    pthread_mutex_unlock(&f.mu);
+}
+
+static void release_writer(void) {
+    pthread_mutex_lock(&f.mu);
+    f.writer_release = true;
+    pthread_cond_broadcast(&f.cond);
+    pthread_mutex_unlock(&f.mu);
+}
+
+/* --- every stage's refusal leaves no trace --------------------------------- */
+
+Test(chain, a_request_refused_while_recovering_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true});
+    trace t = baseline();
+    drey_pipeline_set_ready(f.p, false);
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1"});
+    expect_refused(d, DREY_ERR_RECOVERING);
+    expect_no_trace(&t, "ready");
+    door_free(d);
+}
+
+Test(chain, an_invalid_request_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .max_key_bytes = 8});
+    trace t = baseline();
+    door *d = set((set_args){.key = "a-key-longer-than-eight", .value = "v1", .request_id = "r1"});
+    expect_refused(d, DREY_ERR_INVALID_KEY);
+    expect_no_trace(&t, "validate");
+    door_free(d);
+}
+
+Test(chain, a_token_that_cannot_be_checked_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true});
+    trace t = baseline();
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1", .authorization = "Bearer a.b.c"});
+    expect_refused(d, DREY_ERR_TOKEN_UNKNOWN_KEY);
+    expect_no_trace(&t, "principal");
+    door_free(d);
+}
+
+Test(chain, a_missing_token_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .auth_required = true});
+    trace t = take_trace();
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1"});
+    expect_refused(d, DREY_ERR_TOKEN_MISSING);
+    expect_no_trace(&t, "principal");
+    door_free(d);
+}
+
+Test(chain, a_backpressure_refusal_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .principal_max_inflight = 1});
+    trace t = baseline();
+    door *h = hold_one(); /* conn:1 has its one slot taken */
+    drey_request *held = take_held();
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1"});
+    expect_refused(d, DREY_ERR_PRINCIPAL_CONCURRENCY_LIMIT);
+    expect_no_trace(&t, "backpressure");
+    answer_held(held);
+    expect_ok(h);
+    door_free(h);
+    door_free(d);
+}
+
+Test(chain, a_reused_request_id_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true});
+    trace t = baseline();
+    door *d = set((set_args){.key = "k0", .value = "other", .request_id = "r0"});
+    expect_refused(d, DREY_ERR_IDEMPOTENCY_KEY_REUSED);
+    expect_no_trace(&t, "idempotency");
+    door_free(d);
+}
+
+Test(chain, a_retry_is_answered_without_a_trace) {
+    fixture_open(&(fixture_opts){.durable = true});
+    door *first = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_ok(first);
+    trace t = take_trace();
+    door *retry = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_ok(retry);
+    cr_assert_eq(retry->resp_len, first->resp_len);
+    cr_assert(memcmp(retry->resp, first->resp, first->resp_len) == 0, "the first outcome, byte for byte");
+    expect_no_trace(&t, "retry");
+    door_free(first);
+    door_free(retry);
+}
+
+Test(chain, a_memory_refusal_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .memory_limit = 4096});
+    trace t = baseline();
+    static char big[3800];
+    memset(big, 'x', sizeof big);
+    door *d = set((set_args){.key = "k1", .value = big, .value_len = sizeof big, .request_id = "r1"});
+    expect_refused(d, DREY_ERR_MEMORY_PRESSURE);
+    expect_no_trace(&t, "memory");
+    door_free(d);
+}
+
+Test(chain, a_journal_quota_refusal_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .journal_max_bytes = 64 * 1024});
+    trace t = baseline();
+    static char big[70 * 1024];
+    memset(big, 'x', sizeof big);
+    door *d = set((set_args){.key = "k1", .value = big, .value_len = sizeof big, .request_id = "r1"});
+    expect_refused(d, DREY_ERR_JOURNAL_DISK_QUOTA);
+    expect_no_trace(&t, "journal quota");
+    door_free(d);
+}
+
+Test(chain, a_full_journal_queue_refuses_before_anything_is_queued) {
+    fixture_open(&(fixture_opts){.durable = true, .max_queued_records = 2});
+    trace t = baseline();
+    block_writer();
+    door *a = set((set_args){.key = "k1", .value = "v1"});
+    door *b = set((set_args){.key = "k2", .value = "v2"});
+    door *c = set((set_args){.key = "k3", .value = "v3", .request_id = "r3"});
+    expect_refused(c, DREY_ERR_JOURNAL_QUEUE_FULL);
+    cr_assert(!door_answered(a) && !door_answered(b), "queued writes wait for the disk");
+    drey_journal_stats js;
+    drey_journal_get_stats(f.journal, &js);
+    cr_assert_eq(js.queued_records, 2);
+    cr_assert_eq(js.queue_rejections, 1);
+    /* Nothing of the queued writes is visible yet, and c left nothing. */
+    expect_no_trace(&t, "queue full");
+    release_writer();
+    expect_ok(a);
+    expect_ok(b);
+    drey_journal_get_stats(f.journal, &js);
+    cr_assert_eq(js.queued_records, 0);
+    cr_assert_eq(js.last_lsn, t.lsn + 2, "a and b, not c");
+    door_free(a);
+    door_free(b);
+    door_free(c);
+}
+
+/* --- the order of the stages ----------------------------------------------- */
+
+/* Each request below fails two stages; the earlier one answers. */
+Test(chain, stages_run_in_the_declared_order) {
+    fixture_open(&(fixture_opts){.durable = true, .max_key_bytes = 8, .principal_max_inflight = 1,
+                                 .memory_limit = 4096, .journal_max_bytes = 64 * 1024});
+    door *first = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_ok(first);
+    static char big[70 * 1024];
+    memset(big, 'x', sizeof big);
+
+    /* memory before journal: too big for memory and for the quota. */
+    door *d = set((set_args){.key = "k1", .value = big, .value_len = sizeof big});
+    expect_refused(d, DREY_ERR_MEMORY_PRESSURE);
+    door_free(d);
+    /* idempotency before memory: a retry is answered even when the write
+     * would not be admitted now (here: its request_id is reused for a
+     * write memory would refuse). */
+    d = set((set_args){.key = "k0", .value = big, .value_len = sizeof big, .request_id = "r0"});
+    expect_refused(d, DREY_ERR_IDEMPOTENCY_KEY_REUSED);
+    door_free(d);
+
+    door *h = hold_one();
+    drey_request *held = take_held();
+    /* backpressure before idempotency: conn:1's one slot is taken. */
+    d = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_refused(d, DREY_ERR_PRINCIPAL_CONCURRENCY_LIMIT);
+    door_free(d);
+    /* principal before backpressure. */
+    d = set((set_args){.key = "k1", .value = "v1", .authorization = "Bearer a.b.c"});
+    expect_refused(d, DREY_ERR_TOKEN_UNKNOWN_KEY);
+    door_free(d);
+    /* validate before principal. */
+    d = set((set_args){.key = "a-key-longer-than-eight", .value = "v1", .authorization = "Bearer a.b.c"});
+    expect_refused(d, DREY_ERR_INVALID_KEY);
+    door_free(d);
+    /* ready before validate. */
+    drey_pipeline_set_ready(f.p, false);
+    d = set((set_args){.key = "a-key-longer-than-eight", .value = "v1"});
+    expect_refused(d, DREY_ERR_RECOVERING);
+    door_free(d);
+
+    answer_held(held);
+    expect_ok(h);
+    door_free(h);
+    door_free(first);
+}
+
+Test(chain, a_retry_is_answered_from_its_outcome_under_memory_pressure) {
+    fixture_open(&(fixture_opts){.durable = true, .memory_limit = 6000});
+    static char v[2000];
+    memset(v, 'x', sizeof v);
+    door *first = set((set_args){.key = "k0", .value = v, .value_len = sizeof v, .request_id = "r0"});
+    expect_ok(first);
+    Drey__Cache__V1__RemoveRequest rm = DREY__CACHE__V1__REMOVE_REQUEST__INIT;
+    rm.cache = "c";
+    rm.key = "k0";
+    door *removed = submit("/drey.cache.v1.Cache/Remove", &rm.base, NULL);
+    expect_ok(removed);
+    /* Fill memory until a write of the same size is refused. */
+    door *fill1 = set((set_args){.key = "k1", .value = v, .value_len = sizeof v});
+    expect_ok(fill1);
+    door *fill2 = set((set_args){.key = "k2", .value = v, .value_len = sizeof v});
+    expect_ok(fill2);
+    door *refused = set((set_args){.key = "k3", .value = v, .value_len = sizeof v});
+    expect_refused(refused, DREY_ERR_MEMORY_PRESSURE);
+    /* Applied again, the retry would grow memory as much as k3; but it was
+     * applied once, and MEMORY_PRESSURE (not applied) would be false. */
+    trace t = take_trace();
+    door *retry = set((set_args){.key = "k0", .value = v, .value_len = sizeof v, .request_id = "r0"});
+    expect_ok(retry);
+    cr_assert_eq(retry->resp_len, first->resp_len);
+    cr_assert(memcmp(retry->resp, first->resp, first->resp_len) == 0, "the first outcome");
+    expect_no_trace(&t, "retry under pressure");
+    door_free(first);
+    door_free(removed);
+    door_free(fill1);
+    door_free(fill2);
+    door_free(refused);
+    door_free(retry);
+}
+
+/* --- parking, resuming, cancelling ----------------------------------------- */
+
+Test(chain, a_request_parked_for_a_slot_resumes_when_one_frees) {
+    fixture_open(&(fixture_opts){.durable = true, .max_inflight = 1, .max_queued = 4});
+    door *h = hold_one();
+    drey_request *held = take_held();
+    trace t = take_trace();
+    door *d = set((set_args){.key = "k1", .value = "v1"});
+    cr_assert(!door_answered(d), "waits for the slot");
+    expect_no_trace(&t, "while parked");
+    answer_held(held);
+    expect_ok(h);
+    expect_ok(d);
+    trace after = take_trace();
+    cr_assert_eq(after.lsn, t.lsn + 1, "journaled once it ran");
+    door_free(h);
+    door_free(d);
+}
+
+Test(chain, a_write_is_answered_and_visible_only_once_durable) {
+    fixture_open(&(fixture_opts){.durable = true});
+    block_writer();
+    door *d = set((set_args){.key = "k1", .value = "v1"});
+    cr_assert(!door_answered(d));
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.cache = "c";
+    get.key = "k1";
+    door *g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
+    expect_ok(g);
+    Drey__Cache__V1__GetResponse *gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
+    cr_assert(!gr->found, "not visible before it is durable");
+    drey__cache__v1__get_response__free_unpacked(gr, NULL);
+    release_writer();
+    expect_ok(d);
+    door_free(g);
+    g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
+    expect_ok(g);
+    gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
+    cr_assert(gr->found);
+    drey__cache__v1__get_response__free_unpacked(gr, NULL);
+    door_free(g);
+    door_free(d);
+}
+
+Test(chain, a_cancelled_waiter_is_answered_cancelled_and_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .max_inflight = 1, .max_queued = 4});
+    door *h = hold_one();
+    drey_request *held = take_held();
+    trace t = take_trace();
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1"});
+    cr_assert(!door_answered(d));
+    door_cancel(d);
+    expect_refused(d, DREY_ERR_CANCELLED);
+    answer_held(held);
+    expect_ok(h);
+    expect_no_trace(&t, "cancelled waiter");
+    door_free(h);
+    door_free(d);
+}
+
+/* --max-inflight must bound work even when callers give up: a running
+ * request that is cancelled keeps its slot until it is done. */
+Test(chain, a_cancelled_running_request_keeps_its_slot) {
+    fixture_open(&(fixture_opts){.durable = true, .max_inflight = 1, .max_queued = 0});
+    door *h = hold_one();
+    drey_request *held = take_held();
+    door_cancel(h);
+    cr_assert(!door_answered(h), "cancelling a running request does not answer it");
+    door *d = set((set_args){.key = "k1", .value = "v1"});
+    expect_refused(d, DREY_ERR_QUEUE_FULL);
+    answer_held(held);
+    expect_ok(h);
+    door *e = set((set_args){.key = "k1", .value = "v1"});
+    expect_ok(e);
+    door_free(h);
+    door_free(d);
+    door_free(e);
+}
+
+/* The same through the journal: writes whose callers went away while they
+ * waited for the disk still hold their slots, so no more than
+ * --max-inflight of them can pile up in the journal's queue. */
+Test(chain, cancelled_writes_in_the_journal_queue_keep_their_slots) {
+    fixture_open(&(fixture_opts){.durable = true, .max_inflight = 4, .max_queued = 0});
+    block_writer();
+    door *w[4];
+    char key[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        w[i] = set((set_args){.key = key, .value = "v"});
+        door_cancel(w[i]);
+    }
+    door *more = set((set_args){.key = "k9", .value = "v"});
+    expect_refused(more, DREY_ERR_QUEUE_FULL);
+    drey_journal_stats js;
+    drey_journal_get_stats(f.journal, &js);
+    cr_assert_eq(js.queued_records, 4, "at most --max-inflight writes wait for the disk");
+    release_writer();
+    for (int i = 0; i < 4; i++) {
+        expect_ok(w[i]);
+        door_free(w[i]);
+    }
+    door_free(more);
+}
+
+/* --- forwarded calls -------------------------------------------------------- */
+
+static door *get_via(const char *key, via v) {
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.cache = "c";
+    get.key = (char *)key;
+    return submit_via("/drey.cache.v1.Cache/Get", &get.base, v);
+}
+
+Test(chain, forwarding_metadata_is_refused_on_the_public_listener) {
+    fixture_open(&(fixture_opts){.durable = true});
+    door *d = get_via("k", (via){.forwarded_by = "node-a"});
+    expect_refused(d, DREY_ERR_FORWARDING_NOT_ALLOWED);
+    door_free(d);
+}
+
+Test(chain, the_internal_listener_serves_only_the_peer_its_certificate_names) {
+    fixture_open(&(fixture_opts){.durable = true});
+    door *d = get_via("k", (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-b"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = get_via("k", (via){.internal = true, .peer_id = "node-a"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = get_via("k", (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    expect_ok(d);
+    door_free(d);
+}
+
+/* On the owner a forwarded call counts against its peer (node:<id>), not
+ * against whoever it forwards for: the peer's limits are its own. */
+Test(chain, a_forwarded_call_is_admitted_as_its_peer) {
+    fixture_open(&(fixture_opts){.durable = true, .principal_max_inflight = 1});
+    door *h = hold_one(); /* conn:1 is at its limit */
+    drey_request *held = take_held();
+    cr_assert_str_eq(held->principal, "conn:1");
+    door *fw = hold_via((via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    drey_request *held_fw = take_held();
+    cr_assert_str_eq(held_fw->principal, "node:node-a");
+    cr_assert_str_eq(held_fw->forwarded_by, "node-a");
+    /* The peer is not held to a tenant's limit of 1. */
+    door *again = hold_via((via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    drey_request *held_again = take_held();
+    cr_assert_str_eq(held_again->principal, "node:node-a");
+    answer_held(held);
+    answer_held(held_fw);
+    answer_held(held_again);
+    expect_ok(again);
+    expect_ok(h);
+    expect_ok(fw);
+    door_free(h);
+    door_free(fw);
+    door_free(again);
+}
