@@ -3,6 +3,7 @@
 #
 #   bazel/drey.sh serve [dreyd flags]   install what is missing, build, run dreyd
 #   bazel/drey.sh test                  install what is missing, run every test,
+#                                       the fuzz targets for a few seconds each,
 #                                       then every test again under ASan+UBSan
 #   bazel/drey.sh deps                  only install what is missing
 #
@@ -37,6 +38,7 @@ packages=(
   golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
   mmdebstrap podman runc
   faketime
+  clang-14 libfuzzer-14-dev libclang-rt-14-dev llvm-14
 )
 
 say() { printf 'drey.sh: %s\n' "$*" >&2; }
@@ -94,11 +96,13 @@ case "${1:-}" in
     shift
     deps
     bazel test //... "$@"
+    say "fuzz targets (tests/fuzz/fuzz.sh check)"
+    tests/fuzz/fuzz.sh check
     say "again under ASan+UBSan"
     bazel test --config=asan //... "$@"
     ;;
   *)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

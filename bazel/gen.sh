@@ -31,9 +31,14 @@ etcd_protos=(
 )
 
 # Served to clients: reflection describes exactly these and their imports.
+# google/rpc is among them because every error carries a google.rpc.Status
+# whose details are Any: a client with no .proto files (grpcurl
+# --format-error, dynamic clients) resolves their types through reflection.
 served=(
   drey/cache/v1/cache.proto
   drey/admin/v1/admin.proto
+  google/rpc/status.proto
+  google/rpc/error_details.proto
   drey/cluster/v1/cluster.proto
   grpc/health/v1/health.proto
   grpc/reflection/v1/reflection.proto
@@ -45,8 +50,6 @@ compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
   drey/internal/v1/meta.proto
-  google/rpc/status.proto
-  google/rpc/error_details.proto
   google/protobuf/any.proto
   google/protobuf/duration.proto
   google/protobuf/timestamp.proto

@@ -109,7 +109,8 @@ const char *drey_client_status_metadata(const drey_client_status *st, const char
 /* The BadRequest violation naming exactly this field path, or NULL. */
 const Google__Rpc__BadRequest__FieldViolation *drey_client_status_violation(const drey_client_status *st,
                                                                            const char *field);
-/* RetryInfo.retry_delay in milliseconds, or -1 without one. */
+/* RetryInfo.retry_delay in milliseconds, or -1 without one (or with a
+ * negative or out-of-range one). */
 int64_t drey_client_status_retry_delay_ms(const drey_client_status *st);
 
 /* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" outside the enum. */

@@ -92,6 +92,12 @@ void drey_config_free(drey_config *cfg);
 void drey_config_print_help(FILE *out);
 void drey_config_print_markdown(FILE *out);
 
+/* Whether a listen address (host:port) can only be reached from this host,
+ * so dreyd may serve anonymous callers there: "localhost", an IPv4 literal
+ * in 127.0.0.0/8 or [::1]. Names are not resolved: a name that merely
+ * starts with "127." (127.0.0.1.example.net) may resolve anywhere. */
+bool drey_config_listen_is_loopback(const char *listen);
+
 /* "64MiB", "4k", "1024" -> bytes; "250ms", "5s", "2m", "1h", "100" (ms) -> ms. */
 bool drey_config_parse_bytes(const char *s, int64_t *out);
 bool drey_config_parse_duration_ms(const char *s, int64_t *out);

@@ -10,6 +10,8 @@
 #include "google/protobuf/duration.pb-c.h"
 
 #define TYPE_PREFIX "type.googleapis.com/"
+/* google.protobuf.Duration's bound: 10,000 years. */
+#define DURATION_MAX_SECONDS 315576000000LL
 
 static void clear_details(drey_client_status *st) {
     st->details = NULL;
@@ -98,6 +100,10 @@ int64_t drey_client_status_retry_delay_ms(const drey_client_status *st) {
     if (st->retry_info == NULL || st->retry_info->retry_delay == NULL)
         return -1;
     const Google__Protobuf__Duration *d = st->retry_info->retry_delay;
+    /* The server's bytes: outside google.protobuf.Duration's range, or
+     * negative, it is no delay at all (and seconds * 1000 would overflow). */
+    if (d->seconds < 0 || d->seconds > DURATION_MAX_SECONDS || d->nanos < 0 || d->nanos > 999999999)
+        return -1;
     return d->seconds * 1000 + d->nanos / 1000000;
 }
 

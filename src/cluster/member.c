@@ -256,8 +256,9 @@ static bool check_config(drey_cluster *c, char *err, size_t cap) {
                  cfg->partitions, c->opts.partitions);
         goto out;
     }
-    if (cfg->partitions == 0 || cfg->replication_factor == 0) {
-        snprintf(err, cap, "the cluster's config is unusable (0 partitions or replicas)");
+    if (cfg->partitions == 0 || cfg->partitions > 65536 || cfg->replication_factor == 0) {
+        snprintf(err, cap, "the cluster's config is unusable (%u partitions, %u replicas)", cfg->partitions,
+                 cfg->replication_factor);
         goto out;
     }
     if (cfg->replication_factor != 1) {

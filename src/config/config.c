@@ -7,9 +7,11 @@
  */
 #include "drey/config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,6 +214,25 @@ static const char *type_name(opt_type t) {
     case OPT_BOOL: return "bool";
     }
     return "?";
+}
+
+bool drey_config_listen_is_loopback(const char *listen) {
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon != NULL ? (size_t)(colon - listen) : strlen(listen);
+    char host[64];
+    if (n >= sizeof host)
+        return false;
+    memcpy(host, listen, n);
+    host[n] = '\0';
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    struct in6_addr a6;
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        host[n - 1] = '\0';
+        return inet_pton(AF_INET6, host + 1, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+    }
+    struct in_addr a4;
+    return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
 
 bool drey_config_parse_bytes(const char *s, int64_t *out) {

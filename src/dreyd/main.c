@@ -111,14 +111,6 @@ static bool parse_fsync(const char *s, drey_fsync_policy *policy, int64_t *inter
     return false;
 }
 
-/* Loopback addresses may serve anonymous callers; anything else needs keys. */
-static bool is_loopback(const char *listen) {
-    const char *colon = strrchr(listen, ':');
-    size_t n = colon != NULL ? (size_t)(colon - listen) : strlen(listen);
-    return (n >= 4 && strncmp(listen, "127.", 4) == 0) || (n == 9 && strncmp(listen, "localhost", 9) == 0) ||
-           (n == 5 && strncmp(listen, "[::1]", 5) == 0);
-}
-
 /* host:port as others reach it: the advertised address when given, else
  * the listen address with the port actually bound. */
 static void reachable_at(char *out, size_t cap, const char *advertised, const char *listen, int port) {
@@ -193,7 +185,7 @@ int main(int argc, char **argv, char **envp) {
     drey_log_set_level(level);
     gpr_set_log_function(grpc_log_to_json);
     bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
-    if (!jwt && !is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
+    if (!jwt && !drey_config_listen_is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
         fprintf(stderr, "dreyd: refusing to listen on %s without JWT keys: anyone who reaches it could read and "
                         "write every cache. Configure --jwt-keys-dir or --jwt-jwks-file, listen on loopback, or "
                         "pass --insecure-allow-anonymous-remote for an isolated lab.\n",
@@ -389,7 +381,7 @@ int main(int argc, char **argv, char **envp) {
                   DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
                   DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
                   DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL));
-    if (!jwt && !is_loopback(cfg.listen))
+    if (!jwt && !drey_config_listen_is_loopback(cfg.listen))
         DREY_LOG_WARN("INSECURE: serving anonymous callers on a non-loopback address",
                       DREY_LOG_STR("listen", cfg.listen));
 

@@ -204,8 +204,8 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
     }
     if ((uint64_t)size < SNAP_HEADER + SNAP_TRAILER || memcmp(head, SNAP_MAGIC, 8) != 0 ||
         drey_bytes_get32(head + 8) != SNAP_VERSION || drey_bytes_get32(head + 48) != drey_crc32c(0, head, 48) ||
-        drey_bytes_get32(head + 12) < SNAP_HEADER)
-        FAIL("%s: bad snapshot header", path);
+        drey_bytes_get32(head + 12) < SNAP_HEADER || drey_bytes_get32(head + 12) > (uint64_t)size - SNAP_TRAILER)
+        FAIL("%s: bad snapshot header", path); /* a header size past the records would read past the end */
     memset(info, 0, sizeof *info);
     info->lsn = drey_bytes_get64(head + 16);
     info->time_ms = (int64_t)drey_bytes_get64(head + 24);
@@ -288,7 +288,9 @@ out:
 }
 
 /* The record count a snapshot's trailer announces (0 if unreadable): lets a
- * loader size the table once instead of growing it a thousand times. */
+ * loader size the table once instead of growing it a thousand times. It is
+ * read before the records are checked, so it is only believed up to what a
+ * file of this size can hold: a damaged count must not size the table. */
 static uint64_t announced_count(drey_io *io, const char *path) {
     int fd = io->ops->open(io, path, O_RDONLY, 0);
     if (fd < 0)
@@ -297,8 +299,11 @@ static uint64_t announced_count(drey_io *io, const char *path) {
     uint8_t t[SNAP_TRAILER];
     uint64_t n = 0;
     if (io->ops->fsize(io, fd, &size) == 0 && size >= (off_t)SNAP_TRAILER &&
-        drey_io_pread_all(io, fd, t, sizeof t, size - (off_t)SNAP_TRAILER) == 0 && memcmp(t, SNAP_END_MAGIC, 8) == 0)
-        n = drey_bytes_get64(t + 8);
+        drey_io_pread_all(io, fd, t, sizeof t, size - (off_t)SNAP_TRAILER) == 0 && memcmp(t, SNAP_END_MAGIC, 8) == 0 &&
+        drey_bytes_get32(t + 20) == drey_crc32c(0, t, 20)) {
+        uint64_t most = ((uint64_t)size - SNAP_TRAILER) / (RECORD_HEAD + BODY_FIXED);
+        n = drey_bytes_get64(t + 8) < most ? drey_bytes_get64(t + 8) : most;
+    }
     io->ops->close(io, fd);
     return n;
 }

@@ -291,7 +291,7 @@ void drey_store_capture_end(drey_store *s) {
 
 void drey_store_reserve(drey_store *s, size_t n) {
     size_t per = n / DREY_STORE_SHARDS + 1, want = SHARD_MIN_BUCKETS;
-    while (want < per)
+    while (want < per && want <= SIZE_MAX / 4) /* doubling past that would wrap to 0 and never end */
         want *= 2;
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];

@@ -542,7 +542,8 @@ class StartupTest(DreyTestCase):
         return srv, rc
 
     def test_non_loopback_without_keys_is_refused(self):
-        for listen in ("0.0.0.0:0", "[::]:0"):
+        # 127.0.0.1.invalid: a name, not an address (found by tests/fuzz, config)
+        for listen in ("0.0.0.0:0", "[::]:0", "127.0.0.1.invalid:0"):
             with self.subTest(listen=listen):
                 srv, rc = self.spawn_and_wait(listen=listen)
                 self.assertEqual(rc, 2, srv.log_text())

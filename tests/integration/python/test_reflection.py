@@ -1,17 +1,23 @@
 """Server reflection, v1 and v1alpha, used the way grpcurl uses it: list the
 services, fetch the file declaring a symbol with all its transitive imports,
 build a DescriptorPool from those FileDescriptorProtos alone (no local stubs),
-and call the Cache dynamically."""
+and call the Cache dynamically.
+
+StatusDetailsTest is a client with no .proto files that prints drey's
+errors the way grpcurl --format-error does: it decodes grpc-status-details-bin
+as google.rpc.Status and each Any in it through types resolved by reflection
+only, for every detail type drey sends (ErrorInfo, BadRequest, QuotaFailure,
+RetryInfo)."""
 
 import os
 import subprocess
 import threading
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
-from drey_harness import (CACHE_SERVICE, HEALTH_SERVICE, REFLECTION_V1, REFLECTION_V1ALPHA, BidiStream,
-                          DreyTestCase, ServiceClient, main, value_of)
+from drey_harness import (CACHE_SERVICE, DOMAIN, HEALTH_SERVICE, REFLECTION_V1, REFLECTION_V1ALPHA, BidiStream,
+                          DreyTestCase, ServiceClient, main, make_value, value_of)
 
 CACHE_FILE = "drey/cache/v1/cache.proto"
 CACHE_DEPS = {"google/protobuf/duration.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto"}
@@ -240,6 +246,117 @@ class ReflectionMixin:
         self.assertEqual(gr.value.json_value.fields["n"].number_value, 42)
         # and the typed client agrees
         self.assertEqual(value_of(self.get(key, cache="dyn").value), {"via": "reflection " + self.VERSION, "n": 42.0})
+
+
+class DynamicDetails:
+    """Decodes google.rpc.Status and its details with types fetched from the
+    server's reflection (version `mod`) and nothing else."""
+
+    TYPE_PREFIX = "type.googleapis.com/"
+
+    def __init__(self, test, mod, service):
+        self.test = test
+        self.mod = mod
+        self.stream = BidiStream(ServiceClient(test.channel, mod, service).ServerReflectionInfo)
+        test.addCleanup(self.stream.cancel)
+        self.pool = descriptor_pool.DescriptorPool()
+        self.added = set()
+
+    def resolve(self, full_name):
+        """The message class of full_name, its files fetched by reflection."""
+        r = self.stream.ask(self.mod.ServerReflectionRequest(file_containing_symbol=full_name))
+        self.test.assertEqual(r.WhichOneof("message_response"), "file_descriptor_response",
+                              "reflection cannot describe %s: %s" % (full_name, str(r)[:300]))
+        pending = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                   for b in r.file_descriptor_response.file_descriptor_proto]
+        pending = [f for f in pending if f.name not in self.added]
+        while pending:
+            ready = [f for f in pending if all(d in self.added for d in f.dependency)]
+            self.test.assertTrue(ready, "imports not served with %s: %s" % (full_name, [f.name for f in pending]))
+            for f in ready:
+                self.pool.Add(f)
+                self.added.add(f.name)
+                pending.remove(f)
+        return prototype(self.pool, full_name)
+
+    def decode(self, err):
+        """(Status, [(type name, detail message)]) of a failed call."""
+        raw = dict(err.trailing_metadata() or ()).get("grpc-status-details-bin")
+        self.test.assertIsNotNone(raw, "no grpc-status-details-bin on %r" % err)
+        status = self.resolve("google.rpc.Status").FromString(raw)
+        details = []
+        for any_ in status.details:
+            self.test.assertTrue(any_.type_url.startswith(self.TYPE_PREFIX), any_.type_url)
+            name = any_.type_url[len(self.TYPE_PREFIX):]
+            details.append((name, self.resolve(name).FromString(any_.value)))
+        # what grpcurl --format-error would print
+        print("%s %s" % (err.code().name, text_format.MessageToString(status, as_one_line=True)[:200]))
+        for name, msg in details:
+            print("  %s { %s }" % (name, text_format.MessageToString(msg, as_one_line=True)))
+        return status, details
+
+
+class StatusDetailsTest(DreyTestCase):
+    """Every detail type drey sends, decoded through reflection alone."""
+
+    NODE = "details-node"
+    LIMIT = 256 * 1024
+    SERVER_FLAGS = ("--memory-limit=%d" % LIMIT, "--node-id=" + NODE)
+
+    def failure(self, fn, *args, **kw):
+        try:
+            fn(*args, timeout=30, **kw)
+        except grpc.RpcError as e:
+            return e
+        self.fail("the call succeeded")
+
+    def check(self, client, err, code, reason, types):
+        status, details = client.decode(err)
+        self.assertEqual(err.code(), code)
+        self.assertEqual(status.code, code.value[0])
+        self.assertEqual(status.message, err.details())
+        self.assertEqual([n for n, _ in details], types)
+        ei = details[0][1]
+        self.assertEqual(ei.reason, reason)
+        self.assertEqual(ei.domain, DOMAIN)
+        return dict(details)
+
+    def test_every_detail_type_through_reflection(self):
+        for version, service in (("reflection_v1", REFLECTION_V1), ("reflection_v1alpha", REFLECTION_V1ALPHA)):
+            with self.subTest(reflection=version):
+                client = DynamicDetails(self, getattr(self.pb, version), service)
+                # ErrorInfo alone: a request that is not a SetRequest at all
+                raw = self.channel.unary_unary("/%s/Set" % CACHE_SERVICE, request_serializer=lambda b: b,
+                                               response_deserializer=lambda b: b)
+                err = self.failure(raw, b"\xff\xff\xff")
+                self.check(client, err, grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST", ["google.rpc.ErrorInfo"])
+
+                # ErrorInfo + BadRequest: a validation error
+                err = self.failure(self.cache.Set, self.pb.cache.SetRequest(key="", value=make_value("v")))
+                d = self.check(client, err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_KEY",
+                               ["google.rpc.ErrorInfo", "google.rpc.BadRequest"])
+                fv = d["google.rpc.BadRequest"].field_violations
+                self.assertEqual([(v.field, v.reason) for v in fv], [("key", "INVALID_KEY")])
+                self.assertTrue(fv[0].description)
+
+                # ErrorInfo + QuotaFailure + RetryInfo: a memory refusal (a
+                # value larger than the critical level on its own)
+                err = self.failure(self.cache.Set, self.pb.cache.SetRequest(
+                    key=self.key(), value=make_value(b"m" * (self.LIMIT + 1))))
+                d = self.check(client, err, grpc.StatusCode.RESOURCE_EXHAUSTED, "MEMORY_PRESSURE",
+                               ["google.rpc.ErrorInfo", "google.rpc.QuotaFailure", "google.rpc.RetryInfo"])
+                ei = d["google.rpc.ErrorInfo"]
+                self.assertEqual(ei.metadata["limitBytes"], str(self.LIMIT))
+                self.assertEqual(set(ei.metadata), {"limitBytes", "usedBytes", "criticalBytes", "requestBytes"})
+                qv = d["google.rpc.QuotaFailure"].violations
+                self.assertEqual([v.subject for v in qv], ["node:" + self.NODE])
+                self.assertTrue(qv[0].description)
+                delay = d["google.rpc.RetryInfo"].retry_delay
+                self.assertEqual(delay.DESCRIPTOR.full_name, "google.protobuf.Duration")
+                self.assertGreater(delay.seconds * 1000 + delay.nanos // 1000000, 0)
+                # the types came from the server, not from local stubs
+                self.assertIn("google/rpc/error_details.proto", client.added)
+                self.assertIn("google/rpc/status.proto", client.added)
 
 
 class ReflectionV1Test(ReflectionMixin, DreyTestCase):

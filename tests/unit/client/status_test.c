@@ -192,3 +192,39 @@ Test(client_status, code_names) {
     cr_assert_str_eq(drey_client_code_name((grpc_status_code)99), "UNKNOWN_CODE");
     cr_assert_str_eq(drey_client_code_name((grpc_status_code)-1), "UNKNOWN_CODE");
 }
+
+/* Found while writing the tests/fuzz status target (the fuzzer had not yet
+ * reached it in 20 s), pinned by
+ * regressions/status/retry-delay-*: a server's RetryInfo may hold any
+ * Duration; seconds * 1000 overflowed for huge ones, and negative ones came
+ * out as negative delays other than -1. */
+Test(client_status, a_retry_delay_out_of_range_is_none) {
+    static const struct {
+        int64_t seconds;
+        int32_t nanos;
+        int64_t want;
+    } cases[] = {
+        {INT64_MAX, 0, -1},         {315576000001LL, 0, -1}, {-5, -1, -1}, {0, -1, -1}, {1, 1000000000, -1},
+        {315576000000LL, 999999999, 315576000000999LL},      {0, 0, 0},    {2, 5000000, 2005},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        drey_arena a;
+        drey_arena_init(&a, NULL, 0);
+        Google__Protobuf__Duration d = GOOGLE__PROTOBUF__DURATION__INIT;
+        d.seconds = cases[i].seconds;
+        d.nanos = cases[i].nanos;
+        Google__Rpc__RetryInfo ri = GOOGLE__RPC__RETRY_INFO__INIT;
+        ri.retry_delay = &d;
+        Google__Protobuf__Any *any = pack(&a, "type.googleapis.com/google.rpc.RetryInfo", &ri.base);
+        uint8_t *bytes;
+        size_t len;
+        encode(&a, &any, 1, &bytes, &len);
+        drey_client_status cs;
+        drey_client_status_set(&cs, GRPC_STATUS_RESOURCE_EXHAUSTED, "x");
+        cr_assert(drey_client_status_decode_details(&cs, bytes, len, &a));
+        cr_assert_not_null(cs.retry_info);
+        cr_assert_eq(drey_client_status_retry_delay_ms(&cs), cases[i].want, "case %zu: %lld", i,
+                     (long long)drey_client_status_retry_delay_ms(&cs));
+        drey_arena_destroy(&a);
+    }
+}

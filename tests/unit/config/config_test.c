@@ -730,3 +730,19 @@ Test(config, markdown_has_one_row_per_option) {
     drey_config_free(&defaults);
     free(md);
 }
+
+/* Anonymous callers are allowed only where these say loopback. A name is
+ * never resolved, so one that starts with "127." is not loopback (found by
+ * tests/fuzz, regressions/config/name-starting-127-is-not-loopback). */
+Test(config, listen_is_loopback_only_for_loopback_addresses) {
+    const char *yes[] = {"127.0.0.1:50051", "127.0.0.2:0", "127.255.255.255:1", "localhost:0", "[::1]:9090",
+                         "127.0.0.1"};
+    const char *no[] = {"0.0.0.0:0",         "[::]:0",         "10.0.0.1:50051",   "127.0.0.1.nip.io:50051",
+                        "127.example.com:1", "127.:0",         "127.0.0.1x:0",     "127.1:0",
+                        "localhost.evil:0",  "[::1]x:0",       "[::ffff:10.0.0.1]:0", "",
+                        ":50051",            "1270.0.0.1:0",   "[127.0.0.1]:0"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+        cr_assert(eq(int, drey_config_listen_is_loopback(yes[i]), 1), "%s is loopback", yes[i]);
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        cr_assert(eq(int, drey_config_listen_is_loopback(no[i]), 0), "%s is not loopback", no[i]);
+}

@@ -619,3 +619,52 @@ Test(snapshot, capture_holds_exactly_the_state_at_begin_while_writers_go_on) {
     pthread_mutex_destroy(&m.mu);
     pthread_cond_destroy(&m.cond);
 }
+
+/* Found by tests/fuzz (regressions/snapshot/header-size-past-end): a header
+ * whose size field points past the records, with a right CRC, is a damaged
+ * header (-EINVAL), not a read past the end of the file (-EIO). */
+Test(snapshot, header_size_past_the_records_is_a_bad_header) {
+    char path[256], err[512];
+    make_sample_snapshot(path, sizeof path);
+    uint8_t *v = malloc(file_len);
+    memcpy(v, file, file_len);
+    uint32_t hs = (uint32_t)(file_len - 32 + 1);
+    for (int i = 0; i < 4; i++)
+        v[12 + i] = (uint8_t)(hs >> (8 * i));
+    uint32_t crc = drey_crc32c(0, v, 48);
+    for (int i = 0; i < 4; i++)
+        v[48 + i] = (uint8_t)(crc >> (8 * i));
+    cr_assert_eq(read_variant(v, file_len, err), -EINVAL);
+    cr_assert(strstr(err, "bad snapshot header") != NULL, "%s", err);
+    free(v);
+    free(file);
+}
+
+/* Found by tests/fuzz (regressions/snapshot/trailer-count-sizes-table):
+ * loading sizes the table from the trailer's count before any record is
+ * checked, so a huge count (with or without a right trailer CRC) must not
+ * reach the allocator, or loop: the load fails as damaged and the store
+ * stays usable. */
+Test(snapshot, a_huge_trailer_count_does_not_size_the_table) {
+    char path[256], err[512];
+    make_sample_snapshot(path, sizeof path);
+    uint8_t *v = malloc(file_len);
+    for (int fix_crc = 0; fix_crc < 2; fix_crc++) {
+        memcpy(v, file, file_len);
+        uint8_t *t = v + file_len - 32;
+        for (int i = 8; i < 16; i++)
+            t[i] = i == 15 ? 0x7f : 0xff; /* INT64_MAX records */
+        if (fix_crc) {
+            uint32_t crc = drey_crc32c(0, t, 20);
+            for (int i = 0; i < 4; i++)
+                t[20 + i] = (uint8_t)(crc >> (8 * i));
+        }
+        write_variant(path, v, file_len);
+        drey_store *s = drey_store_create();
+        drey_snapshot_info info;
+        cr_assert_eq(drey_snapshot_load(io, path, s, &info, err, sizeof err), -EINVAL, "crc fixed: %d", fix_crc);
+        drey_store_destroy(s);
+    }
+    free(v);
+    free(file);
+}
