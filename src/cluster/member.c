@@ -90,7 +90,8 @@ static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool de
         c->members[c->n_members++] = m;
     } else if (rlen == 10 && memcmp(rest, "controller", 10) == 0) {
         size_t n = deleted ? 0 : kv->value.len < sizeof c->controller - 1 ? kv->value.len : sizeof c->controller - 1;
-        memcpy(c->controller, kv->value.data, n);
+        if (n > 0) /* a deleted key's value is empty, its data NULL */
+            memcpy(c->controller, kv->value.data, n);
         c->controller[n] = '\0';
     } else if (rlen == 16 && memcmp(rest, "partitions/", 11) == 0) {
         char digits[6];

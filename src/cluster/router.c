@@ -251,6 +251,17 @@ static void scatter_done(void *arg, const drey_answer *a) {
         gathered(g);
 }
 
+/* The GetMany of the keys of part, in arena memory. */
+static Drey__Cache__V1__GetManyRequest sub_request(drey_arena *a, const Drey__Cache__V1__GetManyRequest *req,
+                                                   const scatter_part *part) {
+    Drey__Cache__V1__GetManyRequest sub = *req;
+    sub.n_keys = part->n;
+    sub.keys = drey_arena_alloc(a, (part->n ? part->n : 1) * sizeof *sub.keys);
+    for (size_t i = 0; i < part->n; i++)
+        sub.keys[i] = req->keys[part->index[i]];
+    return sub;
+}
+
 static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
     const Drey__Cache__V1__GetManyRequest *req = (const void *)r->msg;
     size_t n = req->n_keys;
@@ -298,11 +309,7 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
     for (size_t k = 0; k < n_groups; k++) {
         if (groups[k] >= 0)
             continue;
-        Drey__Cache__V1__GetManyRequest sub = *req;
-        sub.n_keys = parts[k].n;
-        sub.keys = drey_arena_alloc(r->arena, parts[k].n * sizeof *sub.keys);
-        for (size_t i = 0; i < parts[k].n; i++)
-            sub.keys[i] = req->keys[parts[k].index[i]];
+        Drey__Cache__V1__GetManyRequest sub = sub_request(r->arena, req, &parts[k]);
         drey_status st;
         drey_status_init(&st);
         drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
@@ -321,11 +328,7 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
     for (size_t k = 0; k < n_groups; k++) {
         if (groups[k] < 0)
             continue;
-        Drey__Cache__V1__GetManyRequest sub = *req;
-        sub.n_keys = parts[k].n;
-        sub.keys = drey_arena_alloc(r->arena, parts[k].n * sizeof *sub.keys);
-        for (size_t i = 0; i < parts[k].n; i++)
-            sub.keys[i] = req->keys[parts[k].index[i]];
+        Drey__Cache__V1__GetManyRequest sub = sub_request(r->arena, req, &parts[k]);
         lens[k] = drey__cache__v1__get_many_request__get_packed_size(&sub);
         bytes[k] = drey_arena_alloc(r->arena, lens[k] ? lens[k] : 1);
         drey__cache__v1__get_many_request__pack(&sub, bytes[k]);

@@ -58,27 +58,14 @@ static void door_on_cancel(void *door, void (*fn)(void *arg), void *arg) {
     drey_call_on_cancel(door, fn, arg);
 }
 
-static const drey_request_ops public_door = {
-    .reply = door_reply,
-    .fail = door_fail,
-    .relay = door_relay,
-    .metadata = door_metadata,
-    .peer = door_peer,
-    .deadline_mono_ns = door_deadline,
-    .on_cancel = door_on_cancel,
-};
+#define CALL_OPS                                                                                               \
+    .reply = door_reply, .fail = door_fail, .relay = door_relay, .metadata = door_metadata, .peer = door_peer,   \
+    .deadline_mono_ns = door_deadline, .on_cancel = door_on_cancel
+
+static const drey_request_ops public_door = {CALL_OPS};
 
 /* The cluster's listener: the same, and its callers can prove who they are. */
-static const drey_request_ops internal_door = {
-    .reply = door_reply,
-    .fail = door_fail,
-    .relay = door_relay,
-    .metadata = door_metadata,
-    .peer = door_peer,
-    .deadline_mono_ns = door_deadline,
-    .on_cancel = door_on_cancel,
-    .peer_is = door_peer_is,
-};
+static const drey_request_ops internal_door = {CALL_OPS, .peer_is = door_peer_is};
 
 static void on_unary(void *ctx, drey_call *call, const ProtobufCMessage *request) {
     const struct binding *b = ctx;

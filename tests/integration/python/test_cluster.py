@@ -219,8 +219,19 @@ class ThreeNodes(DreyTestCase):
             self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "PEER_UNAUTHENTICATED")
             f = failure(self.internal_get, ch, None)
             self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "PEER_UNAUTHENTICATED")
-            # n9's own name is accepted (a real peer forwarding for itself)
-            self.internal_get(ch, "n9")
+            # n9's own name is accepted (a real peer forwarding for itself);
+            # a key n1 does not own is refused, never forwarded again
+            theirs = next(k for k in ("np%d" % i for i in range(200)) if self.owners[partition("c", k, 16)] != "n1")
+            mine = next(k for k in ("np%d" % i for i in range(200)) if self.owners[partition("c", k, 16)] == "n1")
+            stub = ServiceClient(ch, self.pb.cache, CACHE_SERVICE)
+            fn, req_cls, _ = stub.methods["Get"]
+            fn(req_cls(cache="c", key=mine), timeout=10, metadata=[("drey-forwarded-by", "n9")])
+            f = failure(fn, req_cls(cache="c", key=theirs), timeout=10, metadata=[("drey-forwarded-by", "n9")])
+            self.assertRpcFailure(f, UNAVAILABLE, "NOT_PRIMARY")
+            p = partition("c", theirs, 16)
+            self.assertEqual(f.metadata["partition"], str(p))
+            self.assertEqual(f.metadata["primary"], self.owners[p])
+            self.assertGreater(int(f.metadata["epoch"]), 0)
         rogue = ClusterCA("rogue-ca")
         try:
             rcert, rkey = rogue.issue("n2")
