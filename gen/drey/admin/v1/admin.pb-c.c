@@ -190,6 +190,12 @@ void   drey__admin__v1__readiness_details__recovery__init
   static const Drey__Admin__V1__ReadinessDetails__Recovery init_value = DREY__ADMIN__V1__READINESS_DETAILS__RECOVERY__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__eviction__init
+                     (Drey__Admin__V1__ReadinessDetails__Eviction         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Eviction init_value = DREY__ADMIN__V1__READINESS_DETAILS__EVICTION__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message)
 {
@@ -1016,7 +1022,84 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__d
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__recovery__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[8] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__eviction__field_descriptors[4] =
+{
+  {
+    "policy",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, policy),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evicted_entries",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, evicted_entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evicted_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, evicted_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "refused_writes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, refused_writes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__eviction__field_indices_by_name[] = {
+  2,   /* field[2] = evicted_bytes */
+  1,   /* field[1] = evicted_entries */
+  0,   /* field[0] = policy */
+  3,   /* field[3] = refused_writes */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__eviction__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Eviction",
+  "Eviction",
+  "Drey__Admin__V1__ReadinessDetails__Eviction",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Eviction),
+  4,
+  drey__admin__v1__readiness_details__eviction__field_descriptors,
+  drey__admin__v1__readiness_details__eviction__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__eviction__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__eviction__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[9] =
 {
   {
     "ready",
@@ -1114,10 +1197,23 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "eviction",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, eviction),
+    &drey__admin__v1__readiness_details__eviction__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
   3,   /* field[3] = backpressure */
   6,   /* field[6] = compaction */
+  8,   /* field[8] = eviction */
   4,   /* field[4] = journal */
   1,   /* field[1] = journal_disk */
   2,   /* field[2] = memory */
@@ -1128,7 +1224,7 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
 static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -1138,7 +1234,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  8,
+  9,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__number_ranges,

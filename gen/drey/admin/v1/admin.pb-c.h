@@ -28,6 +28,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Journal Drey__Admin__V1__Readi
 typedef struct Drey__Admin__V1__ReadinessDetails__Snapshot Drey__Admin__V1__ReadinessDetails__Snapshot;
 typedef struct Drey__Admin__V1__ReadinessDetails__Compaction Drey__Admin__V1__ReadinessDetails__Compaction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__ReadinessDetails__Recovery;
+typedef struct Drey__Admin__V1__ReadinessDetails__Eviction Drey__Admin__V1__ReadinessDetails__Eviction;
 
 
 /* --- enums --- */
@@ -205,6 +206,29 @@ struct  Drey__Admin__V1__ReadinessDetails__Recovery
     , (char *)protobuf_c_empty_string, 0 }
 
 
+struct  Drey__Admin__V1__ReadinessDetails__Eviction
+{
+  ProtobufCMessage base;
+  /*
+   * none, allkeys-lru, allkeys-lfu, volatile-lru or volatile-ttl.
+   */
+  char *policy;
+  /*
+   * Entries and bytes evicted since start, every cache.
+   */
+  uint64_t evicted_entries;
+  uint64_t evicted_bytes;
+  /*
+   * Writes refused with MEMORY_PRESSURE because nothing evictable was
+   * left (or no policy is in force).
+   */
+  uint64_t refused_writes;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__EVICTION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__eviction__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0 }
+
+
 struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
@@ -221,10 +245,11 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__Snapshot *snapshot;
   Drey__Admin__V1__ReadinessDetails__Compaction *compaction;
   Drey__Admin__V1__ReadinessDetails__Recovery *recovery;
+  Drey__Admin__V1__ReadinessDetails__Eviction *eviction;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -308,6 +333,9 @@ void   drey__admin__v1__readiness_details__compaction__init
 /* Drey__Admin__V1__ReadinessDetails__Recovery methods */
 void   drey__admin__v1__readiness_details__recovery__init
                      (Drey__Admin__V1__ReadinessDetails__Recovery         *message);
+/* Drey__Admin__V1__ReadinessDetails__Eviction methods */
+void   drey__admin__v1__readiness_details__eviction__init
+                     (Drey__Admin__V1__ReadinessDetails__Eviction         *message);
 /* Drey__Admin__V1__ReadinessDetails methods */
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message);
@@ -362,6 +390,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Compaction_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__Recovery_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Recovery *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Eviction_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Eviction *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
                  (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
@@ -413,6 +444,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__jour
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snapshot__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS
