@@ -67,6 +67,8 @@ typedef enum drey_error {
     DREY_ERR_JOURNAL_DISK_QUOTA,
     DREY_ERR_JOURNAL_QUEUE_FULL,
     DREY_ERR_INTERNAL,
+    /* New errors go last: remembered outcomes store the number. */
+    DREY_ERR_INVALID_CURSOR,
     DREY_ERR_COUNT_
 } drey_error;
 

@@ -208,6 +208,15 @@ drey_evict_policy drey_store_policy(const drey_store *s);
 int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_bytes, size_t max_victims,
                                 void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg);
 
+/* An entry chosen for eviction, as a write's journal record names it. */
+typedef struct drey_store_victim {
+    const char *cache; /* normalized: "" is the default cache */
+    size_t cache_len;
+    const char *key;
+    size_t key_len;
+    uint64_t version;  /* removed only if the entry still has it */
+} drey_store_victim;
+
 /* Removes the key's entry if it still has `version` (a victim chosen
  * earlier), counting it as evicted; returns its accounted bytes, 0 if it
  * was not removed. */
