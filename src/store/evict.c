@@ -59,11 +59,12 @@ drey_evict_policy drey_store_policy(const drey_store *s) {
     return s->policy;
 }
 
-/* The access clock: monotonic (wall-clock jumps must not make everything
- * look idle) and coarse (a few ms resolution for a few ns a read). */
+/* The access clock: monotonic, so wall-clock jumps do not make everything
+ * look idle; milliseconds (the coarse clock's 4 ms made a burst of writes
+ * look equally old). */
 static uint64_t access_ms(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
@@ -185,23 +186,30 @@ static void pool_insert(drey_store *s, const entry *e, uint64_t score) {
         .score = score, .version = e->version, .cache_len = e->cache_len, .key_len = e->key_len, .name = name};
 }
 
-/* Samples up to SAMPLES entries of one random shard into the pool; returns
- * how many were eligible. */
-static size_t populate(drey_store *s, int64_t now_ms) {
+static size_t shard_evictable(const drey_store *s, const shard *sh) {
+    bool volatile_only = s->policy == DREY_EVICT_VOLATILE_LRU || s->policy == DREY_EVICT_VOLATILE_TTL;
+    return atomic_load_explicit(volatile_only ? &sh->evictable_expiring : &sh->evictable, memory_order_relaxed);
+}
+
+/* Samples up to SAMPLES eligible entries of the first shard, from a random
+ * one on, that has any, into the pool; returns how many were eligible (0:
+ * no shard holds anything the policy may evict). Thorough: probe the whole
+ * shard, not SAMPLE_BUCKETS from a random bucket (after a sample found
+ * nothing, so a rare eligible entry is still found). */
+static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
     uint64_t mono = access_ms();
     uint32_t now_min = lfu_now_min();
-    for (int attempt = 0; attempt < 8; attempt++) {
-        shard *sh = &s->shards[rnd() % DREY_STORE_SHARDS];
-        pthread_rwlock_rdlock(&sh->lock);
-        if (sh->count == 0) {
-            pthread_rwlock_unlock(&sh->lock);
+    size_t start = (size_t)rnd();
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+        shard *sh = &s->shards[(start + i) % DREY_STORE_SHARDS];
+        if (shard_evictable(s, sh) == 0)
             continue;
-        }
-        size_t seen = 0, eligible = 0;
+        pthread_rwlock_rdlock(&sh->lock);
+        size_t eligible = 0, nb = sh->mask + 1;
+        size_t probes = thorough || nb < SAMPLE_BUCKETS ? nb : SAMPLE_BUCKETS;
         size_t b = (size_t)rnd() & sh->mask;
-        for (size_t probe = 0; probe < SAMPLE_BUCKETS && seen < SAMPLES; probe++, b = (b + 1) & sh->mask) {
-            for (const entry *e = sh->buckets[b]; e != NULL && seen < SAMPLES; e = e->next) {
-                seen++;
+        for (size_t p = 0; p < probes && eligible < SAMPLES; p++, b = (b + 1) & sh->mask) {
+            for (const entry *e = sh->buckets[b]; e != NULL && eligible < SAMPLES; e = e->next) {
                 uint64_t score;
                 if (score_of(s, e, now_ms, mono, now_min, &score)) {
                     pool_insert(s, e, score);
@@ -210,16 +218,23 @@ static size_t populate(drey_store *s, int64_t now_ms) {
             }
         }
         pthread_rwlock_unlock(&sh->lock);
-        return eligible;
+        if (eligible > 0)
+            return eligible;
     }
     return 0;
 }
 
 /* Pops the best candidate that still exists with its version and gives it
- * to fn; returns its bytes, 0 when the pool held none. Pool lock held. */
-static size_t pop_victim(drey_store *s, void (*fn)(void *arg, const drey_store_item *victim, size_t bytes),
+ * to fn; returns its bytes, 0 when the pool held none. A candidate read
+ * since it was sampled scores lower now: it goes back into the pool with
+ * its new score when another candidate now beats it (Redis evicts on the
+ * stale score; this keeps a key read a moment ago). Pool lock held. */
+static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, const drey_store_item *victim,
+                                                                   size_t bytes),
                          void *arg, const uint64_t *taken, size_t n_taken, uint64_t *version) {
-    while (s->pool_len > 0) {
+    uint64_t mono = access_ms();
+    uint32_t now_min = lfu_now_min();
+    for (size_t rescored = 0; s->pool_len > 0;) {
         pool_entry pe = s->pool[--s->pool_len];
         bool dup = false;
         for (size_t i = 0; i < n_taken; i++)
@@ -233,18 +248,24 @@ static size_t pop_victim(drey_store *s, void (*fn)(void *arg, const drey_store_i
             entry *e = sh->buckets[(uint32_t)k.hash & sh->mask];
             while (e != NULL && !drey_store__matches(e, &k))
                 e = e->next;
-            if (e != NULL && e->version == pe.version && !drey_store__slot(s, e->cache_id)->retired) {
-                bytes = drey_store__entry_bytes(e);
-                *version = e->version;
-                drey_store_item it = {
-                    .cache = (const char *)e->data,
-                    .cache_len = e->cache_len,
-                    .key = (const char *)e->data + e->cache_len,
-                    .key_len = e->key_len,
-                };
-                it.entry.version = e->version;
-                it.entry.expires_at_ms = e->expires_at_ms;
-                fn(arg, &it, bytes);
+            uint64_t now_score;
+            if (e != NULL && e->version == pe.version && score_of(s, e, now_ms, mono, now_min, &now_score)) {
+                if (rescored < 2 * EVICT_POOL && s->pool_len > 0 && now_score < s->pool[s->pool_len - 1].score) {
+                    rescored++;
+                    pool_insert(s, e, now_score);
+                } else {
+                    bytes = drey_store__entry_bytes(e);
+                    *version = e->version;
+                    drey_store_item it = {
+                        .cache = (const char *)e->data,
+                        .cache_len = e->cache_len,
+                        .key = (const char *)e->data + e->cache_len,
+                        .key_len = e->key_len,
+                    };
+                    it.entry.version = e->version;
+                    it.entry.expires_at_ms = e->expires_at_ms;
+                    fn(arg, &it, bytes);
+                }
             }
             pthread_rwlock_unlock(&sh->lock);
         }
@@ -266,9 +287,15 @@ int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_byte
     int64_t chosen = 0;
     pthread_mutex_lock(&s->pool_mu);
     while (chosen < need_bytes && n < max_victims && empty < EMPTY_ROUNDS) {
-        populate(s, now_ms);
+        /* A few shards' samples per victim, so one shard holding only poor
+         * candidates does not decide. */
+        size_t found = populate(s, now_ms, empty > 0);
+        for (int more = 0; found > 0 && more < 3 && s->pool_len < EVICT_POOL / 2; more++)
+            found = populate(s, now_ms, false);
+        if (found == 0 && s->pool_len == 0)
+            break; /* nothing the policy may evict */
         uint64_t version = 0;
-        size_t bytes = pop_victim(s, fn, arg, taken, n, &version);
+        size_t bytes = pop_victim(s, now_ms, fn, arg, taken, n, &version);
         if (bytes == 0) {
             empty++;
             continue;

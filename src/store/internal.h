@@ -46,6 +46,10 @@ typedef struct shard {
      * it without the lock to pass over shards with nothing to expire: a
      * stale read only delays a sweep, as reads expire entries themselves. */
     _Atomic size_t expiring;
+    /* Entries eviction may choose (not in an internal '#' cache): all of
+     * them, and those with an expiry. Under the write lock, read without
+     * it by the sampler to pass over shards with nothing to choose. */
+    _Atomic size_t evictable, evictable_expiring;
 } __attribute__((aligned(64))) shard;
 
 /* One cache's figures. A Clear retires the cache's slot: its entries become

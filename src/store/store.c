@@ -210,6 +210,8 @@ static void free_entries(shard *sh) {
     sh->count = 0;
     sh->bytes = 0;
     atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
 }
 
 void drey_store_destroy(drey_store *s) {
@@ -357,15 +359,23 @@ static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
 /* Keeps the counts of expiring entries (shard and cache) as an entry's
  * expiry goes from `from` to `to` (0: never; an entry inserted comes from 0,
  * one freed goes to 0). */
+static bool internal(const entry *e) {
+    return e->cache_len > 0 && e->data[0] == '#';
+}
+
 static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from, int64_t to) {
     if ((from != 0) == (to != 0))
         return;
     atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+    if (!internal(e))
+        atomic_fetch_add_explicit(&sh->evictable_expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->expiring, to != 0 ? 1 : -1, memory_order_relaxed);
 }
 
 static void count_entry(drey_store *s, shard *sh, const entry *e) {
     sh->count++;
+    if (!internal(e))
+        atomic_fetch_add_explicit(&sh->evictable, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->entries, 1, memory_order_relaxed);
 }
 
@@ -373,6 +383,8 @@ static void count_entry(drey_store *s, shard *sh, const entry *e) {
  * reused. */
 static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
     sh->count--;
+    if (!internal(e))
+        atomic_fetch_sub_explicit(&sh->evictable, 1, memory_order_relaxed);
     track_expiry(s, sh, e, e->expires_at_ms, 0);
     account(s, sh, e, -(int64_t)entry_bytes(e));
     cache_slot *c = drey_store__slot(s, e->cache_id);
