@@ -191,21 +191,21 @@ static size_t shard_evictable(const drey_store *s, const shard *sh) {
     return atomic_load_explicit(volatile_only ? &sh->evictable_expiring : &sh->evictable, memory_order_relaxed);
 }
 
-/* Samples up to SAMPLES eligible entries of the first shard, from a random
- * one on, that has any, into the pool; returns how many were eligible (0:
- * no shard holds anything the policy may evict). Thorough: probe the whole
- * shard, not SAMPLE_BUCKETS from a random bucket (after a sample found
- * nothing, so a rare eligible entry is still found). */
+/* Samples SAMPLES eligible entries into the pool, shard after shard from
+ * a random one (a small store has about one entry per shard); returns how
+ * many were eligible (0: no shard holds anything the policy may evict).
+ * Thorough: probe whole shards, not SAMPLE_BUCKETS buckets from a random
+ * one (after a sample found nothing, so a rare eligible entry is found). */
 static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
     uint64_t mono = access_ms();
     uint32_t now_min = lfu_now_min();
-    size_t start = (size_t)rnd();
-    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+    size_t start = (size_t)rnd(), eligible = 0;
+    for (size_t i = 0; i < DREY_STORE_SHARDS && eligible < SAMPLES; i++) {
         shard *sh = &s->shards[(start + i) % DREY_STORE_SHARDS];
         if (shard_evictable(s, sh) == 0)
             continue;
         pthread_rwlock_rdlock(&sh->lock);
-        size_t eligible = 0, nb = sh->mask + 1;
+        size_t nb = sh->mask + 1;
         size_t probes = thorough || nb < SAMPLE_BUCKETS ? nb : SAMPLE_BUCKETS;
         size_t b = (size_t)rnd() & sh->mask;
         for (size_t p = 0; p < probes && eligible < SAMPLES; p++, b = (b + 1) & sh->mask) {
@@ -218,10 +218,8 @@ static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
             }
         }
         pthread_rwlock_unlock(&sh->lock);
-        if (eligible > 0)
-            return eligible;
     }
-    return 0;
+    return eligible;
 }
 
 /* Pops the best candidate that still exists with its version and gives it
@@ -287,11 +285,7 @@ int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_byte
     int64_t chosen = 0;
     pthread_mutex_lock(&s->pool_mu);
     while (chosen < need_bytes && n < max_victims && empty < EMPTY_ROUNDS) {
-        /* A few shards' samples per victim, so one shard holding only poor
-         * candidates does not decide. */
         size_t found = populate(s, now_ms, empty > 0);
-        for (int more = 0; found > 0 && more < 3 && s->pool_len < EVICT_POOL / 2; more++)
-            found = populate(s, now_ms, false);
         if (found == 0 && s->pool_len == 0)
             break; /* nothing the policy may evict */
         uint64_t version = 0;
