@@ -174,7 +174,7 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
  * buckets in reverse-binary order (Redis's SCAN), so a key present for the
  * whole scan is returned at least once even if the shard's table grows or
  * shrinks between pages. The position is meaningful only with the same hash
- * seed (drey_store_seed_id). */
+ * seed (see drey_store_tag). */
 
 typedef struct drey_store_scan_pos {
     uint32_t shard;  /* DREY_STORE_SHARDS: done */
@@ -189,9 +189,14 @@ size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const
                        int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
                        void (*fn)(void *arg, const drey_store_item *item), void *arg);
 
-/* A fingerprint of the hash seed: scan positions are valid across nodes and
- * restarts with the same one. */
-uint64_t drey_store_seed_id(const drey_store *s);
+/* A keyed hash of data under the store's hash seed: a tag that only this
+ * seed produces (scan cursors carry one, so a cursor from another seed or
+ * an altered one is told apart from a valid position). */
+uint64_t drey_store_tag(const drey_store *s, const void *data, size_t len);
+/* The random hash seed, and replacing it (a durable node keeps its seed in
+ * its data directory): only while the store is empty. */
+void drey_store_get_seed(const drey_store *s, uint8_t out[16]);
+void drey_store_set_seed(drey_store *s, const uint8_t seed[16]);
 
 /* --- eviction ---------------------------------------------------------------- */
 

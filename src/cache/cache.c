@@ -441,14 +441,16 @@ static ProtobufCMessage *apply_clear(void *ctx, drey_apply *ax, const ProtobufCM
  *
  * A cursor is 28 bytes, base64url without padding:
  *   u8 format (1), u8[3] zero, u32 partition (0 until the cluster exists),
- *   u64 the store's hash-seed id, u32 scan id (hash of cache and prefix),
- *   u32 shard, u32 reverse-binary bucket cursor; little-endian.
+ *   u32 scan id (hash of cache and prefix), u32 shard, u32 reverse-binary
+ *   bucket cursor, u64 tag; little-endian.
  * A position only means something under the hash seed it was computed
- * with, so the seed's id is in the cursor and a cursor from another seed
- * (an ephemeral node that restarted) is refused rather than misread. The
- * partition field is where a cluster will say which partition the scan is
- * in: a cluster-wide scan walks partitions in order and each partition's
- * owner checks the rest against its own seed. */
+ * with, so the tag is a keyed hash of the first 20 bytes under the seed
+ * (drey_store_tag): a cursor from another seed (an ephemeral node that
+ * restarted; a durable node keeps its seed) or an altered one is refused
+ * rather than misread. The partition field is where a cluster will say
+ * which partition the scan is in: a cluster-wide scan walks partitions in
+ * order, the cursor naming the partition and the position within it, and
+ * the partition's owner checks the tag under its own seed. */
 
 #define CURSOR_FORMAT 1
 #define CURSOR_BYTES 28
@@ -556,21 +558,22 @@ static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMes
     const Drey__Cache__V1__ScanRequest *req = (const void *)msg;
     drey_store *s = store_of(ctx);
     drey_arena *a = ax->arena;
-    uint64_t seed = drey_store_seed_id(s);
     uint32_t id = scan_id(req->cache, req->prefix);
     drey_store_scan_pos pos = {0, 0};
     if (req->cursor[0] != '\0') {
         uint8_t c[CURSOR_BYTES];
         if (!cursor_decode(req->cursor, c, sizeof c) || c[0] != CURSOR_FORMAT || c[1] || c[2] || c[3])
             return invalid_cursor(ax, "not a cursor of this format");
+        uint64_t tag = (uint64_t)get32le(c + 20) | (uint64_t)get32le(c + 24) << 32;
+        if (tag != drey_store_tag(s, c, 20))
+            return invalid_cursor(ax, "not issued by this node under its hash seed (an ephemeral node restarted "
+                                      "since, or another node issued it) or altered");
         if (get32le(c + 4) != 0)
             return invalid_cursor(ax, "the cursor names a partition this node does not serve");
-        if (((uint64_t)get32le(c + 8) | (uint64_t)get32le(c + 12) << 32) != seed)
-            return invalid_cursor(ax, "issued under another hash seed (a restarted ephemeral node, or another node)");
-        if (get32le(c + 16) != id)
+        if (get32le(c + 8) != id)
             return invalid_cursor(ax, "issued for another cache or prefix");
-        pos.shard = get32le(c + 20);
-        pos.bucket = get32le(c + 24);
+        pos.shard = get32le(c + 12);
+        pos.bucket = get32le(c + 16);
         if (pos.shard >= DREY_STORE_SHARDS)
             return invalid_cursor(ax, "shard out of range");
     }
@@ -586,11 +589,12 @@ static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMes
     resp->next_cursor = "";
     if (pos.shard < DREY_STORE_SHARDS) {
         uint8_t c[CURSOR_BYTES] = {CURSOR_FORMAT};
-        put32le(c + 8, (uint32_t)seed);
-        put32le(c + 12, (uint32_t)(seed >> 32));
-        put32le(c + 16, id);
-        put32le(c + 20, pos.shard);
-        put32le(c + 24, pos.bucket);
+        put32le(c + 8, id);
+        put32le(c + 12, pos.shard);
+        put32le(c + 16, pos.bucket);
+        uint64_t tag = drey_store_tag(s, c, 20);
+        put32le(c + 20, (uint32_t)tag);
+        put32le(c + 24, (uint32_t)(tag >> 32));
         resp->next_cursor = cursor_encode(a, c, sizeof c);
     }
     return &resp->base;

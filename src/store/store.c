@@ -272,8 +272,23 @@ void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t 
     k->hash = drey_store__siphash2(s->seed, prefix, cache_len + 1, key, key_len);
 }
 
-uint64_t drey_store_seed_id(const drey_store *s) {
-    return drey_store__siphash2(s->seed, "drey scan", 9, "", 0);
+void drey_store_get_seed(const drey_store *s, uint8_t out[16]) {
+    memcpy(out, s->seed, sizeof s->seed);
+}
+
+void drey_store_set_seed(drey_store *s, const uint8_t seed[16]) {
+    if (drey_store_bytes(s) != 0) {
+        fprintf(stderr, "drey_store: the hash seed changes only while the store is empty\n");
+        abort(); /* every entry would be in the wrong bucket */
+    }
+    memcpy(s->seed, seed, sizeof s->seed);
+}
+
+uint64_t drey_store_tag(const drey_store *s, const void *data, size_t len) {
+    /* Domain-separated from key hashes, which start with a length byte
+     * of at most 255. */
+    static const uint8_t domain[] = {0xff, 't', 'a', 'g'};
+    return drey_store__siphash2(s->seed, domain, sizeof domain, data, len);
 }
 
 size_t drey_store_entry_bytes(size_t cache_len, size_t key_len, size_t value_len) {
