@@ -162,7 +162,7 @@ Test(json, readiness_details_are_written_whole_in_camel_case) {
                  "\"lastFsyncMicros\":850,\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":123456789000,\"ageSeconds\":3600,\"inFlight\":true},"
                  "\"compaction\":{\"state\":\"idle\",\"lastRun\":\"2024-05-01T12:00:00Z\"},"
-                 "\"recovery\":{\"state\":\"done\",\"replayedRecords\":1000000}}"));
+                 "\"recovery\":{\"state\":\"done\",\"replayedRecords\":1000000},\"eviction\":null}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "journalDisk"), &x.disk.base);
@@ -213,7 +213,7 @@ Test(json, default_values_are_written_not_omitted) {
                  "\"failed\":false,\"queuedRecords\":0,\"queuedBytes\":0,\"queuedRecordsPeak\":0,\"queueRejections\":0},"
                  "\"snapshot\":{\"lastLsn\":0,\"ageSeconds\":0,\"inFlight\":false},"
                  "\"compaction\":{\"state\":\"\",\"lastRun\":\"\"},"
-                 "\"recovery\":{\"state\":\"\",\"replayedRecords\":0}}"));
+                 "\"recovery\":{\"state\":\"\",\"replayedRecords\":0},\"eviction\":null}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "memory"), &x.mem.base);
@@ -229,7 +229,7 @@ Test(json, absent_sub_messages_are_null) {
     char *text = render(&d);
     cr_assert(eq(str, text,
                  "{\"ready\":false,\"journalDisk\":null,\"memory\":null,\"backpressure\":null,\"journal\":null,"
-                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null}"));
+                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null,\"eviction\":null}"));
     json_t *j = parse(text, 0);
     cr_assert(eq(sz, json_object_size(j), d.base.descriptor->n_fields));
     json_decref(j);
