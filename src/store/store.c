@@ -403,14 +403,16 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
     track_expiry(s, sh, e, e->expires_at_ms, 0);
     account(s, sh, e, -(int64_t)entry_bytes(e));
     cache_slot *c = drey_store__slot(s, e->cache_id);
-    if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) == 1 && c->retired) {
+    if (!c->retired) {
+        atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->orphans_freed, 1, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) == 1) {
         pthread_mutex_lock(&s->reg.mu);
         slot_release(s, e->cache_id);
         pthread_mutex_unlock(&s->reg.mu);
-    }
-    if (c->retired) {
-        atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->orphans_freed, 1, memory_order_relaxed);
     }
 }
 
