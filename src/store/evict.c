@@ -13,7 +13,9 @@
  *
  * LFU is Redis's Morris counter: 8 bits that grow with probability
  * 1/((c - 5) * 10 + 1) per access, new entries starting at 5 so they are not
- * the first evicted, and losing one per idle minute. Entries that have
+ * the first evicted, and losing one per idle minute; its time is kept in
+ * 16 ms units (Redis: minutes), so equally frequent entries go least
+ * recently used first. Entries that have
  * expired but were not yet freed are always the best victims; internal
  * caches ('#...': remembered outcomes of idempotent writes) never are.
  */
@@ -87,11 +89,25 @@ static bool is_lru(const drey_store *s) {
     return s->policy == DREY_EVICT_ALLKEYS_LRU || s->policy == DREY_EVICT_VOLATILE_LRU;
 }
 
-/* The counter after the idle minutes since the word's time. */
-static uint32_t lfu_decayed(uint32_t word, uint32_t now_min) {
-    uint32_t counter = word & 0xff, then = word >> 8;
-    uint32_t idle = (now_min - then) & 0xffffff;
-    uint32_t periods = idle / LFU_DECAY_MINUTES;
+/* LFU's time: 16 ms units in 24 bits (74 hours before it wraps; an entry
+ * idle that long has long decayed to 0 unless read meanwhile, and at worst
+ * looks less idle than it is). Finer than Redis's minutes so that among
+ * entries of equal frequency the least recently used goes first. */
+#define LFU_UNIT_MS 16
+#define LFU_UNITS_PER_DECAY (60000 * LFU_DECAY_MINUTES / LFU_UNIT_MS)
+
+static uint32_t lfu_now(void) {
+    return (uint32_t)(access_ms() / LFU_UNIT_MS) & 0xffffff;
+}
+
+static uint32_t lfu_idle(uint32_t word, uint32_t now) {
+    return (now - (word >> 8)) & 0xffffff;
+}
+
+/* The counter after the decay periods since the word's time. */
+static uint32_t lfu_decayed(uint32_t word, uint32_t now) {
+    uint32_t counter = word & 0xff;
+    uint32_t periods = lfu_idle(word, now) / LFU_UNITS_PER_DECAY;
     return periods > counter ? 0 : counter - periods;
 }
 
@@ -104,15 +120,11 @@ static uint32_t lfu_incr(uint32_t counter) {
     return r < 1.0 / (base * LFU_LOG_FACTOR + 1) ? counter + 1 : counter;
 }
 
-static uint32_t lfu_now_min(void) {
-    return (uint32_t)(access_ms() / 60000) & 0xffffff;
-}
-
 void drey_store__touch(drey_store *s, entry *e) {
     if (is_lru(s)) {
         __atomic_store_n(&e->access, (uint32_t)access_ms(), __ATOMIC_RELAXED);
     } else if (is_lfu(s)) {
-        uint32_t now = lfu_now_min();
+        uint32_t now = lfu_now();
         uint32_t c = lfu_incr(lfu_decayed(__atomic_load_n(&e->access, __ATOMIC_RELAXED), now));
         __atomic_store_n(&e->access, now << 8 | c, __ATOMIC_RELAXED);
     }
@@ -122,7 +134,7 @@ uint32_t drey_store__access_new(drey_store *s, uint32_t old, bool replacing) {
     if (is_lru(s))
         return (uint32_t)access_ms();
     if (is_lfu(s)) {
-        uint32_t now = lfu_now_min();
+        uint32_t now = lfu_now();
         return now << 8 | (replacing ? lfu_incr(lfu_decayed(old, now)) : LFU_INIT);
     }
     return 0;
@@ -130,7 +142,7 @@ uint32_t drey_store__access_new(drey_store *s, uint32_t old, bool replacing) {
 
 /* How evictable e is (higher first), or false if the policy never evicts
  * it. */
-static bool score_of(drey_store *s, const entry *e, int64_t now_ms, uint64_t mono_now, uint32_t now_min,
+static bool score_of(drey_store *s, const entry *e, int64_t now_ms, uint64_t mono_now, uint32_t now_lfu,
                      uint64_t *score) {
     if (e->cache_len > 0 && e->data[0] == '#')
         return false; /* internal caches */
@@ -147,7 +159,9 @@ static bool score_of(drey_store *s, const entry *e, int64_t now_ms, uint64_t mon
     switch (s->policy) {
     case DREY_EVICT_ALLKEYS_LRU:
     case DREY_EVICT_VOLATILE_LRU: *score = (uint32_t)((uint32_t)mono_now - a); return true;
-    case DREY_EVICT_ALLKEYS_LFU: *score = 255 - lfu_decayed(a, now_min); return true;
+    case DREY_EVICT_ALLKEYS_LFU:
+        *score = (uint64_t)(255 - lfu_decayed(a, now_lfu)) << 32 | lfu_idle(a, now_lfu);
+        return true;
     case DREY_EVICT_VOLATILE_TTL: *score = UINT64_MAX - 1 - (uint64_t)e->expires_at_ms; return true;
     case DREY_EVICT_NONE: break;
     }
@@ -198,7 +212,7 @@ static size_t shard_evictable(const drey_store *s, const shard *sh) {
  * one (after a sample found nothing, so a rare eligible entry is found). */
 static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
     uint64_t mono = access_ms();
-    uint32_t now_min = lfu_now_min();
+    uint32_t now_lfu = lfu_now();
     size_t start = (size_t)rnd(), eligible = 0;
     for (size_t i = 0; i < DREY_STORE_SHARDS && eligible < SAMPLES; i++) {
         shard *sh = &s->shards[(start + i) % DREY_STORE_SHARDS];
@@ -211,7 +225,7 @@ static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
         for (size_t p = 0; p < probes && eligible < SAMPLES; p++, b = (b + 1) & sh->mask) {
             for (const entry *e = sh->buckets[b]; e != NULL && eligible < SAMPLES; e = e->next) {
                 uint64_t score;
-                if (score_of(s, e, now_ms, mono, now_min, &score)) {
+                if (score_of(s, e, now_ms, mono, now_lfu, &score)) {
                     pool_insert(s, e, score);
                     eligible++;
                 }
@@ -231,7 +245,7 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, co
                                                                    size_t bytes),
                          void *arg, const uint64_t *taken, size_t n_taken, uint64_t *version) {
     uint64_t mono = access_ms();
-    uint32_t now_min = lfu_now_min();
+    uint32_t now_lfu = lfu_now();
     for (size_t rescored = 0; s->pool_len > 0;) {
         pool_entry pe = s->pool[--s->pool_len];
         bool dup = false;
@@ -247,7 +261,7 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, co
             while (e != NULL && !drey_store__matches(e, &k))
                 e = e->next;
             uint64_t now_score;
-            if (e != NULL && e->version == pe.version && score_of(s, e, now_ms, mono, now_min, &now_score)) {
+            if (e != NULL && e->version == pe.version && score_of(s, e, now_ms, mono, now_lfu, &now_score)) {
                 if (rescored < 2 * EVICT_POOL && s->pool_len > 0 && now_score < s->pool[s->pool_len - 1].score) {
                     rescored++;
                     pool_insert(s, e, now_score);

@@ -23,8 +23,8 @@ typedef struct entry {
     uint32_t hash;         /* low 32 bits of the key hash */
     uint32_t value_len;
     /* Recency or frequency for eviction (see evict.c): LRU the low 32 bits
-     * of the last access's monotonic milliseconds; LFU (minutes << 8) | log
-     * counter.
+     * of the last access's monotonic milliseconds; LFU (16 ms units << 8) |
+     * log counter.
      * Read and written with relaxed atomics: readers update it under the
      * shard's read lock. Untouched when no policy is in force. */
     uint32_t access;

@@ -12,7 +12,9 @@ Hit ratio. One client, one call at a time, the same seeded key sequence for
 every system: each operation picks a key from a zipf(0.99) distribution over
 --keys keys; 90% are reads done cache-aside (GET; on a miss, SET the value, as
 an application filling its cache from a database would), 10% are writes (SET).
-The hit ratio is hits / reads after a warmup of one pass's worth of operations.
+The hit ratio is hits / reads after a warmup of --keys operations. Two
+workloads: stationary (the same popularity throughout) and shifting (halfway
+through the measured operations another random set of keys becomes popular).
 Memory for data holds about 10% of the keys: drey's critical level (95% of
 --memory-limit) is 10% of the keys times drey's accounted entry size (header,
 bucket pointer, key, value); Redis's maxmemory is its used_memory when empty
@@ -158,7 +160,7 @@ class Redis:
         shutil.rmtree(self.dir, True)
 
 
-def zipf_sequence(n_keys, n_ops, s, seed):
+def zipf_sequence(n_keys, n_ops, s, seed, shift_at=None):
     rnd = random.Random(seed)
     weights = [1.0 / (r ** s) for r in range(1, n_keys + 1)]
     total = sum(weights)
@@ -168,10 +170,13 @@ def zipf_sequence(n_keys, n_ops, s, seed):
         cdf.append(acc)
     perm = list(range(n_keys))
     rnd.shuffle(perm)  # rank -> key: popular keys are spread over the key space
+    shifted = list(range(n_keys))
+    rnd.shuffle(shifted)  # the second half's popularity: a new hot set
     ops = []
-    for _ in range(n_ops):
+    for i in range(n_ops):
         rank = min(bisect.bisect_left(cdf, rnd.random()), n_keys - 1)
-        ops.append((KEY_FMT % perm[rank], rnd.random() < 0.9))
+        p = shifted if shift_at is not None and i >= shift_at else perm
+        ops.append((KEY_FMT % p[rank], rnd.random() < 0.9))
     return ops
 
 
@@ -286,6 +291,7 @@ def main():
     ap.add_argument("--cpu-writes", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--out", default="")
+    ap.add_argument("--workloads", default="stationary,shifting")
     a = ap.parse_args()
     binary = os.environ.get("DREY_BIN", os.path.join(TOP, "bazel-bin", "dreyd"))
     bench = os.environ.get("DREY_BENCH_BIN", os.path.join(TOP, "bazel-bin", "drey-bench"))
@@ -295,7 +301,6 @@ def main():
 
     budget = a.keys // 10 * (DREY_OVERHEAD + len(KEY_FMT % 0) + VALUE)
     warmup = a.keys
-    ops = zipf_sequence(a.keys, a.ops + warmup, 0.99, a.seed)
     results = {"keys": a.keys, "ops": a.ops, "warmup": warmup, "value_bytes": VALUE, "data_bytes": budget,
                "hit_ratio": [], "cpu": []}
     # Redis twice: with drey's data bytes, and with what Redis itself needs
@@ -303,14 +308,25 @@ def main():
     # the policies are compared on equal numbers of keys too.
     per_key = redis_per_key(a.keys // 10)
     results["redis_bytes_per_key"] = per_key
-    for policy in ("allkeys-lru", "allkeys-lfu"):
-        results["hit_ratio"].append(redis_hit_ratio(policy, budget, ops, warmup, "same bytes"))
-        print(json.dumps(results["hit_ratio"][-1]), flush=True)
-        results["hit_ratio"].append(redis_hit_ratio(policy, per_key * (a.keys // 10), ops, warmup, "same keys"))
-        print(json.dumps(results["hit_ratio"][-1]), flush=True)
-    for policy in ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl", "none"):
-        results["hit_ratio"].append(drey_hit_ratio(pb, binary, policy, budget, ops, warmup))
-        print(json.dumps(results["hit_ratio"][-1]), flush=True)
+    workloads = {
+        # the same popularity throughout
+        "stationary": zipf_sequence(a.keys, a.ops + warmup, 0.99, a.seed),
+        # halfway through, another set of keys becomes the popular one
+        "shifting": zipf_sequence(a.keys, a.ops + warmup, 0.99, a.seed, shift_at=warmup + a.ops // 2),
+    }
+    for name in a.workloads.split(","):
+        ops = workloads[name]
+        for policy in ("allkeys-lru", "allkeys-lfu"):
+            for label, b in (("same bytes", budget), ("same keys", per_key * (a.keys // 10))):
+                r = redis_hit_ratio(policy, b, ops, warmup, label)
+                r["workload"] = name
+                results["hit_ratio"].append(r)
+                print(json.dumps(r), flush=True)
+        for policy in ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl", "none"):
+            r = drey_hit_ratio(pb, binary, policy, budget, ops, warmup)
+            r["workload"] = name
+            results["hit_ratio"].append(r)
+            print(json.dumps(r), flush=True)
     for policy in ("none", "allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl"):
         results["cpu"].append(cpu_per_write(binary, bench, policy, a.cpu_writes))
         print(json.dumps(results["cpu"][-1]), flush=True)
