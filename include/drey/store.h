@@ -137,9 +137,9 @@ bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t exp
 bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k);
 
 /* One active-expiry step (Redis's active expire cycle): walks up to
- * `max_buckets` buckets from a rotating cursor, freeing expired entries.
- * Returns how many entries it examined; *expired is incremented by how
- * many it freed. A shard without an entry that has an expiry is passed
+ * `max_buckets` buckets from a rotating cursor, freeing expired entries
+ * and entries of cleared caches. Returns how many entries it examined;
+ * *expired is incremented by how many it freed (both kinds). A shard without an entry that has an expiry is passed
  * over without being locked. */
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired);
 

@@ -323,9 +323,13 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     gauge(out, "drey_store_clearing_entries", "Entries of cleared caches not yet freed by the sweep.",
           (double)ss.clearing);
 
-    static const char *const policies[] = {"none", "allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl"};
-    state_gauge(out, "drey_eviction_policy", "The --eviction policy in force (1 for it).", d->eviction->policy,
-                policies, 5);
+    drey_metrics_header(out, "drey_eviction_policy", "gauge", "The --eviction policy in force (1 for it).");
+    for (int p = DREY_EVICT_NONE; p <= DREY_EVICT_VOLATILE_TTL; p++) {
+        char labels[64];
+        const char *name = drey_evict_policy_name((drey_evict_policy)p);
+        snprintf(labels, sizeof labels, "policy=\"%s\"", name);
+        drey_metrics_sample(out, "drey_eviction_policy", labels, strcmp(name, d->eviction->policy) == 0);
+    }
     evictions_by_cache(out, a->opts.store);
 
     if (a->opts.backpressure != NULL) {

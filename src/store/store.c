@@ -669,7 +669,7 @@ size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t versi
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired) {
     size_t idx = atomic_fetch_add_explicit(&s->sweep_shard, 1, memory_order_relaxed) % DREY_STORE_SHARDS;
     shard *sh = &s->shards[idx];
-    size_t examined = 0, freed = 0;
+    size_t examined = 0, freed = 0, cleared = 0;
     if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0 &&
         atomic_load_explicit(&s->orphans, memory_order_relaxed) == 0)
         return 0; /* nothing can expire: no write lock to stall readers */
@@ -690,15 +690,17 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
             bool orphan = retired(s, *slot);
             size_t before = sh->mask;
             unlink_free(s, sh, slot);
-            if (!orphan)
-                freed++;
+            freed++;
+            cleared += orphan;
             if (sh->mask != before)
                 goto out; /* the table shrank under the cursor: resume next step */
         }
     }
 out:
     pthread_rwlock_unlock(&sh->lock);
-    atomic_fetch_add_explicit(&s->expired_swept, freed, memory_order_relaxed);
+    /* Cleared entries count as freed (the expiry cycle goes on while there
+     * are many), not as expired. */
+    atomic_fetch_add_explicit(&s->expired_swept, freed - cleared, memory_order_relaxed);
     *expired += freed;
     return examined;
 }

@@ -104,7 +104,8 @@ class AllKeysTest(EvictionCase):
         _, _, body = http_get("127.0.0.1", self.ops, "/metrics")
         text = body.decode()
         self.assertIn('drey_evictions_total{policy="allkeys-lru",cache="c1"} %d' % st.evictions, text)
-        self.assertIn('drey_eviction_policy{state="allkeys-lru"} 1', text)
+        self.assertIn('drey_eviction_policy{policy="allkeys-lru"} 1', text)
+        self.assertIn('drey_eviction_policy{policy="none"} 0', text)
         self.assertIn('drey_evicted_bytes_total{policy="allkeys-lru",cache="c1"}', text)
 
     def test_lfu_keeps_what_is_read_often(self):
