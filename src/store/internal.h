@@ -64,7 +64,6 @@ typedef struct cache_slot {
     _Atomic uint64_t evictions;
     _Atomic uint64_t evicted_bytes;
     bool retired;
-    bool in_use;          /* named in the registry's map, or retired with entries */
     uint8_t name_len;
     char name[256];
     uint32_t next_free;   /* free list (registry lock) */
@@ -107,7 +106,6 @@ struct drey_store {
     _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
     _Atomic uint64_t expired_swept;
     _Atomic int64_t orphans;    /* entries of retired slots not yet freed */
-    _Atomic uint64_t orphans_freed;
     _Atomic uint64_t evictions, evicted_bytes;
     drey_evict_policy policy;   /* set before use, read-only afterwards */
     registry reg;

@@ -124,14 +124,12 @@ static uint32_t slot_alloc(drey_store *s) {
     atomic_store(&c->evictions, 0);
     atomic_store(&c->evicted_bytes, 0);
     c->retired = false;
-    c->in_use = true;
     c->next_free = 0;
     return id;
 }
 
 static void slot_release(drey_store *s, uint32_t id) {
     cache_slot *c = drey_store__slot(s, id);
-    c->in_use = false;
     c->retired = false;
     c->next_free = s->reg.free_head;
     s->reg.free_head = id + 1;
@@ -408,7 +406,6 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
         return;
     }
     atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->orphans_freed, 1, memory_order_relaxed);
     if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) == 1) {
         pthread_mutex_lock(&s->reg.mu);
         slot_release(s, e->cache_id);
