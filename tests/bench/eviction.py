@@ -6,7 +6,10 @@ memory for data, and the CPU each policy adds per write.
     tests/bench/eviction.py [--ops=N] [--keys=N] [--out=FILE]
 
 (builds nothing: run `bazel build //:dreyd //:drey-bench` first; DREY_BIN and
-DREY_BENCH_BIN override where they are). Prints numbers, asserts nothing.
+DREY_BENCH_BIN override where they are; copy the binaries elsewhere if another
+build, e.g. --config=asan, may move bazel-bin meanwhile). Needs redis-server
+(Debian's redis-server; tests/bench/run.sh installs it). Prints numbers,
+asserts nothing; results of a run: tests/bench/results/2026-12-01/eviction.md.
 
 Hit ratio. One client, one call at a time, the same seeded key sequence for
 every system: each operation picks a key from a zipf(0.99) distribution over
