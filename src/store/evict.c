@@ -9,15 +9,17 @@
  * pool that stays sorted by how evictable they are. The pool outlives each
  * choice, so good candidates seen earlier are still there: with 5 samples
  * and 16 pool slots this comes close to true LRU (Redis's measurements, and
- * ours in tests/bench/results).
+ * ours in tests/bench/results). Unlike Redis, a candidate is scored again
+ * when it leaves the pool: one read since it was sampled goes back in with
+ * its new score instead of being evicted on the stale one.
  *
  * LFU is Redis's Morris counter: 8 bits that grow with probability
  * 1/((c - 5) * 10 + 1) per access, new entries starting at 5 so they are not
  * the first evicted, and losing one per idle minute; its time is kept in
  * 16 ms units (Redis: minutes), so equally frequent entries go least
- * recently used first. Entries that have
- * expired but were not yet freed are always the best victims; internal
- * caches ('#...': remembered outcomes of idempotent writes) never are.
+ * recently used first. Entries that have expired but were not yet freed are
+ * always the best victims; internal caches ('#...': remembered outcomes of
+ * idempotent writes) never are.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@
 #define LFU_INIT 5
 #define LFU_LOG_FACTOR 10
 #define LFU_DECAY_MINUTES 1
-#define EMPTY_ROUNDS 16     /* rounds in a row finding nothing: nothing is evictable */
+#define EMPTY_ROUNDS 16     /* rounds in a row whose candidates were all gone or taken */
 
 const char *drey_evict_policy_name(drey_evict_policy p) {
     switch (p) {
