@@ -44,6 +44,10 @@ typedef struct drey_write {
     size_t request_len;
     const char *principal;        /* idempotency scope; "" for anonymous */
     const char *request_id;       /* the request's request_id field; "" for none */
+    /* Evicted once the write has applied successfully (memory admission
+     * chose them; the journal record carries them). */
+    const drey_store_victim *evicted;
+    size_t n_evicted;
 } drey_write;
 
 /* Fills w, taking request_id from the request's field of that name. */
@@ -63,7 +67,8 @@ drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_a
 
 /* Applies w at ax->now_ms (or answers it from its remembered outcome) and
  * remembers the outcome when it has a request_id. NULL with ax->status set
- * when the write failed. */
+ * when the write failed. A write applied now (not answered from an outcome)
+ * that succeeded then evicts w->evicted: live and on replay alike. */
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax);
 
 /* What remembering w's outcome will add to the store (0 without a

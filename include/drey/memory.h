@@ -11,6 +11,12 @@
  * Touch and Persist never are. jemalloc's own figure (stats.allocated) is read
  * alongside, so operators can see how the accounting compares with what the
  * allocator really holds.
+ *
+ * With an eviction policy (drey_store_set_policy), a write that would pass
+ * critical is admitted if the store can name entries to evict whose bytes
+ * make room for it: admission only chooses them; they are removed when the
+ * write applies, after its journal record (which carries them) is durable.
+ * A write refused here, or later before the journal, has evicted nothing.
  */
 #ifndef DREY_MEMORY_H
 #define DREY_MEMORY_H
@@ -18,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "drey/arena.h"
 #include "drey/level.h"
 #include "drey/status.h"
 #include "drey/store.h"
@@ -41,11 +48,22 @@ int64_t drey_memory_default_limit(void);
  * QuotaFailure and RetryInfo. */
 bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
 
+/* The most entries one write may evict (its journal record names them). */
+#define DREY_MEMORY_MAX_EVICTIONS 4096
+
+/* drey_memory_admit, evicting under the store's policy: when the write
+ * needs room, *evicted (arena memory) names entries whose bytes make it;
+ * when they cannot (nothing evictable is left), the write is refused with
+ * MEMORY_PRESSURE and nothing is chosen. */
+bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,
+                                const drey_store_victim **evicted, size_t *n_evicted, drey_status *st);
+
 typedef struct drey_memory_stats {
     drey_level state; /* HIGH: used >= high; CRITICAL: used >= critical */
     int64_t limit_bytes, used_bytes, high_bytes, critical_bytes;
     int64_t jemalloc_allocated_bytes; /* -1 when jemalloc is not the allocator */
     uint64_t rejections;
+    uint64_t evicting_admissions; /* writes admitted by choosing victims */
 } drey_memory_stats;
 
 /* Reads jemalloc's figure afresh (a mallctl call: not for every request). */

@@ -73,6 +73,8 @@ typedef enum drey_error {
     DREY_ERR_FORWARDING_NOT_ALLOWED,
     DREY_ERR_PEER_UNAUTHENTICATED,
     DREY_ERR_INTERNAL,
+    /* New errors go last: remembered outcomes store the number. */
+    DREY_ERR_INVALID_CURSOR,
     DREY_ERR_COUNT_
 } drey_error;
 

@@ -13,6 +13,16 @@
  * Writes go through a transaction that write-locks the shards of all its keys
  * in ascending order, so a batch is applied atomically and two batches never
  * deadlock.
+ *
+ * Caches: every entry counts in its cache's figures (entries, bytes,
+ * evictions), kept as entries come and go, so the figures cost nothing to
+ * read. Clearing a cache is O(shards): its entries become invisible at once
+ * and are freed by the expiry sweep in bounded steps, their bytes counted
+ * until they are.
+ *
+ * Eviction: with a policy in force, entries record their last access or an
+ * approximate access frequency, and drey_store_evict_choose() picks victims
+ * the way Redis does (sampled candidates feeding a small pool of the best).
  */
 #ifndef DREY_STORE_H
 #define DREY_STORE_H
@@ -60,12 +70,31 @@ typedef struct drey_entry_view {
 
 typedef struct drey_store drey_store;
 
+/* An entry as scans, eviction and snapshots see it (defined below). */
+typedef struct drey_store_item drey_store_item;
+
+/* What --eviction chooses; the store never evicts by itself. */
+typedef enum drey_evict_policy {
+    DREY_EVICT_NONE = 0,
+    DREY_EVICT_ALLKEYS_LRU,
+    DREY_EVICT_ALLKEYS_LFU,
+    DREY_EVICT_VOLATILE_LRU, /* only entries with an expiry */
+    DREY_EVICT_VOLATILE_TTL, /* only entries with an expiry, soonest first */
+} drey_evict_policy;
+
+/* "none", "allkeys-lru", ...; parse returns false for anything else. */
+const char *drey_evict_policy_name(drey_evict_policy p);
+bool drey_evict_policy_parse(const char *s, drey_evict_policy *out);
+
 typedef struct drey_store_stats {
     uint64_t entries;       /* including expired entries not yet swept */
     uint64_t bytes;         /* accounted bytes, see drey_store_entry_bytes() */
     uint64_t buckets;       /* hash slots across shards */
     uint64_t expired_swept; /* entries freed by the expiry sweep, ever */
     uint64_t expiring;      /* entries with an expiry (expired or not) */
+    uint64_t clearing;      /* entries of cleared caches not yet freed */
+    uint64_t evictions;     /* entries evicted, ever */
+    uint64_t evicted_bytes;
 } drey_store_stats;
 
 drey_store *drey_store_create(void);
@@ -108,13 +137,95 @@ bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t exp
 bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k);
 
 /* One active-expiry step (Redis's active expire cycle): walks up to
- * `max_buckets` buckets from a rotating cursor, freeing expired entries.
- * Returns how many entries it examined; *expired is incremented by how
- * many it freed. A shard without an entry that has an expiry is passed
+ * `max_buckets` buckets from a rotating cursor, freeing expired entries
+ * and entries of cleared caches. Returns how many entries it examined;
+ * *expired is incremented by how many it freed (both kinds). A shard without an entry that has an expiry is passed
  * over without being locked. */
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired);
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out);
+
+/* --- caches ---------------------------------------------------------------- */
+
+typedef struct drey_cache_stats {
+    const char *cache; /* "" is the default cache; valid during the callback */
+    size_t cache_len;
+    uint64_t entries;  /* including expired entries not yet swept */
+    uint64_t bytes;
+    uint64_t expiring;
+    uint64_t evictions, evicted_bytes;
+} drey_cache_stats;
+
+/* One cache's figures; zero for a cache that holds nothing. */
+void drey_store_cache_stats(drey_store *s, const char *cache, size_t cache_len, drey_cache_stats *out);
+/* Calls fn for every cache holding entries (internal caches, whose names
+ * start with '#', included: callers filter). Holds the registry lock:
+ * fn must not call into the store. */
+void drey_store_list_caches(drey_store *s, void (*fn)(void *arg, const drey_cache_stats *c), void *arg);
+
+/* Removes every entry of the cache at once (readers see all of it or none),
+ * returning how many entries it held. Their memory is freed by
+ * drey_store_sweep(); until then drey_store_bytes() still counts it. */
+uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_len);
+
+/* --- scans -------------------------------------------------------------------
+ *
+ * A scan walks one cache's entries shard by shard; within a shard it visits
+ * buckets in reverse-binary order (Redis's SCAN), so a key present for the
+ * whole scan is returned at least once even if the shard's table grows or
+ * shrinks between pages. The position is meaningful only with the same hash
+ * seed (see drey_store_tag). */
+
+typedef struct drey_store_scan_pos {
+    uint32_t shard;  /* DREY_STORE_SHARDS: done */
+    uint32_t bucket; /* reverse-binary cursor within the shard */
+} drey_store_scan_pos;
+
+/* Continues the scan at *pos, calling fn with the shard locked for each live
+ * entry of the cache whose key starts with prefix; stops after `limit`
+ * entries (more only when more share one bucket) or `max_buckets` buckets.
+ * Returns the entries delivered; pos->shard == DREY_STORE_SHARDS when done. */
+size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
+                       int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
+                       void (*fn)(void *arg, const drey_store_item *item), void *arg);
+
+/* A keyed hash of data under the store's hash seed: a tag that only this
+ * seed produces (scan cursors carry one, so a cursor from another seed or
+ * an altered one is told apart from a valid position). */
+uint64_t drey_store_tag(const drey_store *s, const void *data, size_t len);
+/* The random hash seed, and replacing it (a durable node keeps its seed in
+ * its data directory): only while the store is empty. */
+void drey_store_get_seed(const drey_store *s, uint8_t out[16]);
+void drey_store_set_seed(drey_store *s, const uint8_t seed[16]);
+
+/* --- eviction ---------------------------------------------------------------- */
+
+/* Sets the policy before the store is used (reads then track accesses). */
+void drey_store_set_policy(drey_store *s, drey_evict_policy p);
+drey_evict_policy drey_store_policy(const drey_store *s);
+
+/* Chooses entries to evict until their bytes reach need_bytes or max_victims
+ * were chosen, calling fn for each (item valid during the call). Returns the
+ * bytes chosen; less than need_bytes when nothing more is evictable under
+ * the policy. Nothing is removed: the caller journals the choice and removes
+ * the victims with drey_store_txn_evict(). Internal caches ('#...') are
+ * never chosen. */
+int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_bytes, size_t max_victims,
+                                void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg);
+
+/* An entry chosen for eviction, as a write's journal record names it. */
+typedef struct drey_store_victim {
+    const char *cache; /* normalized: "" is the default cache */
+    size_t cache_len;
+    const char *key;
+    size_t key_len;
+    uint64_t version;  /* removed only if the entry still has it */
+} drey_store_victim;
+
+/* Removes the key's entry if it still has `version` (a victim chosen
+ * earlier), counting it as evicted; returns its accounted bytes, 0 if it
+ * was not removed. */
+size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t version);
 
 /* Accounted bytes of all entries, kept as a running total: O(1). */
 int64_t drey_store_bytes(const drey_store *s);

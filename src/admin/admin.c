@@ -166,6 +166,20 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     }
     if (atomic_load(&a->draining))
         d->ready = false;
+    RD_(Eviction) *ev = NEW(arena, RD_(Eviction), drey__admin__v1__readiness_details__eviction__init);
+    {
+        drey_store_stats ss;
+        drey_store_get_stats(a->opts.store, &ss);
+        ev->policy = (char *)drey_evict_policy_name(drey_store_policy(a->opts.store));
+        ev->evicted_entries = ss.evictions;
+        ev->evicted_bytes = ss.evicted_bytes;
+        if (a->opts.memory != NULL) {
+            drey_memory_stats ms;
+            drey_memory_get_stats(a->opts.memory, &ms);
+            ev->refused_writes = ms.rejections;
+        }
+    }
+    d->eviction = ev;
     d->journal_disk = jd;
     d->journal = j;
     d->snapshot = sn;
@@ -249,6 +263,43 @@ static void state_gauge(FILE *out, const char *name, const char *help, const cha
         drey_metrics_labels(labels, sizeof labels, "state", states[i], NULL);
         drey_metrics_sample(out, name, labels, strcmp(states[i], current) == 0 ? 1 : 0);
     }
+}
+
+typedef struct eviction_lines {
+    FILE *out;
+    const char *policy;
+    bool bytes; /* the bytes family, else the entries one */
+    size_t n;
+} eviction_lines;
+
+/* Caches are user-named: only those that had evictions, and at most this
+ * many, so the exposition stays bounded. */
+#define EVICTION_CACHES_MAX 256
+
+static void eviction_line(void *arg, const drey_cache_stats *c) {
+    eviction_lines *l = arg;
+    if (c->evictions == 0 || (c->cache_len > 0 && c->cache[0] == '#') || l->n >= EVICTION_CACHES_MAX)
+        return;
+    l->n++;
+    char labels[320];
+    snprintf(labels, sizeof labels, "policy=\"%s\",cache=\"%.*s\"", l->policy,
+             c->cache_len == 0 ? 7 : (int)c->cache_len, c->cache_len == 0 ? "default" : c->cache);
+    if (l->bytes)
+        drey_metrics_sample(l->out, "drey_evicted_bytes_total", labels, (double)c->evicted_bytes);
+    else
+        drey_metrics_sample(l->out, "drey_evictions_total", labels, (double)c->evictions);
+}
+
+static void evictions_by_cache(FILE *out, drey_store *store) {
+    eviction_lines l = {.out = out, .policy = drey_evict_policy_name(drey_store_policy(store))};
+    drey_metrics_header(out, "drey_evictions_total", "counter",
+                        "Entries evicted under memory pressure, by policy and cache (since start; a cleared "
+                        "cache starts over).");
+    drey_store_list_caches(store, eviction_line, &l);
+    l.bytes = true;
+    l.n = 0;
+    drey_metrics_header(out, "drey_evicted_bytes_total", "counter", "Accounted bytes evicted, by policy and cache.");
+    drey_store_list_caches(store, eviction_line, &l);
 }
 
 void drey_admin_collect_metrics(void *ctx, FILE *out) {
@@ -335,6 +386,17 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     drey_metrics_header(out, "drey_store_expired_swept_total", "counter",
                         "Expired entries freed by the active expiry cycle.");
     drey_metrics_sample(out, "drey_store_expired_swept_total", NULL, (double)ss.expired_swept);
+    gauge(out, "drey_store_clearing_entries", "Entries of cleared caches not yet freed by the sweep.",
+          (double)ss.clearing);
+
+    drey_metrics_header(out, "drey_eviction_policy", "gauge", "The --eviction policy in force (1 for it).");
+    for (int p = DREY_EVICT_NONE; p <= DREY_EVICT_VOLATILE_TTL; p++) {
+        char labels[64];
+        const char *name = drey_evict_policy_name((drey_evict_policy)p);
+        snprintf(labels, sizeof labels, "policy=\"%s\"", name);
+        drey_metrics_sample(out, "drey_eviction_policy", labels, strcmp(name, d->eviction->policy) == 0);
+    }
+    evictions_by_cache(out, a->opts.store);
 
     if (a->opts.backpressure != NULL) {
         drey_bp_principal_stats top[TOP_PRINCIPALS];

@@ -399,6 +399,269 @@ static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const Protob
     return &resp->base;
 }
 
+static ProtobufCMessage *apply_remove_many(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__RemoveManyRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_arena *a = ax->arena;
+    size_t n = req->n_keys;
+    drey_key *keys = drey_arena_alloc(a, (n ? n : 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++)
+        make_key(s, &keys[i], req->cache, req->keys[i]);
+    Drey__Cache__V1__RemoveManyResponse *resp = drey_arena_alloc(a, sizeof *resp);
+    drey__cache__v1__remove_many_response__init(resp);
+    resp->n_results = n;
+    resp->results = drey_arena_alloc(a, (n ? n : 1) * sizeof *resp->results);
+    /* One transaction: a reader sees all of the batch's removals or none. */
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, keys, n);
+    for (size_t i = 0; i < n; i++) {
+        Drey__Cache__V1__RemoveManyResponse__Result *r = drey_arena_alloc(a, sizeof *r);
+        drey__cache__v1__remove_many_response__result__init(r);
+        r->key = req->keys[i];
+        drey_entry_view e;
+        if (drey_store_txn_get(&t, &keys[i], ax->now_ms, &e)) {
+            r->removed = true;
+            r->version = e.version;
+            drey_store_txn_remove(&t, &keys[i]);
+        }
+        resp->results[i] = r;
+    }
+    drey_store_txn_end(&t);
+    return &resp->base;
+}
+
+static ProtobufCMessage *apply_clear(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__ClearRequest *req = (const void *)msg;
+    drey_store_clear_cache(store_of(ctx), req->cache, strlen(req->cache));
+    Drey__Cache__V1__ClearResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__clear_response__init(resp);
+    return &resp->base;
+}
+
+/* --- scans ----------------------------------------------------------------
+ *
+ * A cursor is 28 bytes, base64url without padding:
+ *   u8 format (1), u8[3] zero, u32 partition (0 until the cluster exists),
+ *   u32 scan id (hash of cache and prefix), u32 shard, u32 reverse-binary
+ *   bucket cursor, u64 tag; little-endian.
+ * A position only means something under the hash seed it was computed
+ * with, so the tag is a keyed hash of the first 20 bytes under the seed
+ * (drey_store_tag): a cursor from another seed (an ephemeral node that
+ * restarted; a durable node keeps its seed) or an altered one is refused
+ * rather than misread. The partition field is where a cluster will say
+ * which partition the scan is in: a cluster-wide scan walks partitions in
+ * order, the cursor naming the partition and the position within it, and
+ * the partition's owner checks the tag under its own seed. */
+
+#define CURSOR_FORMAT 1
+#define CURSOR_BYTES 28
+#define SCAN_DEFAULT_LIMIT 100
+#define SCAN_MAX_LIMIT 1000
+/* Buckets one page visits at most, so a page of a small cache in a big
+ * store costs a bounded time (the page may then be empty). */
+#define SCAN_MAX_BUCKETS 16384
+
+static const char b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+static char *cursor_encode(drey_arena *a, const uint8_t *in, size_t n) {
+    char *out = drey_arena_alloc(a, (n * 4 + 2) / 3 + 1), *p = out;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
+        *p++ = b64url[v >> 18 & 63];
+        *p++ = b64url[v >> 12 & 63];
+        if (i + 1 < n)
+            *p++ = b64url[v >> 6 & 63];
+        if (i + 2 < n)
+            *p++ = b64url[v & 63];
+    }
+    *p = '\0';
+    return out;
+}
+
+/* Decodes exactly n bytes; false for anything else. */
+static bool cursor_decode(const char *s, uint8_t *out, size_t n) {
+    size_t len = strlen(s);
+    if (len != (n * 4 + 2) / 3)
+        return false;
+    uint32_t acc = 0;
+    size_t bits = 0, o = 0;
+    for (size_t i = 0; i < len; i++) {
+        const char *c = memchr(b64url, s[i], 64);
+        if (s[i] == '\0' || c == NULL)
+            return false;
+        acc = acc << 6 | (uint32_t)(c - b64url);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (o < n)
+                out[o++] = (uint8_t)(acc >> bits);
+        }
+    }
+    return o == n;
+}
+
+static void put32le(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t scan_id(const char *cache, const char *prefix) {
+    if (strcmp(cache, "default") == 0)
+        cache = "";
+    uint32_t h = 2166136261u; /* FNV-1a over cache NUL prefix */
+    for (const char *p = cache; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    h = (h ^ 0) * 16777619u;
+    for (const char *p = prefix; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    return h;
+}
+
+static void *invalid_cursor(drey_apply *ax, const char *why) {
+    drey_status_set(ax->status, DREY_ERR_INVALID_CURSOR);
+    drey_status_add_metadata(ax->status, "why", "%s", why);
+    drey_status_add_violation(ax->status, DREY_ERR_INVALID_CURSOR, "cursor");
+    return NULL;
+}
+
+typedef struct scan_out {
+    drey_arena *arena;
+    bool values;
+    Drey__Cache__V1__ScanResponse__Item **items;
+    size_t n, cap;
+} scan_out;
+
+static void scan_item(void *arg, const drey_store_item *it) {
+    scan_out *o = arg;
+    if (o->n == o->cap) { /* a bucket can hold more than the limit */
+        size_t cap = o->cap * 2;
+        Drey__Cache__V1__ScanResponse__Item **items = drey_arena_alloc(o->arena, cap * sizeof *items);
+        memcpy(items, o->items, o->n * sizeof *items);
+        o->items = items;
+        o->cap = cap;
+    }
+    Drey__Cache__V1__ScanResponse__Item *item = drey_arena_alloc(o->arena, sizeof *item);
+    drey__cache__v1__scan_response__item__init(item);
+    item->key = drey_arena_strndup(o->arena, it->key, it->key_len);
+    item->version = it->entry.version;
+    if (o->values) {
+        item->value = drey_cache__value_out(o->arena, &it->entry.value);
+        item->expires_at = drey_cache__timestamp(o->arena, it->entry.expires_at_ms);
+    }
+    o->items[o->n++] = item;
+}
+
+static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__ScanRequest *req = (const void *)msg;
+    drey_store *s = store_of(ctx);
+    drey_arena *a = ax->arena;
+    uint32_t id = scan_id(req->cache, req->prefix);
+    drey_store_scan_pos pos = {0, 0};
+    if (req->cursor[0] != '\0') {
+        uint8_t c[CURSOR_BYTES];
+        if (!cursor_decode(req->cursor, c, sizeof c) || c[0] != CURSOR_FORMAT || c[1] || c[2] || c[3])
+            return invalid_cursor(ax, "not a cursor of this format");
+        uint64_t tag = (uint64_t)get32le(c + 20) | (uint64_t)get32le(c + 24) << 32;
+        if (tag != drey_store_tag(s, c, 20))
+            return invalid_cursor(ax, "not issued by this node under its hash seed (an ephemeral node restarted "
+                                      "since, or another node issued it) or altered");
+        if (get32le(c + 4) != 0)
+            return invalid_cursor(ax, "the cursor names a partition this node does not serve");
+        if (get32le(c + 8) != id)
+            return invalid_cursor(ax, "issued for another cache or prefix");
+        pos.shard = get32le(c + 12);
+        pos.bucket = get32le(c + 16);
+        if (pos.shard >= DREY_STORE_SHARDS)
+            return invalid_cursor(ax, "shard out of range");
+    }
+    size_t limit = req->limit == 0 ? SCAN_DEFAULT_LIMIT : req->limit > SCAN_MAX_LIMIT ? SCAN_MAX_LIMIT : req->limit;
+    scan_out o = {.arena = a, .values = req->include_values, .cap = limit};
+    o.items = drey_arena_alloc(a, o.cap * sizeof *o.items);
+    drey_store_scan(s, req->cache, strlen(req->cache), req->prefix, strlen(req->prefix), ax->now_ms, &pos, limit,
+                    SCAN_MAX_BUCKETS, scan_item, &o);
+    Drey__Cache__V1__ScanResponse *resp = drey_arena_alloc(a, sizeof *resp);
+    drey__cache__v1__scan_response__init(resp);
+    resp->items = o.items;
+    resp->n_items = o.n;
+    resp->next_cursor = "";
+    if (pos.shard < DREY_STORE_SHARDS) {
+        uint8_t c[CURSOR_BYTES] = {CURSOR_FORMAT};
+        put32le(c + 8, id);
+        put32le(c + 12, pos.shard);
+        put32le(c + 16, pos.bucket);
+        uint64_t tag = drey_store_tag(s, c, 20);
+        put32le(c + 20, (uint32_t)tag);
+        put32le(c + 24, (uint32_t)(tag >> 32));
+        resp->next_cursor = cursor_encode(a, c, sizeof c);
+    }
+    return &resp->base;
+}
+
+/* --- cache figures -------------------------------------------------------- */
+
+static Drey__Cache__V1__CacheStats *stats_msg(drey_arena *a, const drey_cache_stats *cs) {
+    Drey__Cache__V1__CacheStats *m = drey_arena_alloc(a, sizeof *m);
+    drey__cache__v1__cache_stats__init(m);
+    m->cache = cs->cache_len == 0 ? "default" : drey_arena_strndup(a, cs->cache, cs->cache_len);
+    m->entries = cs->entries;
+    m->bytes = cs->bytes;
+    m->evictions = cs->evictions;
+    m->evicted_bytes = cs->evicted_bytes;
+    m->expiring = cs->expiring;
+    return m;
+}
+
+static ProtobufCMessage *read_get_cache_stats(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Cache__V1__GetCacheStatsRequest *req = (const void *)msg;
+    drey_cache_stats cs;
+    drey_store_cache_stats(store_of(ctx), req->cache, strlen(req->cache), &cs);
+    return &stats_msg(ax->arena, &cs)->base;
+}
+
+typedef struct list_out {
+    drey_arena *arena;
+    Drey__Cache__V1__CacheStats **v;
+    size_t n, cap;
+} list_out;
+
+static void list_one(void *arg, const drey_cache_stats *cs) {
+    list_out *o = arg;
+    if (cs->cache_len > 0 && cs->cache[0] == '#')
+        return; /* internal: remembered outcomes */
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 16;
+        Drey__Cache__V1__CacheStats **v = drey_arena_alloc(o->arena, cap * sizeof *v);
+        if (o->n > 0)
+            memcpy(v, o->v, o->n * sizeof *v);
+        o->v = v;
+        o->cap = cap;
+    }
+    o->v[o->n++] = stats_msg(o->arena, cs);
+}
+
+static int by_name(const void *a, const void *b) {
+    const Drey__Cache__V1__CacheStats *x = *(Drey__Cache__V1__CacheStats *const *)a;
+    const Drey__Cache__V1__CacheStats *y = *(Drey__Cache__V1__CacheStats *const *)b;
+    return strcmp(x->cache, y->cache);
+}
+
+static ProtobufCMessage *read_list_caches(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    (void)msg;
+    list_out o = {.arena = ax->arena};
+    drey_store_list_caches(store_of(ctx), list_one, &o);
+    if (o.n > 1)
+        qsort(o.v, o.n, sizeof *o.v, by_name);
+    Drey__Cache__V1__ListCachesResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__cache__v1__list_caches_response__init(resp);
+    resp->caches = o.v;
+    resp->n_caches = o.n;
+    return &resp->base;
+}
+
 /* --- growth estimates (memory admission) --------------------------------- */
 
 /* What storing `value_len` bytes under the key would add, now. */
@@ -470,6 +733,11 @@ static const drey_method_spec methods[] = {
     {.name = "Touch", .flags = DREY_METHOD_WRITE, .apply = apply_touch},
     {.name = "Persist", .flags = DREY_METHOD_WRITE, .apply = apply_persist},
     {.name = "Increment", .flags = DREY_METHOD_WRITE, .apply = apply_increment, .growth = growth_increment},
+    {.name = "RemoveMany", .flags = DREY_METHOD_WRITE, .apply = apply_remove_many},
+    {.name = "Scan", .flags = DREY_METHOD_READ, .apply = read_scan},
+    {.name = "Clear", .flags = DREY_METHOD_WRITE, .apply = apply_clear},
+    {.name = "ListCaches", .flags = DREY_METHOD_READ, .apply = read_list_caches},
+    {.name = "GetCacheStats", .flags = DREY_METHOD_READ, .apply = read_get_cache_stats},
 };
 
 drey_cache *drey_cache_create(drey_store *store) {

@@ -39,6 +39,7 @@ enum {
     OPT_TTL = 1u << 0,        /* --ttl=DURATION */
     OPT_IF_VERSION = 1u << 1, /* --if-version=N */
     OPT_KIND = 1u << 2,       /* --int, --json, --file */
+    OPT_VALUES = 1u << 3,     /* --values */
 };
 
 typedef enum value_kind { KIND_STRING, KIND_INT, KIND_JSON, KIND_FILE } value_kind;
@@ -53,6 +54,7 @@ typedef struct cli {
     bool has_if_version;
     uint64_t if_version;
     value_kind kind;
+    bool values;
 } cli;
 
 typedef struct command {
@@ -415,6 +417,91 @@ static int cmd_ready(cli *c, char **args) {
     return resp->ready ? EXIT_OK : EXIT_NEGATIVE;
 }
 
+/* Every page, one line per key: "KEY version=N", with --values also
+ * [expires_at=T] and the value. A key present for the whole scan is printed
+ * at least once (a key written during it may be printed twice). */
+static int cmd_scan(cli *c, char **args) {
+    Drey__Cache__V1__ScanRequest req = DREY__CACHE__V1__SCAN_REQUEST__INIT;
+    req.cache = (char *)c->cache;
+    req.prefix = args[0] != NULL ? args[0] : "";
+    req.limit = 1000;
+    req.include_values = c->values;
+    char *cursor = strdup("");
+    if (cursor == NULL)
+        abort();
+    for (;;) {
+        req.cursor = cursor;
+        Drey__Cache__V1__ScanResponse *resp;
+        if (!call(c, DREY_CLIENT_CACHE("Scan"), &req.base, &drey__cache__v1__scan_response__descriptor, &resp)) {
+            free(cursor);
+            return EXIT_CALL_FAILED;
+        }
+        for (size_t i = 0; i < resp->n_items; i++) {
+            const Drey__Cache__V1__ScanResponse__Item *it = resp->items[i];
+            printf("%s version=%" PRIu64, it->key, it->version);
+            if (it->expires_at != NULL) {
+                printf(" expires_at=");
+                print_timestamp(stdout, it->expires_at);
+            }
+            if (it->value != NULL) {
+                printf(" ");
+                print_value(it->value); /* ends the line */
+            } else {
+                printf("\n");
+            }
+        }
+        free(cursor);
+        cursor = strdup(resp->next_cursor);
+        if (cursor == NULL)
+            abort();
+        drey_arena_reset(&c->arena); /* a page at a time, however big the cache */
+        if (cursor[0] == '\0')
+            break;
+    }
+    free(cursor);
+    return EXIT_OK;
+}
+
+static int cmd_clear(cli *c, char **args) {
+    (void)args;
+    Drey__Cache__V1__ClearRequest req = DREY__CACHE__V1__CLEAR_REQUEST__INIT;
+    req.cache = (char *)c->cache;
+    Drey__Cache__V1__ClearResponse *resp;
+    if (!call(c, DREY_CLIENT_CACHE("Clear"), &req.base, &drey__cache__v1__clear_response__descriptor, &resp))
+        return EXIT_CALL_FAILED;
+    printf("cleared\n");
+    return EXIT_OK;
+}
+
+static void print_stats(const Drey__Cache__V1__CacheStats *st) {
+    printf("%s entries=%" PRIu64 " bytes=%" PRIu64 " expiring=%" PRIu64 " evictions=%" PRIu64
+           " evicted_bytes=%" PRIu64 "\n",
+           st->cache, st->entries, st->bytes, st->expiring, st->evictions, st->evicted_bytes);
+}
+
+/* With --cache: that cache's figures; without: every cache's. */
+static int cmd_stats(cli *c, char **args) {
+    (void)args;
+    if (c->cache[0] != '\0') {
+        Drey__Cache__V1__GetCacheStatsRequest req = DREY__CACHE__V1__GET_CACHE_STATS_REQUEST__INIT;
+        req.cache = (char *)c->cache;
+        Drey__Cache__V1__CacheStats *resp;
+        if (!call(c, DREY_CLIENT_CACHE("GetCacheStats"), &req.base, &drey__cache__v1__cache_stats__descriptor,
+                  &resp))
+            return EXIT_CALL_FAILED;
+        print_stats(resp);
+        return EXIT_OK;
+    }
+    Drey__Cache__V1__ListCachesRequest req = DREY__CACHE__V1__LIST_CACHES_REQUEST__INIT;
+    Drey__Cache__V1__ListCachesResponse *resp;
+    if (!call(c, DREY_CLIENT_CACHE("ListCaches"), &req.base, &drey__cache__v1__list_caches_response__descriptor,
+              &resp))
+        return EXIT_CALL_FAILED;
+    for (size_t i = 0; i < resp->n_caches; i++)
+        print_stats(resp->caches[i]);
+    return EXIT_OK;
+}
+
 static const command commands[] = {
     {"get", 1, 1, 0, cmd_get, "get KEY", "print the value"},
     {"set", 2, 2, OPT_TTL | OPT_IF_VERSION | OPT_KIND, cmd_set, "set KEY VALUE [--ttl=D] [--if-version=N]",
@@ -429,6 +516,10 @@ static const command commands[] = {
     {"health", 0, 1, 0, cmd_health, "health [SERVICE]", "grpc.health.v1 Check (\"\" is the whole server)"},
     {"ready", 0, 0, 0, cmd_ready, "ready", "readiness details as JSON (the ops listener's document)"},
     {"snapshot", 0, 0, 0, cmd_snapshot, "snapshot", "write a snapshot now and compact the journal"},
+    {"scan", 0, 1, OPT_VALUES, cmd_scan, "scan [PREFIX] [--values]",
+     "list the cache's live keys (under PREFIX), with versions, and values with --values"},
+    {"clear", 0, 0, 0, cmd_clear, "clear", "remove every entry of the cache (--cache; default: the default cache)"},
+    {"stats", 0, 0, 0, cmd_stats, "stats", "entries, bytes and evictions of the --cache, or of every cache"},
 };
 
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
@@ -466,7 +557,7 @@ typedef struct flag {
     bool set;
 } flag;
 
-enum { F_ADDR, F_CACHE, F_TOKEN, F_TIMEOUT, F_TTL, F_IF_VERSION, F_INT, F_JSON, F_FILE, F_HELP, N_FLAGS };
+enum { F_ADDR, F_CACHE, F_TOKEN, F_TIMEOUT, F_TTL, F_IF_VERSION, F_INT, F_JSON, F_FILE, F_VALUES, F_HELP, N_FLAGS };
 
 static int run(int argc, char **argv) {
     flag flags[N_FLAGS] = {
@@ -479,6 +570,7 @@ static int run(int argc, char **argv) {
         [F_INT] = {"int", false, OPT_KIND, NULL, false},
         [F_JSON] = {"json", false, OPT_KIND, NULL, false},
         [F_FILE] = {"file", false, OPT_KIND, NULL, false},
+        [F_VALUES] = {"values", false, OPT_VALUES, NULL, false},
         [F_HELP] = {"help", false, 0, NULL, false},
     };
     char **pos = drey_xcalloc((size_t)argc + 1, sizeof *pos);
@@ -565,6 +657,7 @@ static int run(int argc, char **argv) {
         goto out;
     }
     c.has_if_version = flags[F_IF_VERSION].set;
+    c.values = flags[F_VALUES].set;
     if (flags[F_CACHE].set)
         c.cache = flags[F_CACHE].value;
 

@@ -55,6 +55,8 @@ void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufC
     w->request_len = len;
     w->principal = principal;
     w->request_id = "";
+    w->evicted = NULL;
+    w->n_evicted = 0;
     const ProtobufCFieldDescriptor *fd =
         protobuf_c_message_descriptor_get_field_by_name(request->descriptor, "request_id");
     if (fd != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
@@ -154,10 +156,29 @@ static void remember(drey_commit *c, const drey_write *w, drey_apply *ax, const 
     drey_store_txn_end(&t);
 }
 
+/* After the write, not before: a write that fails (a version mismatch)
+ * grew nothing and evicts nothing, and a victim the write itself replaced
+ * has a new version and stays. */
+static void evict(drey_commit *c, const drey_write *w) {
+    for (size_t i = 0; i < w->n_evicted; i++) {
+        const drey_store_victim *v = &w->evicted[i];
+        drey_key k;
+        drey_store_key(c->opts.store, &k, v->cache, v->cache_len, v->key, v->key_len);
+        drey_store_txn t;
+        drey_store_txn_begin(c->opts.store, &t, &k, 1);
+        drey_store_txn_evict(&t, &k, v->version);
+        drey_store_txn_end(&t);
+    }
+}
+
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
     void *ctx = w->method->ctx;
-    if (w->request_id[0] == '\0')
-        return w->method->apply(ctx, ax, w->request);
+    if (w->request_id[0] == '\0') {
+        ProtobufCMessage *resp = w->method->apply(ctx, ax, w->request);
+        if (resp != NULL)
+            evict(c, w);
+        return resp;
+    }
 
     /* Check, apply and remember under the request_id's stripe lock, so two
      * attempts racing (ephemeral nodes apply on many threads) apply once.
@@ -173,6 +194,8 @@ ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_ap
     } else {
         resp = w->method->apply(ctx, ax, w->request);
         remember(c, w, ax, &k, resp);
+        if (resp != NULL)
+            evict(c, w);
     }
     pthread_mutex_unlock(stripe);
     return resp;
@@ -196,6 +219,20 @@ void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_
     rec.request.len = w->request_len;
     rec.principal = (char *)w->principal;
     rec.request_id = (char *)w->request_id;
+    if (w->n_evicted > 0) {
+        rec.n_evicted = w->n_evicted;
+        rec.evicted = drey_arena_alloc(a, w->n_evicted * sizeof *rec.evicted);
+        for (size_t i = 0; i < w->n_evicted; i++) {
+            const drey_store_victim *v = &w->evicted[i];
+            Drey__Journal__V1__Evicted *e = drey_arena_alloc(a, sizeof *e);
+            drey__journal__v1__evicted__init(e);
+            e->cache = drey_arena_strndup(a, v->cache, v->cache_len);
+            e->key.data = (uint8_t *)v->key;
+            e->key.len = v->key_len;
+            e->version = v->version;
+            rec.evicted[i] = e;
+        }
+    }
     *len = protobuf_c_message_get_packed_size(&rec.base);
     *out = drey_arena_alloc(a, *len);
     protobuf_c_message_pack(&rec.base, *out);
@@ -227,6 +264,20 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         .principal = jr->principal,
         .request_id = jr->request_id,
     };
+    drey_store_victim *ev = NULL;
+    if (jr->n_evicted > 0) {
+        ev = drey_arena_alloc(&a, jr->n_evicted * sizeof *ev);
+        for (size_t i = 0; i < jr->n_evicted; i++) {
+            const Drey__Journal__V1__Evicted *e = jr->evicted[i];
+            size_t cl = strlen(e->cache);
+            if (cl > 255 || e->key.len > UINT16_MAX)
+                goto out; /* not a record drey wrote */
+            ev[i] = (drey_store_victim){.cache = e->cache, .cache_len = cl, .key = (const char *)e->key.data,
+                                   .key_len = e->key.len, .version = e->version};
+        }
+        w.evicted = ev;
+        w.n_evicted = jr->n_evicted;
+    }
     drey_status st;
     drey_status_init(&st);
     drey_apply ax = {.now_ms = rec->time_ms, .arena = &a, .status = &st};

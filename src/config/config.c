@@ -201,6 +201,12 @@ static const option options[] = {
     {"memory-limit", OPT_BYTES, FIELD(memory_limit_bytes), "0", 0, (int64_t)1 << 50,
      "Memory for entries; 0: 80% of the cgroup limit or of RAM. High at 80% and critical at 95% of it; writes "
      "that would grow past critical get RESOURCE_EXHAUSTED MEMORY_PRESSURE."},
+    {"eviction", OPT_STRING, FIELD(eviction), "none", 0, 0,
+     "What a write that would pass the critical memory level does. none: it is refused (MEMORY_PRESSURE), the "
+     "cache only holds what clients put; allkeys-lru, allkeys-lfu: it first evicts the least recently or least "
+     "frequently used entries (sampled, as Redis does); volatile-lru, volatile-ttl: only entries with an expiry, "
+     "least recently used or soonest to expire first (entries without one are never evicted). Evictions are "
+     "journaled with the write; MEMORY_PRESSURE remains when nothing evictable is left."},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -182,6 +182,12 @@ int main(int argc, char **argv, char **envp) {
         drey_config_free(&cfg);
         return 2;
     }
+    drey_evict_policy eviction;
+    if (!drey_evict_policy_parse(cfg.eviction, &eviction)) {
+        fprintf(stderr, "dreyd: --eviction: expected none, allkeys-lru, allkeys-lfu, volatile-lru or volatile-ttl\n");
+        drey_config_free(&cfg);
+        return 2;
+    }
     drey_log_set_level(level);
     gpr_set_log_function(grpc_log_to_json);
     bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
@@ -251,6 +257,7 @@ int main(int argc, char **argv, char **envp) {
     };
     drey_bp *bp = drey_bp_create(&bo, timers);
     drey_store *store = drey_store_create();
+    drey_store_set_policy(store, eviction);
     drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id};
     drey_memory *memory = drey_memory_create(&mo, store);
     drey_cache *cache = drey_cache_create(store);
@@ -380,7 +387,8 @@ int main(int argc, char **argv, char **envp) {
                   DREY_LOG_INT("ops_port", ops_port), DREY_LOG_INT("internal_port", internal_port),
                   DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
                   DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
-                  DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL));
+                  DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL),
+                  DREY_LOG_STR("eviction", drey_evict_policy_name(eviction)));
     if (!jwt && !drey_config_listen_is_loopback(cfg.listen))
         DREY_LOG_WARN("INSECURE: serving anonymous callers on a non-loopback address",
                       DREY_LOG_STR("listen", cfg.listen));

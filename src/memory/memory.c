@@ -24,6 +24,7 @@ struct drey_memory {
     int64_t limit, high, critical;
     char node_id[96];
     _Atomic uint64_t rejections;
+    _Atomic uint64_t evicting;
 };
 
 static int64_t read_limit_file(const char *path) {
@@ -66,12 +67,71 @@ static drey_level state_of(const drey_memory *m, int64_t used) {
     return used >= m->critical ? DREY_LEVEL_CRITICAL : used >= m->high ? DREY_LEVEL_HIGH : DREY_LEVEL_NORMAL;
 }
 
+static bool refuse(drey_memory *m, int64_t used, int64_t growth, drey_status *st);
+
 bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st) {
     if (growth <= 0)
         return true;
     int64_t used = drey_store_bytes(m->store);
     if (growth <= m->critical - used) /* not used + growth: it may overflow */
         return true;
+    return refuse(m, used, growth, st);
+}
+
+typedef struct victims {
+    drey_arena *arena;
+    drey_store_victim *v;
+    size_t n, cap;
+} victims;
+
+static void add_victim(void *arg, const drey_store_item *it, size_t bytes) {
+    (void)bytes;
+    victims *vs = arg;
+    if (vs->n == vs->cap) { /* usually one or two victims: grow as needed */
+        size_t cap = vs->cap ? vs->cap * 2 : 4;
+        drey_store_victim *v = drey_arena_alloc(vs->arena, cap * sizeof *v);
+        if (vs->n > 0)
+            memcpy(v, vs->v, vs->n * sizeof *v);
+        vs->v = v;
+        vs->cap = cap;
+    }
+    drey_store_victim *e = &vs->v[vs->n++];
+    e->cache = drey_arena_strndup(vs->arena, it->cache, it->cache_len);
+    e->cache_len = it->cache_len;
+    e->key = drey_arena_strndup(vs->arena, it->key, it->key_len);
+    e->key_len = it->key_len;
+    e->version = it->entry.version;
+}
+
+bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,
+                                const drey_store_victim **evicted, size_t *n_evicted, drey_status *st) {
+    *evicted = NULL;
+    *n_evicted = 0;
+    if (growth <= 0)
+        return true;
+    int64_t used = drey_store_bytes(m->store);
+    if (growth <= m->critical - used)
+        return true;
+    if (drey_store_policy(m->store) == DREY_EVICT_NONE)
+        return refuse(m, used, growth, st);
+    /* Room for this write only (Redis evicts per command the same way):
+     * evicting further ahead would journal victims no write needed yet. */
+    int64_t need = growth - (m->critical - used);
+    victims vs = {.arena = arena};
+    int64_t chosen = drey_store_evict_choose(m->store, now_ms, need, DREY_MEMORY_MAX_EVICTIONS, add_victim, &vs);
+    if (chosen < need) {
+        bool ok = refuse(m, used, growth, st);
+        drey_status_add_metadata(st, "evictionPolicy", "%s", drey_evict_policy_name(drey_store_policy(m->store)));
+        drey_status_add_metadata(st, "evictableBytes", "%lld", (long long)chosen);
+        return ok;
+    }
+    atomic_fetch_add_explicit(&m->evicting, 1, memory_order_relaxed);
+    *evicted = vs.v;
+    *n_evicted = vs.n;
+    return true;
+}
+
+static bool refuse(drey_memory *m, int64_t used, int64_t growth, drey_status *st) {
     atomic_fetch_add_explicit(&m->rejections, 1, memory_order_relaxed);
     drey_status_init(st);
     drey_status_set(st, DREY_ERR_MEMORY_PRESSURE);
@@ -108,4 +168,5 @@ void drey_memory_get_stats(drey_memory *m, drey_memory_stats *out) {
     out->state = state_of(m, out->used_bytes);
     out->jemalloc_allocated_bytes = jemalloc_allocated();
     out->rejections = atomic_load_explicit(&m->rejections, memory_order_relaxed);
+    out->evicting_admissions = atomic_load_explicit(&m->evicting, memory_order_relaxed);
 }

@@ -12,7 +12,8 @@
  *   the queue at once, while a cancelled request that already runs keeps its
  *   slot until its work is done, so callers that give up cannot pile up
  *   work past --max-inflight.
- * memory: a write that would grow memory past the critical level is refused.
+ * memory: a write that would grow memory past the critical level is refused,
+ *   or, with an eviction policy, admitted with the entries it will evict.
  *
  * Nothing before the journal changes state: a refusal here leaves no trace.
  */
@@ -147,7 +148,10 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     if (growth > 0)
         growth += (int64_t)drey_commit_outcome_bytes(&r->write);
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    if (drey_memory_admit(o->memory, growth, st))
+    /* With --eviction the victims ride in the write's journal record and go
+     * when it applies: a write refused from here on evicted nothing. */
+    if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), r->arena, &r->write.evicted,
+                                   &r->write.n_evicted, st))
         return DREY_STAGE_NEXT;
     r->status = st;
     return DREY_STAGE_REJECT;

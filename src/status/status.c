@@ -40,6 +40,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                  "the value is not an int64"},
     [DREY_ERR_INTEGER_OVERFLOW] = {DREY_ERR_INTEGER_OVERFLOW, GRPC_STATUS_OUT_OF_RANGE, "INTEGER_OVERFLOW",
                                    "the result does not fit in an int64"},
+    [DREY_ERR_INVALID_CURSOR] = {DREY_ERR_INVALID_CURSOR, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_CURSOR",
+                                 "the scan cursor is not one this node issued for this cache and prefix (or its "
+                                 "hash seed changed since: an ephemeral node restarted); start the scan again"},
     [DREY_ERR_UNKNOWN_METHOD] = {DREY_ERR_UNKNOWN_METHOD, GRPC_STATUS_UNIMPLEMENTED, "UNKNOWN_METHOD",
                                  "this server does not implement the method"},
     [DREY_ERR_UNKNOWN_SERVICE] = {DREY_ERR_UNKNOWN_SERVICE, GRPC_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",

@@ -6,6 +6,12 @@
  * (temporary file, fdatasync, rename, directory sync) only after the snapshot
  * it names is durable, so a crash at any point leaves a manifest naming a
  * complete snapshot and a journal that continues it.
+ *
+ * SEED is "DREYSEED", the store's 16-byte hash seed, u32 CRC-32C of the
+ * seed: written once when the directory is new, read back at every start.
+ * The same keys then land in the same shards and buckets after a restart,
+ * so a scan cursor issued before it goes on after it; the seed stays a
+ * secret of the directory (hash flooding needs it).
  */
 #include "drey/storage.h"
 
@@ -57,6 +63,51 @@ struct drey_storage {
     bool fs_space_failed_logged;
     drey_storage_stats stats;
 };
+
+/* --- hash seed ------------------------------------------------------------ */
+
+#define SEED_MAGIC "DREYSEED"
+#define SEED_FILE_BYTES (8 + 16 + 4)
+
+static void put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int load_seed(drey_storage *st, char *err, size_t cap) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/SEED", st->dir);
+    uint8_t *buf;
+    size_t n;
+    int rc = drey_io_read_file(st->io, path, &buf, &n);
+    if (rc == -ENOENT) {
+        uint8_t out[SEED_FILE_BYTES];
+        memcpy(out, SEED_MAGIC, 8);
+        drey_store_get_seed(st->store, out + 8);
+        put_le32(out + 24, drey_crc32c(0, out + 8, 16));
+        rc = drey_io_write_file_atomic(st->io, st->dir, "SEED", out, sizeof out);
+        if (rc != 0)
+            snprintf(err, cap, "cannot write %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    if (rc != 0) {
+        snprintf(err, cap, "cannot read %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    rc = -EINVAL;
+    if (n == SEED_FILE_BYTES && memcmp(buf, SEED_MAGIC, 8) == 0) {
+        uint8_t crc[4];
+        put_le32(crc, drey_crc32c(0, buf + 8, 16));
+        if (memcmp(crc, buf + 24, 4) == 0) {
+            drey_store_set_seed(st->store, buf + 8);
+            rc = 0;
+        }
+    }
+    if (rc != 0)
+        snprintf(err, cap, "%s is damaged (it holds the hash seed; deleting it only invalidates scan cursors)", path);
+    free(buf);
+    return rc;
+}
 
 /* --- manifest ------------------------------------------------------------- */
 
@@ -588,6 +639,9 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
         st->lock_fd = rc;
     }
     remove_leftovers(st);
+    rc = load_seed(st, err, err_cap);
+    if (rc != 0)
+        goto fail;
     DREY_LOG_INFO("recovery: starting", DREY_LOG_STR("dir", st->dir));
     uint64_t snapshot_lsn = 0;
     char fallback[1024] = "";

@@ -5,6 +5,13 @@
  * bucket, so a shard can grow without rehashing into other shards. Each shard
  * keeps a load factor between 1/8 and 1 by doubling or halving its bucket
  * array under its write lock (a few microseconds per thousand entries).
+ *
+ * Each entry names its cache's slot in a registry (cache name -> slot), and
+ * every change to an entry's bytes, existence or expiry updates both its
+ * shard and its slot, so a cache's figures are exact at every moment
+ * without a scan. Clearing a cache retires its slot (every shard locked for
+ * a moment, no entry touched): retired entries are invisible and the sweep
+ * frees them.
  */
 #include "drey/store.h"
 
@@ -16,48 +23,8 @@
 #include <sys/random.h>
 
 #include "drey/alloc.h"
+#include "internal.h"
 #include "siphash.h"
-
-#define SHARD_MIN_BUCKETS 16
-
-typedef struct entry {
-    struct entry *next;    /* bucket chain */
-    uint64_t version;
-    int64_t expires_at_ms; /* 0 = never */
-    uint32_t hash;         /* low 32 bits of the key hash */
-    uint32_t value_len;
-    uint16_t key_len;
-    uint8_t cache_len;
-    uint8_t kind;          /* drey_value_kind */
-    unsigned char data[];  /* cache name, key, value */
-} entry;
-
-typedef struct shard {
-    pthread_rwlock_t lock;
-    entry **buckets;
-    size_t mask;         /* bucket count - 1 */
-    size_t count;        /* entries, including expired ones */
-    size_t bytes;        /* accounted bytes */
-    size_t sweep_cursor; /* next bucket the expiry sweep visits */
-    /* Entries with an expiry, changed under the write lock. The sweep reads
-     * it without the lock to pass over shards with nothing to expire: a
-     * stale read only delays a sweep, as reads expire entries themselves. */
-    _Atomic size_t expiring;
-} __attribute__((aligned(64))) shard;
-
-struct drey_store {
-    shard shards[DREY_STORE_SHARDS];
-    /* The capture in progress (see drey_store_capture_begin). */
-    _Atomic bool capture_pending[DREY_STORE_SHARDS];
-    drey_store_capture_fn capture_fn;
-    void *capture_ctx;
-    int64_t capture_live_at;
-    uint8_t seed[16];
-    _Atomic uint64_t version;
-    _Atomic int64_t bytes;      /* sum of the shards' accounted bytes */
-    _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
-    _Atomic uint64_t expired_swept;
-};
 
 static shard *shard_of(drey_store *s, uint64_t hash) {
     return &s->shards[hash >> 56];
@@ -66,6 +33,143 @@ static shard *shard_of(drey_store *s, uint64_t hash) {
 static size_t shard_index(uint64_t hash) {
     return (size_t)(hash >> 56);
 }
+
+/* --- the cache registry --------------------------------------------------- */
+
+#define MAP_EMPTY 0u
+#define MAP_DELETED UINT32_MAX
+
+cache_slot *drey_store__slot(drey_store *s, uint32_t id) {
+    return &atomic_load_explicit(&s->reg.chunks[id / SLOT_CHUNK], memory_order_acquire)[id % SLOT_CHUNK];
+}
+
+static uint64_t name_hash(const char *name, size_t len) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a: the map holds few names, none chosen for the seed */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)name[i]) * 1099511628211ULL;
+    return h;
+}
+
+static bool slot_named(const cache_slot *c, const char *name, size_t len) {
+    return c->name_len == len && memcmp(c->name, name, len) == 0;
+}
+
+/* The map position holding the name's slot, or the first free one after
+ * its probe sequence. Registry lock held. */
+static size_t map_find(drey_store *s, const char *name, size_t len, bool *found) {
+    registry *r = &s->reg;
+    size_t mask = r->map_cap - 1, i = name_hash(name, len) & mask, tomb = SIZE_MAX;
+    for (;;) {
+        uint32_t v = r->map[i];
+        if (v == MAP_EMPTY) {
+            *found = false;
+            return tomb != SIZE_MAX ? tomb : i;
+        }
+        if (v == MAP_DELETED) {
+            if (tomb == SIZE_MAX)
+                tomb = i;
+        } else if (slot_named(drey_store__slot(s, v - 1), name, len)) {
+            *found = true;
+            return i;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+static void map_grow(drey_store *s) {
+    registry *r = &s->reg;
+    uint32_t *old = r->map;
+    size_t old_cap = r->map_cap;
+    r->map_cap = old_cap * 2;
+    r->map = drey_xcalloc(r->map_cap, sizeof *r->map);
+    r->map_used = 0;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i] == MAP_EMPTY || old[i] == MAP_DELETED)
+            continue;
+        cache_slot *c = drey_store__slot(s, old[i] - 1);
+        bool found;
+        r->map[map_find(s, c->name, c->name_len, &found)] = old[i];
+        r->map_used++;
+    }
+    free(old);
+}
+
+static uint32_t slot_alloc(drey_store *s) {
+    registry *r = &s->reg;
+    uint32_t id;
+    if (r->free_head != 0) {
+        id = r->free_head - 1;
+        r->free_head = drey_store__slot(s, id)->next_free;
+    } else {
+        id = r->n_slots;
+        if (id / SLOT_CHUNK >= SLOT_CHUNKS) {
+            fprintf(stderr, "drey_store: more than %d caches\n", SLOT_CHUNK * SLOT_CHUNKS);
+            abort();
+        }
+        if (atomic_load_explicit(&r->chunks[id / SLOT_CHUNK], memory_order_relaxed) == NULL)
+            atomic_store_explicit(&r->chunks[id / SLOT_CHUNK], drey_xcalloc(SLOT_CHUNK, sizeof(cache_slot)),
+                                  memory_order_release);
+        r->n_slots++;
+    }
+    cache_slot *c = drey_store__slot(s, id);
+    atomic_store(&c->entries, 0);
+    atomic_store(&c->bytes, 0);
+    atomic_store(&c->expiring, 0);
+    atomic_store(&c->evictions, 0);
+    atomic_store(&c->evicted_bytes, 0);
+    c->retired = false;
+    c->next_free = 0;
+    return id;
+}
+
+static void slot_release(drey_store *s, uint32_t id) {
+    cache_slot *c = drey_store__slot(s, id);
+    c->retired = false;
+    c->next_free = s->reg.free_head;
+    s->reg.free_head = id + 1;
+}
+
+/* The slot of the named cache, opened if it has none. Called with the
+ * entry's shard write-locked (lock order: shards, then the registry). */
+static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    bool found;
+    size_t i = map_find(s, name, len, &found);
+    uint32_t id;
+    if (found) {
+        id = r->map[i] - 1;
+    } else {
+        id = slot_alloc(s);
+        cache_slot *c = drey_store__slot(s, id);
+        memcpy(c->name, name, len);
+        c->name_len = (uint8_t)len;
+        if (r->map[i] == MAP_EMPTY)
+            r->map_used++;
+        r->map[i] = id + 1;
+        if (r->map_used * 4 > r->map_cap * 3)
+            map_grow(s);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return id;
+}
+
+static void registry_init(drey_store *s) {
+    registry *r = &s->reg;
+    pthread_mutex_init(&r->mu, NULL);
+    r->map_cap = 64;
+    r->map = drey_xcalloc(r->map_cap, sizeof *r->map);
+}
+
+static void registry_destroy(drey_store *s) {
+    registry *r = &s->reg;
+    for (size_t i = 0; i < SLOT_CHUNKS; i++)
+        free(atomic_load(&r->chunks[i]));
+    free(r->map);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* --- the table ------------------------------------------------------------ */
 
 drey_store *drey_store_create(void) {
     drey_store *s = drey_xaligned(64, sizeof *s);
@@ -78,6 +182,8 @@ drey_store *drey_store_create(void) {
         sh->buckets = drey_xcalloc(SHARD_MIN_BUCKETS, sizeof(entry *));
         sh->mask = SHARD_MIN_BUCKETS - 1;
     }
+    registry_init(s);
+    pthread_mutex_init(&s->pool_mu, NULL);
     return s;
 }
 
@@ -94,6 +200,8 @@ static void free_entries(shard *sh) {
     sh->count = 0;
     sh->bytes = 0;
     atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
 }
 
 void drey_store_destroy(drey_store *s) {
@@ -105,17 +213,35 @@ void drey_store_destroy(drey_store *s) {
         free(sh->buckets);
         pthread_rwlock_destroy(&sh->lock);
     }
+    for (size_t i = 0; i < s->pool_len; i++)
+        free(s->pool[i].name);
+    pthread_mutex_destroy(&s->pool_mu);
+    registry_destroy(s);
     free(s);
 }
 
 void drey_store_clear(drey_store *s) {
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        pthread_rwlock_wrlock(&s->shards[i].lock);
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
-        pthread_rwlock_wrlock(&sh->lock);
         atomic_fetch_sub_explicit(&s->bytes, (int64_t)sh->bytes, memory_order_relaxed);
         free_entries(sh);
-        pthread_rwlock_unlock(&sh->lock);
     }
+    /* No entry is left to name a slot: every cache starts over. */
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    memset(r->map, 0, r->map_cap * sizeof *r->map);
+    r->map_used = 0;
+    r->free_head = 0;
+    for (uint32_t id = r->n_slots; id-- > 0;)
+        slot_release(s, id);
+    pthread_mutex_unlock(&r->mu);
+    atomic_store(&s->orphans, 0);
+    /* The eviction pool may still name entries that are gone: harmless, a
+     * candidate is looked up again before it is chosen. */
+    for (size_t i = DREY_STORE_SHARDS; i-- > 0;)
+        pthread_rwlock_unlock(&s->shards[i].lock);
 }
 
 void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
@@ -136,19 +262,50 @@ void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t 
     k->hash = drey_store__siphash2(s->seed, prefix, cache_len + 1, key, key_len);
 }
 
+void drey_store_get_seed(const drey_store *s, uint8_t out[16]) {
+    memcpy(out, s->seed, sizeof s->seed);
+}
+
+void drey_store_set_seed(drey_store *s, const uint8_t seed[16]) {
+    if (drey_store_bytes(s) != 0) {
+        fprintf(stderr, "drey_store: the hash seed changes only while the store is empty\n");
+        abort(); /* every entry would be in the wrong bucket */
+    }
+    memcpy(s->seed, seed, sizeof s->seed);
+}
+
+uint64_t drey_store_tag(const drey_store *s, const void *data, size_t len) {
+    /* Domain-separated from key hashes, which start with a length byte
+     * of at most 255. */
+    static const uint8_t domain[] = {0xff, 't', 'a', 'g'};
+    return drey_store__siphash2(s->seed, domain, sizeof domain, data, len);
+}
+
 size_t drey_store_entry_bytes(size_t cache_len, size_t key_len, size_t value_len) {
     return offsetof(entry, data) + cache_len + key_len + value_len + sizeof(entry *);
 }
 
-static size_t entry_bytes(const entry *e) {
+size_t drey_store__entry_bytes(const entry *e) {
     return drey_store_entry_bytes(e->cache_len, e->key_len, e->value_len);
 }
 
-static bool is_live(const entry *e, int64_t now_ms) {
-    return e->expires_at_ms == 0 || e->expires_at_ms > now_ms;
+static size_t entry_bytes(const entry *e) {
+    return drey_store__entry_bytes(e);
 }
 
-static bool matches(const entry *e, const drey_key *k) {
+static bool retired(drey_store *s, const entry *e) {
+    return drey_store__slot(s, e->cache_id)->retired;
+}
+
+bool drey_store__is_live(drey_store *s, const entry *e, int64_t now_ms) {
+    return (e->expires_at_ms == 0 || e->expires_at_ms > now_ms) && !retired(s, e);
+}
+
+static bool is_live(drey_store *s, const entry *e, int64_t now_ms) {
+    return drey_store__is_live(s, e, now_ms);
+}
+
+bool drey_store__matches(const entry *e, const drey_key *k) {
     return e->hash == (uint32_t)k->hash && e->key_len == k->key_len && e->cache_len == k->cache_len &&
            memcmp(e->data, k->cache, k->cache_len) == 0 && memcmp(e->data + k->cache_len, k->key, k->key_len) == 0;
 }
@@ -156,7 +313,7 @@ static bool matches(const entry *e, const drey_key *k) {
 /* The slot pointing at the key's entry (or at the NULL ending its chain). */
 static entry **find_slot(shard *sh, const drey_key *k) {
     entry **slot = &sh->buckets[(uint32_t)k->hash & sh->mask];
-    while (*slot != NULL && !matches(*slot, k))
+    while (*slot != NULL && !drey_store__matches(*slot, k))
         slot = &(*slot)->next;
     return slot;
 }
@@ -167,6 +324,14 @@ static void view_of(const entry *e, drey_entry_view *v) {
     v->value.len = e->value_len;
     v->version = e->version;
     v->expires_at_ms = e->expires_at_ms;
+}
+
+static void item_of(const entry *e, drey_store_item *it) {
+    it->cache = (const char *)e->data;
+    it->cache_len = e->cache_len;
+    it->key = (const char *)e->data + e->cache_len;
+    it->key_len = e->key_len;
+    view_of(e, &it->entry);
 }
 
 static void resize(shard *sh, size_t nbuckets) {
@@ -188,26 +353,62 @@ static void resize(shard *sh, size_t nbuckets) {
     sh->sweep_cursor &= nmask;
 }
 
-/* Accounted bytes change here and only here (and in free_entries). */
-static void account(drey_store *s, shard *sh, int64_t delta) {
+/* Accounted bytes change here and only here (and in free_entries): the
+ * shard's, the store's and the entry's cache's. */
+static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
     sh->bytes += (size_t)delta;
     atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
+    atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->bytes, delta, memory_order_relaxed);
 }
 
-/* Keeps a shard's count of expiring entries as an entry's expiry goes from
- * `from` to `to` (0: never; an entry inserted comes from 0, one freed goes
- * to 0). */
-static void track_expiry(shard *sh, int64_t from, int64_t to) {
-    if ((from != 0) != (to != 0))
-        atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+/* Keeps the counts of expiring entries (shard and cache) as an entry's
+ * expiry goes from `from` to `to` (0: never; an entry inserted comes from 0,
+ * one freed goes to 0). */
+static bool internal(const entry *e) {
+    return e->cache_len > 0 && e->data[0] == '#';
+}
+
+static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from, int64_t to) {
+    if ((from != 0) == (to != 0))
+        return;
+    atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+    if (!internal(e))
+        atomic_fetch_add_explicit(&sh->evictable_expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->expiring, to != 0 ? 1 : -1, memory_order_relaxed);
+}
+
+static void count_entry(drey_store *s, shard *sh, const entry *e) {
+    sh->count++;
+    if (!internal(e))
+        atomic_fetch_add_explicit(&sh->evictable, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->entries, 1, memory_order_relaxed);
+}
+
+/* Forgets an entry's counts; a retired slot whose last entry goes is
+ * reused. */
+static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
+    sh->count--;
+    if (!internal(e))
+        atomic_fetch_sub_explicit(&sh->evictable, 1, memory_order_relaxed);
+    track_expiry(s, sh, e, e->expires_at_ms, 0);
+    account(s, sh, e, -(int64_t)entry_bytes(e));
+    cache_slot *c = drey_store__slot(s, e->cache_id);
+    if (!c->retired) {
+        atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) == 1) {
+        pthread_mutex_lock(&s->reg.mu);
+        slot_release(s, e->cache_id);
+        pthread_mutex_unlock(&s->reg.mu);
+    }
 }
 
 static void unlink_free(drey_store *s, shard *sh, entry **slot) {
     entry *e = *slot;
     *slot = e->next;
-    sh->count--;
-    track_expiry(sh, e->expires_at_ms, 0);
-    account(s, sh, -(int64_t)entry_bytes(e));
+    uncount_entry(s, sh, e);
     free(e);
     if (sh->mask + 1 > SHARD_MIN_BUCKETS && sh->count < (sh->mask + 1) / 8)
         resize(sh, (sh->mask + 1) / 2);
@@ -218,8 +419,9 @@ bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
     shard *sh = shard_of(s, k->hash);
     pthread_rwlock_rdlock(&sh->lock);
     entry *e = *find_slot(sh, k);
-    bool found = e != NULL && is_live(e, now_ms);
+    bool found = e != NULL && is_live(s, e, now_ms);
     if (found) {
+        drey_store__touch(s, e);
         drey_entry_view v;
         view_of(e, &v);
         fn(arg, &v);
@@ -252,15 +454,10 @@ static void capture_if_pending(drey_store *s, size_t idx) {
     shard *sh = &s->shards[idx];
     for (size_t b = 0; b <= sh->mask; b++) {
         for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
-            if (!is_live(e, s->capture_live_at))
+            if (!is_live(s, e, s->capture_live_at))
                 continue;
-            drey_store_item it = {
-                .cache = (const char *)e->data,
-                .cache_len = e->cache_len,
-                .key = (const char *)e->data + e->cache_len,
-                .key_len = e->key_len,
-            };
-            view_of(e, &it.entry);
+            drey_store_item it;
+            item_of(e, &it);
             s->capture_fn(s->capture_ctx, idx, &it);
         }
     }
@@ -302,30 +499,38 @@ void drey_store_reserve(drey_store *s, size_t n) {
     }
 }
 
+static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_at_ms, uint64_t version) {
+    entry *e = drey_xmalloc(offsetof(entry, data) + k->cache_len + k->key_len + v->len);
+    e->version = version;
+    e->expires_at_ms = expires_at_ms;
+    e->hash = (uint32_t)k->hash;
+    e->value_len = v->len;
+    e->access = 0;
+    e->cache_id = 0;
+    e->key_len = (uint16_t)k->key_len;
+    e->cache_len = (uint8_t)k->cache_len;
+    e->kind = (uint8_t)v->kind;
+    memcpy(e->data, k->cache, k->cache_len);
+    memcpy(e->data + k->cache_len, k->key, k->key_len);
+    if (v->len > 0)
+        memcpy(e->data + k->cache_len + k->key_len, v->data, v->len);
+    return e;
+}
+
 void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
     shard *sh = shard_of(s, k.hash);
-    const drey_value *v = &item->entry.value;
-    entry *e = drey_xmalloc(offsetof(entry, data) + k.cache_len + k.key_len + v->len);
-    e->version = item->entry.version;
-    e->expires_at_ms = item->entry.expires_at_ms;
-    e->hash = (uint32_t)k.hash;
-    e->value_len = v->len;
-    e->key_len = (uint16_t)k.key_len;
-    e->cache_len = (uint8_t)k.cache_len;
-    e->kind = (uint8_t)v->kind;
-    memcpy(e->data, k.cache, k.cache_len);
-    memcpy(e->data + k.cache_len, k.key, k.key_len);
-    if (v->len > 0)
-        memcpy(e->data + k.cache_len + k.key_len, v->data, v->len);
+    entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version);
     pthread_rwlock_wrlock(&sh->lock);
+    e->cache_id = slot_for(s, k.cache, k.cache_len);
+    e->access = drey_store__access_new(s, 0, false);
     entry **slot = &sh->buckets[e->hash & sh->mask];
     e->next = *slot;
     *slot = e;
-    sh->count++;
-    track_expiry(sh, 0, e->expires_at_ms);
-    account(s, sh, (int64_t)entry_bytes(e));
+    count_entry(s, sh, e);
+    track_expiry(s, sh, e, 0, e->expires_at_ms);
+    account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
     pthread_rwlock_unlock(&sh->lock);
@@ -371,45 +576,44 @@ bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, dr
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
-    if (!is_live(*slot, now_ms)) {
+    if (!is_live(t->store, *slot, now_ms)) {
         unlink_free(t->store, sh, slot);
         return false;
     }
+    drey_store__touch(t->store, *slot);
     view_of(*slot, out);
     return true;
 }
 
 void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *v, int64_t expires_at_ms,
                         uint64_t version) {
+    drey_store *s = t->store;
     shard *sh = txn_shard(t, k);
-    size_t size = offsetof(entry, data) + k->cache_len + k->key_len + v->len;
-    entry *e = drey_xmalloc(size);
-    e->version = version;
-    e->expires_at_ms = expires_at_ms;
-    e->hash = (uint32_t)k->hash;
-    e->value_len = v->len;
-    e->key_len = (uint16_t)k->key_len;
-    e->cache_len = (uint8_t)k->cache_len;
-    e->kind = (uint8_t)v->kind;
-    memcpy(e->data, k->cache, k->cache_len);
-    memcpy(e->data + k->cache_len, k->key, k->key_len);
-    if (v->len > 0)
-        memcpy(e->data + k->cache_len + k->key_len, v->data, v->len);
-
+    entry *e = new_entry(k, v, expires_at_ms, version);
     entry **slot = find_slot(sh, k);
     entry *old = *slot;
-    track_expiry(sh, old != NULL ? old->expires_at_ms : 0, expires_at_ms);
-    if (old != NULL) {
+    if (old != NULL && !retired(s, old)) {
+        /* The same cache's slot, and its recency or frequency goes on
+         * (Redis keeps an overwritten key's LFU counter). */
+        e->cache_id = old->cache_id;
+        e->access = drey_store__access_new(s, old->access, true);
         e->next = old->next;
         *slot = e;
-        account(t->store, sh, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
+        track_expiry(s, sh, e, old->expires_at_ms, expires_at_ms);
+        account(s, sh, e, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
         free(old); /* after the copy: v may point into it */
         return;
     }
+    if (old != NULL) /* a cleared cache's entry: it goes, the new one counts afresh */
+        unlink_free(s, sh, find_slot(sh, k));
+    e->cache_id = slot_for(s, k->cache, k->cache_len);
+    e->access = drey_store__access_new(s, 0, false);
+    slot = find_slot(sh, k);
     e->next = NULL;
     *slot = e;
-    sh->count++;
-    account(t->store, sh, (int64_t)entry_bytes(e));
+    count_entry(s, sh, e);
+    track_expiry(s, sh, e, 0, expires_at_ms);
+    account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
 }
@@ -419,7 +623,7 @@ bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t exp
     entry *e = *find_slot(sh, k);
     if (e == NULL)
         return false;
-    track_expiry(sh, e->expires_at_ms, expires_at_ms);
+    track_expiry(t->store, sh, e, e->expires_at_ms, expires_at_ms);
     e->expires_at_ms = expires_at_ms;
     return true;
 }
@@ -433,11 +637,28 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k) {
     return true;
 }
 
+size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t version) {
+    drey_store *s = t->store;
+    shard *sh = txn_shard(t, k);
+    entry **slot = find_slot(sh, k);
+    if (*slot == NULL || (*slot)->version != version || retired(s, *slot))
+        return 0;
+    size_t bytes = entry_bytes(*slot);
+    cache_slot *c = drey_store__slot(s, (*slot)->cache_id);
+    atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->evicted_bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->evicted_bytes, bytes, memory_order_relaxed);
+    unlink_free(s, sh, slot);
+    return bytes;
+}
+
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired) {
     size_t idx = atomic_fetch_add_explicit(&s->sweep_shard, 1, memory_order_relaxed) % DREY_STORE_SHARDS;
     shard *sh = &s->shards[idx];
-    size_t examined = 0, freed = 0;
-    if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0)
+    size_t examined = 0, freed = 0, cleared = 0;
+    if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0 &&
+        atomic_load_explicit(&s->orphans, memory_order_relaxed) == 0)
         return 0; /* nothing can expire: no write lock to stall readers */
     pthread_rwlock_wrlock(&sh->lock);
     capture_if_pending(s, idx);
@@ -449,20 +670,24 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
         entry **slot = &sh->buckets[b];
         while (*slot != NULL) {
             examined++;
-            if (is_live(*slot, now_ms)) {
+            if (is_live(s, *slot, now_ms)) {
                 slot = &(*slot)->next;
                 continue;
             }
+            bool orphan = retired(s, *slot);
             size_t before = sh->mask;
             unlink_free(s, sh, slot);
             freed++;
+            cleared += orphan;
             if (sh->mask != before)
                 goto out; /* the table shrank under the cursor: resume next step */
         }
     }
 out:
     pthread_rwlock_unlock(&sh->lock);
-    atomic_fetch_add_explicit(&s->expired_swept, freed, memory_order_relaxed);
+    /* Cleared entries count as freed (the expiry cycle goes on while there
+     * are many), not as expired. */
+    atomic_fetch_add_explicit(&s->expired_swept, freed - cleared, memory_order_relaxed);
     *expired += freed;
     return examined;
 }
@@ -475,7 +700,7 @@ size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms) {
     shard *sh = shard_of(s, k->hash);
     pthread_rwlock_rdlock(&sh->lock);
     entry *e = *find_slot(sh, k);
-    size_t n = e != NULL && is_live(e, now_ms) ? entry_bytes(e) : 0;
+    size_t n = e != NULL && is_live(s, e, now_ms) ? entry_bytes(e) : 0;
     pthread_rwlock_unlock(&sh->lock);
     return n;
 }
@@ -492,4 +717,162 @@ void drey_store_get_stats(drey_store *s, drey_store_stats *out) {
         pthread_rwlock_unlock(&sh->lock);
     }
     out->expired_swept = atomic_load_explicit(&s->expired_swept, memory_order_relaxed);
+    int64_t orphans = atomic_load_explicit(&s->orphans, memory_order_relaxed);
+    out->clearing = orphans > 0 ? (uint64_t)orphans : 0;
+    out->evictions = atomic_load_explicit(&s->evictions, memory_order_relaxed);
+    out->evicted_bytes = atomic_load_explicit(&s->evicted_bytes, memory_order_relaxed);
+}
+
+/* --- caches --------------------------------------------------------------- */
+
+static void normalize_cache(const char **cache, size_t *len) {
+    if (*len == 7 && memcmp(*cache, "default", 7) == 0)
+        *len = 0;
+    if (*len == 0)
+        *cache = "";
+}
+
+static void stats_of(const cache_slot *c, drey_cache_stats *out) {
+    int64_t n = atomic_load_explicit(&c->entries, memory_order_relaxed);
+    int64_t b = atomic_load_explicit(&c->bytes, memory_order_relaxed);
+    int64_t x = atomic_load_explicit(&c->expiring, memory_order_relaxed);
+    out->cache = c->name;
+    out->cache_len = c->name_len;
+    /* Each counter is exact; read one after another while writers run,
+     * they may be a moment apart, never negative. */
+    out->entries = n > 0 ? (uint64_t)n : 0;
+    out->bytes = b > 0 ? (uint64_t)b : 0;
+    out->expiring = x > 0 ? (uint64_t)x : 0;
+    out->evictions = atomic_load_explicit(&c->evictions, memory_order_relaxed);
+    out->evicted_bytes = atomic_load_explicit(&c->evicted_bytes, memory_order_relaxed);
+}
+
+void drey_store_cache_stats(drey_store *s, const char *cache, size_t cache_len, drey_cache_stats *out) {
+    normalize_cache(&cache, &cache_len);
+    memset(out, 0, sizeof *out);
+    out->cache = cache;
+    out->cache_len = cache_len;
+    pthread_mutex_lock(&s->reg.mu);
+    bool found;
+    size_t i = map_find(s, cache, cache_len, &found);
+    if (found) {
+        stats_of(drey_store__slot(s, s->reg.map[i] - 1), out);
+        out->cache = cache; /* the slot's name is only valid under the lock */
+    }
+    pthread_mutex_unlock(&s->reg.mu);
+}
+
+void drey_store_list_caches(drey_store *s, void (*fn)(void *arg, const drey_cache_stats *c), void *arg) {
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->map_cap; i++) {
+        if (r->map[i] == MAP_EMPTY || r->map[i] == MAP_DELETED)
+            continue;
+        drey_cache_stats st;
+        stats_of(drey_store__slot(s, r->map[i] - 1), &st);
+        if (st.entries > 0)
+            fn(arg, &st);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_len) {
+    normalize_cache(&cache, &cache_len);
+    /* Every shard, in the transactions' order: no reader sees a part of the
+     * cache gone and another part still there. A capture in progress takes
+     * each shard as it was before the clear. */
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
+        pthread_rwlock_wrlock(&s->shards[i].lock);
+        capture_if_pending(s, i);
+    }
+    uint64_t cleared = 0;
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    bool found;
+    size_t i = map_find(s, cache, cache_len, &found);
+    if (found) {
+        uint32_t id = r->map[i] - 1;
+        cache_slot *c = drey_store__slot(s, id);
+        r->map[i] = MAP_DELETED;
+        int64_t n = atomic_load(&c->entries);
+        cleared = n > 0 ? (uint64_t)n : 0;
+        if (n > 0) {
+            c->retired = true;
+            atomic_fetch_add(&s->orphans, n);
+        } else {
+            slot_release(s, id);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (size_t j = DREY_STORE_SHARDS; j-- > 0;)
+        pthread_rwlock_unlock(&s->shards[j].lock);
+    return cleared;
+}
+
+/* --- scans ---------------------------------------------------------------- */
+
+static uint32_t rev32(uint32_t v) {
+    v = ((v >> 1) & 0x55555555u) | ((v & 0x55555555u) << 1);
+    v = ((v >> 2) & 0x33333333u) | ((v & 0x33333333u) << 2);
+    v = ((v >> 4) & 0x0f0f0f0fu) | ((v & 0x0f0f0f0fu) << 4);
+    v = ((v >> 8) & 0x00ff00ffu) | ((v & 0x00ff00ffu) << 8);
+    return (v >> 16) | (v << 16);
+}
+
+static bool scan_match(drey_store *s, const entry *e, const char *cache, size_t cache_len, const char *prefix,
+                       size_t prefix_len, int64_t now_ms) {
+    return e->cache_len == cache_len && memcmp(e->data, cache, cache_len) == 0 && e->key_len >= prefix_len &&
+           memcmp(e->data + cache_len, prefix, prefix_len) == 0 && is_live(s, e, now_ms);
+}
+
+size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
+                       int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
+                       void (*fn)(void *arg, const drey_store_item *item), void *arg) {
+    normalize_cache(&cache, &cache_len);
+    size_t delivered = 0, visited = 0;
+    while (pos->shard < DREY_STORE_SHARDS && visited < max_buckets) {
+        shard *sh = &s->shards[pos->shard];
+        pthread_rwlock_rdlock(&sh->lock);
+        uint32_t m = (uint32_t)sh->mask, v = pos->bucket;
+        bool stop = false;
+        while (visited < max_buckets) {
+            const entry *chain = sh->buckets[v & m];
+            size_t n = 0;
+            for (const entry *e = chain; e != NULL; e = e->next)
+                n += scan_match(s, e, cache, cache_len, prefix, prefix_len, now_ms);
+            if (delivered > 0 && delivered + n > limit) {
+                stop = true; /* this bucket starts the next page */
+                break;
+            }
+            for (const entry *e = chain; e != NULL; e = e->next) {
+                if (!scan_match(s, e, cache, cache_len, prefix, prefix_len, now_ms))
+                    continue;
+                drey_store_item it;
+                item_of(e, &it);
+                fn(arg, &it);
+            }
+            delivered += n;
+            visited++;
+            /* Reverse-binary increment: the bits above the mask first, so a
+             * table that doubled or halved since is still covered. */
+            v |= ~m;
+            v = rev32(rev32(v) + 1);
+            if (v == 0 || delivered >= limit)
+                break;
+        }
+        pthread_rwlock_unlock(&sh->lock);
+        if (stop) {
+            pos->bucket = v;
+            break;
+        }
+        if (v == 0) {
+            pos->shard++;
+            pos->bucket = 0;
+        } else {
+            pos->bucket = v;
+        }
+        if (delivered >= limit)
+            break;
+    }
+    return delivered;
 }

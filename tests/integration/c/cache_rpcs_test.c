@@ -1,6 +1,8 @@
 /* drey.cache.v1.Cache through the C client against the real dreyd: what
  * each method returns when it succeeds. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -390,4 +392,78 @@ Test(cache, a_retry_with_the_same_request_id_applies_once) {
                   GRPC_STATUS_FAILED_PRECONDITION, &st);
     cr_assert_str_eq(drey_client_status_reason(&st), "IDEMPOTENCY_KEY_REUSED");
     cr_assert_eq(get("", "n")->value->int64_value, 1);
+}
+
+Test(cache, remove_many_answers_per_key) {
+    uint64_t va = set("rm", "a", harness_string(&env, "1"))->version;
+    Drey__Cache__V1__RemoveManyRequest req = DREY__CACHE__V1__REMOVE_MANY_REQUEST__INIT;
+    char *keys[] = {"a", "missing"};
+    req.cache = "rm";
+    req.keys = keys;
+    req.n_keys = 2;
+    Drey__Cache__V1__RemoveManyResponse *r = CALL("RemoveMany", req, drey__cache__v1__remove_many_response__descriptor);
+    cr_assert_eq(r->n_results, 2);
+    cr_assert_str_eq(r->results[0]->key, "a");
+    cr_assert(r->results[0]->removed);
+    cr_assert_eq(r->results[0]->version, va);
+    cr_assert_str_eq(r->results[1]->key, "missing");
+    cr_assert_not(r->results[1]->removed);
+    cr_assert_not(get("rm", "a")->found);
+}
+
+Test(cache, scan_pages_through_a_cache_and_clear_empties_it) {
+    char key[32];
+    for (int i = 0; i < 120; i++) {
+        snprintf(key, sizeof key, "key-%03d", i);
+        set("sc", key, harness_int(&env, i));
+    }
+    set("sc-other", "key-000", harness_int(&env, 0));
+    bool seen[120] = {false};
+    size_t total = 0, pages = 0;
+    char *cursor = "";
+    do {
+        Drey__Cache__V1__ScanRequest req = DREY__CACHE__V1__SCAN_REQUEST__INIT;
+        req.cache = "sc";
+        req.limit = 25;
+        req.cursor = cursor;
+        req.include_values = true;
+        Drey__Cache__V1__ScanResponse *r = CALL("Scan", req, drey__cache__v1__scan_response__descriptor);
+        cr_assert_leq(r->n_items, 25);
+        for (size_t i = 0; i < r->n_items; i++) {
+            int n = atoi(r->items[i]->key + 4);
+            cr_assert(n >= 0 && n < 120 && !seen[n], "%s twice or unknown", r->items[i]->key);
+            seen[n] = true;
+            cr_assert_eq(r->items[i]->value->int64_value, n);
+            cr_assert_gt(r->items[i]->version, 0);
+            total++;
+        }
+        cursor = r->next_cursor;
+        pages++;
+    } while (cursor[0] != '\0' && pages < 1000);
+    cr_assert_eq(total, 120);
+    cr_assert_geq(pages, 5);
+
+    Drey__Cache__V1__GetCacheStatsRequest sreq = DREY__CACHE__V1__GET_CACHE_STATS_REQUEST__INIT;
+    sreq.cache = "sc";
+    Drey__Cache__V1__CacheStats *st = CALL("GetCacheStats", sreq, drey__cache__v1__cache_stats__descriptor);
+    cr_assert_eq(st->entries, 120);
+    cr_assert_gt(st->bytes, 120 * (8 + 7));
+
+    Drey__Cache__V1__ClearRequest creq = DREY__CACHE__V1__CLEAR_REQUEST__INIT;
+    creq.cache = "sc";
+    CALL("Clear", creq, drey__cache__v1__clear_response__descriptor);
+    st = CALL("GetCacheStats", sreq, drey__cache__v1__cache_stats__descriptor);
+    cr_assert_eq(st->entries, 0);
+    cr_assert_eq(st->bytes, 0);
+    cr_assert_not(get("sc", "key-001")->found);
+    cr_assert(get("sc-other", "key-000")->found);
+
+    Drey__Cache__V1__ListCachesRequest lreq = DREY__CACHE__V1__LIST_CACHES_REQUEST__INIT;
+    Drey__Cache__V1__ListCachesResponse *l = CALL("ListCaches", lreq, drey__cache__v1__list_caches_response__descriptor);
+    bool other = false;
+    for (size_t i = 0; i < l->n_caches; i++) {
+        cr_assert_str_neq(l->caches[i]->cache, "sc", "a cleared cache is listed");
+        other |= strcmp(l->caches[i]->cache, "sc-other") == 0 && l->caches[i]->entries == 1;
+    }
+    cr_assert(other);
 }

@@ -265,3 +265,40 @@ Test(cli_ephemeral, snapshot_is_refused_and_a_draining_node_is_not_ready) {
     free(out);
     free(err);
 }
+
+Test(cli, scan_clear_and_stats) {
+    EXPECT(0, NULL, "--cache=sc", "set", "a/1", "one");
+    EXPECT(0, NULL, "--cache=sc", "set", "a/2", "two");
+    EXPECT(0, NULL, "--cache=sc", "set", "b/1", "three");
+    EXPECT(0, NULL, "--cache=other", "set", "x", "y");
+    char *out, *err;
+    cr_assert_eq(DREY(&out, &err, "--cache=sc", "scan", "a/", "--values"), 0, "%s", err);
+    /* hash order: check both lines, whatever their order */
+    cr_assert(strstr(out, "a/1 version=") != NULL && strstr(out, " one\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "a/2 version=") != NULL && strstr(out, " two\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "b/1") == NULL, "%s", out);
+    int lines = 0;
+    for (const char *p = out; *p; p++)
+        lines += *p == '\n';
+    cr_assert_eq(lines, 2, "%s", out);
+    free(out);
+    free(err);
+    cr_assert_eq(DREY(&out, &err, "--cache=sc", "stats"), 0, "%s", err);
+    cr_assert_eq(strncmp(out, "sc entries=3 bytes=", strlen("sc entries=3 bytes=")), 0, "%s", out);
+    free(out);
+    free(err);
+    cr_assert_eq(DREY(&out, &err, "stats"), 0, "%s", err);
+    cr_assert(strstr(out, "other entries=1 ") != NULL && strstr(out, "sc entries=3 ") != NULL, "%s", out);
+    free(out);
+    free(err);
+    EXPECT(0, "cleared\n", "--cache=sc", "clear");
+    EXPECT(0, "", "--cache=sc", "scan");
+    EXPECT(0, NULL, "--cache=sc", "stats");
+    cr_assert_eq(DREY(&out, &err, "--cache=sc", "stats"), 0, "%s", err);
+    cr_assert_eq(strncmp(out, "sc entries=0 bytes=0 ", strlen("sc entries=0 bytes=0 ")), 0, "%s", out);
+    free(out);
+    free(err);
+    EXPECT(0, "y\n", "--cache=other", "get", "x");
+    /* --values belongs to scan only */
+    EXPECT(2, "", "get", "x", "--values");
+}

@@ -342,3 +342,14 @@ Test(limits, the_client_refuses_responses_over_its_receive_limit) {
     cr_assert_eq(code, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: %s", drey_client_code_name(code), st.message);
     cr_assert_str_eq(get("k")->value->string_value, v, "the default limit takes it");
 }
+
+Test(errors, a_bad_scan_cursor_is_invalid_argument_with_the_field) {
+    Drey__Cache__V1__ScanRequest req = DREY__CACHE__V1__SCAN_REQUEST__INIT;
+    req.cursor = "not-a-cursor";
+    drey_client_status st;
+    FAILS("Scan", req, drey__cache__v1__scan_response__descriptor, GRPC_STATUS_INVALID_ARGUMENT, &st);
+    cr_assert_str_eq(drey_client_status_reason(&st), "INVALID_CURSOR");
+    cr_assert_not_null(st.bad_request);
+    cr_assert_eq(st.bad_request->n_field_violations, 1);
+    cr_assert_str_eq(st.bad_request->field_violations[0]->field, "cursor");
+}

@@ -466,3 +466,85 @@ Test(commit, racing_attempts_of_one_request_apply_once) {
         cr_assert_eq(v, round + 1, "round %d: applied %" PRId64 " times in all", round, v);
     }
 }
+
+/* --- evictions ------------------------------------------------------------------- */
+
+static bool present(drey_store *st, const char *cache, const char *key) {
+    entry_copy e;
+    return read_entry(st, cache, key, T0 + 100, &e);
+}
+
+Test(commit, evictions_ride_in_the_record_and_replay_exactly) {
+    write_stack r;
+    stack_create(&r, RETENTION);
+    drey_write ws[4];
+    make_set(&s, &ws[0], &arena, "c", "victim", "1", 0, -1, "", "");
+    make_set(&s, &ws[1], &arena, "c", "rewritten", "1", 0, -1, "", "");
+    for (int i = 0; i < 2; i++) {
+        outcome o;
+        apply_at(s.commit, &ws[i], T0 + i, &o);
+        outcome_free(&o);
+        drey_journal_record rec = encode(&ws[i], (uint64_t)i + 1, T0 + i);
+        cr_assert_eq(drey_commit_replay(r.commit, &rec), 0);
+    }
+    /* chosen at versions 1 and 2; "rewritten" gets version 3 before the
+     * write that evicts applies, so it stays */
+    drey_store_victim v[2] = {
+        {.cache = "c", .cache_len = 1, .key = "victim", .key_len = 6, .version = 1},
+        {.cache = "c", .cache_len = 1, .key = "rewritten", .key_len = 9, .version = 2},
+    };
+    make_set(&s, &ws[2], &arena, "c", "rewritten", "2", 0, -1, "", "");
+    make_set(&s, &ws[3], &arena, "c", "new", "x", 0, -1, "rid-ev", "");
+    ws[3].evicted = v;
+    ws[3].n_evicted = 2;
+    for (int i = 2; i < 4; i++) {
+        outcome o;
+        apply_at(s.commit, &ws[i], T0 + i, &o);
+        outcome_free(&o);
+        drey_journal_record rec = encode(&ws[i], (uint64_t)i + 1, T0 + i);
+        cr_assert_eq(drey_commit_replay(r.commit, &rec), 0);
+    }
+    drey_store *stores[] = {s.store, r.store};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_not(present(stores[i], "c", "victim"), "store %d", i);
+        cr_assert(present(stores[i], "c", "rewritten"), "store %d: a rewritten victim was evicted", i);
+        cr_assert(present(stores[i], "c", "new"), "store %d", i);
+        drey_cache_stats cs;
+        drey_store_cache_stats(stores[i], "c", 1, &cs);
+        cr_assert_eq(cs.evictions, 1, "store %d", i);
+    }
+    /* a retry is answered from its outcome and evicts nothing more */
+    drey_write again = ws[3];
+    drey_store_victim more = {.cache = "c", .cache_len = 1, .key = "new", .key_len = 3, .version = 4};
+    again.evicted = &more;
+    again.n_evicted = 1;
+    outcome o;
+    apply_at(s.commit, &again, T0 + 10, &o);
+    outcome_free(&o);
+    cr_assert(present(s.store, "c", "new"));
+    /* a write that fails evicts nothing */
+    drey_write bad;
+    make_set(&s, &bad, &arena, "c", "new", "y", 0, 999, "", "");
+    bad.evicted = &more;
+    bad.n_evicted = 1;
+    apply_at(s.commit, &bad, T0 + 11, &o);
+    cr_assert_eq(o.st.error, DREY_ERR_VERSION_MISMATCH);
+    outcome_free(&o);
+    cr_assert(present(s.store, "c", "new"), "a failed write evicted");
+    stack_destroy(&r);
+}
+
+Test(commit, replay_refuses_an_eviction_drey_cannot_have_written) {
+    drey_write w;
+    make_set(&s, &w, &arena, "", "k", "v", 0, -1, "", "");
+    char long_cache[300];
+    memset(long_cache, 'c', sizeof long_cache - 1);
+    long_cache[sizeof long_cache - 1] = '\0';
+    drey_store_victim v = {.cache = long_cache, .cache_len = sizeof long_cache - 1, .key = "k", .key_len = 1,
+                           .version = 1};
+    w.evicted = &v;
+    w.n_evicted = 1;
+    drey_journal_record rec = encode(&w, 1, T0);
+    cr_assert_eq(drey_commit_replay(s.commit, &rec), -EINVAL);
+    cr_assert_eq(drey_store_last_version(s.store), 0, "nothing was applied");
+}

@@ -509,3 +509,70 @@ Test(memory, a_limit_of_zero_means_the_default) {
     cr_assert(eq(int, st.state, DREY_LEVEL_NORMAL), "an empty store under the default limit");
     cr_assert(admit(1));
 }
+
+/* --- eviction ---------------------------------------------------------------- */
+
+static const char *metadata_of(const drey_status *st, const char *key) {
+    for (size_t i = 0; i < st->n_metadata; i++)
+        if (strcmp(st->metadata[i].key, key) == 0)
+            return st->metadata[i].value;
+    return NULL;
+}
+
+Test(memory, with_a_policy_a_full_node_admits_with_victims_that_make_room) {
+    drey_store_set_policy(store, DREY_EVICT_ALLKEYS_LRU);
+    mem = create(100000, "n1");
+    char k[16];
+    for (int i = 0; drey_store_bytes(store) < 95000 - 1100; i++) {
+        snprintf(k, sizeof k, "k%03d", i);
+        put_bytes(k, 1000, NEVER);
+    }
+    int64_t used = drey_store_bytes(store), crit = stats().critical_bytes;
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    drey_status st;
+    drey_status_init(&st);
+    const drey_store_victim *v;
+    size_t n;
+    /* room left: no victims */
+    cr_assert(drey_memory_admit_evicting(mem, crit - used, 0, &a, &v, &n, &st));
+    cr_assert(eq(sz, n, 0));
+    /* 2.5 entries past critical: three victims */
+    int64_t one = (int64_t)drey_store_entry_bytes(0, 4, 1000);
+    cr_assert(drey_memory_admit_evicting(mem, crit - used + one * 5 / 2, 0, &a, &v, &n, &st));
+    cr_assert(eq(sz, n, 3));
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(eq(sz, v[i].cache_len, 0));
+        cr_assert(eq(sz, v[i].key_len, 4));
+        cr_assert(gt(u64, v[i].version, 0));
+    }
+    cr_assert(eq(i64, drey_store_bytes(store), used), "admission only chooses: nothing was removed");
+    cr_assert(eq(u64, stats().evicting_admissions, 1));
+    /* more than everything there is: refused, with the policy said */
+    cr_assert(not(drey_memory_admit_evicting(mem, 200000, 0, &a, &v, &n, &st)));
+    cr_assert(eq(int, st.error, DREY_ERR_MEMORY_PRESSURE));
+    cr_assert(eq(str, (char *)metadata_of(&st, "evictionPolicy"), "allkeys-lru"));
+    cr_assert_not_null(metadata_of(&st, "evictableBytes"));
+    cr_assert(eq(sz, n, 0));
+    drey_arena_destroy(&a);
+}
+
+Test(memory, volatile_policies_refuse_when_only_entries_without_expiry_are_left) {
+    drey_store_set_policy(store, DREY_EVICT_VOLATILE_TTL);
+    mem = create(100000, "n1");
+    set_used(95000);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    drey_status st;
+    drey_status_init(&st);
+    const drey_store_victim *v;
+    size_t n;
+    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, &a, &v, &n, &st)));
+    cr_assert(eq(str, (char *)metadata_of(&st, "evictableBytes"), "0"));
+    /* without a policy the refusal is today's, metadata and all */
+    drey_store_set_policy(store, DREY_EVICT_NONE);
+    drey_status_init(&st);
+    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, &a, &v, &n, &st)));
+    cr_assert_null(metadata_of(&st, "evictionPolicy"));
+    drey_arena_destroy(&a);
+}

@@ -1188,3 +1188,45 @@ Test(storage, a_derived_cap_follows_the_file_system_and_outlives_losing_sight_of
     cr_assert_not_null(strstr(logbuf, "\"snapshot_room\":\"low\""), "%s", logbuf);
     cr_assert_not_null(strstr(logbuf, "\"snapshot_room\":\"short\""), "%s", logbuf);
 }
+
+/* --- the hash seed ------------------------------------------------------------ */
+
+Test(storage, the_hash_seed_is_written_once_and_read_back) {
+    write_stack s;
+    stack_create(&s, RETENTION);
+    drey_storage_options o = sopts(64 * 1024, 2);
+    uint8_t mine[16], other[16];
+    drey_store_get_seed(s.store, mine);
+    drey_storage *st = node_open(&o, &s);
+    drey_storage_close(st);
+    stack_destroy(&s);
+    write_stack r;
+    stack_create(&r, RETENTION);
+    drey_store_get_seed(r.store, other);
+    cr_assert(memcmp(mine, other, 16) != 0, "two stores drew the same seed");
+    st = node_open(&o, &r);
+    drey_store_get_seed(r.store, other);
+    cr_assert(memcmp(mine, other, 16) == 0, "the seed did not come back from SEED");
+    drey_storage_close(st);
+    stack_destroy(&r);
+}
+
+Test(storage, a_seed_that_cannot_be_written_or_is_damaged_refuses) {
+    drey_storage_options o = sopts(64 * 1024, 2);
+    write_stack s;
+    stack_create(&s, RETENTION);
+    drey_io_fault_fail_write(fs, 1, EIO, false); /* SEED is the first file a new directory gets */
+    char err[2048] = "";
+    drey_storage *st = NULL;
+    cr_assert_eq(drey_storage_open(&o, s.store, s.commit, &st, err, sizeof err), -EIO);
+    cr_assert(strstr(err, "cannot write " DIR "/SEED") != NULL, "%s", err);
+    st = node_open(&o, &s);
+    drey_storage_close(st);
+    stack_destroy(&s);
+    damage_file("SEED", 6);
+    write_stack r;
+    stack_create(&r, RETENTION);
+    cr_assert_eq(drey_storage_open(&o, r.store, r.commit, &st, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, DIR "/SEED is damaged") != NULL, "%s", err);
+    stack_destroy(&r);
+}

@@ -1098,3 +1098,240 @@ Test(store, capture_shard_delivers_once) {
     drey_store_capture_end(s);
     cr_assert(eq(sz, c.total, 200));
 }
+
+/* --- caches: figures and clearing ------------------------------------------ */
+
+static drey_cache_stats cache_stats(const char *cache) {
+    drey_cache_stats cs;
+    drey_store_cache_stats(s, cache, strlen(cache), &cs);
+    return cs;
+}
+
+static size_t sweep_everything(int64_t now) {
+    return sweep_all(now, SIZE_MAX, 4);
+}
+
+Test(store, each_cache_counts_its_entries_bytes_and_expiries) {
+    put("a", "k1", "v1", NEVER, 1);
+    put("a", "k2", "value", 5000, 2);
+    put("b", "k1", "x", NEVER, 3);
+    put("default", "d", "yy", NEVER, 4);
+    drey_cache_stats a = cache_stats("a"), b = cache_stats("b"), d = cache_stats("");
+    cr_assert(eq(u64, a.entries, 2));
+    cr_assert(eq(u64, a.bytes, entry_bytes("a", "k1", 2) + entry_bytes("a", "k2", 5)));
+    cr_assert(eq(u64, a.expiring, 1));
+    cr_assert(eq(u64, b.entries, 1));
+    cr_assert(eq(u64, b.bytes, entry_bytes("b", "k1", 1)));
+    cr_assert(eq(u64, d.entries, 1), "\"\" and \"default\" are one cache");
+    cr_assert(eq(u64, cache_stats("default").bytes, entry_bytes("", "d", 2)));
+    cr_assert(eq(u64, cache_stats("none").entries, 0));
+    /* an overwrite, an expiry change, a removal */
+    put("a", "k1", "longer value", NEVER, 5);
+    drey_key k2 = key_in("a", "k2");
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k2, 1);
+    drey_store_txn_set_expiry(&t, &k2, NEVER);
+    drey_store_txn_end(&t);
+    a = cache_stats("a");
+    cr_assert(eq(u64, a.bytes, entry_bytes("a", "k1", 12) + entry_bytes("a", "k2", 5)));
+    cr_assert(eq(u64, a.expiring, 0));
+    cr_assert(remove_key(&k2));
+    a = cache_stats("a");
+    cr_assert(eq(u64, a.entries, 1));
+    cr_assert(eq(u64, a.bytes, entry_bytes("a", "k1", 12)));
+    cr_assert(eq(u64, (uint64_t)drey_store_bytes(s), a.bytes + cache_stats("b").bytes + cache_stats("").bytes));
+}
+
+typedef struct listed {
+    char names[8][32];
+    uint64_t entries[8];
+    int n;
+} listed;
+
+static void list_fn(void *arg, const drey_cache_stats *c) {
+    listed *l = arg;
+    cr_assert(lt(int, l->n, 8));
+    snprintf(l->names[l->n], sizeof l->names[0], "%.*s", (int)c->cache_len, c->cache);
+    l->entries[l->n++] = c->entries;
+}
+
+Test(store, list_caches_names_those_holding_entries) {
+    put("a", "k", "v", NEVER, 1);
+    put("b", "k", "v", NEVER, 2);
+    put("b", "j", "v", NEVER, 3);
+    drey_key k = key_in("a", "k");
+    cr_assert(remove_key(&k));
+    listed l = {0};
+    drey_store_list_caches(s, list_fn, &l);
+    cr_assert(eq(int, l.n, 1), "an empty cache is not listed");
+    cr_assert(eq(str, l.names[0], "b"));
+    cr_assert(eq(u64, l.entries[0], 2));
+}
+
+Test(store, clear_hides_the_cache_at_once_and_the_sweep_frees_it) {
+    for (int i = 0; i < 500; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        put("c", k, "value", i % 2 ? 10000 : NEVER, (uint64_t)i + 1);
+    }
+    put("other", "k1", "v", NEVER, 1000);
+    int64_t before = drey_store_bytes(s);
+    int64_t other = (int64_t)cache_stats("other").bytes;
+    cr_assert(eq(u64, drey_store_clear_cache(s, "c", 1), 500));
+    assert_missing("c", "k1", 0);
+    assert_missing("c", "k2", 0);
+    assert_string("other", "k1", 0, "v");
+    drey_cache_stats c = cache_stats("c");
+    cr_assert(eq(u64, c.entries, 0), "the cleared cache's figures are zero at once");
+    cr_assert(eq(u64, c.bytes, 0));
+    cr_assert(eq(i64, drey_store_bytes(s), before), "memory is counted until it is freed");
+    cr_assert(eq(u64, stats().clearing, 500));
+    /* a write to the name opens it afresh, replacing a cleared entry */
+    put("c", "k3", "new", NEVER, 2000);
+    assert_string("c", "k3", 0, "new");
+    cr_assert(eq(u64, cache_stats("c").entries, 1));
+    cr_assert(eq(u64, stats().clearing, 499));
+    uint64_t swept = stats().expired_swept;
+    cr_assert(eq(u64, sweep_everything(0), 499), "the sweep frees cleared entries");
+    cr_assert(eq(u64, stats().expired_swept, swept), "freeing cleared entries is not expiry");
+    cr_assert(eq(u64, stats().clearing, 0));
+    cr_assert(eq(i64, drey_store_bytes(s), other + (int64_t)entry_bytes("c", "k3", 3)));
+    cr_assert(eq(u64, drey_store_clear_cache(s, "nothing", 7), 0));
+}
+
+Test(store, clearing_a_cache_again_and_again_reuses_its_slots) {
+    for (int round = 0; round < 2000; round++) {
+        put("loop", "k", "v", NEVER, (uint64_t)round + 1);
+        drey_store_clear_cache(s, "loop", 4);
+        sweep_everything(0);
+    }
+    cr_assert(eq(u64, stats().entries, 0));
+    cr_assert(eq(i64, drey_store_bytes(s), 0));
+}
+
+typedef struct capture_count {
+    size_t items;
+} capture_count;
+
+static void count_capture(void *ctx, size_t shard, const drey_store_item *item) {
+    (void)shard;
+    if (item != NULL)
+        ((capture_count *)ctx)->items++;
+}
+
+Test(store, a_snapshot_capture_skips_cleared_entries) {
+    put("c", "k1", "v", NEVER, 1);
+    put("d", "k1", "v", NEVER, 2);
+    drey_store_clear_cache(s, "c", 1);
+    capture_count cc = {0};
+    drey_store_capture_begin(s, count_capture, &cc, 0);
+    drey_store_capture_end(s);
+    cr_assert(eq(sz, cc.items, 1));
+}
+
+/* --- scans ------------------------------------------------------------------ */
+
+typedef struct scanned {
+    char keys[4096][16];
+    size_t n;
+} scanned;
+
+static void scan_fn(void *arg, const drey_store_item *it) {
+    scanned *sc = arg;
+    cr_assert(lt(sz, sc->n, 4096));
+    snprintf(sc->keys[sc->n++], 16, "%.*s", (int)it->key_len, it->key);
+}
+
+static bool scanned_has(const scanned *sc, const char *k) {
+    for (size_t i = 0; i < sc->n; i++)
+        if (strcmp(sc->keys[i], k) == 0)
+            return true;
+    return false;
+}
+
+Test(store, a_scan_returns_each_live_key_of_the_cache) {
+    for (int i = 0; i < 1000; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "%c%d", i % 4 ? 'p' : 'q', i);
+        put("s", k, "v", i == 7 ? 50 : NEVER, (uint64_t)i + 1);
+        put("t", k, "v", NEVER, (uint64_t)i + 5000);
+    }
+    static scanned sc;
+    sc.n = 0;
+    drey_store_scan_pos pos = {0, 0};
+    size_t pages = 0;
+    while (pos.shard < DREY_STORE_SHARDS) {
+        size_t got = drey_store_scan(s, "s", 1, "", 0, 100, &pos, 10, 1 << 20, scan_fn, &sc);
+        cr_assert(le(sz, got, 10), "a page of %zu", got);
+        pages++;
+    }
+    cr_assert(eq(sz, sc.n, 999), "every live key once, the expired one skipped");
+    cr_assert(ge(sz, pages, 100));
+    cr_assert(not(scanned_has(&sc, "p7")));
+    sc.n = 0;
+    pos = (drey_store_scan_pos){0, 0};
+    while (pos.shard < DREY_STORE_SHARDS)
+        drey_store_scan(s, "s", 1, "q", 1, 100, &pos, 1000, 1 << 20, scan_fn, &sc);
+    cr_assert(eq(sz, sc.n, 250));
+    /* a page's work is bounded by buckets too */
+    pos = (drey_store_scan_pos){0, 0};
+    sc.n = 0;
+    drey_store_scan(s, "none", 4, "", 0, 100, &pos, 100, 10, scan_fn, &sc);
+    cr_assert(eq(sz, sc.n, 0));
+    cr_assert(lt(u32, pos.shard, DREY_STORE_SHARDS), "10 buckets cannot finish the table");
+}
+
+Test(store, a_scan_covers_keys_present_throughout_while_the_table_resizes) {
+    for (int i = 0; i < 2000; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "s%d", i);
+        put("r", k, "v", NEVER, (uint64_t)i + 1);
+    }
+    static scanned sc;
+    sc.n = 0;
+    drey_store_scan_pos pos = {0, 0};
+    int round = 0;
+    while (pos.shard < DREY_STORE_SHARDS) {
+        drey_store_scan(s, "r", 1, "", 0, 0, &pos, 7, 1 << 20, scan_fn, &sc);
+        /* grow the table, then shrink it back, between pages */
+        char k[32];
+        if (round % 40 < 20) {
+            for (int j = 0; j < 400; j++) {
+                snprintf(k, sizeof k, "x%d-%d", round, j);
+                put("other", k, "v", NEVER, 100000 + (uint64_t)round * 1000 + (uint64_t)j);
+            }
+        } else {
+            for (int j = 0; j < 400; j++) {
+                snprintf(k, sizeof k, "x%d-%d", round - 20, j);
+                drey_key key = key_in("other", k);
+                remove_key(&key);
+            }
+        }
+        round++;
+    }
+    cr_assert(gt(int, round, 100));
+    for (int i = 0; i < 2000; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "s%d", i);
+        cr_assert(scanned_has(&sc, k), "%s was present throughout and not returned", k);
+    }
+}
+
+Test(store, a_tag_depends_on_the_seed_and_the_bytes) {
+    uint64_t t1 = drey_store_tag(s, "abc", 3);
+    cr_assert(eq(u64, t1, drey_store_tag(s, "abc", 3)));
+    cr_assert(ne(u64, t1, drey_store_tag(s, "abd", 3)));
+    uint8_t seed[16];
+    drey_store_get_seed(s, seed);
+    drey_store *other = drey_store_create();
+    cr_assert(ne(u64, t1, drey_store_tag(other, "abc", 3)));
+    drey_store_set_seed(other, seed);
+    cr_assert(eq(u64, t1, drey_store_tag(other, "abc", 3)));
+    drey_store_destroy(other);
+}
+
+Test(store, setting_the_seed_of_a_store_with_entries_aborts, .signal = SIGABRT) {
+    put("", "k", "v", NEVER, 1);
+    uint8_t seed[16] = {0};
+    drey_store_set_seed(s, seed);
+}

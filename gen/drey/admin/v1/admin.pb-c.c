@@ -196,6 +196,12 @@ void   drey__admin__v1__readiness_details__data_disk__init
   static const Drey__Admin__V1__ReadinessDetails__DataDisk init_value = DREY__ADMIN__V1__READINESS_DETAILS__DATA_DISK__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__eviction__init
+                     (Drey__Admin__V1__ReadinessDetails__Eviction         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Eviction init_value = DREY__ADMIN__V1__READINESS_DETAILS__EVICTION__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__cluster__init
                      (Drey__Admin__V1__ReadinessDetails__Cluster         *message)
 {
@@ -1144,6 +1150,83 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__data_disk__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__eviction__field_descriptors[4] =
+{
+  {
+    "policy",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, policy),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evicted_entries",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, evicted_entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evicted_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, evicted_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "refused_writes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Eviction, refused_writes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__eviction__field_indices_by_name[] = {
+  2,   /* field[2] = evicted_bytes */
+  1,   /* field[1] = evicted_entries */
+  0,   /* field[0] = policy */
+  3,   /* field[3] = refused_writes */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__eviction__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Eviction",
+  "Eviction",
+  "Drey__Admin__V1__ReadinessDetails__Eviction",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Eviction),
+  4,
+  drey__admin__v1__readiness_details__eviction__field_descriptors,
+  drey__admin__v1__readiness_details__eviction__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__eviction__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__eviction__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[13] =
 {
   {
@@ -1338,7 +1421,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[10] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[11] =
 {
   {
     "ready",
@@ -1449,6 +1532,18 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
+    "eviction",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, eviction),
+    &drey__admin__v1__readiness_details__eviction__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
     "cluster",
     11,
     PROTOBUF_C_LABEL_NONE,
@@ -1463,9 +1558,10 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
   3,   /* field[3] = backpressure */
-  9,   /* field[9] = cluster */
+  10,   /* field[10] = cluster */
   6,   /* field[6] = compaction */
   8,   /* field[8] = data_disk */
+  9,   /* field[9] = eviction */
   4,   /* field[4] = journal */
   1,   /* field[1] = journal_disk */
   2,   /* field[2] = memory */
@@ -1473,11 +1569,10 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
   7,   /* field[7] = recovery */
   5,   /* field[5] = snapshot */
 };
-static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[2 + 1] =
+static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 11, 9 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -1487,10 +1582,10 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  10,
+  11,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
-  2,  drey__admin__v1__readiness_details__number_ranges,
+  1,  drey__admin__v1__readiness_details__number_ranges,
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__init,
   NULL,NULL,NULL    /* reserved[123] */
 };

@@ -29,6 +29,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Snapshot Drey__Admin__V1__Read
 typedef struct Drey__Admin__V1__ReadinessDetails__Compaction Drey__Admin__V1__ReadinessDetails__Compaction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__ReadinessDetails__Recovery;
 typedef struct Drey__Admin__V1__ReadinessDetails__DataDisk Drey__Admin__V1__ReadinessDetails__DataDisk;
+typedef struct Drey__Admin__V1__ReadinessDetails__Eviction Drey__Admin__V1__ReadinessDetails__Eviction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster Drey__Admin__V1__ReadinessDetails__Cluster;
 
 
@@ -256,6 +257,29 @@ struct  Drey__Admin__V1__ReadinessDetails__DataDisk
     , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
 
 
+struct  Drey__Admin__V1__ReadinessDetails__Eviction
+{
+  ProtobufCMessage base;
+  /*
+   * none, allkeys-lru, allkeys-lfu, volatile-lru or volatile-ttl.
+   */
+  char *policy;
+  /*
+   * Entries and bytes evicted since start, every cache.
+   */
+  uint64_t evicted_entries;
+  uint64_t evicted_bytes;
+  /*
+   * Writes refused with MEMORY_PRESSURE because nothing evictable was
+   * left (or no policy is in force).
+   */
+  uint64_t refused_writes;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__EVICTION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__eviction__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0 }
+
+
 /*
  * A cluster node's view (absent on a single node). It stays ready while it
  * can route: with etcd unreachable it serves with the table it has, which
@@ -321,11 +345,12 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__Compaction *compaction;
   Drey__Admin__V1__ReadinessDetails__Recovery *recovery;
   Drey__Admin__V1__ReadinessDetails__DataDisk *data_disk;
+  Drey__Admin__V1__ReadinessDetails__Eviction *eviction;
   Drey__Admin__V1__ReadinessDetails__Cluster *cluster;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -412,6 +437,9 @@ void   drey__admin__v1__readiness_details__recovery__init
 /* Drey__Admin__V1__ReadinessDetails__DataDisk methods */
 void   drey__admin__v1__readiness_details__data_disk__init
                      (Drey__Admin__V1__ReadinessDetails__DataDisk         *message);
+/* Drey__Admin__V1__ReadinessDetails__Eviction methods */
+void   drey__admin__v1__readiness_details__eviction__init
+                     (Drey__Admin__V1__ReadinessDetails__Eviction         *message);
 /* Drey__Admin__V1__ReadinessDetails__Cluster methods */
 void   drey__admin__v1__readiness_details__cluster__init
                      (Drey__Admin__V1__ReadinessDetails__Cluster         *message);
@@ -472,6 +500,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Recovery_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__DataDisk_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__DataDisk *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Eviction_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Eviction *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Cluster *message,
                   void *closure_data);
@@ -527,6 +558,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__snap
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__compaction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__recovery__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 

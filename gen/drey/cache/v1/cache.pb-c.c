@@ -1144,6 +1144,468 @@ void   drey__cache__v1__increment_response__free_unpacked
   assert(message->base.descriptor == &drey__cache__v1__increment_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__cache__v1__remove_many_request__init
+                     (Drey__Cache__V1__RemoveManyRequest         *message)
+{
+  static const Drey__Cache__V1__RemoveManyRequest init_value = DREY__CACHE__V1__REMOVE_MANY_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__remove_many_request__get_packed_size
+                     (const Drey__Cache__V1__RemoveManyRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__remove_many_request__pack
+                     (const Drey__Cache__V1__RemoveManyRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__remove_many_request__pack_to_buffer
+                     (const Drey__Cache__V1__RemoveManyRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__RemoveManyRequest *
+       drey__cache__v1__remove_many_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__RemoveManyRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__remove_many_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__remove_many_request__free_unpacked
+                     (Drey__Cache__V1__RemoveManyRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__remove_many_response__result__init
+                     (Drey__Cache__V1__RemoveManyResponse__Result         *message)
+{
+  static const Drey__Cache__V1__RemoveManyResponse__Result init_value = DREY__CACHE__V1__REMOVE_MANY_RESPONSE__RESULT__INIT;
+  *message = init_value;
+}
+void   drey__cache__v1__remove_many_response__init
+                     (Drey__Cache__V1__RemoveManyResponse         *message)
+{
+  static const Drey__Cache__V1__RemoveManyResponse init_value = DREY__CACHE__V1__REMOVE_MANY_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__remove_many_response__get_packed_size
+                     (const Drey__Cache__V1__RemoveManyResponse *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__remove_many_response__pack
+                     (const Drey__Cache__V1__RemoveManyResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__remove_many_response__pack_to_buffer
+                     (const Drey__Cache__V1__RemoveManyResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__RemoveManyResponse *
+       drey__cache__v1__remove_many_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__RemoveManyResponse *)
+     protobuf_c_message_unpack (&drey__cache__v1__remove_many_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__remove_many_response__free_unpacked
+                     (Drey__Cache__V1__RemoveManyResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__remove_many_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__scan_request__init
+                     (Drey__Cache__V1__ScanRequest         *message)
+{
+  static const Drey__Cache__V1__ScanRequest init_value = DREY__CACHE__V1__SCAN_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__scan_request__get_packed_size
+                     (const Drey__Cache__V1__ScanRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__scan_request__pack
+                     (const Drey__Cache__V1__ScanRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__scan_request__pack_to_buffer
+                     (const Drey__Cache__V1__ScanRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ScanRequest *
+       drey__cache__v1__scan_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ScanRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__scan_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__scan_request__free_unpacked
+                     (Drey__Cache__V1__ScanRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__scan_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__scan_response__item__init
+                     (Drey__Cache__V1__ScanResponse__Item         *message)
+{
+  static const Drey__Cache__V1__ScanResponse__Item init_value = DREY__CACHE__V1__SCAN_RESPONSE__ITEM__INIT;
+  *message = init_value;
+}
+void   drey__cache__v1__scan_response__init
+                     (Drey__Cache__V1__ScanResponse         *message)
+{
+  static const Drey__Cache__V1__ScanResponse init_value = DREY__CACHE__V1__SCAN_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__scan_response__get_packed_size
+                     (const Drey__Cache__V1__ScanResponse *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__scan_response__pack
+                     (const Drey__Cache__V1__ScanResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__scan_response__pack_to_buffer
+                     (const Drey__Cache__V1__ScanResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__scan_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ScanResponse *
+       drey__cache__v1__scan_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ScanResponse *)
+     protobuf_c_message_unpack (&drey__cache__v1__scan_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__scan_response__free_unpacked
+                     (Drey__Cache__V1__ScanResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__scan_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__clear_request__init
+                     (Drey__Cache__V1__ClearRequest         *message)
+{
+  static const Drey__Cache__V1__ClearRequest init_value = DREY__CACHE__V1__CLEAR_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__clear_request__get_packed_size
+                     (const Drey__Cache__V1__ClearRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__clear_request__pack
+                     (const Drey__Cache__V1__ClearRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__clear_request__pack_to_buffer
+                     (const Drey__Cache__V1__ClearRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ClearRequest *
+       drey__cache__v1__clear_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ClearRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__clear_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__clear_request__free_unpacked
+                     (Drey__Cache__V1__ClearRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__clear_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__clear_response__init
+                     (Drey__Cache__V1__ClearResponse         *message)
+{
+  static const Drey__Cache__V1__ClearResponse init_value = DREY__CACHE__V1__CLEAR_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__clear_response__get_packed_size
+                     (const Drey__Cache__V1__ClearResponse *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__clear_response__pack
+                     (const Drey__Cache__V1__ClearResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__clear_response__pack_to_buffer
+                     (const Drey__Cache__V1__ClearResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__clear_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ClearResponse *
+       drey__cache__v1__clear_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ClearResponse *)
+     protobuf_c_message_unpack (&drey__cache__v1__clear_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__clear_response__free_unpacked
+                     (Drey__Cache__V1__ClearResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__clear_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__list_caches_request__init
+                     (Drey__Cache__V1__ListCachesRequest         *message)
+{
+  static const Drey__Cache__V1__ListCachesRequest init_value = DREY__CACHE__V1__LIST_CACHES_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__list_caches_request__get_packed_size
+                     (const Drey__Cache__V1__ListCachesRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__list_caches_request__pack
+                     (const Drey__Cache__V1__ListCachesRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__list_caches_request__pack_to_buffer
+                     (const Drey__Cache__V1__ListCachesRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ListCachesRequest *
+       drey__cache__v1__list_caches_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ListCachesRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__list_caches_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__list_caches_request__free_unpacked
+                     (Drey__Cache__V1__ListCachesRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__list_caches_response__init
+                     (Drey__Cache__V1__ListCachesResponse         *message)
+{
+  static const Drey__Cache__V1__ListCachesResponse init_value = DREY__CACHE__V1__LIST_CACHES_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__list_caches_response__get_packed_size
+                     (const Drey__Cache__V1__ListCachesResponse *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__list_caches_response__pack
+                     (const Drey__Cache__V1__ListCachesResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__list_caches_response__pack_to_buffer
+                     (const Drey__Cache__V1__ListCachesResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__ListCachesResponse *
+       drey__cache__v1__list_caches_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__ListCachesResponse *)
+     protobuf_c_message_unpack (&drey__cache__v1__list_caches_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__list_caches_response__free_unpacked
+                     (Drey__Cache__V1__ListCachesResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__list_caches_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__get_cache_stats_request__init
+                     (Drey__Cache__V1__GetCacheStatsRequest         *message)
+{
+  static const Drey__Cache__V1__GetCacheStatsRequest init_value = DREY__CACHE__V1__GET_CACHE_STATS_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__get_cache_stats_request__get_packed_size
+                     (const Drey__Cache__V1__GetCacheStatsRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__get_cache_stats_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__get_cache_stats_request__pack
+                     (const Drey__Cache__V1__GetCacheStatsRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__get_cache_stats_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__get_cache_stats_request__pack_to_buffer
+                     (const Drey__Cache__V1__GetCacheStatsRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__get_cache_stats_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__GetCacheStatsRequest *
+       drey__cache__v1__get_cache_stats_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__GetCacheStatsRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__get_cache_stats_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__get_cache_stats_request__free_unpacked
+                     (Drey__Cache__V1__GetCacheStatsRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__get_cache_stats_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__cache_stats__init
+                     (Drey__Cache__V1__CacheStats         *message)
+{
+  static const Drey__Cache__V1__CacheStats init_value = DREY__CACHE__V1__CACHE_STATS__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__cache_stats__get_packed_size
+                     (const Drey__Cache__V1__CacheStats *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__cache_stats__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__cache_stats__pack
+                     (const Drey__Cache__V1__CacheStats *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__cache_stats__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__cache_stats__pack_to_buffer
+                     (const Drey__Cache__V1__CacheStats *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__cache_stats__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__CacheStats *
+       drey__cache__v1__cache_stats__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__CacheStats *)
+     protobuf_c_message_unpack (&drey__cache__v1__cache_stats__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__cache_stats__free_unpacked
+                     (Drey__Cache__V1__CacheStats *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__cache_stats__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor drey__cache__v1__value__field_descriptors[7] =
 {
   {
@@ -3184,7 +3646,657 @@ const ProtobufCMessageDescriptor drey__cache__v1__increment_response__descriptor
   (ProtobufCMessageInit) drey__cache__v1__increment_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[12] =
+static const ProtobufCFieldDescriptor drey__cache__v1__remove_many_request__field_descriptors[3] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__RemoveManyRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "keys",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Drey__Cache__V1__RemoveManyRequest, n_keys),
+    offsetof(Drey__Cache__V1__RemoveManyRequest, keys),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "request_id",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__RemoveManyRequest, request_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__remove_many_request__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+  1,   /* field[1] = keys */
+  2,   /* field[2] = request_id */
+};
+static const ProtobufCIntRange drey__cache__v1__remove_many_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__remove_many_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.RemoveManyRequest",
+  "RemoveManyRequest",
+  "Drey__Cache__V1__RemoveManyRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__RemoveManyRequest),
+  3,
+  drey__cache__v1__remove_many_request__field_descriptors,
+  drey__cache__v1__remove_many_request__field_indices_by_name,
+  1,  drey__cache__v1__remove_many_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__remove_many_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__remove_many_response__result__field_descriptors[3] =
+{
+  {
+    "key",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__RemoveManyResponse__Result, key),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "removed",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__RemoveManyResponse__Result, removed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__RemoveManyResponse__Result, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__remove_many_response__result__field_indices_by_name[] = {
+  0,   /* field[0] = key */
+  1,   /* field[1] = removed */
+  2,   /* field[2] = version */
+};
+static const ProtobufCIntRange drey__cache__v1__remove_many_response__result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__remove_many_response__result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.RemoveManyResponse.Result",
+  "Result",
+  "Drey__Cache__V1__RemoveManyResponse__Result",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__RemoveManyResponse__Result),
+  3,
+  drey__cache__v1__remove_many_response__result__field_descriptors,
+  drey__cache__v1__remove_many_response__result__field_indices_by_name,
+  1,  drey__cache__v1__remove_many_response__result__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__remove_many_response__result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__remove_many_response__field_descriptors[1] =
+{
+  {
+    "results",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__RemoveManyResponse, n_results),
+    offsetof(Drey__Cache__V1__RemoveManyResponse, results),
+    &drey__cache__v1__remove_many_response__result__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__remove_many_response__field_indices_by_name[] = {
+  0,   /* field[0] = results */
+};
+static const ProtobufCIntRange drey__cache__v1__remove_many_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__remove_many_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.RemoveManyResponse",
+  "RemoveManyResponse",
+  "Drey__Cache__V1__RemoveManyResponse",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__RemoveManyResponse),
+  1,
+  drey__cache__v1__remove_many_response__field_descriptors,
+  drey__cache__v1__remove_many_response__field_indices_by_name,
+  1,  drey__cache__v1__remove_many_response__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__remove_many_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__scan_request__field_descriptors[5] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "prefix",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanRequest, prefix),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "limit",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanRequest, limit),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cursor",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanRequest, cursor),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "include_values",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanRequest, include_values),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__scan_request__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+  3,   /* field[3] = cursor */
+  4,   /* field[4] = include_values */
+  2,   /* field[2] = limit */
+  1,   /* field[1] = prefix */
+};
+static const ProtobufCIntRange drey__cache__v1__scan_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__scan_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ScanRequest",
+  "ScanRequest",
+  "Drey__Cache__V1__ScanRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ScanRequest),
+  5,
+  drey__cache__v1__scan_request__field_descriptors,
+  drey__cache__v1__scan_request__field_indices_by_name,
+  1,  drey__cache__v1__scan_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__scan_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__scan_response__item__field_descriptors[4] =
+{
+  {
+    "key",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanResponse__Item, key),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanResponse__Item, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "value",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanResponse__Item, value),
+    &drey__cache__v1__value__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "expires_at",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanResponse__Item, expires_at),
+    &google__protobuf__timestamp__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__scan_response__item__field_indices_by_name[] = {
+  3,   /* field[3] = expires_at */
+  0,   /* field[0] = key */
+  2,   /* field[2] = value */
+  1,   /* field[1] = version */
+};
+static const ProtobufCIntRange drey__cache__v1__scan_response__item__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__scan_response__item__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ScanResponse.Item",
+  "Item",
+  "Drey__Cache__V1__ScanResponse__Item",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ScanResponse__Item),
+  4,
+  drey__cache__v1__scan_response__item__field_descriptors,
+  drey__cache__v1__scan_response__item__field_indices_by_name,
+  1,  drey__cache__v1__scan_response__item__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__scan_response__item__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__scan_response__field_descriptors[2] =
+{
+  {
+    "items",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__ScanResponse, n_items),
+    offsetof(Drey__Cache__V1__ScanResponse, items),
+    &drey__cache__v1__scan_response__item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "next_cursor",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ScanResponse, next_cursor),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__scan_response__field_indices_by_name[] = {
+  0,   /* field[0] = items */
+  1,   /* field[1] = next_cursor */
+};
+static const ProtobufCIntRange drey__cache__v1__scan_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__scan_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ScanResponse",
+  "ScanResponse",
+  "Drey__Cache__V1__ScanResponse",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ScanResponse),
+  2,
+  drey__cache__v1__scan_response__field_descriptors,
+  drey__cache__v1__scan_response__field_indices_by_name,
+  1,  drey__cache__v1__scan_response__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__scan_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__clear_request__field_descriptors[2] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ClearRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "request_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__ClearRequest, request_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__clear_request__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+  1,   /* field[1] = request_id */
+};
+static const ProtobufCIntRange drey__cache__v1__clear_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__clear_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ClearRequest",
+  "ClearRequest",
+  "Drey__Cache__V1__ClearRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ClearRequest),
+  2,
+  drey__cache__v1__clear_request__field_descriptors,
+  drey__cache__v1__clear_request__field_indices_by_name,
+  1,  drey__cache__v1__clear_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__clear_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define drey__cache__v1__clear_response__field_descriptors NULL
+#define drey__cache__v1__clear_response__field_indices_by_name NULL
+#define drey__cache__v1__clear_response__number_ranges NULL
+const ProtobufCMessageDescriptor drey__cache__v1__clear_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ClearResponse",
+  "ClearResponse",
+  "Drey__Cache__V1__ClearResponse",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ClearResponse),
+  0,
+  drey__cache__v1__clear_response__field_descriptors,
+  drey__cache__v1__clear_response__field_indices_by_name,
+  0,  drey__cache__v1__clear_response__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__clear_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define drey__cache__v1__list_caches_request__field_descriptors NULL
+#define drey__cache__v1__list_caches_request__field_indices_by_name NULL
+#define drey__cache__v1__list_caches_request__number_ranges NULL
+const ProtobufCMessageDescriptor drey__cache__v1__list_caches_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ListCachesRequest",
+  "ListCachesRequest",
+  "Drey__Cache__V1__ListCachesRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ListCachesRequest),
+  0,
+  drey__cache__v1__list_caches_request__field_descriptors,
+  drey__cache__v1__list_caches_request__field_indices_by_name,
+  0,  drey__cache__v1__list_caches_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__list_caches_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__list_caches_response__field_descriptors[1] =
+{
+  {
+    "caches",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__ListCachesResponse, n_caches),
+    offsetof(Drey__Cache__V1__ListCachesResponse, caches),
+    &drey__cache__v1__cache_stats__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__list_caches_response__field_indices_by_name[] = {
+  0,   /* field[0] = caches */
+};
+static const ProtobufCIntRange drey__cache__v1__list_caches_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__list_caches_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.ListCachesResponse",
+  "ListCachesResponse",
+  "Drey__Cache__V1__ListCachesResponse",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__ListCachesResponse),
+  1,
+  drey__cache__v1__list_caches_response__field_descriptors,
+  drey__cache__v1__list_caches_response__field_indices_by_name,
+  1,  drey__cache__v1__list_caches_response__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__list_caches_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__get_cache_stats_request__field_descriptors[1] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetCacheStatsRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__get_cache_stats_request__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+};
+static const ProtobufCIntRange drey__cache__v1__get_cache_stats_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__get_cache_stats_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.GetCacheStatsRequest",
+  "GetCacheStatsRequest",
+  "Drey__Cache__V1__GetCacheStatsRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__GetCacheStatsRequest),
+  1,
+  drey__cache__v1__get_cache_stats_request__field_descriptors,
+  drey__cache__v1__get_cache_stats_request__field_indices_by_name,
+  1,  drey__cache__v1__get_cache_stats_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__get_cache_stats_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__cache_stats__field_descriptors[6] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "entries",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evictions",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, evictions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "evicted_bytes",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, evicted_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "expiring",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__CacheStats, expiring),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__cache_stats__field_indices_by_name[] = {
+  2,   /* field[2] = bytes */
+  0,   /* field[0] = cache */
+  1,   /* field[1] = entries */
+  4,   /* field[4] = evicted_bytes */
+  3,   /* field[3] = evictions */
+  5,   /* field[5] = expiring */
+};
+static const ProtobufCIntRange drey__cache__v1__cache_stats__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__cache_stats__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.CacheStats",
+  "CacheStats",
+  "Drey__Cache__V1__CacheStats",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__CacheStats),
+  6,
+  drey__cache__v1__cache_stats__field_descriptors,
+  drey__cache__v1__cache_stats__field_indices_by_name,
+  1,  drey__cache__v1__cache_stats__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__cache_stats__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[17] =
 {
   { "Get", &drey__cache__v1__get_request__descriptor, &drey__cache__v1__get_response__descriptor },
   { "GetMany", &drey__cache__v1__get_many_request__descriptor, &drey__cache__v1__get_many_response__descriptor },
@@ -3198,16 +4310,26 @@ static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptor
   { "Persist", &drey__cache__v1__persist_request__descriptor, &drey__cache__v1__persist_response__descriptor },
   { "GetExpiration", &drey__cache__v1__get_expiration_request__descriptor, &drey__cache__v1__get_expiration_response__descriptor },
   { "Increment", &drey__cache__v1__increment_request__descriptor, &drey__cache__v1__increment_response__descriptor },
+  { "RemoveMany", &drey__cache__v1__remove_many_request__descriptor, &drey__cache__v1__remove_many_response__descriptor },
+  { "Scan", &drey__cache__v1__scan_request__descriptor, &drey__cache__v1__scan_response__descriptor },
+  { "Clear", &drey__cache__v1__clear_request__descriptor, &drey__cache__v1__clear_response__descriptor },
+  { "ListCaches", &drey__cache__v1__list_caches_request__descriptor, &drey__cache__v1__list_caches_response__descriptor },
+  { "GetCacheStats", &drey__cache__v1__get_cache_stats_request__descriptor, &drey__cache__v1__cache_stats__descriptor },
 };
 const unsigned drey__cache__v1__cache__method_indices_by_name[] = {
   4,        /* Add */
+  14,        /* Clear */
   0,        /* Get */
+  16,        /* GetCacheStats */
   10,        /* GetExpiration */
   1,        /* GetMany */
   6,        /* GetOrAdd */
   11,        /* Increment */
+  15,        /* ListCaches */
   9,        /* Persist */
   7,        /* Remove */
+  12,        /* RemoveMany */
+  13,        /* Scan */
   2,        /* Set */
   3,        /* SetMany */
   8,        /* Touch */
@@ -3220,7 +4342,7 @@ const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor =
   "Cache",
   "Drey__Cache__V1__Cache",
   "drey.cache.v1",
-  12,
+  17,
   drey__cache__v1__cache__method_descriptors,
   drey__cache__v1__cache__method_indices_by_name
 };
@@ -3319,6 +4441,46 @@ void drey__cache__v1__cache__increment(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__cache__v1__cache__descriptor);
   service->invoke(service, 11, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__remove_many(ProtobufCService *service,
+                                         const Drey__Cache__V1__RemoveManyRequest *input,
+                                         Drey__Cache__V1__RemoveManyResponse_Closure closure,
+                                         void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 12, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__scan(ProtobufCService *service,
+                                  const Drey__Cache__V1__ScanRequest *input,
+                                  Drey__Cache__V1__ScanResponse_Closure closure,
+                                  void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 13, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__clear(ProtobufCService *service,
+                                   const Drey__Cache__V1__ClearRequest *input,
+                                   Drey__Cache__V1__ClearResponse_Closure closure,
+                                   void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 14, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__list_caches(ProtobufCService *service,
+                                         const Drey__Cache__V1__ListCachesRequest *input,
+                                         Drey__Cache__V1__ListCachesResponse_Closure closure,
+                                         void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 15, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__get_cache_stats(ProtobufCService *service,
+                                             const Drey__Cache__V1__GetCacheStatsRequest *input,
+                                             Drey__Cache__V1__CacheStats_Closure closure,
+                                             void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 16, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
                                    Drey__Cache__V1__Cache_ServiceDestroy destroy)

@@ -45,6 +45,18 @@ typedef struct Drey__Cache__V1__GetExpirationRequest Drey__Cache__V1__GetExpirat
 typedef struct Drey__Cache__V1__GetExpirationResponse Drey__Cache__V1__GetExpirationResponse;
 typedef struct Drey__Cache__V1__IncrementRequest Drey__Cache__V1__IncrementRequest;
 typedef struct Drey__Cache__V1__IncrementResponse Drey__Cache__V1__IncrementResponse;
+typedef struct Drey__Cache__V1__RemoveManyRequest Drey__Cache__V1__RemoveManyRequest;
+typedef struct Drey__Cache__V1__RemoveManyResponse Drey__Cache__V1__RemoveManyResponse;
+typedef struct Drey__Cache__V1__RemoveManyResponse__Result Drey__Cache__V1__RemoveManyResponse__Result;
+typedef struct Drey__Cache__V1__ScanRequest Drey__Cache__V1__ScanRequest;
+typedef struct Drey__Cache__V1__ScanResponse Drey__Cache__V1__ScanResponse;
+typedef struct Drey__Cache__V1__ScanResponse__Item Drey__Cache__V1__ScanResponse__Item;
+typedef struct Drey__Cache__V1__ClearRequest Drey__Cache__V1__ClearRequest;
+typedef struct Drey__Cache__V1__ClearResponse Drey__Cache__V1__ClearResponse;
+typedef struct Drey__Cache__V1__ListCachesRequest Drey__Cache__V1__ListCachesRequest;
+typedef struct Drey__Cache__V1__ListCachesResponse Drey__Cache__V1__ListCachesResponse;
+typedef struct Drey__Cache__V1__GetCacheStatsRequest Drey__Cache__V1__GetCacheStatsRequest;
+typedef struct Drey__Cache__V1__CacheStats Drey__Cache__V1__CacheStats;
 
 
 /* --- enums --- */
@@ -546,6 +558,187 @@ struct  Drey__Cache__V1__IncrementResponse
     , 0, 0, 0 }
 
 
+struct  Drey__Cache__V1__RemoveManyRequest
+{
+  ProtobufCMessage base;
+  char *cache;
+  size_t n_keys;
+  char **keys;
+  char *request_id;
+};
+#define DREY__CACHE__V1__REMOVE_MANY_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__remove_many_request__descriptor) \
+    , (char *)protobuf_c_empty_string, 0,NULL, (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Cache__V1__RemoveManyResponse__Result
+{
+  ProtobufCMessage base;
+  char *key;
+  protobuf_c_boolean removed;
+  /*
+   * The version of the removed entry.
+   */
+  uint64_t version;
+};
+#define DREY__CACHE__V1__REMOVE_MANY_RESPONSE__RESULT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__remove_many_response__result__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0 }
+
+
+struct  Drey__Cache__V1__RemoveManyResponse
+{
+  ProtobufCMessage base;
+  /*
+   * One result per key, in request order.
+   */
+  size_t n_results;
+  Drey__Cache__V1__RemoveManyResponse__Result **results;
+};
+#define DREY__CACHE__V1__REMOVE_MANY_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__remove_many_response__descriptor) \
+    , 0,NULL }
+
+
+struct  Drey__Cache__V1__ScanRequest
+{
+  ProtobufCMessage base;
+  char *cache;
+  /*
+   * Only keys that start with this.
+   */
+  char *prefix;
+  /*
+   * At most this many keys per page (0: 100; at most 1,000). A page may
+   * hold more when more keys than that share one hash bucket.
+   */
+  uint32_t limit;
+  /*
+   * "" starts a scan; else the next_cursor of the previous page.
+   */
+  char *cursor;
+  /*
+   * Return values and expiries too (keys and versions always come).
+   */
+  protobuf_c_boolean include_values;
+};
+#define DREY__CACHE__V1__SCAN_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__scan_request__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0 }
+
+
+struct  Drey__Cache__V1__ScanResponse__Item
+{
+  ProtobufCMessage base;
+  char *key;
+  uint64_t version;
+  Drey__Cache__V1__Value *value;
+  Google__Protobuf__Timestamp *expires_at;
+};
+#define DREY__CACHE__V1__SCAN_RESPONSE__ITEM__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__scan_response__item__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, NULL, NULL }
+
+
+struct  Drey__Cache__V1__ScanResponse
+{
+  ProtobufCMessage base;
+  size_t n_items;
+  Drey__Cache__V1__ScanResponse__Item **items;
+  /*
+   * "" when the scan is complete. A page may be empty while the cursor is
+   * not: keep going until it is "". Opaque: a cursor issued before the
+   * node's hash seed changed (an ephemeral node restarted) is refused with
+   * INVALID_ARGUMENT INVALID_CURSOR, never misread.
+   */
+  char *next_cursor;
+};
+#define DREY__CACHE__V1__SCAN_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__scan_response__descriptor) \
+    , 0,NULL, (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Cache__V1__ClearRequest
+{
+  ProtobufCMessage base;
+  char *cache;
+  char *request_id;
+};
+#define DREY__CACHE__V1__CLEAR_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__clear_request__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Cache__V1__ClearResponse
+{
+  ProtobufCMessage base;
+};
+#define DREY__CACHE__V1__CLEAR_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__clear_response__descriptor) \
+     }
+
+
+struct  Drey__Cache__V1__ListCachesRequest
+{
+  ProtobufCMessage base;
+};
+#define DREY__CACHE__V1__LIST_CACHES_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__list_caches_request__descriptor) \
+     }
+
+
+struct  Drey__Cache__V1__ListCachesResponse
+{
+  ProtobufCMessage base;
+  size_t n_caches;
+  Drey__Cache__V1__CacheStats **caches;
+};
+#define DREY__CACHE__V1__LIST_CACHES_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__list_caches_response__descriptor) \
+    , 0,NULL }
+
+
+struct  Drey__Cache__V1__GetCacheStatsRequest
+{
+  ProtobufCMessage base;
+  char *cache;
+};
+#define DREY__CACHE__V1__GET_CACHE_STATS_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__get_cache_stats_request__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Cache__V1__CacheStats
+{
+  ProtobufCMessage base;
+  /*
+   * "default" for the default cache.
+   */
+  char *cache;
+  /*
+   * Entries stored, expired ones not yet freed included.
+   */
+  uint64_t entries;
+  /*
+   * Accounted bytes of those entries (what --memory-limit counts).
+   */
+  uint64_t bytes;
+  /*
+   * Entries evicted under memory pressure and their bytes, since the
+   * process started (evictions replayed from the journal included).
+   */
+  uint64_t evictions;
+  uint64_t evicted_bytes;
+  /*
+   * Entries with an expiry among `entries`.
+   */
+  uint64_t expiring;
+};
+#define DREY__CACHE__V1__CACHE_STATS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__cache_stats__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
+
+
 /* Drey__Cache__V1__Value methods */
 void   drey__cache__v1__value__init
                      (Drey__Cache__V1__Value         *message);
@@ -1027,6 +1220,202 @@ Drey__Cache__V1__IncrementResponse *
 void   drey__cache__v1__increment_response__free_unpacked
                      (Drey__Cache__V1__IncrementResponse *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__RemoveManyRequest methods */
+void   drey__cache__v1__remove_many_request__init
+                     (Drey__Cache__V1__RemoveManyRequest         *message);
+size_t drey__cache__v1__remove_many_request__get_packed_size
+                     (const Drey__Cache__V1__RemoveManyRequest   *message);
+size_t drey__cache__v1__remove_many_request__pack
+                     (const Drey__Cache__V1__RemoveManyRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__remove_many_request__pack_to_buffer
+                     (const Drey__Cache__V1__RemoveManyRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__RemoveManyRequest *
+       drey__cache__v1__remove_many_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__remove_many_request__free_unpacked
+                     (Drey__Cache__V1__RemoveManyRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__RemoveManyResponse__Result methods */
+void   drey__cache__v1__remove_many_response__result__init
+                     (Drey__Cache__V1__RemoveManyResponse__Result         *message);
+/* Drey__Cache__V1__RemoveManyResponse methods */
+void   drey__cache__v1__remove_many_response__init
+                     (Drey__Cache__V1__RemoveManyResponse         *message);
+size_t drey__cache__v1__remove_many_response__get_packed_size
+                     (const Drey__Cache__V1__RemoveManyResponse   *message);
+size_t drey__cache__v1__remove_many_response__pack
+                     (const Drey__Cache__V1__RemoveManyResponse   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__remove_many_response__pack_to_buffer
+                     (const Drey__Cache__V1__RemoveManyResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__RemoveManyResponse *
+       drey__cache__v1__remove_many_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__remove_many_response__free_unpacked
+                     (Drey__Cache__V1__RemoveManyResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ScanRequest methods */
+void   drey__cache__v1__scan_request__init
+                     (Drey__Cache__V1__ScanRequest         *message);
+size_t drey__cache__v1__scan_request__get_packed_size
+                     (const Drey__Cache__V1__ScanRequest   *message);
+size_t drey__cache__v1__scan_request__pack
+                     (const Drey__Cache__V1__ScanRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__scan_request__pack_to_buffer
+                     (const Drey__Cache__V1__ScanRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ScanRequest *
+       drey__cache__v1__scan_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__scan_request__free_unpacked
+                     (Drey__Cache__V1__ScanRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ScanResponse__Item methods */
+void   drey__cache__v1__scan_response__item__init
+                     (Drey__Cache__V1__ScanResponse__Item         *message);
+/* Drey__Cache__V1__ScanResponse methods */
+void   drey__cache__v1__scan_response__init
+                     (Drey__Cache__V1__ScanResponse         *message);
+size_t drey__cache__v1__scan_response__get_packed_size
+                     (const Drey__Cache__V1__ScanResponse   *message);
+size_t drey__cache__v1__scan_response__pack
+                     (const Drey__Cache__V1__ScanResponse   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__scan_response__pack_to_buffer
+                     (const Drey__Cache__V1__ScanResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ScanResponse *
+       drey__cache__v1__scan_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__scan_response__free_unpacked
+                     (Drey__Cache__V1__ScanResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ClearRequest methods */
+void   drey__cache__v1__clear_request__init
+                     (Drey__Cache__V1__ClearRequest         *message);
+size_t drey__cache__v1__clear_request__get_packed_size
+                     (const Drey__Cache__V1__ClearRequest   *message);
+size_t drey__cache__v1__clear_request__pack
+                     (const Drey__Cache__V1__ClearRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__clear_request__pack_to_buffer
+                     (const Drey__Cache__V1__ClearRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ClearRequest *
+       drey__cache__v1__clear_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__clear_request__free_unpacked
+                     (Drey__Cache__V1__ClearRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ClearResponse methods */
+void   drey__cache__v1__clear_response__init
+                     (Drey__Cache__V1__ClearResponse         *message);
+size_t drey__cache__v1__clear_response__get_packed_size
+                     (const Drey__Cache__V1__ClearResponse   *message);
+size_t drey__cache__v1__clear_response__pack
+                     (const Drey__Cache__V1__ClearResponse   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__clear_response__pack_to_buffer
+                     (const Drey__Cache__V1__ClearResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ClearResponse *
+       drey__cache__v1__clear_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__clear_response__free_unpacked
+                     (Drey__Cache__V1__ClearResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ListCachesRequest methods */
+void   drey__cache__v1__list_caches_request__init
+                     (Drey__Cache__V1__ListCachesRequest         *message);
+size_t drey__cache__v1__list_caches_request__get_packed_size
+                     (const Drey__Cache__V1__ListCachesRequest   *message);
+size_t drey__cache__v1__list_caches_request__pack
+                     (const Drey__Cache__V1__ListCachesRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__list_caches_request__pack_to_buffer
+                     (const Drey__Cache__V1__ListCachesRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ListCachesRequest *
+       drey__cache__v1__list_caches_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__list_caches_request__free_unpacked
+                     (Drey__Cache__V1__ListCachesRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__ListCachesResponse methods */
+void   drey__cache__v1__list_caches_response__init
+                     (Drey__Cache__V1__ListCachesResponse         *message);
+size_t drey__cache__v1__list_caches_response__get_packed_size
+                     (const Drey__Cache__V1__ListCachesResponse   *message);
+size_t drey__cache__v1__list_caches_response__pack
+                     (const Drey__Cache__V1__ListCachesResponse   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__list_caches_response__pack_to_buffer
+                     (const Drey__Cache__V1__ListCachesResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__ListCachesResponse *
+       drey__cache__v1__list_caches_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__list_caches_response__free_unpacked
+                     (Drey__Cache__V1__ListCachesResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__GetCacheStatsRequest methods */
+void   drey__cache__v1__get_cache_stats_request__init
+                     (Drey__Cache__V1__GetCacheStatsRequest         *message);
+size_t drey__cache__v1__get_cache_stats_request__get_packed_size
+                     (const Drey__Cache__V1__GetCacheStatsRequest   *message);
+size_t drey__cache__v1__get_cache_stats_request__pack
+                     (const Drey__Cache__V1__GetCacheStatsRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__get_cache_stats_request__pack_to_buffer
+                     (const Drey__Cache__V1__GetCacheStatsRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__GetCacheStatsRequest *
+       drey__cache__v1__get_cache_stats_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__get_cache_stats_request__free_unpacked
+                     (Drey__Cache__V1__GetCacheStatsRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__CacheStats methods */
+void   drey__cache__v1__cache_stats__init
+                     (Drey__Cache__V1__CacheStats         *message);
+size_t drey__cache__v1__cache_stats__get_packed_size
+                     (const Drey__Cache__V1__CacheStats   *message);
+size_t drey__cache__v1__cache_stats__pack
+                     (const Drey__Cache__V1__CacheStats   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__cache_stats__pack_to_buffer
+                     (const Drey__Cache__V1__CacheStats   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__CacheStats *
+       drey__cache__v1__cache_stats__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__cache_stats__free_unpacked
+                     (Drey__Cache__V1__CacheStats *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Drey__Cache__V1__Value_Closure)
@@ -1110,6 +1499,42 @@ typedef void (*Drey__Cache__V1__IncrementRequest_Closure)
 typedef void (*Drey__Cache__V1__IncrementResponse_Closure)
                  (const Drey__Cache__V1__IncrementResponse *message,
                   void *closure_data);
+typedef void (*Drey__Cache__V1__RemoveManyRequest_Closure)
+                 (const Drey__Cache__V1__RemoveManyRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__RemoveManyResponse__Result_Closure)
+                 (const Drey__Cache__V1__RemoveManyResponse__Result *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__RemoveManyResponse_Closure)
+                 (const Drey__Cache__V1__RemoveManyResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ScanRequest_Closure)
+                 (const Drey__Cache__V1__ScanRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ScanResponse__Item_Closure)
+                 (const Drey__Cache__V1__ScanResponse__Item *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ScanResponse_Closure)
+                 (const Drey__Cache__V1__ScanResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ClearRequest_Closure)
+                 (const Drey__Cache__V1__ClearRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ClearResponse_Closure)
+                 (const Drey__Cache__V1__ClearResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ListCachesRequest_Closure)
+                 (const Drey__Cache__V1__ListCachesRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__ListCachesResponse_Closure)
+                 (const Drey__Cache__V1__ListCachesResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__GetCacheStatsRequest_Closure)
+                 (const Drey__Cache__V1__GetCacheStatsRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__CacheStats_Closure)
+                 (const Drey__Cache__V1__CacheStats *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1165,6 +1590,26 @@ struct Drey__Cache__V1__Cache_Service
                     const Drey__Cache__V1__IncrementRequest *input,
                     Drey__Cache__V1__IncrementResponse_Closure closure,
                     void *closure_data);
+  void (*remove_many)(Drey__Cache__V1__Cache_Service *service,
+                      const Drey__Cache__V1__RemoveManyRequest *input,
+                      Drey__Cache__V1__RemoveManyResponse_Closure closure,
+                      void *closure_data);
+  void (*scan)(Drey__Cache__V1__Cache_Service *service,
+               const Drey__Cache__V1__ScanRequest *input,
+               Drey__Cache__V1__ScanResponse_Closure closure,
+               void *closure_data);
+  void (*clear)(Drey__Cache__V1__Cache_Service *service,
+                const Drey__Cache__V1__ClearRequest *input,
+                Drey__Cache__V1__ClearResponse_Closure closure,
+                void *closure_data);
+  void (*list_caches)(Drey__Cache__V1__Cache_Service *service,
+                      const Drey__Cache__V1__ListCachesRequest *input,
+                      Drey__Cache__V1__ListCachesResponse_Closure closure,
+                      void *closure_data);
+  void (*get_cache_stats)(Drey__Cache__V1__Cache_Service *service,
+                          const Drey__Cache__V1__GetCacheStatsRequest *input,
+                          Drey__Cache__V1__CacheStats_Closure closure,
+                          void *closure_data);
 };
 typedef void (*Drey__Cache__V1__Cache_ServiceDestroy)(Drey__Cache__V1__Cache_Service *);
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
@@ -1184,7 +1629,12 @@ void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
       function_prefix__ ## touch,\
       function_prefix__ ## persist,\
       function_prefix__ ## get_expiration,\
-      function_prefix__ ## increment  }
+      function_prefix__ ## increment,\
+      function_prefix__ ## remove_many,\
+      function_prefix__ ## scan,\
+      function_prefix__ ## clear,\
+      function_prefix__ ## list_caches,\
+      function_prefix__ ## get_cache_stats  }
 void drey__cache__v1__cache__get(ProtobufCService *service,
                                  const Drey__Cache__V1__GetRequest *input,
                                  Drey__Cache__V1__GetResponse_Closure closure,
@@ -1233,6 +1683,26 @@ void drey__cache__v1__cache__increment(ProtobufCService *service,
                                        const Drey__Cache__V1__IncrementRequest *input,
                                        Drey__Cache__V1__IncrementResponse_Closure closure,
                                        void *closure_data);
+void drey__cache__v1__cache__remove_many(ProtobufCService *service,
+                                         const Drey__Cache__V1__RemoveManyRequest *input,
+                                         Drey__Cache__V1__RemoveManyResponse_Closure closure,
+                                         void *closure_data);
+void drey__cache__v1__cache__scan(ProtobufCService *service,
+                                  const Drey__Cache__V1__ScanRequest *input,
+                                  Drey__Cache__V1__ScanResponse_Closure closure,
+                                  void *closure_data);
+void drey__cache__v1__cache__clear(ProtobufCService *service,
+                                   const Drey__Cache__V1__ClearRequest *input,
+                                   Drey__Cache__V1__ClearResponse_Closure closure,
+                                   void *closure_data);
+void drey__cache__v1__cache__list_caches(ProtobufCService *service,
+                                         const Drey__Cache__V1__ListCachesRequest *input,
+                                         Drey__Cache__V1__ListCachesResponse_Closure closure,
+                                         void *closure_data);
+void drey__cache__v1__cache__get_cache_stats(ProtobufCService *service,
+                                             const Drey__Cache__V1__GetCacheStatsRequest *input,
+                                             Drey__Cache__V1__CacheStats_Closure closure,
+                                             void *closure_data);
 
 /* --- descriptors --- */
 
@@ -1263,6 +1733,18 @@ extern const ProtobufCMessageDescriptor drey__cache__v1__get_expiration_request_
 extern const ProtobufCMessageDescriptor drey__cache__v1__get_expiration_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__increment_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__increment_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__remove_many_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__remove_many_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__remove_many_response__result__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__scan_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__scan_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__scan_response__item__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__clear_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__clear_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__list_caches_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__list_caches_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__get_cache_stats_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__cache_stats__descriptor;
 extern const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor;
 
 PROTOBUF_C__END_DECLS

@@ -52,6 +52,51 @@ void   drey__journal__v1__journal_record__free_unpacked
   assert(message->base.descriptor == &drey__journal__v1__journal_record__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__journal__v1__evicted__init
+                     (Drey__Journal__V1__Evicted         *message)
+{
+  static const Drey__Journal__V1__Evicted init_value = DREY__JOURNAL__V1__EVICTED__INIT;
+  *message = init_value;
+}
+size_t drey__journal__v1__evicted__get_packed_size
+                     (const Drey__Journal__V1__Evicted *message)
+{
+  assert(message->base.descriptor == &drey__journal__v1__evicted__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__journal__v1__evicted__pack
+                     (const Drey__Journal__V1__Evicted *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__journal__v1__evicted__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__journal__v1__evicted__pack_to_buffer
+                     (const Drey__Journal__V1__Evicted *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__journal__v1__evicted__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Journal__V1__Evicted *
+       drey__journal__v1__evicted__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Journal__V1__Evicted *)
+     protobuf_c_message_unpack (&drey__journal__v1__evicted__descriptor,
+                                allocator, len, data);
+}
+void   drey__journal__v1__evicted__free_unpacked
+                     (Drey__Journal__V1__Evicted *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__journal__v1__evicted__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   drey__journal__v1__manifest__init
                      (Drey__Journal__V1__Manifest         *message)
 {
@@ -97,7 +142,7 @@ void   drey__journal__v1__manifest__free_unpacked
   assert(message->base.descriptor == &drey__journal__v1__manifest__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[4] =
+static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[5] =
 {
   {
     "method",
@@ -147,8 +192,21 @@ static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "evicted",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Journal__V1__JournalRecord, n_evicted),
+    offsetof(Drey__Journal__V1__JournalRecord, evicted),
+    &drey__journal__v1__evicted__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__journal__v1__journal_record__field_indices_by_name[] = {
+  4,   /* field[4] = evicted */
   0,   /* field[0] = method */
   2,   /* field[2] = principal */
   1,   /* field[1] = request */
@@ -157,7 +215,7 @@ static const unsigned drey__journal__v1__journal_record__field_indices_by_name[]
 static const ProtobufCIntRange drey__journal__v1__journal_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
 {
@@ -167,11 +225,75 @@ const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
   "Drey__Journal__V1__JournalRecord",
   "drey.journal.v1",
   sizeof(Drey__Journal__V1__JournalRecord),
-  4,
+  5,
   drey__journal__v1__journal_record__field_descriptors,
   drey__journal__v1__journal_record__field_indices_by_name,
   1,  drey__journal__v1__journal_record__number_ranges,
   (ProtobufCMessageInit) drey__journal__v1__journal_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__journal__v1__evicted__field_descriptors[3] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Journal__V1__Evicted, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "key",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Journal__V1__Evicted, key),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Journal__V1__Evicted, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__journal__v1__evicted__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+  1,   /* field[1] = key */
+  2,   /* field[2] = version */
+};
+static const ProtobufCIntRange drey__journal__v1__evicted__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__journal__v1__evicted__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.journal.v1.Evicted",
+  "Evicted",
+  "Drey__Journal__V1__Evicted",
+  "drey.journal.v1",
+  sizeof(Drey__Journal__V1__Evicted),
+  3,
+  drey__journal__v1__evicted__field_descriptors,
+  drey__journal__v1__evicted__field_indices_by_name,
+  1,  drey__journal__v1__evicted__number_ranges,
+  (ProtobufCMessageInit) drey__journal__v1__evicted__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor drey__journal__v1__manifest__field_descriptors[3] =

@@ -16,6 +16,7 @@ PROTOBUF_C__BEGIN_DECLS
 
 
 typedef struct Drey__Journal__V1__JournalRecord Drey__Journal__V1__JournalRecord;
+typedef struct Drey__Journal__V1__Evicted Drey__Journal__V1__Evicted;
 typedef struct Drey__Journal__V1__Manifest Drey__Journal__V1__Manifest;
 
 
@@ -46,10 +47,30 @@ struct  Drey__Journal__V1__JournalRecord
    */
   char *principal;
   char *request_id;
+  /*
+   * Entries evicted to make room for this write (--eviction), removed once
+   * the write has applied successfully, each only if it still has the
+   * version it had when chosen. Replay removes exactly what was removed
+   * live, so a restarted node holds what its clients last saw.
+   */
+  size_t n_evicted;
+  Drey__Journal__V1__Evicted **evicted;
 };
 #define DREY__JOURNAL__V1__JOURNAL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__journal__v1__journal_record__descriptor) \
-    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL }
+
+
+struct  Drey__Journal__V1__Evicted
+{
+  ProtobufCMessage base;
+  char *cache;
+  ProtobufCBinaryData key;
+  uint64_t version;
+};
+#define DREY__JOURNAL__V1__EVICTED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__journal__v1__evicted__descriptor) \
+    , (char *)protobuf_c_empty_string, {0,NULL}, 0 }
 
 
 /*
@@ -97,6 +118,25 @@ Drey__Journal__V1__JournalRecord *
 void   drey__journal__v1__journal_record__free_unpacked
                      (Drey__Journal__V1__JournalRecord *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Journal__V1__Evicted methods */
+void   drey__journal__v1__evicted__init
+                     (Drey__Journal__V1__Evicted         *message);
+size_t drey__journal__v1__evicted__get_packed_size
+                     (const Drey__Journal__V1__Evicted   *message);
+size_t drey__journal__v1__evicted__pack
+                     (const Drey__Journal__V1__Evicted   *message,
+                      uint8_t             *out);
+size_t drey__journal__v1__evicted__pack_to_buffer
+                     (const Drey__Journal__V1__Evicted   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Journal__V1__Evicted *
+       drey__journal__v1__evicted__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__journal__v1__evicted__free_unpacked
+                     (Drey__Journal__V1__Evicted *message,
+                      ProtobufCAllocator *allocator);
 /* Drey__Journal__V1__Manifest methods */
 void   drey__journal__v1__manifest__init
                      (Drey__Journal__V1__Manifest         *message);
@@ -121,6 +161,9 @@ void   drey__journal__v1__manifest__free_unpacked
 typedef void (*Drey__Journal__V1__JournalRecord_Closure)
                  (const Drey__Journal__V1__JournalRecord *message,
                   void *closure_data);
+typedef void (*Drey__Journal__V1__Evicted_Closure)
+                 (const Drey__Journal__V1__Evicted *message,
+                  void *closure_data);
 typedef void (*Drey__Journal__V1__Manifest_Closure)
                  (const Drey__Journal__V1__Manifest *message,
                   void *closure_data);
@@ -131,6 +174,7 @@ typedef void (*Drey__Journal__V1__Manifest_Closure)
 /* --- descriptors --- */
 
 extern const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor;
+extern const ProtobufCMessageDescriptor drey__journal__v1__evicted__descriptor;
 extern const ProtobufCMessageDescriptor drey__journal__v1__manifest__descriptor;
 
 PROTOBUF_C__END_DECLS

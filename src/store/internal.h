@@ -1,0 +1,128 @@
+/*
+ * The store's internals, shared by its files (store.c: the table, caches and
+ * scans; evict.c: choosing what to evict). Nothing outside src/store and its
+ * unit tests includes this.
+ */
+#ifndef DREY_STORE_INTERNAL_H
+#define DREY_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/store.h"
+
+#define SHARD_MIN_BUCKETS 16
+
+typedef struct entry {
+    struct entry *next;    /* bucket chain */
+    uint64_t version;
+    int64_t expires_at_ms; /* 0 = never */
+    uint32_t hash;         /* low 32 bits of the key hash */
+    uint32_t value_len;
+    /* Recency or frequency for eviction (see evict.c): LRU the low 32 bits
+     * of the last access's monotonic milliseconds; LFU (16 ms units << 8) |
+     * log counter.
+     * Read and written with relaxed atomics: readers update it under the
+     * shard's read lock. Untouched when no policy is in force. */
+    uint32_t access;
+    uint32_t cache_id;     /* the cache slot the entry counts in (registry) */
+    uint16_t key_len;
+    uint8_t cache_len;
+    uint8_t kind;          /* drey_value_kind */
+    unsigned char data[];  /* cache name, key, value */
+} entry;
+
+typedef struct shard {
+    pthread_rwlock_t lock;
+    entry **buckets;
+    size_t mask;         /* bucket count - 1 */
+    size_t count;        /* entries, including expired ones */
+    size_t bytes;        /* accounted bytes */
+    size_t sweep_cursor; /* next bucket the expiry sweep visits */
+    /* Entries with an expiry, changed under the write lock. The sweep reads
+     * it without the lock to pass over shards with nothing to expire: a
+     * stale read only delays a sweep, as reads expire entries themselves. */
+    _Atomic size_t expiring;
+    /* Entries eviction may choose (not in an internal '#' cache): all of
+     * them, and those with an expiry. Under the write lock, read without
+     * it by the sampler to pass over shards with nothing to choose. */
+    _Atomic size_t evictable, evictable_expiring;
+} __attribute__((aligned(64))) shard;
+
+/* One cache's figures. A Clear retires the cache's slot: its entries become
+ * invisible at once (is_live) and are freed by the sweep in bounded steps;
+ * the next write to the name opens a new slot. `retired` changes only while
+ * every shard is write-locked, so a reader holding any shard lock sees a
+ * stable value. A retired slot is reused once its last entry is freed. */
+typedef struct cache_slot {
+    _Atomic int64_t entries;
+    _Atomic int64_t bytes;
+    _Atomic int64_t expiring;
+    _Atomic uint64_t evictions;
+    _Atomic uint64_t evicted_bytes;
+    bool retired;
+    uint8_t name_len;
+    char name[256];
+    uint32_t next_free;   /* free list (registry lock) */
+} cache_slot;
+
+#define SLOT_CHUNK 256
+#define SLOT_CHUNKS 4096 /* at most 1,048,576 caches at once */
+
+typedef struct registry {
+    pthread_mutex_t mu;    /* the map, the free list, slot allocation */
+    cache_slot *_Atomic chunks[SLOT_CHUNKS]; /* written once each, never moved */
+    uint32_t n_slots;      /* slots ever allocated */
+    uint32_t free_head;    /* 1 + index of the first free slot; 0: none */
+    uint32_t *map;         /* open addressing: 1 + slot id, 0 empty, UINT32_MAX deleted */
+    size_t map_cap;        /* power of two */
+    size_t map_used;       /* live + deleted */
+} registry;
+
+/* The eviction pool (evict.c): the best candidates seen by sampling. */
+#define EVICT_POOL 16
+
+typedef struct pool_entry {
+    uint64_t score;   /* higher: evict first */
+    uint64_t version;
+    uint8_t cache_len;
+    uint16_t key_len;
+    char *name;       /* cache name then key, malloc'd, EVICT_NAME_MAX bytes */
+} pool_entry;
+
+struct drey_store {
+    shard shards[DREY_STORE_SHARDS];
+    /* The capture in progress (see drey_store_capture_begin). */
+    _Atomic bool capture_pending[DREY_STORE_SHARDS];
+    drey_store_capture_fn capture_fn;
+    void *capture_ctx;
+    int64_t capture_live_at;
+    uint8_t seed[16];
+    _Atomic uint64_t version;
+    _Atomic int64_t bytes;      /* sum of the shards' accounted bytes */
+    _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
+    _Atomic uint64_t expired_swept;
+    _Atomic int64_t orphans;    /* entries of retired slots not yet freed */
+    _Atomic uint64_t evictions, evicted_bytes;
+    drey_evict_policy policy;   /* set before use, read-only afterwards */
+    registry reg;
+    pthread_mutex_t pool_mu;
+    pool_entry pool[EVICT_POOL];
+    size_t pool_len;            /* sorted by score, ascending */
+};
+
+cache_slot *drey_store__slot(drey_store *s, uint32_t id);
+/* Visible to operations at now_ms: not expired, not cleared. */
+bool drey_store__is_live(drey_store *s, const entry *e, int64_t now_ms);
+bool drey_store__matches(const entry *e, const drey_key *k);
+size_t drey_store__entry_bytes(const entry *e);
+/* Records an access to e (policy in force; relaxed atomics, any lock). */
+void drey_store__touch(drey_store *s, entry *e);
+/* The access word of an entry created now, or replacing one whose access
+ * word was `old`. */
+uint32_t drey_store__access_new(drey_store *s, uint32_t old, bool replacing);
+
+#endif
