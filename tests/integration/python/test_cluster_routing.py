@@ -8,15 +8,17 @@ before it sends, so its run must forward exactly zero; the plain run's
 share is checked against the share of partitions its entry node does not
 own, which the table gives. The Python router (drey_cluster.Router) is held
 to the same: zero forwards, while the same keys through one node forward
-exactly the ones it does not own.
+exactly the ones it does not own. A routing client that started with a
+table of no owners learns the assignment from the stream while it runs.
 """
 import json
+import re
 import subprocess
 import unittest
 
 from drey_cluster import Cluster, Router, drey_bench, partition
 from drey_harness import DreyTestCase, main, make_value
-from drey_tokens import details, poll
+from drey_tokens import details, http_get, ops_port, poll
 
 PARTITIONS = 64
 CALLS = 3000
@@ -25,6 +27,14 @@ RPC = 30
 
 def forwarded(node):
     return int(details(node.server)["cluster"].get("forwardedCalls", 0))
+
+
+def ok_gets(node):
+    """Gets this node answered OK (directly, or as the owner of a forward)."""
+    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
+    assert status == 200
+    m = re.search(r'^drey_requests_total\{method="/drey.cache.v1.Cache/Get",code="OK"\} (\d+)', body.decode(), re.M)
+    return int(m.group(1)) if m else 0
 
 
 class Routing(DreyTestCase):
@@ -106,6 +116,45 @@ class Routing(DreyTestCase):
         not_owned = sum(1 for k in keys if self.owners[partition("", k, PARTITIONS)] != "n1")
         self.assertEqual(d["n1"], not_owned)
         self.assertGreater(not_owned, 0)
+
+
+class LearnsTheTable(DreyTestCase):
+    def test_a_running_client_learns_the_assignment_from_the_stream(self):
+        with Cluster(partitions=16, initial_nodes=3) as c:
+            n1 = c.start_node("n1")
+            bench = subprocess.Popen(
+                [drey_bench(), "--target=" + n1.server.address, "--cluster", "--connections=1", "--streams=4",
+                 "--duration=120s", "--warmup=0", "--mix=get:1", "--keys=1000", "--timeout=5s", "--json"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                # Its first table has no owners (two nodes are missing): every
+                # call goes to the seed and is refused there.
+                poll(lambda: details(n1.server)["cluster"].get("unavailableAnswers", 0), lambda v: int(v) > 0,
+                     what="the client's calls refused for want of owners")
+                nodes = [n1, c.start_node("n2"), c.start_node("n3")]
+                c.wait_assigned(3)
+                for n in nodes:
+                    poll(lambda n=n: c.owners(n), lambda o: all(o.values()), what="a full table at " + n.id)
+                # Once the client has the new table, n2 and n3 get its calls
+                # directly and n1 forwards none of them any more: a window of
+                # 200 Gets on every node with no forward (the client may take
+                # a moment to see the table: windows are tried until one is
+                # clean or the deadline passes).
+                def clean_window():
+                    f0 = sum(forwarded(n) for n in nodes)
+                    base = {n.id: ok_gets(n) for n in nodes}
+                    poll(lambda: min(ok_gets(n) - base[n.id] for n in nodes), lambda v: v >= 200,
+                         what="200 more Gets on every node")
+                    return sum(forwarded(n) for n in nodes) == f0
+
+                poll(clean_window, lambda clean: clean, what="the running client routing by the new table")
+                self.assertIsNone(bench.poll(), bench.stderr.read() if bench.poll() is not None else "")
+            finally:
+                bench.kill()
+                bench.wait()
+                bench.stderr.close()
+            for n in nodes:
+                n.server.stop()
 
 
 if __name__ == "__main__":
