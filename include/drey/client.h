@@ -183,4 +183,87 @@ void drey_client_stream_cancel(drey_client_stream *s);
  * stream. Returns st->code. */
 grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *arena, drey_client_status *st);
 
+/* --- clusters: routing by key --------------------------------------------- */
+
+/* A drey cluster accepts any call on any node (a node that does not own the
+ * key's partition forwards it), so routing by key only saves the forward:
+ * the owner's CPU is spent either way, the ingress node's is saved. A
+ * client with a stale or missing table stays correct.
+ *
+ *   drey_client_topology *t = drey_client_topology_open(&(drey_client_options){.target = seed}, err, sizeof err);
+ *   drey_client_topology_wait(t, 5000);          // optional: the first table
+ *   drey_client_cluster *cc = drey_client_cluster_open(t, &opts, err, sizeof err);   // one per thread
+ *   drey_client *c = drey_client_cluster_route(cc, "users", 5, "alice", 5);
+ *   ... drey_client_unary(c, ...) or drey_client_cluster_start_call / _next ...
+ *   drey_client_cluster_close(cc);
+ *   drey_client_topology_close(t);
+ *
+ * A topology watches drey.cluster.v1.Cluster/WatchTopology on the seed on a
+ * thread of its own, and reopens the stream (backing off, 50 ms doubling to
+ * 2 s) when it ends, so a seed that restarts is picked up again. It may be
+ * shared by any number of threads. A cluster client belongs to one thread at
+ * a time, like a drey_client: it keeps one drey_client (channel, connection)
+ * per node it has routed to, plus one to the seed, and takes the newest table
+ * at its next route. A partition with no owner, or an owner without an
+ * advertised address, routes to the seed. */
+
+typedef struct drey_client_topology drey_client_topology;
+typedef struct drey_client_cluster drey_client_cluster;
+
+/* The partition rule of proto/drey/cluster/v1/cluster.proto (the same
+ * function as drey_placement_partition). n_partitions >= 1. */
+uint32_t drey_client_partition(const char *cache, size_t cache_len, const char *key, size_t key_len,
+                               uint32_t n_partitions);
+
+/* Starts watching the seed's topology (seed->target; its token and headers
+ * are sent on the stream). NULL with a message in err when the options are
+ * unusable, as drey_client_open. */
+drey_client_topology *drey_client_topology_open(const drey_client_options *seed, char *err, size_t err_cap);
+
+/* Waits up to timeout_ms for the first table; true once one is loaded. */
+bool drey_client_topology_wait(drey_client_topology *t, int64_t timeout_ms);
+
+/* Tables received so far (0 before the first). */
+uint64_t drey_client_topology_version(const drey_client_topology *t);
+
+/* The partition count of the current table (0 before the first). */
+uint32_t drey_client_topology_partitions(const drey_client_topology *t);
+
+/* Stops the watch (cancels the stream, joins the thread) and frees t. Every
+ * cluster client opened on t must be closed first. NULL is accepted. */
+void drey_client_topology_close(drey_client_topology *t);
+
+/* A router on t for one thread; opts->target is the seed (for partitions
+ * without a known owner), the rest applies to every node's channel. */
+drey_client_cluster *drey_client_cluster_open(drey_client_topology *t, const drey_client_options *opts, char *err,
+                                              size_t err_cap);
+
+/* The client of the node that owns (cache, key)'s partition by the newest
+ * table, else the seed's. Owned by cc: valid until cc is closed. */
+drey_client *drey_client_cluster_route(drey_client_cluster *cc, const char *cache, size_t cache_len, const char *key,
+                                       size_t key_len);
+
+/* The address drey_client_cluster_route would pick: the owner's advertised
+ * host:port, or the seed's target. Valid until the next call on cc. */
+const char *drey_client_cluster_route_address(drey_client_cluster *cc, const char *cache, size_t cache_len,
+                                              const char *key, size_t key_len);
+
+/* drey_client_start_call on the owner's client. The completions of every
+ * node's calls come out of one queue: drey_client_cluster_next. */
+bool drey_client_cluster_start_call(drey_client_cluster *cc, const char *cache, size_t cache_len, const char *key,
+                                    size_t key_len, const char *method, const void *request, size_t request_len,
+                                    int64_t timeout_ms, void *user);
+
+/* As drey_client_next, over the calls started with
+ * drey_client_cluster_start_call on any node. */
+bool drey_client_cluster_next(drey_client_cluster *cc, int64_t timeout_ms, drey_arena *arena,
+                              drey_client_completion *out);
+
+/* Calls started with drey_client_cluster_start_call and not yet returned. */
+size_t drey_client_cluster_in_flight(const drey_client_cluster *cc);
+
+/* Cancels the calls in flight, waits for them, closes every node's client
+ * and frees cc. NULL is accepted. */
+void drey_client_cluster_close(drey_client_cluster *cc);
+
 #endif

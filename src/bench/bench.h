@@ -69,6 +69,7 @@ typedef struct drey_bench_options {
     drey_bench_payload *payloads; /* RAW: chosen by the key distribution over n_payloads */
     size_t n_payloads;
     bool json;
+    bool cluster;              /* route by key with the target's topology */
     const char *label;         /* echoed in the report */
     uint64_t seed;
 } drey_bench_options;
@@ -96,15 +97,18 @@ typedef struct drey_bench_gen {
     uint64_t seq;              /* request_id counter */
     uint8_t *buf;              /* the encoded request */
     size_t cap;
+    char key[64];              /* the request's key */
 } drey_bench_gen;
 
 /* A request ready to send: data points into the generator's buffer (or a
- * raw payload) and stays valid until the next drey_bench_next_request. */
+ * raw payload), like key, and stays valid until the next drey_bench_next_request. */
 typedef struct drey_bench_request {
     drey_bench_op op;
     const char *method;
     const uint8_t *data;
     size_t len;
+    const char *key;           /* the generator's key (""; raw and health: none) */
+    size_t key_len;
 } drey_bench_request;
 
 void drey_bench_workload_init(drey_bench_workload *w, const drey_bench_options *o);

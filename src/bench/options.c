@@ -27,6 +27,9 @@ static const char usage[] =
     "  --count=N              stop after N calls in all instead (no warmup; a sequential\n"
     "                         distribution stops after one pass over the keys anyway)\n"
     "  --timeout=D            deadline of every call (default 10s)\n"
+    "  --cluster              --target is a seed node of a drey cluster: read its table\n"
+    "                         (WatchTopology; the run waits for it) and send every call to\n"
+    "                         the node owning its key, one connection per node per thread\n"
     "\n"
     "Workload\n"
     "  --mix=OP:W,...         operations and weights: get, set, add, increment, remove,\n"
@@ -160,10 +163,12 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
         name[nlen] = '\0';
         const char *v = eq != NULL ? eq + 1 : NULL;
         /* Flags without a value. */
-        if (strcmp(name, "json") == 0 || strcmp(name, "request-ids") == 0) {
+        if (strcmp(name, "json") == 0 || strcmp(name, "request-ids") == 0 || strcmp(name, "cluster") == 0) {
             bool on = v == NULL || strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
             if (strcmp(name, "json") == 0)
                 o->json = on;
+            else if (strcmp(name, "cluster") == 0)
+                o->cluster = on;
             else
                 o->request_ids = on;
             continue;
@@ -267,6 +272,8 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
     /* "k" + digits: the largest index must fit. */
     char digits[32];
     int need = snprintf(digits, sizeof digits, "%llu", (unsigned long long)(o->keys - 1)) + 1;
+    if (o->cluster && o->raw_method != NULL)
+        die("%s", "--cluster routes cache calls by key: not with --raw-method");
     if (o->raw_method == NULL && need > o->key_bytes)
         die("--key-bytes is too short for --keys (%s)", digits);
 }

@@ -65,8 +65,9 @@ void drey_bench_report_text(const drey_bench_options *o, const drey_bench_result
     uint64_t ok, errors, calls = calls_of(s, &ok, &errors);
     if (o->label != NULL)
         printf("%s\n", o->label);
-    printf("target       %s, %d connection%s x %d stream%s\n", o->target, o->connections,
-           o->connections == 1 ? "" : "s", o->streams, o->streams == 1 ? "" : "s");
+    printf("target       %s%s, %d connection%s x %d stream%s\n", o->target,
+           o->cluster ? " (cluster seed: routed by key)" : "", o->connections, o->connections == 1 ? "" : "s",
+           o->streams, o->streams == 1 ? "" : "s");
     if (o->raw_method != NULL) {
         printf("workload     raw %s, %zu payload%s, %s over %llu\n", o->raw_method, o->n_payloads,
                o->n_payloads == 1 ? "" : "s", dist_name(o->dist), (unsigned long long)o->keys);
@@ -147,6 +148,7 @@ void drey_bench_report_json(const drey_bench_options *o, const drey_bench_result
     json_string(o->target);
     printf(",\"connections\":%d,\"streams\":%d,\"concurrency\":%d", o->connections, o->streams,
            o->connections * o->streams);
+    printf(",\"cluster\":%s", o->cluster ? "true" : "false");
     if (o->raw_method != NULL) {
         printf(",\"raw_method\":");
         json_string(o->raw_method);

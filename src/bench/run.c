@@ -4,6 +4,12 @@
  * asynchronous calls in flight and starting the next call the moment one
  * finishes (a closed loop).
  *
+ * With --cluster the main thread watches the target's topology and waits for
+ * the first table before the threads start, so every call of the run is
+ * routed; each thread's drey_client_cluster opens one connection per node
+ * (plus one to the seed for partitions without an owner) and waits on all of
+ * them through one queue.
+ *
  * Time: all threads open their client, meet at a barrier, then the clock
  * starts. A call is measured when it finishes inside the window [start +
  * warmup, start + warmup + duration); its latency is the client's elapsed
@@ -25,10 +31,12 @@
 #include "drey/client.h"
 
 #define POLL_MS 50
+#define TOPOLOGY_WAIT_MS 10000
 #define ARENA_RESET_BYTES (1u << 20)
 
 typedef struct run_shared {
     const drey_bench_options *o;
+    drey_client_topology *topo; /* --cluster */
     drey_bench_workload w;
     pthread_barrier_t barrier;
     int64_t start_ns;         /* set by the main thread before the barrier's second round */
@@ -119,15 +127,34 @@ static bool response_found(const uint8_t *p, size_t len) {
     return false;
 }
 
-static bool start_one(drey_client *c, drey_bench_gen *g, conn_thread *t, uint64_t *started, bool *exhausted) {
+/* A thread's connection(s): one client, or a cluster router. */
+typedef struct conn {
+    drey_client *c;
+    drey_client_cluster *cc;
+} conn;
+
+static bool conn_start(conn *k, const drey_bench_options *o, const drey_bench_request *req) {
+    void *user = (void *)(uintptr_t)req->op;
+    if (k->cc != NULL)
+        return drey_client_cluster_start_call(k->cc, o->cache, strlen(o->cache), req->key, req->key_len, req->method,
+                                              req->data, req->len, o->timeout_ms, user);
+    return drey_client_start_call(k->c, req->method, req->data, req->len, o->timeout_ms, user);
+}
+
+static bool conn_next(conn *k, drey_arena *arena, drey_client_completion *done) {
+    if (k->cc != NULL)
+        return drey_client_cluster_next(k->cc, POLL_MS, arena, done);
+    return drey_client_next(k->c, POLL_MS, arena, done);
+}
+
+static bool start_one(conn *c, drey_bench_gen *g, conn_thread *t, uint64_t *started, bool *exhausted) {
     drey_bench_request req;
     if (!drey_bench_next_request(g, &req)) {
         *exhausted = true;
         return false;
     }
     (*started)++;
-    if (!drey_client_start_call(c, req.method, req.data, req.len, t->sh->o->timeout_ms,
-                                (void *)(uintptr_t)req.op)) {
+    if (!conn_start(c, t->sh->o, &req)) {
         t->stats->start_failures++;
         return false;
     }
@@ -141,10 +168,15 @@ static void *conn_main(void *arg) {
     drey_client_options copts = {.target = o->target};
     if (o->n_tokens > 0)
         copts.token = o->tokens[(size_t)t->index % o->n_tokens];
-    drey_client *c = drey_client_open(&copts, t->err, sizeof t->err);
+    conn k = {0};
+    if (sh->topo != NULL)
+        k.cc = drey_client_cluster_open(sh->topo, &copts, t->err, sizeof t->err);
+    else
+        k.c = drey_client_open(&copts, t->err, sizeof t->err);
+    conn *c = &k;
     pthread_barrier_wait(&sh->barrier); /* every client open */
     pthread_barrier_wait(&sh->barrier); /* the clock is set */
-    if (c == NULL)
+    if (k.c == NULL && k.cc == NULL)
         return NULL;
 
     drey_bench_gen g;
@@ -161,7 +193,7 @@ static void *conn_main(void *arg) {
     int64_t drain_deadline = INT64_MAX;
     while (in_flight > 0) {
         drey_client_completion done;
-        if (!drey_client_next(c, POLL_MS, &arena, &done)) {
+        if (!conn_next(c, &arena, &done)) {
             int64_t now = mono_ns();
             if (now >= sh->window_end_ns && drain_deadline == INT64_MAX)
                 drain_deadline = now + (o->timeout_ms + 1000) * 1000000;
@@ -198,7 +230,8 @@ static void *conn_main(void *arg) {
         }
     }
     t->ran_out = exhausted || started >= t->quota;
-    drey_client_close(c);
+    drey_client_close(k.c);
+    drey_client_cluster_close(k.cc);
     drey_arena_destroy(&arena);
     drey_bench_gen_free(&g);
     return NULL;
@@ -208,6 +241,20 @@ bool drey_bench_run(const drey_bench_options *o, drey_bench_result *r, char *err
     run_shared *sh = drey_xcalloc(1, sizeof *sh);
     sh->o = o;
     drey_bench_workload_init(&sh->w, o);
+    if (o->cluster) {
+        sh->topo = drey_client_topology_open(&(drey_client_options){.target = o->target,
+                                                                    .token = o->n_tokens > 0 ? o->tokens[0] : NULL},
+                                             err, err_cap);
+        if (sh->topo == NULL || !drey_client_topology_wait(sh->topo, TOPOLOGY_WAIT_MS)) {
+            if (sh->topo != NULL)
+                snprintf(err, err_cap, "no topology from %s within %d ms (WatchTopology: is it a cluster node?)",
+                         o->target, TOPOLOGY_WAIT_MS);
+            drey_client_topology_close(sh->topo);
+            drey_bench_workload_free(&sh->w);
+            free(sh);
+            return false;
+        }
+    }
     int n = o->connections;
     conn_thread *threads = drey_xcalloc((size_t)n, sizeof *threads);
     pthread_barrier_init(&sh->barrier, NULL, (unsigned)n + 1);
@@ -255,6 +302,7 @@ bool drey_bench_run(const drey_bench_options *o, drey_bench_result *r, char *err
         end = sh->window_end_ns;
     r->elapsed_s = (double)(end - sh->window_start_ns) / 1e9;
     pthread_barrier_destroy(&sh->barrier);
+    drey_client_topology_close(sh->topo);
     drey_bench_workload_free(&sh->w);
     free(threads);
     free(sh);

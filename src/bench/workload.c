@@ -168,6 +168,8 @@ bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
     drey_bench_op op = pick_op(g);
     bool exhausted = false;
     out->op = op;
+    out->key = "";
+    out->key_len = 0;
     if (op == DREY_BENCH_RAW) {
         uint64_t i = drey_bench_next_key(g, o->keys, &exhausted);
         out->method = o->raw_method;
@@ -183,9 +185,9 @@ bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
         return true;
     }
 
-    char key[64];
+    char *key = g->key;
     uint64_t index = drey_bench_next_key(g, o->keys, &exhausted);
-    format_key(key, o->key_bytes < (int)sizeof key - 1 ? o->key_bytes : (int)sizeof key - 1,
+    format_key(key, o->key_bytes < (int)sizeof g->key - 1 ? o->key_bytes : (int)sizeof g->key - 1,
                op == DREY_BENCH_INCREMENT ? 'c' : 'k', index);
     char request_id[64];
     request_id[0] = '\0';
@@ -260,6 +262,8 @@ bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
         abort();
     }
     out->data = g->buf;
+    out->key = key;
+    out->key_len = strlen(key);
     return !exhausted;
 }
 

@@ -25,6 +25,7 @@
 #include "drey/pbjson.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "cluster.h"
+#include "drain.h"
 #include "json.h"
 
 enum {
@@ -526,7 +527,8 @@ static const command commands[] = {
 
 static void usage(FILE *out) {
     fprintf(out, "usage: drey [--addr=HOST:PORT] [--cache=NAME] [--token=JWT] [--timeout=D] <command> ...\n"
-                 "       drey cluster init|status --etcd=URLS ...   (drey cluster for its options)\n\n"
+                 "       drey cluster init|status --etcd=URLS ...   (drey cluster for its options)\n"
+                 "       drey drain [--pid=N] [--wait=D]           SIGTERM dreyd and wait for its exit (preStop)\n\n"
                  "Options:\n"
                  "  --addr=HOST:PORT  server address (default $DREY_ADDR, else 127.0.0.1:50051)\n"
                  "  --cache=NAME      cache (namespace); default: the server's default cache\n"
@@ -687,5 +689,7 @@ out:
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "cluster") == 0)
         return drey_cli_cluster(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "drain") == 0)
+        return drey_cli_drain(argc - 2, argv + 2);
     return run(argc, argv);
 }

@@ -24,6 +24,7 @@
 
 #include "drey/alloc.h"
 #include "headers.h"
+#include "internal.h"
 
 #define DETAILS_KEY "grpc-status-details-bin"
 /* Method paths registered with the channel (grpc_channel_register_call saves
@@ -50,6 +51,7 @@ typedef struct call_io {
 /* One unary call. */
 typedef struct unary_call {
     struct unary_call *prev, *next; /* the in-flight list (asynchronous calls) */
+    drey_client *owner;             /* whose list: a queue may be shared by several clients */
     void *user;
     int64_t started_ns;
     call_io io;
@@ -59,6 +61,7 @@ struct drey_client {
     grpc_channel *channel;
     grpc_completion_queue *sync_cq;  /* pluck: unary calls and streams */
     grpc_completion_queue *async_cq; /* next: drey_client_start_call */
+    bool shared_cq;                  /* async_cq belongs to a cluster client */
     drey_client__headers headers;    /* sent on every call */
     registered_method methods[MAX_REGISTERED_METHODS];
     size_t n_methods;
@@ -294,6 +297,7 @@ bool drey_client_start_call(drey_client *c, const char *method, const void *requ
                             int64_t timeout_ms, void *user) {
     unary_call *u = drey_xcalloc(1, sizeof *u);
     u->user = user;
+    u->owner = c;
     u->io.send = buffer_of(request, request_len);
     if (unary_start(c, u, c->async_cq, method, timeout_ms) != GRPC_CALL_OK) {
         io_release(&u->io);
@@ -308,14 +312,14 @@ bool drey_client_start_call(drey_client *c, const char *method, const void *requ
     return true;
 }
 
-/* Takes the next finished asynchronous call off the queue, or NULL. */
-static unary_call *take_completion(drey_client *c, gpr_timespec deadline) {
-    if (c->n_in_flight == 0)
-        return NULL;
-    grpc_event ev = grpc_completion_queue_next(c->async_cq, deadline, NULL);
+/* Takes the next finished asynchronous call off cq and its owner's list,
+ * or NULL. */
+static unary_call *take_from(grpc_completion_queue *cq, gpr_timespec deadline) {
+    grpc_event ev = grpc_completion_queue_next(cq, deadline, NULL);
     if (ev.type != GRPC_OP_COMPLETE)
         return NULL;
     unary_call *u = ev.tag;
+    drey_client *c = u->owner;
     if (u->prev != NULL)
         u->prev->next = u->next;
     else
@@ -326,10 +330,14 @@ static unary_call *take_completion(drey_client *c, gpr_timespec deadline) {
     return u;
 }
 
-bool drey_client_next(drey_client *c, int64_t timeout_ms, drey_arena *arena, drey_client_completion *out) {
-    unary_call *u = take_completion(c, deadline_after(timeout_ms));
-    if (u == NULL)
-        return false;
+static unary_call *take_completion(drey_client *c, gpr_timespec deadline) {
+    if (c->n_in_flight == 0)
+        return NULL;
+    return take_from(c->async_cq, deadline);
+}
+
+/* Describes u in *out (in arena) and frees it. */
+static void complete(unary_call *u, drey_arena *arena, drey_client_completion *out) {
     out->user = u->user;
     out->elapsed_ns = mono_ns() - u->started_ns;
     out->response.data = NULL;
@@ -339,7 +347,28 @@ bool drey_client_next(drey_client *c, int64_t timeout_ms, drey_arena *arena, dre
         copy_buffer(u->io.recv, arena, &out->response);
     io_release(&u->io);
     free(u);
+}
+
+bool drey_client_next(drey_client *c, int64_t timeout_ms, drey_arena *arena, drey_client_completion *out) {
+    unary_call *u = take_completion(c, deadline_after(timeout_ms));
+    if (u == NULL)
+        return false;
+    complete(u, arena, out);
     return true;
+}
+
+bool drey_client__next_on(grpc_completion_queue *cq, int64_t timeout_ms, drey_arena *arena,
+                          drey_client_completion *out) {
+    unary_call *u = take_from(cq, deadline_after(timeout_ms));
+    if (u == NULL)
+        return false;
+    complete(u, arena, out);
+    return true;
+}
+
+void drey_client__cancel_all(drey_client *c) {
+    for (unary_call *u = c->in_flight; u != NULL; u = u->next)
+        grpc_call_cancel(u->io.call, NULL);
 }
 
 size_t drey_client_in_flight(const drey_client *c) {
@@ -464,6 +493,11 @@ grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *ar
 /* --- the client ----------------------------------------------------------- */
 
 drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t err_cap) {
+    return drey_client__open_on(opts, NULL, err, err_cap);
+}
+
+drey_client *drey_client__open_on(const drey_client_options *opts, grpc_completion_queue *async_cq, char *err,
+                                  size_t err_cap) {
     if (opts->target == NULL || opts->target[0] == '\0') {
         snprintf(err, err_cap, "no target address");
         return NULL;
@@ -496,7 +530,8 @@ drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t
     c->channel = grpc_channel_create(opts->target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     c->sync_cq = grpc_completion_queue_create_for_pluck(NULL);
-    c->async_cq = grpc_completion_queue_create_for_next(NULL);
+    c->shared_cq = async_cq != NULL;
+    c->async_cq = async_cq != NULL ? async_cq : grpc_completion_queue_create_for_next(NULL);
     return c;
 }
 
@@ -513,18 +548,24 @@ void drey_client_close(drey_client *c) {
         }
         drey_arena_destroy(&scratch);
     }
-    for (unary_call *u = c->in_flight; u != NULL; u = u->next)
-        grpc_call_cancel(u->io.call, NULL);
-    unary_call *u;
-    while ((u = take_completion(c, gpr_inf_future(GPR_CLOCK_REALTIME))) != NULL) {
-        io_release(&u->io);
-        free(u);
+    if (c->shared_cq) {
+        /* The queue's owner drained it: a completion taken here could be
+         * another client's. */
+        if (c->n_in_flight != 0)
+            abort();
+    } else {
+        drey_client__cancel_all(c);
+        unary_call *u;
+        while ((u = take_completion(c, gpr_inf_future(GPR_CLOCK_REALTIME))) != NULL) {
+            io_release(&u->io);
+            free(u);
+        }
+        grpc_completion_queue_shutdown(c->async_cq);
+        while (grpc_completion_queue_next(c->async_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(c->async_cq);
     }
-    grpc_completion_queue_shutdown(c->async_cq);
-    while (grpc_completion_queue_next(c->async_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(c->async_cq);
     grpc_completion_queue_shutdown(c->sync_cq);
     while (grpc_completion_queue_pluck(c->sync_cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
            GRPC_QUEUE_SHUTDOWN) {

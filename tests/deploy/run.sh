@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the manifest tests from their real location so Node finds
+# Runs a manifest test from its real location so Node finds
 # tests/deploy/node_modules (installed by `bazel/drey.sh deps`).
+#   run.sh <test.mjs> [<dreyd> <drey>]   (the binaries for the flags check)
 set -euo pipefail
 src=$(readlink -f "$1")
 dir=$(dirname "$src")
@@ -10,4 +11,9 @@ if [ ! -d "$dir/node_modules" ]; then
 fi
 # The manifests as Bazel staged them, so a test sees exactly its inputs.
 export DREY_K8S_DIR="$PWD/deploy/k8s"
+if [ $# -ge 3 ]; then
+  DREY_DREYD=$(readlink -f "$2")
+  DREY_CLI=$(readlink -f "$3")
+  export DREY_DREYD DREY_CLI
+fi
 exec node --test "$src"

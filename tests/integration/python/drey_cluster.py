@@ -252,6 +252,39 @@ class Cluster:
         return owners[partition(cache, key, self.partitions)]
 
 
+class Router:
+    """Routes by key the way a topology-aware client does: one cache client
+    per node (by its advertised address, from a node's WatchTopology) and the
+    partition rule above picks the owner's; a partition without an owner
+    goes to the seed node, which forwards."""
+
+    def __init__(self, cluster, seed):
+        self.cluster = cluster
+        self.seed = seed
+        t = cluster.topology(seed)
+        self.partitions = t.hash.partitions
+        advertise = {n.id: n.advertise for n in t.nodes}
+        self.owner_address = {p.id: advertise.get(p.primary, "") for p in t.partitions}
+        by_address = {n.server.address: n for n in cluster.nodes.values()}
+        self.clients = {}
+        for addr in set(self.owner_address.values()) - {""}:
+            node = by_address.get(addr)
+            # A node this harness did not start (or a stale address) is
+            # reached through the seed.
+            self.clients[addr] = node.cache if node is not None else seed.cache
+
+    def client_for(self, key, cache=""):
+        addr = self.owner_address.get(partition(cache, key, self.partitions), "")
+        return self.clients.get(addr, self.seed.cache)
+
+
+def drey_bench():
+    path = os.path.join(os.path.dirname(find_dreyd()), "drey-bench")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("drey-bench is not next to dreyd: %s" % path)
+    return path
+
+
 def wait_until(fn, timeout=30, what="condition"):
     deadline = time.monotonic() + timeout
     while True:

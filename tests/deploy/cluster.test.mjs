@@ -1,0 +1,186 @@
+// Validates deploy/k8s/cluster/*.yaml (the StatefulSet of three) against the
+// Kubernetes schemas (kubernetes-models, offline), checks the invariants a
+// cluster node depends on, and checks that every flag the manifests pass is
+// one the binaries list in their --help (DREY_DREYD, DREY_CLI: the built
+// dreyd and drey).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, readdirSync, realpathSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseAllDocuments } from 'yaml';
+import { ConfigMap, Service } from 'kubernetes-models/v1';
+import { StatefulSet } from 'kubernetes-models/apps/v1';
+import { Job } from 'kubernetes-models/batch/v1';
+import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
+
+const here = dirname(realpathSync(fileURLToPath(import.meta.url)));
+const k8sDir = join(process.env.DREY_K8S_DIR ?? join(here, '..', '..', 'deploy', 'k8s'), 'cluster');
+const models = {
+  'v1/ConfigMap': ConfigMap,
+  'v1/Service': Service,
+  'apps/v1/StatefulSet': StatefulSet,
+  'batch/v1/Job': Job,
+  'policy/v1/PodDisruptionBudget': PodDisruptionBudget,
+};
+
+function documents() {
+  const docs = [];
+  for (const f of readdirSync(k8sDir).filter((f) => f.endsWith('.yaml'))) {
+    for (const d of parseAllDocuments(readFileSync(join(k8sDir, f), 'utf8'))) {
+      assert.equal(d.errors.length, 0, `${f}: ${d.errors}`);
+      docs.push(d.toJS());
+    }
+  }
+  return docs;
+}
+
+const docs = documents();
+const one = (kind, name) => {
+  const found = docs.filter((d) => d.kind === kind && (name === undefined || d.metadata.name === name));
+  assert.equal(found.length, 1, `exactly one ${kind} ${name ?? ''}`);
+  return found[0];
+};
+const sts = one('StatefulSet');
+const pod = sts.spec.template.spec;
+const dreyd = pod.containers.find((c) => c.name === 'dreyd');
+const headless = docs.find((d) => d.kind === 'Service' && d.spec.clusterIP === 'None');
+const job = one('Job');
+const initContainer = job.spec.template.spec.containers[0];
+
+/** --name=value args as a Map (a flag given twice fails). */
+function flags(args) {
+  const m = new Map();
+  for (const a of args.filter((x) => x.startsWith('--'))) {
+    const [name, ...rest] = a.slice(2).split('=');
+    assert.ok(!m.has(name), `--${name} given twice`);
+    m.set(name, rest.join('='));
+  }
+  return m;
+}
+const args = flags(dreyd.args);
+const envFrom = (c, name) => c.env.find((e) => e.name === name);
+
+function durationSeconds(s) {
+  const m = /^(\d+)(ms|s|m)$/.exec(s);
+  assert.ok(m, `duration ${s}`);
+  return Number(m[1]) / { ms: 1000, s: 1, m: 1 / 60 }[m[2]];
+}
+
+test('every cluster manifest validates against its Kubernetes schema', () => {
+  assert.ok(docs.length >= 6);
+  for (const obj of docs) {
+    const Model = models[`${obj.apiVersion}/${obj.kind}`];
+    assert.ok(Model, `no schema wired for ${obj.apiVersion}/${obj.kind}`);
+    new Model(obj).validate();
+  }
+});
+
+test('a broken cluster manifest is rejected (the validation can fail)', () => {
+  const broken = structuredClone(one('PodDisruptionBudget'));
+  broken.spec.maxUnavailable = { one: 1 };
+  assert.throws(() => new PodDisruptionBudget(broken).validate());
+  const badPolicy = structuredClone(sts);
+  badPolicy.spec.podManagementPolicy = 7;
+  assert.throws(() => new StatefulSet(badPolicy).validate());
+});
+
+test('three nodes started in parallel, one down at a time', () => {
+  assert.equal(sts.spec.replicas, 3);
+  assert.equal(sts.spec.podManagementPolicy, 'Parallel');
+  const pdb = one('PodDisruptionBudget');
+  assert.equal(pdb.spec.maxUnavailable, 1);
+  assert.deepEqual(pdb.spec.selector.matchLabels, sts.spec.selector.matchLabels);
+  for (const svc of docs.filter((d) => d.kind === 'Service'))
+    assert.deepEqual(svc.spec.selector, sts.spec.selector.matchLabels);
+  assert.equal(sts.spec.serviceName, headless.metadata.name);
+  assert.equal(headless.spec.publishNotReadyAddresses, true, 'peers find a node that is still starting');
+});
+
+test('the node id is the pod name and the advertised names are its headless-Service DNS names', () => {
+  assert.equal(envFrom(dreyd, 'POD_NAME').valueFrom.fieldRef.fieldPath, 'metadata.name');
+  assert.equal(envFrom(dreyd, 'POD_NAMESPACE').valueFrom.fieldRef.fieldPath, 'metadata.namespace');
+  assert.equal(args.get('node-id'), '$(POD_NAME)');
+  const port = (name) => dreyd.ports.find((p) => p.name === name).containerPort;
+  const dns = `$(POD_NAME).${headless.metadata.name}.$(POD_NAMESPACE).svc`;
+  assert.equal(args.get('listen'), `0.0.0.0:${port('grpc')}`);
+  assert.equal(args.get('internal-listen'), `0.0.0.0:${port('internal')}`);
+  assert.equal(args.get('advertise'), `${dns}:${port('grpc')}`);
+  assert.equal(args.get('internal-advertise'), `${dns}:${port('internal')}`);
+  for (const name of ['grpc', 'internal'])
+    assert.ok(headless.spec.ports.some((p) => p.targetPort === name), `the headless Service publishes ${name}`);
+});
+
+test('internal certificates come from a Secret, one per pod by name, with the CA', () => {
+  const vol = pod.volumes.find((v) => v.name === 'internal-tls');
+  assert.ok(vol.secret.secretName);
+  const mount = dreyd.volumeMounts.find((m) => m.name === 'internal-tls');
+  assert.equal(mount.readOnly, true);
+  assert.equal(args.get('internal-tls-cert'), `${mount.mountPath}/$(POD_NAME).crt`);
+  assert.equal(args.get('internal-tls-key'), `${mount.mountPath}/$(POD_NAME).key`);
+  assert.equal(args.get('internal-tls-ca'), `${mount.mountPath}/ca.crt`);
+  // The image runs as 10001 without root: the files must be readable by its group.
+  assert.equal(vol.secret.defaultMode & 0o040, 0o040);
+  assert.equal(pod.securityContext.fsGroup, pod.securityContext.runAsUser);
+});
+
+test('etcd is a list of endpoints, the same for the nodes and the init Job', () => {
+  const cm = one('ConfigMap');
+  const endpoints = cm.data['etcd-endpoints'].split(',');
+  assert.ok(endpoints.length >= 3, 'an existing etcd cluster of three members');
+  for (const e of endpoints) assert.match(e, /^http:\/\/[^,/]+:\d+$/);
+  for (const c of [dreyd, initContainer]) {
+    assert.equal(envFrom(c, 'ETCD_ENDPOINTS').valueFrom.configMapKeyRef.name, cm.metadata.name);
+    assert.equal(envFrom(c, 'ETCD_ENDPOINTS').valueFrom.configMapKeyRef.key, 'etcd-endpoints');
+    assert.equal(envFrom(c, 'CLUSTER_PREFIX').valueFrom.configMapKeyRef.key, 'prefix');
+  }
+  assert.equal(args.get('cluster-etcd'), '$(ETCD_ENDPOINTS)');
+  assert.equal(args.get('cluster-prefix'), '$(CLUSTER_PREFIX)');
+  const init = flags(initContainer.args);
+  assert.deepEqual(initContainer.args.slice(0, 2), ['cluster', 'init']);
+  assert.equal(init.get('etcd'), '$(ETCD_ENDPOINTS)');
+  assert.equal(init.get('prefix'), '$(CLUSTER_PREFIX)');
+  assert.equal(init.get('partitions'), args.get('cluster-partitions'), 'nodes expect the partitions init writes');
+  assert.equal(init.get('initial-nodes'), String(sts.spec.replicas));
+  assert.equal(job.spec.template.spec.restartPolicy, 'OnFailure', 'init retries until etcd answers');
+});
+
+test('the preStop drain fits inside the termination grace period', () => {
+  const cmd = dreyd.lifecycle.preStop.exec.command;
+  assert.equal(cmd[0], '/usr/local/bin/drey');
+  assert.equal(cmd[1], 'drain');
+  const hook = flags(cmd.slice(2));
+  assert.equal(hook.get('pid'), '1', 'dreyd is the entry point, PID 1');
+  const wait = durationSeconds(hook.get('wait'));
+  const drain = durationSeconds(args.get('drain-grace')) + durationSeconds(args.get('shutdown-timeout'));
+  assert.ok(wait > drain, 'the hook waits out the whole drain');
+  assert.ok(pod.terminationGracePeriodSeconds > wait, 'the kubelet does not kill dreyd while the hook waits');
+  assert.equal(dreyd.readinessProbe.httpGet.path, '/health/ready');
+  assert.equal(dreyd.startupProbe.grpc.port, dreyd.ports.find((p) => p.name === 'grpc').containerPort);
+  const keys = args.get('jwt-keys-dir');
+  assert.ok(dreyd.volumeMounts.some((m) => m.mountPath === keys), 'a non-loopback listener needs token keys');
+});
+
+function helpOf(bin, ...argv) {
+  try {
+    return execFileSync(bin, [...argv, '--help'], { encoding: 'utf8' });
+  } catch (e) {
+    return `${e.stdout ?? ''}${e.stderr ?? ''}`; // a --help that exits non-zero still prints the usage
+  }
+}
+
+test('every flag the manifests pass is one the binaries list', { skip: !process.env.DREY_DREYD && 'DREY_DREYD unset' }, () => {
+  const dreydHelp = helpOf(process.env.DREY_DREYD);
+  assert.match(dreydHelp, /--cluster-etcd=/, 'this dreyd has the cluster flags');
+  for (const name of args.keys()) assert.ok(dreydHelp.includes(`--${name}=`), `dreyd --help lists --${name}`);
+  const cli = process.env.DREY_CLI;
+  const clusterHelp = helpOf(cli, 'cluster');
+  for (const name of flags(initContainer.args).keys())
+    assert.ok(clusterHelp.includes(`--${name}=`), `drey cluster --help lists --${name}`);
+  const drainHelp = helpOf(cli, 'drain');
+  for (const name of flags(dreyd.lifecycle.preStop.exec.command.slice(2)).keys())
+    assert.ok(drainHelp.includes(`--${name}=`), `drey drain --help lists --${name}`);
+  // The check can fail: a flag dreyd does not have is caught.
+  assert.ok(!dreydHelp.includes('--cluster-etcd-endpoints='));
+});
