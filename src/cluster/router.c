@@ -18,6 +18,10 @@
  * safe because NOT_PRIMARY is refused before the journal; nothing else is
  * ever retried here.
  *
+ * SetMany and RemoveMany must keep to one partition (CROSS_PARTITION);
+ * Scan, Clear and the cache figures are refused (NOT_CLUSTER_WIDE) rather
+ * than answered from one node's partitions.
+ *
  * GetMany scatters: keys this node owns are read here first, then every
  * other owner gets one GetMany of its keys; the answers are gathered in the
  * caller's order. Reads are per key anyway, so nothing is lost by splitting.
@@ -348,25 +352,33 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
 
 /* --- the row ------------------------------------------------------------------- */
 
-/* SetMany is atomic, so its entries must share a partition: false with
- * CROSS_PARTITION (a field violation per entry elsewhere) when they do
- * not. *p: that partition, or UINT32_MAX for no entries. */
-static bool set_many_partition(drey_request *r, const drey_cluster__topology *t, uint32_t *p_out) {
-    const Drey__Cache__V1__SetManyRequest *req = (const void *)r->msg;
+/* SetMany and RemoveMany are atomic (one outcome per request_id), so
+ * their keys must share a partition: false with CROSS_PARTITION (a field
+ * violation per key elsewhere) when they do not. *p: that partition, or
+ * UINT32_MAX for no keys. */
+static bool batch_partition(drey_request *r, const drey_cluster__topology *t, uint32_t *p_out) {
+    const char *cache = string_field(r->msg, "cache");
+    const Drey__Cache__V1__SetManyRequest *set = (const void *)r->msg;
+    const Drey__Cache__V1__RemoveManyRequest *rm = (const void *)r->msg;
+    bool is_set = r->msg->descriptor == &drey__cache__v1__set_many_request__descriptor;
+    size_t n = is_set ? set->n_entries : rm->n_keys;
     *p_out = UINT32_MAX;
-    if (req->n_entries == 0)
+    if (n == 0)
         return true;
-    uint32_t p0 = partition_of(t, req->cache, req->entries[0]->key);
+    uint32_t p0 = partition_of(t, cache, is_set ? set->entries[0]->key : rm->keys[0]);
     drey_status *st = NULL;
-    for (size_t i = 1; i < req->n_entries; i++) {
-        if (partition_of(t, req->cache, req->entries[i]->key) == p0)
+    for (size_t i = 1; i < n; i++) {
+        if (partition_of(t, cache, is_set ? set->entries[i]->key : rm->keys[i]) == p0)
             continue;
         if (st == NULL) {
             st = drey_arena_alloc(r->arena, sizeof *st);
             drey_status_init(st);
             drey_status_set(st, DREY_ERR_CROSS_PARTITION);
         }
-        drey_status_add_violation(st, DREY_ERR_CROSS_PARTITION, "entries[%zu].key", i);
+        if (is_set)
+            drey_status_add_violation(st, DREY_ERR_CROSS_PARTITION, "entries[%zu].key", i);
+        else
+            drey_status_add_violation(st, DREY_ERR_CROSS_PARTITION, "keys[%zu]", i);
     }
     if (st != NULL) {
         r->status = st;
@@ -382,14 +394,27 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
     const char *cache = string_field(r->msg, "cache");
     const char *key = string_field(r->msg, "key");
     uint32_t p;
+    const ProtobufCMessageDescriptor *d = r->msg->descriptor;
+    if (t->n_parts > 0 && (d == &drey__cache__v1__scan_request__descriptor ||
+                           d == &drey__cache__v1__clear_request__descriptor ||
+                           d == &drey__cache__v1__list_caches_request__descriptor ||
+                           d == &drey__cache__v1__get_cache_stats_request__descriptor)) {
+        /* Run here they would see one node's partitions: a partial Clear
+         * or a Scan that misses keys is worse than a refusal. */
+        r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+        drey_status_init(r->status);
+        drey_status_set(r->status, DREY_ERR_NOT_CLUSTER_WIDE);
+        res = DREY_STAGE_REJECT;
+        goto out;
+    }
     if (cache == NULL || t->n_parts == 0)
         goto out; /* names no key: a node-local request */
     if (r->msg->descriptor == &drey__cache__v1__get_many_request__descriptor) {
         res = route_get_many(c, r, t);
         goto out;
     }
-    if (r->msg->descriptor == &drey__cache__v1__set_many_request__descriptor) {
-        bool ok = set_many_partition(r, t, &p);
+    if (d == &drey__cache__v1__set_many_request__descriptor || d == &drey__cache__v1__remove_many_request__descriptor) {
+        bool ok = batch_partition(r, t, &p);
         if (!ok)
             res = DREY_STAGE_REJECT;
         if (!ok || p == UINT32_MAX)

@@ -106,6 +106,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                        "PEER_UNAUTHENTICATED",
                                        "the internal listener serves only peers whose certificate names the node "
                                        "they say they are"},
+    [DREY_ERR_NOT_CLUSTER_WIDE] = {DREY_ERR_NOT_CLUSTER_WIDE, GRPC_STATUS_UNIMPLEMENTED, "NOT_CLUSTER_WIDE",
+                                   "in a cluster this call would see only one node's partitions; it is refused "
+                                   "until it reaches every owner"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

@@ -178,6 +178,26 @@ class ThreeNodes(DreyTestCase):
         for k in tagged:
             self.assertEqual(value_of(self.call(self.nodes[2], "Get", cache=cache, key=k).value), k)
 
+    def test_remove_many_keeps_to_one_partition_and_whole_cache_calls_are_refused(self):
+        cache = "rm"
+        tagged = ["{t7}.%d" % i for i in range(5)]
+        for k in tagged:
+            self.call(self.nodes[0], "Set", cache=cache, key=k, value=make_value(k))
+        owner = self.owners[partition(cache, "t7", 16)]
+        via = next(n for n in self.nodes if n.id != owner)
+        r = self.call(via, "RemoveMany", cache=cache, keys=tagged)
+        self.assertEqual([x.removed for x in r.results], [True] * 5)
+        keys = ["r%d" % i for i in range(8)]
+        parts = [partition(cache, k, 16) for k in keys]
+        f = failure(self.call, via, "RemoveMany", cache=cache, keys=keys)
+        self.assertRpcFailure(f, grpc.StatusCode.INVALID_ARGUMENT, "CROSS_PARTITION",
+                              fields=["keys[%d]" % i for i in range(1, 8) if parts[i] != parts[0]])
+        # run on one node these would see a third of the data: refused, not partial
+        for method, fields in (("Scan", {"cache": cache}), ("Clear", {"cache": cache}),
+                               ("ListCaches", {}), ("GetCacheStats", {"cache": cache})):
+            f = failure(self.call, self.nodes[1], method, **fields)
+            self.assertRpcFailure(f, grpc.StatusCode.UNIMPLEMENTED, "NOT_CLUSTER_WIDE")
+
     def test_a_retry_through_another_node_gets_the_first_outcome(self):
         cache, k, rid = "idem", "counter", "rid-" + self._testMethodName[-8:]
         first = self.call(self.nodes[0], "Increment", cache=cache, key=k, delta=3, request_id=rid)
