@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 
@@ -116,6 +117,85 @@ class Etcd:
         shutil.rmtree(self.tmp, True)
 
 
+# --- a link we can cut --------------------------------------------------------------
+
+class Proxy:
+    """A TCP proxy on a free loopback port to target_port. block() drops
+    every connection and refuses new ones (a partition of this link only);
+    unblock() lets them through again."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.blocked = False
+        self.conns = []
+        self.lock = threading.Lock()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                if self.blocked:
+                    c.close()
+                    continue
+                try:
+                    u = socket.create_connection(("127.0.0.1", self.target))
+                except OSError:
+                    c.close()
+                    continue
+                self.conns += [c, u]
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def block(self):
+        with self.lock:
+            self.blocked = True
+            conns, self.conns = self.conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+    def unblock(self):
+        with self.lock:
+            self.blocked = False
+
+    def close(self):
+        self.closed = True
+        self.block()
+        self.sock.close()
+
+
 # --- certificates -------------------------------------------------------------------
 
 class ClusterCA:
@@ -195,8 +275,9 @@ class Cluster:
     def cli(self, *args, timeout=60):
         return subprocess.run([drey_cli()] + list(args), capture_output=True, text=True, timeout=timeout)
 
-    def node_flags(self, node_id, cert, key, internal_port=None, **over):
-        flags = ["--node-id=" + node_id, "--cluster-etcd=" + self.etcd.url, "--cluster-prefix=" + self.prefix,
+    def node_flags(self, node_id, cert, key, internal_port=None, etcd_url=None):
+        flags = ["--node-id=" + node_id, "--cluster-etcd=" + (etcd_url or self.etcd.url),
+                 "--cluster-prefix=" + self.prefix,
                  "--internal-listen=127.0.0.1:%d" % (internal_port or 0), "--internal-tls-cert=" + cert,
                  "--internal-tls-key=" + key, "--internal-tls-ca=" + self.ca.ca,
                  "--cluster-lease-ttl=" + self.lease_ttl, "--ops-listen=127.0.0.1:0"]
@@ -204,9 +285,9 @@ class Cluster:
             flags.append("--ephemeral")
         return flags + list(self.extra_flags)
 
-    def start_node(self, node_id, flags=(), data_dir=None, wait=True):
+    def start_node(self, node_id, flags=(), data_dir=None, wait=True, etcd_url=None):
         cert, key = self.ca.issue(node_id)
-        f = self.node_flags(node_id, cert, key) + list(flags)
+        f = self.node_flags(node_id, cert, key, etcd_url=etcd_url) + list(flags)
         if data_dir is not None:
             f.append("--data-dir=" + data_dir)
         srv = DreyServer(*f, name=node_id)

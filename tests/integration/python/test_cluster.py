@@ -17,6 +17,7 @@ is replaced.
 import json
 import os
 import re
+import subprocess
 import tempfile
 import threading
 import unittest
@@ -399,6 +400,49 @@ class Faults(unittest.TestCase):
                     self.assertEqual(value_of(fn(req_cls(key="e%d" % i), timeout=RPC).value), i)
             for n in nodes:
                 n.server.stop()
+
+    def test_not_primary_is_retried_once_and_answered_when_the_table_lags(self):
+        """n3 reaches etcd through a proxy we cut: its table goes stale
+        while a partition changes owner (n1 -> n2, written in etcd as a
+        controller would). A write through n3 goes to n1, which says
+        NOT_PRIMARY; n3 waits for its own table, routes once more (still
+        stale: n1 again) and passes NOT_PRIMARY on. Once the link is back,
+        n3 learns the owner and the write goes to n2."""
+        import shutil
+        from drey_cluster import Proxy
+        with Cluster(partitions=8, initial_nodes=3, lease_ttl="10s") as cl:
+            proxy = Proxy(cl.etcd.client_port)
+            try:
+                n1 = cl.start_node("n1")
+                cl.start_node("n2")
+                n3 = cl.start_node("n3", etcd_url=proxy.url)
+                cl.wait_assigned(3)
+                owners = poll(lambda: cl.owners(n3), lambda o: all(o.values()), what="n3's table")
+                p = next(q for q, o in owners.items() if o == "n1")
+                key = next(k for k in ("m%d" % i for i in range(500)) if partition("", k, 8) == p)
+                proxy.block()
+                value = b"\x0a\x02n2"  # drey.internal.v1.PartitionEntry{primary: "n2"}
+                subprocess.run([shutil.which("etcdctl") or "/usr/bin/etcdctl", "--endpoints=" + cl.etcd.url, "put",
+                                "%spartitions/%05d" % (cl.prefix, p), value], check=True, capture_output=True,
+                               env=dict(os.environ, ETCDCTL_API="3"), timeout=30)
+                poll(lambda: cl.owners(n1)[p], lambda o: o == "n2", what="n1 seeing n2 as the owner")
+                self.assertEqual(cl.owners(n3)[p], "n1", "n3's table is stale while its link is cut")
+                fn, req_cls, _ = n3.cache.methods["Set"]
+                f = failure(fn, req_cls(key=key, value=make_value("v")), timeout=RPC)
+                self.assertEqual(f.code, UNAVAILABLE)
+                self.assertEqual(f.reason, "NOT_PRIMARY")
+                self.assertEqual(f.metadata["primary"], "n2")
+                from drey_tokens import details
+                self.assertEqual(details(n3.server)["cluster"]["notPrimaryRetries"], 1, "routed once more, once")
+                proxy.unblock()
+                poll(lambda: cl.owners(n3)[p], lambda o: o == "n2", what="n3 catching up")
+                fn(req_cls(key=key, value=make_value("v")), timeout=RPC)
+                get, greq, _ = cl.nodes["n2"].cache.methods["Get"]
+                self.assertEqual(value_of(get(greq(key=key), timeout=RPC).value), "v", "the write is on n2")
+                for n in cl.nodes.values():
+                    n.server.stop()
+            finally:
+                proxy.close()
 
     def test_a_dead_controller_is_replaced(self):
         with Cluster(partitions=8, initial_nodes=3) as cl:
