@@ -335,6 +335,78 @@ class ThreeNodes(DreyTestCase):
         self.assertEqual(c_refused, [], "a tenant within its limits through n2 was refused on n1")
 
 
+class TokensAndQuotas(DreyTestCase):
+    """Three durable nodes with JWT keys and a small journal cap: the token
+    travels with a forwarded call and is checked again on the owner, and the
+    owner's refusals reach the client unchanged."""
+    SERVER_FLAGS = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        from drey_tokens import KeyDir
+        cls.keys = KeyDir()
+        cls.hs = cls.keys.hmac("k1")
+        cls.cluster = Cluster(partitions=8, initial_nodes=3, ephemeral=False,
+                              extra_flags=("--jwt-keys-dir=" + cls.keys.path, "--segment-bytes=64KiB",
+                                           "--journal-max-bytes=128KiB", "--snapshot-every-bytes=0")).__enter__()
+        cls.nodes = cls.cluster.start(3)
+        cls.cluster.wait_assigned(3)
+        cls.owners = poll(lambda: cls.cluster.owners(cls.nodes[0]), lambda o: all(o.values()), what="table")
+
+    @classmethod
+    def tearDownClass(cls):
+        for n in cls.nodes:
+            n.server.stop()
+        cls.cluster.__exit__(None, None, None)
+        super().tearDownClass()
+
+    def via(self, key):
+        """A node that does not own key, and the owner's id."""
+        owner = self.owners[partition("", key, 8)]
+        return next(n for n in self.nodes if n.id != owner), owner
+
+    def call(self, node, method, token, **fields):
+        from drey_tokens import bearer
+        fn, req_cls, _ = node.cache.methods[method]
+        return fn(req_cls(**fields), timeout=RPC, metadata=bearer(token) if token else None)
+
+    def test_request_ids_stay_scoped_by_the_original_caller(self):
+        from drey_tokens import mint
+        alice, bob = mint(self.hs, sub="alice"), mint(self.hs, sub="bob")
+        k = "tok-counter"
+        via, _ = self.via(k)
+        first = self.call(via, "Increment", alice, key=k, delta=1, request_id="same-id")
+        for n in self.nodes:
+            again = self.call(n, "Increment", alice, key=k, delta=1, request_id="same-id")
+            self.assertEqual((again.value, again.version), (first.value, first.version), n.id)
+        # the same request_id from another subject is another write
+        other = self.call(via, "Increment", bob, key=k, delta=1, request_id="same-id")
+        self.assertEqual(other.value, first.value + 1)
+        f = failure(self.call, via, "Get", None, key=k)
+        self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "TOKEN_MISSING")
+        expired = mint(self.hs, sub="alice", ttl=-120)
+        f = failure(self.call, via, "Get", expired, key=k)
+        self.assertRpcFailure(f, grpc.StatusCode.UNAUTHENTICATED, "TOKEN_EXPIRED")
+
+    def test_the_owners_journal_quota_refusal_reaches_the_client_unchanged(self):
+        from drey_tokens import mint
+        tok = mint(self.hs, sub="filler")
+        k = "quota-key"
+        via, owner = self.via(k)
+        refusal = None
+        for i in range(400):
+            try:
+                self.call(via, "Set", tok, key=k, value=make_value(b"x" * 2048), request_id="q%d" % i)
+            except grpc.RpcError as e:
+                refusal = RpcFailure(e)
+                break
+        self.assertIsNotNone(refusal, "the owner's 128 KiB journal never filled")
+        self.assertRpcFailure(refusal, grpc.StatusCode.RESOURCE_EXHAUSTED, "JOURNAL_DISK_QUOTA")
+        self.assertEqual(refusal.quota_failure.violations[0].subject, "node:" + owner)
+        self.assertIsNotNone(refusal.retry_info)
+
+
 class Faults(unittest.TestCase):
     """Each test breaks a cluster of its own."""
 
