@@ -73,21 +73,14 @@ typedef struct drey_pipeline_options {
 } drey_pipeline_options;
 
 /* Another node's answer to a forwarded request, as it came: passed on to
- * the caller unchanged (drey_request_relay). */
-typedef struct drey_answer {
-    int code; /* grpc_status_code */
-    const char *message;
-    size_t message_len;
-    const uint8_t *details; /* serialized google.rpc.Status; NULL: none */
-    size_t details_len;
-    const uint8_t *response; /* the serialized response, code OK only */
-    size_t response_len;
-} drey_answer;
+ * the caller unchanged (drey_request_relay). The transport's own type. */
+typedef drey_call_answer drey_answer;
 
 /* The door a request came through. Every operation gets the request's
  * `door` pointer. */
 typedef struct drey_request_ops {
-    /* Answer the request: exactly one of reply/fail, once, from any thread. */
+    /* Answer the request: exactly one of reply/fail/relay, once, from any
+     * thread. */
     void (*reply)(void *door, const ProtobufCMessage *response);
     void (*fail)(void *door, const drey_status *st);
     void (*relay)(void *door, const drey_answer *a);
@@ -131,14 +124,12 @@ struct drey_request {
     const char *principal; /* jwt:{sub}, the connection, or node:<id> for a
                               forwarded call: backpressure, metrics, logs */
     const char *forwarded_by; /* the node that forwarded it; NULL: a client's */
-    void *route_state;        /* the router's, while it has the request */
     drey_write write;      /* writes: what commit applies (its principal is the
                               idempotency scope: jwt:{sub}, or "" when anonymous) */
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;
 };
-
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
 void drey_pipeline_destroy(drey_pipeline *p);

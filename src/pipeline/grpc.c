@@ -26,16 +26,7 @@ static void door_fail(void *door, const drey_status *st) {
 }
 
 static void door_relay(void *door, const drey_answer *a) {
-    const drey_call_answer ca = {
-        .code = a->code,
-        .message = a->message,
-        .message_len = a->message_len,
-        .details = a->details,
-        .details_len = a->details_len,
-        .response = a->response,
-        .response_len = a->response_len,
-    };
-    drey_call_relay(door, &ca);
+    drey_call_relay(door, a);
 }
 
 static bool door_peer_is(void *door, const char *id, size_t len) {
