@@ -52,13 +52,22 @@ typedef struct drey_cluster__header {
     size_t len;
 } drey_cluster__header;
 
+/* A call in flight, for cancelling it. */
+typedef struct drey_cluster__pcall drey_cluster__pcall;
+
 /* A unary call of path on node id at address, with the serialized request
  * and headers; done runs once, on the peers' thread, with the answer (whose
- * buffers live until done returns). */
-void drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+ * buffers live until done returns). The returned handle holds a reference:
+ * drop it with drey_cluster__pcall_cancel or drey_cluster__pcall_release,
+ * once, from any thread (done may have run already or not). */
+drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address, const char *path,
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg);
+/* Cancels the call (its done comes with CANCELLED unless it is over) and
+ * drops the handle. */
+void drey_cluster__pcall_cancel(drey_cluster__pcall *c);
+void drey_cluster__pcall_release(drey_cluster__pcall *c);
 
 /* --- the cluster ----------------------------------------------------------- */
 

@@ -11,6 +11,7 @@
  * a second) before a call, and when one changed every channel is dropped
  * and made again with the new files on next use.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,8 @@ struct drey_cluster__peers {
     pthread_t thread;
 };
 
-typedef struct pcall {
+typedef struct drey_cluster__pcall {
+    _Atomic int refs; /* the completion's and the handle's */
     grpc_call *call;
     grpc_byte_buffer *send, *recv;
     grpc_metadata_array initial_md, trailing_md;
@@ -63,6 +65,28 @@ typedef struct pcall {
     void (*done)(void *arg, const drey_answer *a);
     void *arg;
 } pcall;
+
+static void pcall_unref(pcall *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    grpc_slice_unref(c->details);
+    grpc_metadata_array_destroy(&c->initial_md);
+    grpc_metadata_array_destroy(&c->trailing_md);
+    grpc_byte_buffer_destroy(c->send);
+    if (c->recv != NULL)
+        grpc_byte_buffer_destroy(c->recv);
+    grpc_call_unref(c->call);
+    free(c);
+}
+
+void drey_cluster__pcall_cancel(drey_cluster__pcall *c) {
+    grpc_call_cancel(c->call, NULL);
+    pcall_unref(c);
+}
+
+void drey_cluster__pcall_release(drey_cluster__pcall *c) {
+    pcall_unref(c);
+}
 
 static char *read_file(const char *path, char *err, size_t cap) {
     FILE *f = fopen(path, "rb");
@@ -145,14 +169,7 @@ static void *peers_main(void *arg) {
         c->done(c->arg, &a);
         grpc_slice_unref(body);
         gpr_free(msg);
-        grpc_slice_unref(c->details);
-        grpc_metadata_array_destroy(&c->initial_md);
-        grpc_metadata_array_destroy(&c->trailing_md);
-        grpc_byte_buffer_destroy(c->send);
-        if (c->recv != NULL)
-            grpc_byte_buffer_destroy(c->recv);
-        grpc_call_unref(c->call);
-        free(c);
+        pcall_unref(c);
     }
 }
 
@@ -275,11 +292,13 @@ static grpc_channel *channel_locked(drey_cluster__peers *p, const char *id, cons
     return pe->channel;
 }
 
-void drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address,
+                                              const char *path,
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg) {
     pcall *c = drey_xcalloc(1, sizeof *c);
+    atomic_store(&c->refs, 2);
     c->done = done;
     c->arg = arg;
     grpc_metadata_array_init(&c->initial_md);
@@ -329,4 +348,5 @@ void drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char
         DREY_LOG_ERROR("starting a peer call failed", DREY_LOG_STR("error", grpc_call_error_to_string(e)));
         abort();
     }
+    return c;
 }

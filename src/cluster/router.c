@@ -42,9 +42,16 @@
 #define RETRY_POLL_NS 10000000LL
 #define UNAVAILABLE_RETRY_MS 500
 
+/* What fwd.call holds besides a call's handle. */
+#define CALL_DONE ((drey_cluster__pcall *)1)      /* answered (or being) */
+#define CALL_CANCELLED ((drey_cluster__pcall *)2) /* the caller went away */
+
 typedef struct fwd {
     drey_cluster *c;
     drey_request *r;
+    /* The forwarded call in flight, so that a caller who goes away cancels
+     * it (and the slot it holds here is freed when it ends), or a mark. */
+    _Atomic(drey_cluster__pcall *) call;
     int64_t revision; /* of the table the request was routed with */
     int64_t retry_until_ns;
     bool retried;
@@ -175,9 +182,27 @@ static void retry(void *arg) {
     }
 }
 
+static bool is_handle(const drey_cluster__pcall *p) {
+    return p != NULL && p != CALL_DONE && p != CALL_CANCELLED;
+}
+
+/* The door's cancel hook: the caller went away. */
+static void caller_gone(void *arg) {
+    fwd *f = arg;
+    drey_cluster__pcall *p = atomic_exchange(&f->call, CALL_CANCELLED);
+    if (is_handle(p))
+        drey_cluster__pcall_cancel(p);
+}
+
 static void forwarded_done(void *arg, const drey_answer *a) {
     fwd *f = arg;
-    if (!f->retried && is_not_primary(a) && f->c->opts.timers != NULL) {
+    drey_cluster__pcall *p = atomic_exchange(&f->call, CALL_DONE);
+    if (is_handle(p))
+        drey_cluster__pcall_release(p);
+    drey_cluster__pcall *done = CALL_DONE;
+    /* A retry needs the slot back, unless the caller has gone meanwhile. */
+    if (!f->retried && is_not_primary(a) && f->c->opts.timers != NULL &&
+        atomic_compare_exchange_strong(&f->call, &done, NULL)) {
         f->retried = true;
         f->retry_until_ns = drey_mono_ns() + RETRY_WAIT_NS;
         f->timer = (drey_timer){.at_ns = drey_mono_ns(), .fn = retry, .arg = f};
@@ -192,8 +217,17 @@ static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64
     drey_cluster__header h[3];
     size_t n = forward_headers(c, r, epoch, h);
     atomic_fetch_add(&c->forwarded, 1);
-    drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes, r->len, h, n,
-                             r->ops->deadline_mono_ns(r->door), forwarded_done, f);
+    drey_cluster__pcall *p = drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes,
+                                                      r->len, h, n, r->ops->deadline_mono_ns(r->door),
+                                                      forwarded_done, f);
+    drey_cluster__pcall *none = NULL;
+    if (!atomic_compare_exchange_strong(&f->call, &none, p)) {
+        /* Answered already, or the caller left before the handle was kept. */
+        if (none == CALL_CANCELLED)
+            drey_cluster__pcall_cancel(p);
+        else
+            drey_cluster__pcall_release(p);
+    }
 }
 
 /* --- GetMany: scatter and gather ---------------------------------------------- */
@@ -344,8 +378,11 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
             continue;
         const drey_cluster__node *to = &t->nodes[groups[k]];
         atomic_fetch_add(&c->forwarded, 1);
-        drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, bytes[k], lens[k], h, nh,
-                                 r->ops->deadline_mono_ns(r->door), scatter_done, &parts[k]);
+        /* Not cancelled with the caller: the deadline bounds them. */
+        drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path,
+                                                             bytes[k], lens[k], h, nh,
+                                                             r->ops->deadline_mono_ns(r->door), scatter_done,
+                                                             &parts[k]));
     }
     return DREY_STAGE_PARKED;
 }
@@ -436,6 +473,8 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         f = drey_arena_calloc(r->arena, sizeof *f);
         f->c = c;
         f->r = r;
+        if (r->ops->on_cancel != NULL)
+            r->ops->on_cancel(r->door, caller_gone, f);
     }
     f->revision = t->revision;
     forward(c, f, to, t->parts[p].epoch);

@@ -516,6 +516,34 @@ class Faults(unittest.TestCase):
             finally:
                 proxy.close()
 
+    def test_a_caller_that_goes_away_cancels_its_forwarded_call(self):
+        """The owner is paused: forwarded calls without a deadline would hold
+        their slots on the forwarding node until it resumed. Cancelling them
+        cancels the forwarded calls, and the slots come back at once."""
+        import signal
+        from drey_tokens import details
+        with Cluster(partitions=8, initial_nodes=3, lease_ttl="10s",
+                     extra_flags=("--max-inflight=2", "--max-queued=0")) as cl:
+            nodes = cl.start(3)
+            cl.wait_assigned(3)
+            owners = poll(lambda: cl.owners(nodes[0]), lambda o: all(o.values()), what="table")
+            key = next(k for k in ("c%d" % i for i in range(500)) if owners[partition("", k, 8)] != "n1")
+            victim = cl.nodes[owners[partition("", key, 8)]]
+            n1 = nodes[0]
+            inflight = lambda: details(n1.server)["backpressure"]["inFlight"]
+            os.kill(victim.server.proc.pid, signal.SIGSTOP)
+            try:
+                fn, req_cls, _ = n1.cache.methods["Get"]
+                futs = [fn.future(req_cls(key=key)) for _ in range(2)]
+                poll(inflight, lambda v: v == 2, what="two forwarded calls holding n1's slots")
+                for f in futs:
+                    f.cancel()
+                poll(inflight, lambda v: v == 0, timeout=10, what="the slots back once the callers went away")
+            finally:
+                os.kill(victim.server.proc.pid, signal.SIGCONT)
+            for n in cl.nodes.values():
+                n.server.stop()
+
     def test_a_dead_controller_is_replaced(self):
         with Cluster(partitions=8, initial_nodes=3) as cl:
             cl.start(3)
