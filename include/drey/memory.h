@@ -34,6 +34,7 @@ typedef struct drey_memory drey_memory;
 typedef struct drey_memory_options {
     int64_t limit_bytes; /* 0: 80% of the cgroup limit or of RAM */
     const char *node_id; /* QuotaFailure subject "node:<id>" */
+    uint32_t max_caches; /* caches with entries at once; 0: no limit */
 } drey_memory_options;
 
 drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *store);
@@ -55,6 +56,11 @@ bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
  * needs room, *evicted (arena memory) names entries whose bytes make it;
  * when they cannot (nothing evictable is left), the write is refused with
  * MEMORY_PRESSURE and nothing is chosen. */
+/* A write that would open a new cache past max_caches is refused
+ * (RESOURCE_EXHAUSTED TOO_MANY_CACHES, st filled): every cache holds a slot
+ * of the store's registry, which must not grow without bound. */
+bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st);
+
 bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,
                                 const drey_store_victim **evicted, size_t *n_evicted, drey_status *st);
 

@@ -161,6 +161,10 @@ void drey_store_cache_stats(drey_store *s, const char *cache, size_t cache_len, 
 /* Calls fn for every cache holding entries (internal caches, whose names
  * start with '#', included: callers filter). Holds the registry lock:
  * fn must not call into the store. */
+/* Whether a write may put an entry in the cache: it has entries already, or
+ * fewer than limit caches do. */
+bool drey_store_cache_admits(drey_store *s, const char *cache, size_t len, uint32_t limit);
+
 void drey_store_list_caches(drey_store *s, void (*fn)(void *arg, const drey_cache_stats *c), void *arg);
 
 /* Removes every entry of the cache at once (readers see all of it or none),

@@ -69,6 +69,9 @@ static const option options[] = {
      "Longest key, in bytes of UTF-8 without control characters."},
     {"max-value-bytes", OPT_BYTES, FIELD(max_value_bytes), "4MiB", 1, 64 * MIB,
      "Largest value (its encoded size); larger ones get INVALID_ARGUMENT PAYLOAD_TOO_LARGE."},
+    {"max-caches", OPT_INT, FIELD(max_caches), "100000", 1, 1000000,
+     "Caches (namespaces) with entries at once; a write that would open one more is refused with "
+     "RESOURCE_EXHAUSTED TOO_MANY_CACHES. A cache with no entries left counts no more."},
     {"max-batch", OPT_INT, FIELD(max_batch), "1000", 1, 100000,
      "Most keys in a GetMany and entries in a SetMany."},
     {"drain-grace", OPT_DURATION, FIELD(drain_grace_ms), "5s", 0, 3600 * 1000,

@@ -258,7 +258,7 @@ int main(int argc, char **argv, char **envp) {
     drey_bp *bp = drey_bp_create(&bo, timers);
     drey_store *store = drey_store_create();
     drey_store_set_policy(store, eviction);
-    drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id};
+    drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id, .max_caches = (uint32_t)cfg.max_caches};
     drey_memory *memory = drey_memory_create(&mo, store);
     drey_cache *cache = drey_cache_create(store);
     drey_health *health = drey_health_create();

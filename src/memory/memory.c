@@ -25,6 +25,7 @@ struct drey_memory {
     char node_id[96];
     _Atomic uint64_t rejections;
     _Atomic uint64_t evicting;
+    uint32_t max_caches;
 };
 
 static int64_t read_limit_file(const char *path) {
@@ -56,6 +57,7 @@ drey_memory *drey_memory_create(const drey_memory_options *opts, drey_store *sto
     m->high = m->limit * 80 / 100; /* the limit is at most 2^50 (config): no overflow */
     m->critical = m->limit * 95 / 100;
     snprintf(m->node_id, sizeof m->node_id, "%s", opts->node_id != NULL ? opts->node_id : "");
+    m->max_caches = opts->max_caches;
     return m;
 }
 
@@ -101,6 +103,18 @@ static void add_victim(void *arg, const drey_store_item *it, size_t bytes) {
     e->key = drey_arena_strndup(vs->arena, it->key, it->key_len);
     e->key_len = it->key_len;
     e->version = it->entry.version;
+}
+
+bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st) {
+    if (m->max_caches == 0 || drey_store_cache_admits(m->store, cache, strlen(cache), m->max_caches))
+        return true;
+    drey_status_init(st);
+    drey_status_set(st, DREY_ERR_TOO_MANY_CACHES);
+    drey_status_add_metadata(st, "limitCaches", "%u", m->max_caches);
+    snprintf(st->quota_subject, sizeof st->quota_subject, "node:%s", m->node_id);
+    st->quota_description = "the write would open a cache past --max-caches";
+    st->retry_delay_ms = RETRY_MS;
+    return false;
 }
 
 bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,

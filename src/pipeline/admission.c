@@ -148,6 +148,13 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     if (growth > 0)
         growth += (int64_t)drey_commit_outcome_bytes(&r->write);
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+    /* A write that adds an entry may open a cache: within --max-caches. */
+    const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(r->msg->descriptor, "cache");
+    if (growth > 0 && fd != NULL && fd->type == PROTOBUF_C_TYPE_STRING &&
+        !drey_memory_admit_cache(o->memory, *(char *const *)(const void *)((const char *)r->msg + fd->offset), st)) {
+        r->status = st;
+        return DREY_STAGE_REJECT;
+    }
     /* With --eviction the victims ride in the write's journal record and go
      * when it applies: a write refused from here on evicted nothing. */
     if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), r->arena, &r->write.evicted,

@@ -88,6 +88,7 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(MEMORY_PRESSURE, "MEMORY_PRESSURE", "the write would grow memory past the node's critical level"),
     QUOTA(JOURNAL_DISK_QUOTA, "JOURNAL_DISK_QUOTA",
           "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
+    QUOTA(TOO_MANY_CACHES, "TOO_MANY_CACHES", "the write would open a cache past the node's limit on caches"),
     QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
           "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
 #undef QUOTA

@@ -70,13 +70,17 @@ typedef struct cache_slot {
 } cache_slot;
 
 #define SLOT_CHUNK 256
-#define SLOT_CHUNKS 4096 /* at most 1,048,576 caches at once */
+/* At most 16,777,216 caches at once: far past what memory admission lets in
+ * (--max-caches, plus one per write in flight), so the abort that guards
+ * it is unreachable. */
+#define SLOT_CHUNKS 65536
 
 typedef struct registry {
     pthread_mutex_t mu;    /* the map, the free list, slot allocation */
     cache_slot *_Atomic chunks[SLOT_CHUNKS]; /* written once each, never moved */
     uint32_t n_slots;      /* slots ever allocated */
     uint32_t free_head;    /* 1 + index of the first free slot; 0: none */
+    uint32_t live;         /* slots in use by caches clients name */
     uint32_t *map;         /* open addressing: 1 + slot id, 0 empty, UINT32_MAX deleted */
     size_t map_cap;        /* power of two */
     size_t map_used;       /* live + deleted */

@@ -76,11 +76,16 @@ static size_t map_find(drey_store *s, const char *name, size_t len, bool *found)
     }
 }
 
+/* Rehashes the map when live names and tombstones fill it: twice as large
+ * when the live names alone fill half of it, else the same size (caches
+ * come and go, and their tombstones must not grow the map for ever). */
 static void map_grow(drey_store *s) {
     registry *r = &s->reg;
     uint32_t *old = r->map;
-    size_t old_cap = r->map_cap;
-    r->map_cap = old_cap * 2;
+    size_t old_cap = r->map_cap, live = 0;
+    for (size_t i = 0; i < old_cap; i++)
+        live += old[i] != MAP_EMPTY && old[i] != MAP_DELETED;
+    r->map_cap = live * 2 >= old_cap ? old_cap * 2 : old_cap;
     r->map = drey_xcalloc(r->map_cap, sizeof *r->map);
     r->map_used = 0;
     for (size_t i = 0; i < old_cap; i++) {
@@ -122,14 +127,23 @@ static uint32_t slot_alloc(drey_store *s) {
     return id;
 }
 
+/* Caches clients can name; internal ones ("#outcomes") are not theirs to
+ * count. */
+static bool counted(const char *name, size_t len) {
+    return len == 0 || name[0] != '#';
+}
+
 static void slot_release(drey_store *s, uint32_t id) {
     cache_slot *c = drey_store__slot(s, id);
+    s->reg.live -= counted(c->name, c->name_len);
     c->retired = false;
     c->next_free = s->reg.free_head;
     s->reg.free_head = id + 1;
 }
 
-/* The slot of the named cache, opened if it has none. Called with the
+/* The slot of the named cache for a new entry, opened if it has none, with
+ * the entry counted in it: under the registry lock, so that the slot cannot
+ * be released between being found and being counted in. Called with the
  * entry's shard write-locked (lock order: shards, then the registry). */
 static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
     registry *r = &s->reg;
@@ -141,6 +155,7 @@ static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
         id = r->map[i] - 1;
     } else {
         id = slot_alloc(s);
+        r->live += counted(name, len);
         cache_slot *c = drey_store__slot(s, id);
         memcpy(c->name, name, len);
         c->name_len = (uint8_t)len;
@@ -150,8 +165,21 @@ static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
         if (r->map_used * 4 > r->map_cap * 3)
             map_grow(s);
     }
+    atomic_fetch_add_explicit(&drey_store__slot(s, id)->entries, 1, memory_order_relaxed);
     pthread_mutex_unlock(&r->mu);
     return id;
+}
+
+bool drey_store_cache_admits(drey_store *s, const char *cache, size_t len, uint32_t limit) {
+    drey_key k;
+    drey_store_key(s, &k, cache, len, "", 0); /* the normalised name */
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    bool found;
+    map_find(s, k.cache, k.cache_len, &found);
+    bool ok = found || r->live < limit;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
 }
 
 static void registry_init(drey_store *s) {
@@ -377,15 +405,16 @@ static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from,
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->expiring, to != 0 ? 1 : -1, memory_order_relaxed);
 }
 
-static void count_entry(drey_store *s, shard *sh, const entry *e) {
+/* A new entry's counts; slot_for counted it in its cache already. */
+static void count_entry(shard *sh, const entry *e) {
     sh->count++;
     if (!internal(e))
         atomic_fetch_add_explicit(&sh->evictable, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->entries, 1, memory_order_relaxed);
 }
 
-/* Forgets an entry's counts; a retired slot whose last entry goes is
- * reused. */
+/* Forgets an entry's counts; a slot whose last entry goes is reused: a
+ * cache that has emptied keeps no slot, so cache names written over a
+ * node's life do not pile up in the registry. */
 static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
     sh->count--;
     if (!internal(e))
@@ -393,16 +422,27 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
     track_expiry(s, sh, e, e->expires_at_ms, 0);
     account(s, sh, e, -(int64_t)entry_bytes(e));
     cache_slot *c = drey_store__slot(s, e->cache_id);
-    if (!c->retired) {
-        atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed);
+    bool retired_slot = c->retired;
+    if (retired_slot)
+        atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) != 1)
         return;
-    }
-    atomic_fetch_sub_explicit(&s->orphans, 1, memory_order_relaxed);
-    if (atomic_fetch_sub_explicit(&c->entries, 1, memory_order_relaxed) == 1) {
-        pthread_mutex_lock(&s->reg.mu);
+    /* The last entry went. Entries are counted in under the registry lock
+     * (slot_for), so an entry added meanwhile shows here, and a write after
+     * the release opens a fresh slot. A retired slot has left the map
+     * already. */
+    registry *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    if (atomic_load_explicit(&c->entries, memory_order_relaxed) == 0) {
+        if (!retired_slot) {
+            bool found;
+            size_t i = map_find(s, c->name, c->name_len, &found);
+            if (found)
+                r->map[i] = MAP_DELETED;
+        }
         slot_release(s, e->cache_id);
-        pthread_mutex_unlock(&s->reg.mu);
     }
+    pthread_mutex_unlock(&r->mu);
 }
 
 static void unlink_free(drey_store *s, shard *sh, entry **slot) {
@@ -528,7 +568,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     entry **slot = &sh->buckets[e->hash & sh->mask];
     e->next = *slot;
     *slot = e;
-    count_entry(s, sh, e);
+    count_entry(sh, e);
     track_expiry(s, sh, e, 0, e->expires_at_ms);
     account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
@@ -611,7 +651,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
     slot = find_slot(sh, k);
     e->next = NULL;
     *slot = e;
-    count_entry(s, sh, e);
+    count_entry(sh, e);
     track_expiry(s, sh, e, 0, expires_at_ms);
     account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)

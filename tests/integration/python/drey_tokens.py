@@ -312,7 +312,7 @@ def fresh_channel(target, credentials=None, options=()):
     return grpc.insecure_channel(target, options=opts)
 
 
-UNIT_SUFFIXES = ("Bytes", "PerSecond", "Calls", "Ms", "Records")
+UNIT_SUFFIXES = ("Bytes", "PerSecond", "Calls", "Ms", "Records", "Caches")
 
 
 def metadata_keys_have_units(md):

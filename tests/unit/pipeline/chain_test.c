@@ -175,6 +175,7 @@ typedef struct fixture_opts {
     bool auth_required;
     uint32_t max_inflight, max_queued, principal_max_inflight, principal_max_queued;
     int64_t memory_limit;
+    uint32_t max_caches;
     uint64_t journal_max_bytes, max_queued_records;
     size_t max_key_bytes;
 } fixture_opts;
@@ -244,7 +245,11 @@ static void fixture_open(const fixture_opts *o) {
         .node_id = "t",
     };
     f.bp = drey_bp_create(&bo, f.timers);
-    drey_memory_options mo = {.limit_bytes = o->memory_limit ? o->memory_limit : (int64_t)1 << 30, .node_id = "t"};
+    drey_memory_options mo = {
+        .limit_bytes = o->memory_limit ? o->memory_limit : (int64_t)1 << 30,
+        .node_id = "t",
+        .max_caches = o->max_caches,
+    };
     f.memory = drey_memory_create(&mo, f.store);
     if (o->durable) {
         f.fs = drey_io_fault_create();
@@ -336,6 +341,7 @@ static door *submit(const char *method, const ProtobufCMessage *msg, const char 
 
 typedef struct set_args {
     const char *key, *value, *request_id, *authorization;
+    const char *cache; /* NULL: "c" */
     size_t value_len; /* 0: strlen(value) */
 } set_args;
 
@@ -345,7 +351,7 @@ static door *set(set_args a) {
     v.bytes_value.data = (uint8_t *)a.value;
     v.bytes_value.len = a.value_len ? a.value_len : strlen(a.value);
     Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
-    req.cache = "c";
+    req.cache = (char *)(a.cache ? a.cache : "c");
     req.key = (char *)a.key;
     req.value = &v;
     req.request_id = (char *)(a.request_id ? a.request_id : "");
@@ -546,6 +552,34 @@ Test(chain, a_memory_refusal_leaves_no_trace) {
     expect_refused(d, DREY_ERR_MEMORY_PRESSURE);
     expect_no_trace(&t, "memory");
     door_free(d);
+}
+
+Test(chain, a_write_opening_one_cache_too_many_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .max_caches = 2});
+    trace t0 = baseline(); /* cache "c" */
+    door *d = set((set_args){.cache = "d", .key = "k", .value = "v"});
+    expect_ok(d);
+    door_free(d);
+    trace t = take_trace();
+    d = set((set_args){.cache = "e", .key = "k", .value = "v", .request_id = "r-e"});
+    expect_refused(d, DREY_ERR_TOO_MANY_CACHES);
+    cr_assert_str_eq(d->st.quota_subject, "node:t");
+    expect_no_trace(&t, "too many caches");
+    door_free(d);
+    /* Caches that exist take writes; one that empties counts no more. */
+    d = set((set_args){.cache = "c", .key = "k2", .value = "v"});
+    expect_ok(d);
+    door_free(d);
+    Drey__Cache__V1__RemoveRequest rm = DREY__CACHE__V1__REMOVE_REQUEST__INIT;
+    rm.cache = "d";
+    rm.key = "k";
+    d = submit("/drey.cache.v1.Cache/Remove", &rm.base, NULL);
+    expect_ok(d);
+    door_free(d);
+    d = set((set_args){.cache = "e", .key = "k", .value = "v"});
+    expect_ok(d);
+    door_free(d);
+    (void)t0;
 }
 
 Test(chain, a_journal_quota_refusal_leaves_no_trace) {

@@ -1335,3 +1335,24 @@ Test(store, setting_the_seed_of_a_store_with_entries_aborts, .signal = SIGABRT) 
     uint8_t seed[16] = {0};
     drey_store_set_seed(s, seed);
 }
+
+/* A cache whose last entry goes keeps no slot in the registry: cache names
+ * written and emptied over a node's life must not pile up (the registry is
+ * bounded, and --max-caches counts what is there). */
+Test(store, a_cache_that_empties_leaves_the_registry) {
+    char name[32];
+    for (int i = 0; i < 20000; i++) {
+        snprintf(name, sizeof name, "churn-%d", i);
+        put(name, "k", "v", 0, (uint64_t)i + 1);
+        drey_key k = key_in(name, "k");
+        cr_assert(remove_key(&k));
+    }
+    cr_assert(drey_store_cache_admits(s, "a-new-one", 9, 1), "20,000 emptied caches still count");
+    put("kept", "k", "v", 0, 30000);
+    cr_assert(drey_store_cache_admits(s, "kept", 4, 1), "an existing cache always takes writes");
+    cr_assert(not(drey_store_cache_admits(s, "another", 7, 1)), "one cache with entries is the limit of 1");
+    drey_cache_stats st;
+    drey_store_cache_stats(s, "churn-7", 7, &st);
+    cr_assert_eq(st.entries, 0);
+    assert_string("kept", "k", 1, "v");
+}
