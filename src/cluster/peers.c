@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -27,6 +26,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/pem.h"
 #include "internal.h"
 
 #define MAX_PEERS 256
@@ -37,15 +37,8 @@ typedef struct peer {
     grpc_channel *channel;
 } peer;
 
-typedef struct file_id {
-    ino_t ino;
-    off_t size;
-    struct timespec mtime;
-} file_id;
-
 struct drey_cluster__peers {
-    char *paths[3]; /* cert, key, ca */
-    file_id ids[3];
+    drey_pem_files files; /* cert, key, ca */
     int64_t checked_ns;
     grpc_channel_credentials *creds;
     pthread_mutex_t mu;
@@ -88,49 +81,19 @@ void drey_cluster__pcall_release(drey_cluster__pcall *c) {
     pcall_unref(c);
 }
 
-static char *read_file(const char *path, char *err, size_t cap) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, cap, "cannot read %s", path);
-        return NULL;
-    }
-    size_t n = 0, size = 8192;
-    char *buf = drey_xmalloc(size);
-    for (size_t r; (r = fread(buf + n, 1, size - n - 1, f)) > 0;) {
-        n += r;
-        if (n == size - 1)
-            buf = drey_xrealloc(buf, size *= 2, 1);
-    }
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
-static void stat_id(const char *path, file_id *out) {
-    struct stat st;
-    memset(out, 0, sizeof *out);
-    if (stat(path, &st) == 0)
-        *out = (file_id){.ino = st.st_ino, .size = st.st_size, .mtime = st.st_mtim};
-}
-
-/* New credentials from the files; NULL with err when they do not load. */
-static grpc_channel_credentials *load_creds(drey_cluster__peers *p, char *err, size_t cap) {
+/* New credentials from the files; NULL with err when they do not load.
+ * Either way the files' identities are kept: a rotation that does not load
+ * is not retried (and logged) until the files change again. */
+static grpc_channel_credentials *load_creds(drey_cluster__peers *p, const drey_pem_id ids[3], char *err, size_t cap) {
+    drey_pem_files_keep(&p->files, ids);
     char *pem[3];
-    for (int i = 0; i < 3; i++) {
-        pem[i] = read_file(p->paths[i], err, cap);
-        if (pem[i] == NULL) {
-            for (int j = 0; j < i; j++)
-                free(pem[j]);
-            return NULL;
-        }
-        stat_id(p->paths[i], &p->ids[i]);
-    }
+    if (!drey_pem_files_read(&p->files, pem, err, cap))
+        return NULL;
     grpc_ssl_pem_key_cert_pair pair = {.private_key = pem[1], .cert_chain = pem[0]};
     grpc_channel_credentials *creds = grpc_ssl_credentials_create(pem[2], &pair, NULL, NULL);
-    for (int i = 0; i < 3; i++)
-        free(pem[i]);
+    drey_pem_free(pem);
     if (creds == NULL)
-        snprintf(err, cap, "the peer certificate, key or CA does not load");
+        snprintf(err, cap, "grpc refused the peer certificate, key or CA");
     return creds;
 }
 
@@ -180,14 +143,13 @@ drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *ke
         return NULL;
     }
     drey_cluster__peers *p = drey_xcalloc(1, sizeof *p);
-    p->paths[0] = drey_xstrdup(cert);
-    p->paths[1] = drey_xstrdup(key);
-    p->paths[2] = drey_xstrdup(ca);
+    drey_pem_files_init(&p->files, cert, key, ca);
     grpc_init();
-    p->creds = load_creds(p, err, err_cap);
+    drey_pem_id ids[3];
+    drey_pem_files_changed(&p->files, ids);
+    p->creds = load_creds(p, ids, err, err_cap);
     if (p->creds == NULL) {
-        for (int i = 0; i < 3; i++)
-            free(p->paths[i]);
+        drey_pem_files_free(&p->files);
         free(p);
         grpc_shutdown();
         return NULL;
@@ -221,8 +183,7 @@ void drey_cluster__peers_destroy(drey_cluster__peers *p) {
     pthread_join(p->thread, NULL);
     grpc_completion_queue_destroy(p->cq);
     grpc_channel_credentials_release(p->creds);
-    for (int i = 0; i < 3; i++)
-        free(p->paths[i]);
+    drey_pem_files_free(&p->files);
     pthread_mutex_destroy(&p->mu);
     free(p);
     grpc_shutdown();
@@ -234,17 +195,11 @@ static void check_files_locked(drey_cluster__peers *p) {
     if (now - p->checked_ns < CHECK_FILES_NS)
         return;
     p->checked_ns = now;
-    bool changed = false;
-    for (int i = 0; i < 3; i++) {
-        file_id id;
-        stat_id(p->paths[i], &id);
-        changed |= id.ino != p->ids[i].ino || id.size != p->ids[i].size ||
-                   id.mtime.tv_sec != p->ids[i].mtime.tv_sec || id.mtime.tv_nsec != p->ids[i].mtime.tv_nsec;
-    }
-    if (!changed)
+    drey_pem_id ids[3];
+    if (!drey_pem_files_changed(&p->files, ids))
         return;
     char err[256];
-    grpc_channel_credentials *creds = load_creds(p, err, sizeof err);
+    grpc_channel_credentials *creds = load_creds(p, ids, err, sizeof err);
     if (creds == NULL) {
         DREY_LOG_WARN("peer certificates changed but do not load; keeping the previous ones",
                       DREY_LOG_STR("error", err));
