@@ -80,7 +80,7 @@ typedef struct registry {
     cache_slot *_Atomic chunks[SLOT_CHUNKS]; /* written once each, never moved */
     uint32_t n_slots;      /* slots ever allocated */
     uint32_t free_head;    /* 1 + index of the first free slot; 0: none */
-    uint32_t live;         /* slots in use by caches clients name */
+    _Atomic uint32_t live; /* slots in use by caches clients name (changed under mu) */
     uint32_t *map;         /* open addressing: 1 + slot id, 0 empty, UINT32_MAX deleted */
     size_t map_cap;        /* power of two */
     size_t map_used;       /* live + deleted */

@@ -171,6 +171,10 @@ static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
 }
 
 bool drey_store_cache_admits(drey_store *s, const char *cache, size_t len, uint32_t limit) {
+    /* Below the limit every write is admitted: no lock on the write path
+     * until the limit is near. */
+    if (atomic_load_explicit(&s->reg.live, memory_order_relaxed) < limit)
+        return true;
     drey_key k;
     drey_store_key(s, &k, cache, len, "", 0); /* the normalised name */
     registry *r = &s->reg;
