@@ -30,7 +30,10 @@ etcd_protos=(
   google/api/http.proto
 )
 
-# Served to clients: reflection describes exactly these and their imports.
+# Served to clients: reflection describes exactly these and their imports
+# (and lists only the services a listener serves: the peers' Partitions
+# service is here so that the method table knows its methods, never listed
+# on the public listener).
 # google/rpc is among them because every error carries a google.rpc.Status
 # whose details are Any: a client with no .proto files (grpcurl
 # --format-error, dynamic clients) resolves their types through reflection.
@@ -40,6 +43,7 @@ served=(
   google/rpc/status.proto
   google/rpc/error_details.proto
   drey/cluster/v1/cluster.proto
+  drey/internal/v1/move.proto
   grpc/health/v1/health.proto
   grpc/reflection/v1/reflection.proto
   grpc/reflection/v1alpha/reflection.proto

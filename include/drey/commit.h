@@ -25,6 +25,9 @@
 
 /* The internal cache holding outcomes (its name is not a valid cache name). */
 #define DREY_COMMIT_OUTCOME_CACHE "#outcomes"
+/* Its keys: principal NUL request_id, and on a partitioned node NUL cache
+ * SEPARATOR key, naming the write's first key. */
+#define DREY_COMMIT_SCOPE_SEPARATOR '\x1f'
 
 typedef struct drey_commit drey_commit;
 
@@ -32,6 +35,10 @@ typedef struct drey_commit_options {
     drey_store *store;
     const drey_method_table *methods;  /* to find a replayed record's method */
     int64_t idempotency_retention_ms;  /* how long an outcome is remembered */
+    /* A cluster node: outcome keys also name the write's first key (see
+     * DREY_COMMIT_SCOPE_SEPARATOR), so that an outcome lives in the write's
+     * partition and moves with it. Fixed for a data directory's life. */
+    bool partitioned;
 } drey_commit_options;
 
 drey_commit *drey_commit_create(const drey_commit_options *opts);
@@ -71,9 +78,12 @@ drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_a
  * that succeeded then evicts w->evicted: live and on replay alike. */
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax);
 
+/* The store key of w's remembered outcome (w has a request_id), in a. */
+void drey_commit_outcome_key(drey_commit *c, const drey_write *w, drey_arena *a, drey_key *k);
+
 /* What remembering w's outcome will add to the store (0 without a
  * request_id); an estimate, for memory admission. */
-size_t drey_commit_outcome_bytes(const drey_write *w);
+size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w);
 
 /* The journal payload of a write (a drey.journal.v1.JournalRecord). */
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);

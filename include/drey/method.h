@@ -36,6 +36,10 @@ enum {
     DREY_METHOD_WRITE = 1u << 1,  /* mutates the store: memory admission, journal */
     DREY_METHOD_SYSTEM = 1u << 2, /* health: answers without a token, under overload */
     DREY_METHOD_ADMIN = 1u << 3,  /* operator actions: authenticated and admitted, no store access */
+    /* Between cluster nodes (moving a partition): served only on the
+     * internal listener, to a caller that proved it is a node (mutual TLS);
+     * no token. */
+    DREY_METHOD_PEER = 1u << 4,
 };
 
 /* What `apply` gets: the time it happens at (for a write, the journal
@@ -91,5 +95,13 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
 const drey_method *drey_method_find(const drey_method_table *t, const char *path);
 size_t drey_method_count(const drey_method_table *t);
 const drey_method *drey_method_at(const drey_method_table *t, size_t i);
+
+/* What a data request names, found by field name as validation does: its
+ * `cache` (NULL: it names none), and its keys — `key`, `keys[i]` or
+ * `entries[i].key`. Routing and the idempotency scope of a partitioned node
+ * read these. */
+const char *drey_method_request_cache(const ProtobufCMessage *m);
+size_t drey_method_request_key_count(const ProtobufCMessage *m);
+const char *drey_method_request_key(const ProtobufCMessage *m, size_t i);
 
 #endif

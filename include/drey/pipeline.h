@@ -129,6 +129,11 @@ struct drey_request {
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;
+    /* Runs once as the request is answered, after it was applied (or
+     * refused) and before the caller hears: the route row counts the
+     * writes a partition has in flight with it. */
+    void (*on_release)(void *arg);
+    void *release_arg;
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);

@@ -193,6 +193,12 @@ size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const
                        int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
                        void (*fn)(void *arg, const drey_store_item *item), void *arg);
 
+/* Calls fn, with the shard read-locked, for every live entry of one shard
+ * (0 .. DREY_STORE_SHARDS-1), internal caches included: a walk of the whole
+ * store a shard at a time (a partition's entries moving to another node). */
+void drey_store_walk_shard(drey_store *s, size_t shard, int64_t now_ms,
+                           void (*fn)(void *arg, const drey_store_item *item), void *arg);
+
 /* A keyed hash of data under the store's hash seed: a tag that only this
  * seed produces (scan cursors carry one, so a cursor from another seed or
  * an altered one is told apart from a valid position). */

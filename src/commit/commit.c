@@ -72,15 +72,42 @@ static void fingerprint(const drey_write *w, uint8_t out[FINGERPRINT]) {
     EVP_MD_CTX_free(ctx);
 }
 
-/* The outcome entry's key: principal NUL request_id, in arena memory. */
+/* A partitioned node's outcome keys end with NUL cache 0x1F key, the
+ * write's first key: its partition, so the outcome moves with the data. */
+static size_t scope_len(const drey_commit *c, const drey_write *w, const char **cache, const char **key) {
+    *cache = *key = NULL;
+    if (!c->opts.partitioned)
+        return 0;
+    *cache = drey_method_request_cache(w->request);
+    *key = drey_method_request_key(w->request, 0);
+    if (*cache == NULL || *key == NULL)
+        return 0;
+    return 1 + strlen(*cache) + 1 + strlen(*key);
+}
+
+/* The outcome entry's key: principal NUL request_id [NUL cache 0x1F key],
+ * in arena memory. */
 static void outcome_key(drey_commit *c, const drey_write *w, drey_arena *a, drey_key *k) {
-    size_t pl = strlen(w->principal), rl = strlen(w->request_id);
-    char *key = drey_arena_alloc(a, pl + 1 + rl);
+    const char *cache, *first;
+    size_t pl = strlen(w->principal), rl = strlen(w->request_id), sl = scope_len(c, w, &cache, &first);
+    char *key = drey_arena_alloc(a, pl + 1 + rl + sl);
     memcpy(key, w->principal, pl);
     key[pl] = '\0';
     memcpy(key + pl + 1, w->request_id, rl);
+    if (sl > 0) {
+        char *p = key + pl + 1 + rl;
+        size_t cl = strlen(cache);
+        *p++ = '\0';
+        memcpy(p, cache, cl);
+        p[cl] = DREY_COMMIT_SCOPE_SEPARATOR;
+        memcpy(p + cl + 1, first, strlen(first));
+    }
     drey_store_key(c->opts.store, k, DREY_COMMIT_OUTCOME_CACHE, sizeof DREY_COMMIT_OUTCOME_CACHE - 1, key,
-                   pl + 1 + rl);
+                   pl + 1 + rl + sl);
+}
+
+void drey_commit_outcome_key(drey_commit *c, const drey_write *w, drey_arena *a, drey_key *k) {
+    outcome_key(c, w, a, k);
 }
 
 /* Answers from a stored outcome: the response, or the failure, or a
@@ -204,11 +231,12 @@ ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_ap
 /* A typical response: a version and a timestamp or two. */
 #define RESPONSE_ESTIMATE 48
 
-size_t drey_commit_outcome_bytes(const drey_write *w) {
+size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w) {
     if (w->request_id[0] == '\0')
         return 0;
+    const char *cache, *key;
     return drey_store_entry_bytes(sizeof DREY_COMMIT_OUTCOME_CACHE - 1,
-                                  strlen(w->principal) + 1 + strlen(w->request_id),
+                                  strlen(w->principal) + 1 + strlen(w->request_id) + scope_len(c, w, &cache, &key),
                                   FINGERPRINT + 1 + RESPONSE_ESTIMATE);
 }
 

@@ -133,3 +133,50 @@ size_t drey_method_count(const drey_method_table *t) {
 const drey_method *drey_method_at(const drey_method_table *t, size_t i) {
     return t->methods[i];
 }
+
+/* --- what a request names ---------------------------------------------------- */
+
+static const void *member(const ProtobufCMessage *m, const char *name, const ProtobufCFieldDescriptor **fd) {
+    *fd = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
+    return *fd != NULL ? (const char *)m + (*fd)->offset : NULL;
+}
+
+static size_t repeated_count(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *fd) {
+    return *(const size_t *)(const void *)((const char *)m + fd->quantifier_offset);
+}
+
+const char *drey_method_request_cache(const ProtobufCMessage *m) {
+    const ProtobufCFieldDescriptor *fd;
+    const void *p = member(m, "cache", &fd);
+    if (p == NULL || fd->type != PROTOBUF_C_TYPE_STRING || fd->label == PROTOBUF_C_LABEL_REPEATED)
+        return NULL;
+    return *(char *const *)p;
+}
+
+size_t drey_method_request_key_count(const ProtobufCMessage *m) {
+    const ProtobufCFieldDescriptor *fd;
+    if (member(m, "key", &fd) != NULL && fd->type == PROTOBUF_C_TYPE_STRING && fd->label != PROTOBUF_C_LABEL_REPEATED)
+        return 1;
+    if (member(m, "keys", &fd) != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
+        return repeated_count(m, fd);
+    if (member(m, "entries", &fd) != NULL && fd->type == PROTOBUF_C_TYPE_MESSAGE &&
+        fd->label == PROTOBUF_C_LABEL_REPEATED)
+        return repeated_count(m, fd);
+    return 0;
+}
+
+const char *drey_method_request_key(const ProtobufCMessage *m, size_t i) {
+    const ProtobufCFieldDescriptor *fd;
+    const void *p = member(m, "key", &fd);
+    if (p != NULL && fd->type == PROTOBUF_C_TYPE_STRING && fd->label != PROTOBUF_C_LABEL_REPEATED)
+        return i == 0 ? *(char *const *)p : NULL;
+    if ((p = member(m, "keys", &fd)) != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
+        return i < repeated_count(m, fd) ? (*(char *const *const *)p)[i] : NULL;
+    if ((p = member(m, "entries", &fd)) != NULL && fd->type == PROTOBUF_C_TYPE_MESSAGE &&
+        fd->label == PROTOBUF_C_LABEL_REPEATED && i < repeated_count(m, fd)) {
+        const ProtobufCMessage *e = (*(ProtobufCMessage *const *const *)p)[i];
+        const void *k = member(e, "key", &fd);
+        return k != NULL && fd->type == PROTOBUF_C_TYPE_STRING ? *(char *const *)k : NULL;
+    }
+    return NULL;
+}

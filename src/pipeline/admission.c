@@ -47,10 +47,23 @@ static drey_stage_result forwarded(drey_request *r) {
     return DREY_STAGE_NEXT;
 }
 
+/* A node's own call to another (a partition's entries moving): the node is
+ * the principal, and proves it by its certificate, not a token. */
+static drey_stage_result peer_call(drey_request *r) {
+    if (r->forwarded_by == NULL) {
+        drey_pipeline__status(r, DREY_ERR_PEER_UNAUTHENTICATED);
+        return DREY_STAGE_REJECT;
+    }
+    r->principal = drey_arena_sprintf(r->arena, "node:%s", r->forwarded_by);
+    return DREY_STAGE_NEXT;
+}
+
 drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
     const drey_pipeline_options *o = drey_pipeline__options(p);
     if (forwarded(r) == DREY_STAGE_REJECT)
         return DREY_STAGE_REJECT;
+    if ((r->method->flags & DREY_METHOD_PEER) != 0)
+        return peer_call(r);
     size_t len;
     const char *header = r->ops->metadata(r->door, "authorization", &len);
     const char *conn = r->forwarded_by != NULL ? drey_arena_sprintf(r->arena, "node:%s", r->forwarded_by)
@@ -146,7 +159,7 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
         return DREY_STAGE_NEXT;
     int64_t growth = m->growth(m->ctx, r->msg, drey_wall_ms());
     if (growth > 0)
-        growth += (int64_t)drey_commit_outcome_bytes(&r->write);
+        growth += (int64_t)drey_commit_outcome_bytes(o->commit, &r->write);
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     /* A write that adds an entry may open a cache: within --max-caches. */
     const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(r->msg->descriptor, "cache");

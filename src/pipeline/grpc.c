@@ -76,6 +76,8 @@ bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal) {
     drey_pipeline__set_bindings(p, internal, b);
     for (size_t i = 0; i < n; i++) {
         const drey_method *m = drey_method_at(t, i);
+        if ((m->flags & DREY_METHOD_PEER) != 0 && !internal)
+            continue; /* not even UNIMPLEMENTED's hint that it exists */
         b[i] = (struct binding){.pipeline = p, .method = m, .door = internal ? &internal_door : &public_door};
         drey_server_method sm = {
             .path = m->path,

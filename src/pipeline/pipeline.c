@@ -28,8 +28,8 @@ typedef struct stage {
 static const stage chain[] = {
     {"ready", DATA, drey_pipeline__ready},
     {"validate", 0, drey_pipeline__validate},
-    {"principal", DATA | DREY_METHOD_ADMIN, drey_pipeline__principal},
-    {"backpressure", DATA | DREY_METHOD_ADMIN, drey_pipeline__backpressure},
+    {"principal", DATA | DREY_METHOD_ADMIN | DREY_METHOD_PEER, drey_pipeline__principal},
+    {"backpressure", DATA | DREY_METHOD_ADMIN | DREY_METHOD_PEER, drey_pipeline__backpressure},
     {"route", DATA, drey_pipeline__route},
     {"idempotency", DREY_METHOD_WRITE, drey_pipeline__idempotency},
     {"memory", DREY_METHOD_WRITE, drey_pipeline__memory},
@@ -111,6 +111,8 @@ drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r) {
 /* What the chain holds for a request goes before its answer does, so a
  * caller that sees the answer finds the slot free. */
 static void release(drey_request *r) {
+    if (r->on_release != NULL)
+        r->on_release(r->release_arg);
     if (r->has_ticket)
         drey_bp_release(r->pipeline->opts.backpressure, &r->ticket);
 }

@@ -869,6 +869,22 @@ static bool scan_match(drey_store *s, const entry *e, const char *cache, size_t 
            memcmp(e->data + cache_len, prefix, prefix_len) == 0 && is_live(s, e, now_ms);
 }
 
+void drey_store_walk_shard(drey_store *s, size_t shard_index, int64_t now_ms,
+                           void (*fn)(void *arg, const drey_store_item *item), void *arg) {
+    shard *sh = &s->shards[shard_index];
+    pthread_rwlock_rdlock(&sh->lock);
+    for (size_t b = 0; sh->buckets != NULL && b <= sh->mask; b++) {
+        for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
+            if (!is_live(s, e, now_ms))
+                continue;
+            drey_store_item it;
+            item_of(e, &it);
+            fn(arg, &it);
+        }
+    }
+    pthread_rwlock_unlock(&sh->lock);
+}
+
 size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
                        int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
                        void (*fn)(void *arg, const drey_store_item *item), void *arg) {

@@ -1227,7 +1227,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__d
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__eviction__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[13] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[23] =
 {
   {
     "node_id",
@@ -1385,18 +1385,148 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "draining",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, draining),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moving_in",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moving_in),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moving_out",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moving_out),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moving_now",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moving_now),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moves_done",
+    18,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moves_done),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moves_failed",
+    19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moves_failed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moved_entries",
+    20,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moved_entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moved_bytes",
+    21,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moved_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pause_last_us",
+    22,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, pause_last_us),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pause_max_us",
+    23,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, pause_max_us),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   1,   /* field[1] = controller */
+  13,   /* field[13] = draining */
   3,   /* field[3] = etcd_reachable */
   9,   /* field[9] = forwarded_calls */
   2,   /* field[2] = is_controller */
   7,   /* field[7] = members */
+  20,   /* field[20] = moved_bytes */
+  19,   /* field[19] = moved_entries */
+  17,   /* field[17] = moves_done */
+  18,   /* field[18] = moves_failed */
+  14,   /* field[14] = moving_in */
+  16,   /* field[16] = moving_now */
+  15,   /* field[15] = moving_out */
   0,   /* field[0] = node_id */
   10,   /* field[10] = not_primary_answers */
   11,   /* field[11] = not_primary_retries */
   5,   /* field[5] = owned_partitions */
   4,   /* field[4] = partitions */
+  21,   /* field[21] = pause_last_us */
+  22,   /* field[22] = pause_max_us */
   8,   /* field[8] = table_revision */
   6,   /* field[6] = unassigned_partitions */
   12,   /* field[12] = unavailable_answers */
@@ -1404,7 +1534,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 23 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1414,7 +1544,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  13,
+  23,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,

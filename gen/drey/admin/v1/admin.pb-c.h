@@ -322,10 +322,26 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
    * PARTITION_UNAVAILABLE
    */
   uint64_t unavailable_answers;
+  /*
+   * Moves: partitions planned to come here and to leave; the one being
+   * copied out now (-1: none); moves handed over and failed (retried)
+   * since start; what they sent; the longest and the last pause of a
+   * partition's writes for a handover.
+   */
+  protobuf_c_boolean draining;
+  uint32_t moving_in;
+  uint32_t moving_out;
+  int64_t moving_now;
+  uint64_t moves_done;
+  uint64_t moves_failed;
+  uint64_t moved_entries;
+  uint64_t moved_bytes;
+  uint64_t pause_last_us;
+  uint64_t pause_max_us;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Drey__Admin__V1__ReadinessDetails

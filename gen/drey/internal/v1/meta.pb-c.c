@@ -260,7 +260,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__cluster_config__descriptor 
   (ProtobufCMessageInit) drey__internal__v1__cluster_config__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__member__field_descriptors[4] =
+static const ProtobufCFieldDescriptor drey__internal__v1__member__field_descriptors[5] =
 {
   {
     "id",
@@ -310,17 +310,30 @@ static const ProtobufCFieldDescriptor drey__internal__v1__member__field_descript
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "draining",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__Member, draining),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__member__field_indices_by_name[] = {
   1,   /* field[1] = advertise */
   3,   /* field[3] = build */
+  4,   /* field[4] = draining */
   0,   /* field[0] = id */
   2,   /* field[2] = internal */
 };
 static const ProtobufCIntRange drey__internal__v1__member__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__member__descriptor =
 {
@@ -330,7 +343,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__member__descriptor =
   "Drey__Internal__V1__Member",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__Member),
-  4,
+  5,
   drey__internal__v1__member__field_descriptors,
   drey__internal__v1__member__field_indices_by_name,
   1,  drey__internal__v1__member__number_ranges,

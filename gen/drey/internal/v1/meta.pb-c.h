@@ -71,10 +71,15 @@ struct  Drey__Internal__V1__Member
    */
   char *internal;
   char *build;
+  /*
+   * Set by a node that is leaving (SIGTERM, `drey drain`): the controller
+   * moves its partitions to the others and plans none onto it.
+   */
+  protobuf_c_boolean draining;
 };
 #define DREY__INTERNAL__V1__MEMBER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__member__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Drey__Internal__V1__PartitionEntry

@@ -1,0 +1,41 @@
+/*
+ * partition — a cluster partition's entries as one node's store holds them:
+ * which partition an entry is in, and the writes that move a partition
+ * between nodes (drey.internal.v1.Partitions, proto/drey/internal/v1/
+ * move.proto).
+ *
+ * Import and Drop are ordinary journaled writes of the node that receives
+ * them (DREY_METHOD_PEER: only another node may call them), so the chain
+ * admits them like any write (memory, journal quota) and recovery replays
+ * them in order. Each record names the cluster's partition count, so it
+ * means the same thing on replay whatever the node's flags.
+ *
+ * Remembered outcomes of request_ids belong to their write's partition
+ * (include/drey/commit.h: a partitioned node's outcome keys name the
+ * write's first key), so a retry after a move finds its first answer.
+ */
+#ifndef DREY_PARTITION_H
+#define DREY_PARTITION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drey/method.h"
+#include "drey/store.h"
+
+#define DREY_PARTITION_NONE UINT32_MAX
+
+/* The partition (of n) a store entry belongs to: its cache and key's, or for
+ * a remembered outcome its write's; DREY_PARTITION_NONE for an outcome that
+ * names no write key (kept before the node was partitioned). */
+uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char *key, size_t key_len, uint32_t n);
+
+/* Adds drey.internal.v1.Partitions (Import, Drop) to the table, applying to
+ * the store. */
+bool drey_partition_register(drey_method_table *t, drey_store *s);
+
+#define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
+#define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * partition — where an entry belongs, and Import/Drop; see
+ * include/drey/partition.h.
+ *
+ * Both writes find a partition's entries by walking the store a shard at a
+ * time and computing each entry's partition: O(entries) per move. A
+ * per-partition index would make a move O(its entries); at today's sizes a
+ * walk of a million entries takes well under a second, so it waits.
+ */
+#include "drey/partition.h"
+
+#include <string.h>
+
+#include "drey/commit.h"
+#include "drey/internal/v1/move.pb-c.h"
+#include "drey/placement.h"
+
+uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char *key, size_t key_len, uint32_t n) {
+    size_t ol = sizeof DREY_COMMIT_OUTCOME_CACHE - 1;
+    if (cache_len != ol || memcmp(cache, DREY_COMMIT_OUTCOME_CACHE, ol) != 0)
+        return drey_placement_partition(cache, cache_len, key, key_len, n);
+    /* principal NUL request_id NUL cache SEPARATOR key */
+    const char *p = memchr(key, '\0', key_len);
+    const char *scope = p != NULL ? memchr(p + 1, '\0', key_len - (size_t)(p + 1 - key)) : NULL;
+    if (scope == NULL)
+        return DREY_PARTITION_NONE;
+    scope++;
+    size_t sl = key_len - (size_t)(scope - key);
+    const char *sep = memchr(scope, DREY_COMMIT_SCOPE_SEPARATOR, sl);
+    if (sep == NULL)
+        return DREY_PARTITION_NONE;
+    return drey_placement_partition(scope, (size_t)(sep - scope), sep + 1, sl - (size_t)(sep - scope) - 1, n);
+}
+
+/* --- finding a partition's keys ------------------------------------------------ */
+
+typedef struct collect {
+    drey_arena *arena;
+    uint32_t partition, n;
+    drey_key *keys;
+    size_t len, cap;
+    drey_store *store;
+} collect;
+
+static void collect_item(void *arg, const drey_store_item *it) {
+    collect *c = arg;
+    if (drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, c->n) != c->partition)
+        return;
+    if (c->len == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        drey_key *k = drey_arena_alloc(c->arena, cap * sizeof *k);
+        if (c->len > 0)
+            memcpy(k, c->keys, c->len * sizeof *k);
+        c->keys = k;
+        c->cap = cap;
+    }
+    char *data = drey_arena_alloc(c->arena, it->cache_len + it->key_len + 1);
+    memcpy(data, it->cache, it->cache_len);
+    memcpy(data + it->cache_len, it->key, it->key_len);
+    drey_store_key(c->store, &c->keys[c->len++], data, it->cache_len, data + it->cache_len, it->key_len);
+}
+
+static size_t remove_keys(drey_store *s, const drey_key *keys, size_t n) {
+    size_t removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        drey_store_txn t;
+        drey_store_txn_begin(s, &t, &keys[i], 1);
+        removed += drey_store_txn_remove(&t, &keys[i]);
+        drey_store_txn_end(&t);
+    }
+    return removed;
+}
+
+/* Removes every entry of the partition; how many there were. */
+static size_t drop(drey_store *s, uint32_t partition, uint32_t n, int64_t now_ms, drey_arena *a) {
+    size_t removed = 0;
+    for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++) {
+        /* Collected under the shard's read lock, removed after it. */
+        collect c = {.arena = a, .partition = partition, .n = n, .store = s};
+        drey_store_walk_shard(s, sh, now_ms, collect_item, &c);
+        removed += remove_keys(s, c.keys, c.len);
+    }
+    return removed;
+}
+
+/* --- the writes ---------------------------------------------------------------- */
+
+static bool well_formed(drey_apply *ax, uint32_t partition, uint32_t n) {
+    if (n > 0 && partition < n)
+        return true;
+    drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
+    return false;
+}
+
+static void key_of(drey_store *s, drey_key *k, const Drey__Internal__V1__MovedEntry *e) {
+    drey_store_key(s, k, (const char *)e->cache.data, e->cache.len, (const char *)e->key.data, e->key.len);
+}
+
+static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    drey_store *s = ctx;
+    const Drey__Internal__V1__ImportRequest *req = (const void *)msg;
+    if (!well_formed(ax, req->partition, req->partitions))
+        return NULL;
+    if (req->replace)
+        drop(s, req->partition, req->partitions, ax->now_ms, ax->arena);
+    for (size_t i = 0; i < req->n_removed; i++) {
+        drey_key k;
+        key_of(s, &k, req->removed[i]);
+        remove_keys(s, &k, 1);
+    }
+    for (size_t i = 0; i < req->n_entries; i++) {
+        const Drey__Internal__V1__MovedEntry *e = req->entries[i];
+        drey_key k;
+        key_of(s, &k, e);
+        drey_value v = {.kind = (drey_value_kind)e->kind, .data = e->value.data, .len = (uint32_t)e->value.len};
+        drey_store_txn t;
+        drey_store_txn_begin(s, &t, &k, 1);
+        drey_store_txn_put(&t, &k, &v, e->expires_at_ms, e->version);
+        drey_store_txn_end(&t);
+    }
+    drey_store_raise_version(s, req->min_version);
+    Drey__Internal__V1__ImportResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__import_response__init(resp);
+    resp->entries = req->n_entries;
+    return &resp->base;
+}
+
+/* What an import adds, counted as if nothing it replaces were there. */
+static int64_t import_growth(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+    (void)ctx;
+    (void)now_ms;
+    const Drey__Internal__V1__ImportRequest *req = (const void *)msg;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < req->n_entries; i++) {
+        const Drey__Internal__V1__MovedEntry *e = req->entries[i];
+        bytes += (int64_t)drey_store_entry_bytes(e->cache.len, e->key.len, e->value.len);
+    }
+    return bytes;
+}
+
+static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Internal__V1__DropRequest *req = (const void *)msg;
+    if (!well_formed(ax, req->partition, req->partitions))
+        return NULL;
+    Drey__Internal__V1__DropResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__drop_response__init(resp);
+    resp->entries = drop(ctx, req->partition, req->partitions, ax->now_ms, ax->arena);
+    return &resp->base;
+}
+
+bool drey_partition_register(drey_method_table *t, drey_store *s) {
+    const drey_method_spec specs[] = {
+        {.name = "Import", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
+         .growth = import_growth},
+        {.name = "Drop", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
+    };
+    return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,
+                                         sizeof specs / sizeof specs[0], s);
+}
