@@ -24,6 +24,21 @@
  * entry's epoch. It makes the first assignment, by rendezvous hashing, once
  * the cluster's initial_nodes are members.
  *
+ * Moves (move.c): when the membership changes the controller plans, by the
+ * same rendezvous hashing, which partitions go elsewhere, a few per node at
+ * a time, by naming the new node `joining` in the entry. The primary then
+ * copies the partition to it (Import calls, journaled there), keeps
+ * copying what its writes changed meanwhile, pauses the partition's writes
+ * for the last of it, hands the partition over in one etcd transaction
+ * (compared on the epoch the controller set) and drops its own copy (a
+ * journaled Drop). The handover is the primary's to write because only it
+ * knows its copy is complete; a controller that dies meanwhile changes
+ * nothing: the next one finds the plan in the table.
+ *
+ * A node that leaves (drey_cluster_drain: SIGTERM, `drey drain`) marks its
+ * member entry draining; the controller plans its partitions away and
+ * plans none onto it, and the node leaves once it owns nothing.
+ *
  * If etcd becomes unreachable, nodes keep serving with the table they have;
  * the table cannot change meanwhile (readiness details say so).
  */
@@ -34,8 +49,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drey/commit.h"
+#include "drey/method.h"
 #include "drey/pipeline.h"
 #include "drey/server.h"
+#include "drey/store.h"
 #include "drey/timer.h"
 
 typedef struct drey_cluster drey_cluster;
@@ -53,6 +71,15 @@ typedef struct drey_cluster_options {
     const char *tls_cert, *tls_key, *tls_ca;
     const char *build;     /* this binary's version, for the member entry */
     drey_timers *timers;   /* a NOT_PRIMARY retry waits for the table on them */
+    /* Moves: the data they copy, the chain that journals this node's Drop
+     * (its table must hold drey.internal.v1.Partitions: partition.h), the
+     * commit whose outcome keys a moving partition's writes change. */
+    drey_store *store;
+    drey_pipeline *pipeline;
+    const drey_method_table *methods;
+    drey_commit *commit;
+    int64_t move_rate;     /* bytes per second a move sends; 0: unlimited */
+    uint32_t max_moves;    /* as controller: partitions moving off one node at a time; 0: none */
 } drey_cluster_options;
 
 /* Loads the peer certificates; no etcd yet. Until joined, the node routes
@@ -75,6 +102,11 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t err_cap);
 void drey_cluster_leave(drey_cluster *c);
 void drey_cluster_destroy(drey_cluster *c);
 
+/* Leaving: marks this node draining and waits, up to timeout_ms, until the
+ * controller moved every partition it owns to other nodes. Returns how many
+ * it still owns (0: nothing is lost by leaving now). */
+uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms);
+
 /* The pipeline's route row (drey_pipeline_options.route; ctx: the cluster). */
 drey_stage_result drey_cluster_route(void *cluster, drey_request *r);
 
@@ -92,6 +124,11 @@ typedef struct drey_cluster_status {
     uint32_t members;
     int64_t revision;     /* of the table this node routes with */
     uint64_t forwarded, not_primary, retried, unavailable;
+    bool draining;
+    uint32_t moving_in, moving_out; /* partitions planned to come here / go elsewhere */
+    int64_t moving_now;             /* the partition being copied out now, or -1 */
+    uint64_t moves_done, moves_failed, moved_entries, moved_bytes;
+    uint64_t pause_last_us, pause_max_us; /* writes paused for a handover */
 } drey_cluster_status;
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);

@@ -68,6 +68,9 @@ typedef struct drey_config {
     char *cluster_prefix;           /* the cluster's keys in etcd */
     int64_t cluster_lease_ttl_ms;
     int64_t cluster_partitions;     /* expected; 0 = the cluster's */
+    int64_t cluster_move_rate;      /* bytes per second a move sends */
+    int64_t cluster_max_moves;      /* per source node, when controller */
+    int64_t cluster_drain_timeout_ms;
     char *internal_listen, *advertise, *internal_advertise;
     char *internal_tls_cert, *internal_tls_key, *internal_tls_ca;
 } drey_config;

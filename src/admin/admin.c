@@ -204,6 +204,16 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->not_primary_answers = cs.not_primary;
         c->not_primary_retries = cs.retried;
         c->unavailable_answers = cs.unavailable;
+        c->draining = cs.draining;
+        c->moving_in = cs.moving_in;
+        c->moving_out = cs.moving_out;
+        c->moving_now = cs.moving_now;
+        c->moves_done = cs.moves_done;
+        c->moves_failed = cs.moves_failed;
+        c->moved_entries = cs.moved_entries;
+        c->moved_bytes = cs.moved_bytes;
+        c->pause_last_us = cs.pause_last_us;
+        c->pause_max_us = cs.pause_max_us;
         d->cluster = c;
     }
 
@@ -352,6 +362,22 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
                 (double)c->not_primary_retries);
         counter(out, "drey_cluster_unavailable_total", "Calls refused PARTITION_UNAVAILABLE.",
                 (double)c->unavailable_answers);
+        gauge(out, "drey_cluster_draining", "1 while this node moves its partitions away to leave.", c->draining);
+        gauge(out, "drey_cluster_partitions_moving_in", "Partitions planned to move to this node.", c->moving_in);
+        gauge(out, "drey_cluster_partitions_moving_out", "Partitions planned to move off this node.",
+              c->moving_out);
+        counter(out, "drey_cluster_moves_total", "Partitions this node handed over to another.",
+                (double)c->moves_done);
+        counter(out, "drey_cluster_moves_failed_total", "Moves out of this node that failed before the handover.",
+                (double)c->moves_failed);
+        counter(out, "drey_cluster_moved_entries_total", "Entries sent by moves out of this node.",
+                (double)c->moved_entries);
+        counter(out, "drey_cluster_moved_bytes_total", "Bytes sent by moves out of this node.",
+                (double)c->moved_bytes);
+        gauge(out, "drey_cluster_move_pause_max_seconds",
+              "The longest pause of a partition's writes for a handover since start.", (double)c->pause_max_us / 1e6);
+        gauge(out, "drey_cluster_move_pause_last_seconds", "The last handover's pause of its partition's writes.",
+              (double)c->pause_last_us / 1e6);
     }
     gauge(out, "drey_data_disk_available_bytes",
           "Bytes the data directory's file system still has (0 when unknown or ephemeral).",

@@ -135,7 +135,8 @@ static int status(const char *etcd, const char *prefix) {
     Drey__Internal__V1__ClusterConfig *cfg = NULL;
     const char *controller = "";
     uint32_t owners_cap = 0;
-    char **owner = NULL; /* per partition */
+    char **owner = NULL;   /* per partition */
+    char **joining = NULL; /* per partition: where it is moving, or NULL */
     for (size_t i = 0; i < resp->n_kvs; i++) {
         const Mvccpb__KeyValue *kv = resp->kvs[i];
         const char *k = (const char *)kv->key.data + plen;
@@ -146,6 +147,7 @@ static int status(const char *etcd, const char *prefix) {
             if (cfg != NULL && cfg->partitions > 0) {
                 owners_cap = cfg->partitions;
                 owner = drey_arena_calloc(&a, owners_cap * sizeof *owner);
+                joining = drey_arena_calloc(&a, owners_cap * sizeof *joining);
             }
         } else if (kl == 10 && memcmp(k, "controller", 10) == 0) {
             controller = drey_arena_strndup(&a, (const char *)kv->value.data, kv->value.len);
@@ -166,8 +168,10 @@ static int status(const char *etcd, const char *prefix) {
             uint32_t p;
             Drey__Internal__V1__PartitionEntry *pe = drey__internal__v1__partition_entry__unpack(
                 drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
-            if (parse_u32(digits, &p) && p < owners_cap && pe != NULL)
+            if (parse_u32(digits, &p) && p < owners_cap && pe != NULL) {
                 owner[p] = pe->primary;
+                joining[p] = pe->n_joining > 0 ? pe->joining[0] : NULL;
+            }
         }
     }
     printf("{\"partitions\":%u,\"replicationFactor\":%u,\"controller\":\"%s\",\"nodes\":[", cfg->partitions,
@@ -186,14 +190,23 @@ static int status(const char *etcd, const char *prefix) {
         uint32_t owned = 0;
         for (uint32_t p = 0; p < owners_cap; p++)
             owned += owner[p] != NULL && strcmp(owner[p], m->id) == 0;
-        printf("%s{\"id\":\"%s\",\"advertise\":\"%s\",\"internal\":\"%s\",\"partitions\":%u}", first ? "" : ",",
-               m->id, m->advertise, m->internal, owned);
+        printf("%s{\"id\":\"%s\",\"advertise\":\"%s\",\"internal\":\"%s\",\"partitions\":%u,\"draining\":%s}",
+               first ? "" : ",", m->id, m->advertise, m->internal, owned, m->draining ? "true" : "false");
         first = false;
     }
     uint32_t unowned = 0;
     for (uint32_t p = 0; p < owners_cap; p++)
         unowned += owner[p] == NULL || owner[p][0] == '\0';
-    printf("],\"unassignedPartitions\":%u}\n", unowned);
+    /* Moves planned or under way: the owner copies, then hands over. */
+    printf("],\"unassignedPartitions\":%u,\"moves\":[", unowned);
+    first = true;
+    for (uint32_t p = 0; p < owners_cap; p++) {
+        if (joining[p] == NULL)
+            continue;
+        printf("%s{\"partition\":%u,\"from\":\"%s\",\"to\":\"%s\"}", first ? "" : ",", p, owner[p], joining[p]);
+        first = false;
+    }
+    printf("]}\n");
     rc = 0;
 out:
     drey_arena_destroy(&a);

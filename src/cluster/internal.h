@@ -69,6 +69,41 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
 void drey_cluster__pcall_cancel(drey_cluster__pcall *c);
 void drey_cluster__pcall_release(drey_cluster__pcall *c);
 
+/* --- moves ------------------------------------------------------------------ */
+
+/* Per partition, read on the request path without a lock. */
+typedef struct drey_cluster__pstate {
+    _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
+    _Atomic bool moving;       /* being copied out: answered writes record their keys */
+    _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
+} drey_cluster__pstate;
+
+/* A key a write changed while its partition was being copied out. */
+typedef struct drey_cluster__dirty {
+    struct drey_cluster__dirty *next;
+    uint32_t partition;
+    uint32_t cache_len, key_len;
+    char data[]; /* cache then key */
+} drey_cluster__dirty;
+
+/* A request waiting for its partition to thaw. */
+typedef struct drey_cluster__waiter {
+    struct drey_cluster__waiter *next;
+    uint32_t partition;
+    void (*wake)(struct drey_cluster__waiter *w); /* routes it again */
+} drey_cluster__waiter;
+
+/* Ends p's freeze and routes its waiting writes again (router.c). */
+void drey_cluster__thaw(drey_cluster *c, uint32_t p);
+
+/* The mover's loop (move.c). */
+void *drey_cluster__mover_main(void *arg);
+
+/* Applies a key's value written by this node (the handover) as the watch
+ * would, so routing follows at once; member.c. */
+void drey_cluster__apply_own_write(drey_cluster *c, const char *key, const uint8_t *value, size_t len,
+                                   int64_t revision);
+
 /* --- the cluster ----------------------------------------------------------- */
 
 typedef struct topo_watcher topo_watcher;
@@ -93,11 +128,22 @@ struct drey_cluster {
     char controller[DREY_CLUSTER_MAX_ID];
     int64_t revision;
     bool watch_ended, lease_lost, leaving, stopping;
+    bool draining; /* this node's member entry says so */
     drey_cluster__topology *topo; /* the published table (a reference) */
     topo_watcher *watchers;        /* WatchTopology streams */
 
-    pthread_t controller_thread;
-    bool controller_running;
+    pthread_t controller_thread, mover_thread;
+    bool controller_running, mover_running;
+
+    drey_cluster__pstate *pstate; /* n_parts */
+    pthread_mutex_t move_mu;
+    pthread_cond_t move_cond;     /* a frozen partition's last write answered */
+    /* Under move_mu. */
+    drey_cluster__dirty *dirty;
+    drey_cluster__waiter *waiters;
+
+    _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
+    _Atomic int64_t moving; /* the partition being moved out, or -1 */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
 };

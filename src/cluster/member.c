@@ -112,6 +112,25 @@ static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool de
     }
 }
 
+void drey_cluster__apply_own_write(drey_cluster *c, const char *key, const uint8_t *value, size_t len,
+                                   int64_t revision) {
+    Mvccpb__KeyValue kv = MVCCPB__KEY_VALUE__INIT;
+    kv.key = (ProtobufCBinaryData){.len = strlen(key), .data = (uint8_t *)key};
+    kv.value = (ProtobufCBinaryData){.len = len, .data = (uint8_t *)value};
+    kv.mod_revision = revision;
+    pthread_mutex_lock(&c->mu);
+    /* Unless the watch brought it (or something newer) already. The
+     * table's revision stays the watch's: it says which events were seen. */
+    size_t plen = strlen(c->prefix);
+    unsigned long p = strtoul(key + plen + 11, NULL, 10);
+    if (p < c->n_parts && c->epochs[p] < revision) {
+        apply_kv_locked(c, &kv, false);
+        drey_cluster__publish_locked(c);
+        pthread_cond_broadcast(&c->cond);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void on_events(void *user, Mvccpb__Event *const *events, size_t n) {
     drey_cluster *c = user;
     pthread_mutex_lock(&c->mu);
@@ -174,6 +193,23 @@ static void on_lease_lost(void *user, drey_etcd_lease_loss why) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* This node's member entry; 0 if it does not fit. */
+static size_t pack_member(drey_cluster *c, uint8_t *buf, size_t cap) {
+    Drey__Internal__V1__Member m = DREY__INTERNAL__V1__MEMBER__INIT;
+    m.id = (char *)c->opts.node_id;
+    m.advertise = (char *)c->opts.advertise;
+    m.internal = (char *)c->opts.internal;
+    m.build = (char *)(c->opts.build != NULL ? c->opts.build : "");
+    pthread_mutex_lock(&c->mu);
+    m.draining = c->draining;
+    pthread_mutex_unlock(&c->mu);
+    size_t len = drey__internal__v1__member__get_packed_size(&m);
+    if (len > cap)
+        return 0;
+    drey__internal__v1__member__pack(&m, buf);
+    return len;
+}
+
 /* Takes a lease and puts nodes/<id> under it, waiting up to wait_ms for an
  * earlier registration of the id to go. 0, or -1 with err. */
 static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap) {
@@ -182,18 +218,12 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
         snprintf(err, cap, "cannot take a lease from etcd (%s): %s", st.endpoint, st.message);
         return -1;
     }
-    Drey__Internal__V1__Member m = DREY__INTERNAL__V1__MEMBER__INIT;
-    m.id = (char *)c->opts.node_id;
-    m.advertise = (char *)c->opts.advertise;
-    m.internal = (char *)c->opts.internal;
-    m.build = (char *)(c->opts.build != NULL ? c->opts.build : "");
     uint8_t buf[1024];
-    size_t len = drey__internal__v1__member__get_packed_size(&m);
-    if (len > sizeof buf) {
+    size_t len = pack_member(c, buf, sizeof buf);
+    if (len == 0) {
         snprintf(err, cap, "the node id or addresses are too long");
         return -1;
     }
-    drey__internal__v1__member__pack(&m, buf);
     int64_t until = drey_mono_ms() + wait_ms;
     bool told = false;
     for (;;) {
@@ -289,6 +319,9 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
+    pthread_mutex_init(&c->move_mu, NULL);
+    pthread_cond_init(&c->move_cond, NULL);
+    atomic_store(&c->moving, -1);
     pthread_mutex_lock(&c->mu);
     drey_cluster__publish_locked(c); /* an empty table until joined */
     pthread_mutex_unlock(&c->mu);
@@ -313,6 +346,7 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
         return -1;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
+    c->pstate = drey_xcalloc(c->n_parts, sizeof *c->pstate);
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
     c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
@@ -331,6 +365,11 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
     if (pthread_create(&c->controller_thread, NULL, drey_cluster__controller_main, c) != 0)
         abort();
     c->controller_running = true;
+    if (c->opts.store != NULL) {
+        if (pthread_create(&c->mover_thread, NULL, drey_cluster__mover_main, c) != 0)
+            abort();
+        c->mover_running = true;
+    }
     DREY_LOG_INFO("joined the cluster", DREY_LOG_STR("node_id", c->opts.node_id),
                   DREY_LOG_UINT("partitions", c->n_parts), DREY_LOG_INT("revision", rev),
                   DREY_LOG_INT("lease_ttl_s", c->lease.ttl_s));
@@ -352,6 +391,10 @@ void drey_cluster_leave(drey_cluster *c) {
         pthread_join(c->controller_thread, NULL);
         c->controller_running = false;
     }
+    if (c->mover_running) {
+        pthread_join(c->mover_thread, NULL);
+        c->mover_running = false;
+    }
     drey_etcd_keepalive_stop(c->keepalive);
     c->keepalive = NULL;
     if (c->lease.id != 0) {
@@ -363,6 +406,68 @@ void drey_cluster_leave(drey_cluster *c) {
     DREY_LOG_INFO("left the cluster", DREY_LOG_STR("node_id", c->opts.node_id));
 }
 
+static uint32_t owned_locked(const drey_cluster *c) {
+    uint32_t n = 0;
+    for (uint32_t p = 0; p < c->n_parts; p++)
+        n += c->entries[p] != NULL && strcmp(c->entries[p]->primary, c->opts.node_id) == 0;
+    return n;
+}
+
+uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms) {
+    if (c == NULL || c->etcd == NULL)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    c->draining = true;
+    uint32_t owned = owned_locked(c);
+    bool someone = false; /* to take the partitions */
+    for (size_t i = 0; i < c->n_members && !someone; i++)
+        someone = !c->members[i]->draining && strcmp(c->members[i]->id, c->opts.node_id) != 0;
+    pthread_mutex_unlock(&c->mu);
+    if (owned == 0 || timeout_ms <= 0)
+        return owned;
+    if (!someone) {
+        DREY_LOG_WARN("draining: no other node can take this node's partitions; they are unavailable until it "
+                      "returns", DREY_LOG_UINT("partitions", owned));
+        return owned;
+    }
+    uint8_t buf[1024];
+    size_t len = pack_member(c, buf, sizeof buf);
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    /* Only over this node's own registration, under its lease. */
+    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_NOT_EQUAL, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, c->lease.id);
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    bool marked = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+    drey_arena_destroy(&a);
+    if (!marked) {
+        DREY_LOG_WARN("could not mark this node draining in etcd; its partitions stay here",
+                      DREY_LOG_STR("error", st.message));
+        return owned;
+    }
+    DREY_LOG_INFO("draining: moving this node's partitions to the others", DREY_LOG_UINT("partitions", owned),
+                  DREY_LOG_INT("timeout_ms", timeout_ms));
+    int64_t until = drey_deadline_after_ms(timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    while ((owned = owned_locked(c)) > 0 && !c->leaving) {
+        if (drey_cond_wait_until(&c->cond, &c->mu, until) == ETIMEDOUT) {
+            owned = owned_locked(c);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (owned > 0)
+        DREY_LOG_WARN("drain timed out: partitions still on this node are unavailable until it returns",
+                      DREY_LOG_UINT("partitions", owned));
+    else
+        DREY_LOG_INFO("drained: this node owns no partition");
+    return owned;
+}
+
 void drey_cluster_destroy(drey_cluster *c) {
     if (c == NULL)
         return;
@@ -372,6 +477,8 @@ void drey_cluster_destroy(drey_cluster *c) {
     pthread_mutex_unlock(&c->mu);
     if (c->controller_running)
         pthread_join(c->controller_thread, NULL);
+    if (c->mover_running)
+        pthread_join(c->mover_thread, NULL);
     drey_etcd_keepalive_stop(c->keepalive);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
@@ -385,6 +492,13 @@ void drey_cluster_destroy(drey_cluster *c) {
     }
     free(c->entries);
     free(c->epochs);
+    free(c->pstate);
+    for (drey_cluster__dirty *d = c->dirty, *next; d != NULL; d = next) {
+        next = d->next;
+        free(d);
+    }
+    pthread_mutex_destroy(&c->move_mu);
+    pthread_cond_destroy(&c->move_cond);
     drey_cluster__topology_unref(c->topo);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cond);
@@ -491,6 +605,167 @@ static bool assign_unowned(drey_cluster *c) {
     return ok;
 }
 
+/* A node the placement counts: a member that is not leaving, or a node that
+ * owns partitions but is not a member now (down: its data waits for it on
+ * its disk, so its partitions stay planned where they are). */
+typedef struct planned {
+    char **ids;   /* sorted */
+    size_t n;
+    bool *member; /* by index: registered now */
+    uint32_t *moving_out;
+} planned;
+
+static int planned_index(const planned *pl, const char *id) {
+    for (size_t i = 0; i < pl->n; i++) {
+        if (strcmp(pl->ids[i], id) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+static void put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
+                      const char *primary, const char *joining) {
+    Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
+    e.primary = (char *)primary;
+    char *j[1] = {(char *)joining};
+    if (joining != NULL) {
+        e.joining = j;
+        e.n_joining = 1;
+    }
+    size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
+    uint8_t *buf = drey_arena_alloc(a, len ? len : 1);
+    drey__internal__v1__partition_entry__pack(&e, buf);
+    const char *key = partition_key(c, a, p);
+    drey_etcd_txn_if_mod_revision(t, key, DREY_ETCD_EQUAL, epoch);
+    drey_etcd_txn_put(t, DREY_ETCD_THEN, key, buf, len, 0);
+}
+
+/* Plans moves toward the placement of the nodes that should hold data: a
+ * partition whose owner is not the one rendezvous hashing ranks first gets
+ * that node as `joining` (its owner then moves it: move.c), at most
+ * max_moves per owner at a time; a plan whose new node left is cancelled.
+ * Only once every partition has an owner. */
+static bool rebalance(drey_cluster *c) {
+    pthread_mutex_lock(&c->mu);
+    planned pl = {.ids = drey_xcalloc(c->n_members + c->n_parts, sizeof *pl.ids)};
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        if (c->entries[p] == NULL || c->entries[p]->primary[0] == '\0') {
+            pthread_mutex_unlock(&c->mu);
+            free(pl.ids);
+            return true;
+        }
+    }
+    for (size_t i = 0; i < c->n_members; i++) {
+        if (!c->members[i]->draining)
+            pl.ids[pl.n++] = xstrdup(c->members[i]->id);
+    }
+    size_t n_live = pl.n;
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        const char *o = c->entries[p]->primary;
+        bool known = false;
+        for (size_t i = 0; i < c->n_members && !known; i++)
+            known = strcmp(c->members[i]->id, o) == 0;
+        for (size_t i = n_live; i < pl.n && !known; i++)
+            known = strcmp(pl.ids[i], o) == 0;
+        if (!known)
+            pl.ids[pl.n++] = xstrdup(o);
+    }
+    qsort(pl.ids, pl.n, sizeof *pl.ids, cmp_str);
+    pl.member = drey_xcalloc(pl.n ? pl.n : 1, sizeof *pl.member);
+    pl.moving_out = drey_xcalloc(pl.n ? pl.n : 1, sizeof *pl.moving_out);
+    for (size_t i = 0; i < c->n_members; i++) {
+        int k = planned_index(&pl, c->members[i]->id);
+        if (k >= 0)
+            pl.member[k] = true;
+    }
+    /* What the table says, copied out of the lock. */
+    char **primary = drey_xcalloc(c->n_parts, sizeof *primary), **joining = drey_xcalloc(c->n_parts, sizeof *joining);
+    int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
+    bool *owner_member = drey_xcalloc(c->n_parts, sizeof *owner_member);
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+        primary[p] = xstrdup(e->primary);
+        joining[p] = e->n_joining > 0 ? xstrdup(e->joining[0]) : NULL;
+        epochs[p] = c->epochs[p];
+        for (size_t i = 0; i < c->n_members && !owner_member[p]; i++)
+            owner_member[p] = strcmp(c->members[i]->id, e->primary) == 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    bool ok = true;
+    if (pl.n == 0)
+        goto out;
+    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * sizeof *assign);
+    drey_placement_assign((const char *const *)pl.ids, pl.n, c->n_parts, 1, assign);
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        int k = planned_index(&pl, primary[p]);
+        if (joining[p] != NULL && k >= 0)
+            pl.moving_out[k]++;
+    }
+    uint32_t planned_now = 0, cancelled = 0;
+    for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {
+        drey_arena a;
+        drey_arena_init(&a, NULL, 0);
+        drey_etcd_txn t;
+        drey_etcd_txn_init(&t, &a);
+        size_t ops = 0;
+        uint32_t p = p0;
+        for (; p < c->n_parts && ops < TXN_OPS; p++) {
+            int k = planned_index(&pl, primary[p]);
+            if (joining[p] != NULL) {
+                int j = planned_index(&pl, joining[p]);
+                if (j < 0 || !pl.member[j]) { /* gone, or leaving itself */
+                    put_entry(c, &t, &a, p, epochs[p], primary[p], NULL);
+                    ops++;
+                    cancelled++;
+                }
+                continue;
+            }
+            const char *want = pl.ids[assign[p]];
+            if (strcmp(want, primary[p]) == 0 || !owner_member[p] || !pl.member[assign[p]])
+                continue;
+            if (k >= 0 && pl.moving_out[k] >= c->opts.max_moves)
+                continue;
+            if (k < 0 && planned_now >= c->opts.max_moves)
+                continue; /* a draining owner: not in the list, counted together */
+            put_entry(c, &t, &a, p, epochs[p], primary[p], want);
+            ops++;
+            planned_now++;
+            if (k >= 0)
+                pl.moving_out[k]++;
+        }
+        p0 = p;
+        if (ops > 0) {
+            Etcdserverpb__TxnResponse *resp;
+            drey_etcd_status st;
+            ok = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+            if (!ok)
+                DREY_LOG_DEBUG("a move plan did not apply (the table moved on); the controller looks again",
+                               DREY_LOG_STR("error", st.message));
+        }
+        drey_arena_destroy(&a);
+    }
+    if (ok && (planned_now > 0 || cancelled > 0))
+        DREY_LOG_INFO("partition moves planned", DREY_LOG_UINT("planned", planned_now),
+                      DREY_LOG_UINT("cancelled", cancelled), DREY_LOG_UINT("nodes", n_live));
+    free(assign);
+out:
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        free(primary[p]);
+        free(joining[p]);
+    }
+    free(primary);
+    free(joining);
+    free(epochs);
+    free(owner_member);
+    for (size_t i = 0; i < pl.n; i++)
+        free(pl.ids[i]);
+    free(pl.ids);
+    free(pl.member);
+    free(pl.moving_out);
+    return ok;
+}
+
 void *drey_cluster__controller_main(void *arg) {
     drey_cluster *c = arg;
     char err[256];
@@ -513,8 +788,8 @@ void *drey_cluster__controller_main(void *arg) {
         } else if (vacant) {
             leader = campaign(c);
         }
-        if (leader && !lost)
-            assign_unowned(c);
+        if (leader && !lost && assign_unowned(c))
+            rebalance(c);
         pthread_mutex_lock(&c->mu);
         if (c->leaving)
             break;

@@ -22,6 +22,14 @@
  * Scan, Clear and the cache figures are refused (NOT_CLUSTER_WIDE) rather
  * than answered from one node's partitions.
  *
+ * While this node moves a partition out (move.c), its local writes are
+ * counted in and out here: while it is copied they record the keys they
+ * changed, and for the last moments they wait for the handover, then go
+ * where the table says. A forwarded call that names an epoch newer than
+ * this node's table waits (a second at most) for the table to catch up
+ * instead of being refused: that is the new owner hearing of a handover
+ * from the old one before its watch did.
+ *
  * GetMany scatters: keys this node owns are read here first, then every
  * other owner gets one GetMany of its keys; the answers are gathered in the
  * caller's order. Reads are per key anyway, so nothing is lost by splitting.
@@ -30,8 +38,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
+#include "drey/commit.h"
+#include "drey/internal/v1/move.pb-c.h"
 #include "drey/log.h"
 #include "drey/placement.h"
 #include "google/rpc/error_details.pb-c.h"
@@ -53,25 +64,21 @@ typedef struct fwd {
      * it (and the slot it holds here is freed when it ends), or a mark. */
     _Atomic(drey_cluster__pcall *) call;
     int64_t revision; /* of the table the request was routed with */
+    int64_t await_revision; /* the retry waits for a table at least this new */
     int64_t retry_until_ns;
-    bool retried;
+    bool retried, awaited;
     drey_timer timer;
+    drey_cluster__waiter waiter; /* its partition is frozen */
 } fwd;
 
+/* A local write of a partition, counted while it runs. */
+typedef struct hold {
+    drey_cluster *c;
+    drey_request *r;
+    uint32_t partition;
+} hold;
+
 /* --- what a request names --------------------------------------------------- */
-
-static const void *field(const ProtobufCMessage *m, const char *name, const ProtobufCFieldDescriptor **fd) {
-    *fd = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
-    return *fd != NULL ? (const char *)m + (*fd)->offset : NULL;
-}
-
-static const char *string_field(const ProtobufCMessage *m, const char *name) {
-    const ProtobufCFieldDescriptor *fd;
-    const void *p = field(m, name, &fd);
-    if (p == NULL || fd->type != PROTOBUF_C_TYPE_STRING || fd->label == PROTOBUF_C_LABEL_REPEATED)
-        return NULL;
-    return *(char *const *)p;
-}
 
 static uint32_t partition_of(const drey_cluster__topology *t, const char *cache, const char *key) {
     return drey_placement_partition(cache, strlen(cache), key, strlen(key), t->n_parts);
@@ -102,14 +109,30 @@ static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t 
     return DREY_STAGE_REJECT;
 }
 
+/* The epoch the forwarding node's table had for the partition; 0: none. */
+static int64_t forwarded_epoch(drey_request *r) {
+    size_t len;
+    const char *v = r->ops->metadata(r->door, DREY_FORWARD_EPOCH, &len);
+    char buf[24];
+    if (v == NULL || len == 0 || len >= sizeof buf)
+        return 0;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    return strtoll(buf, NULL, 10);
+}
+
+#define OWNER_AWAIT 2 /* a forwarded call from a newer table: wait for ours */
+
 /* The owner of p when a call may go to it: 1 this node, 0 another (*node),
- * -1 refused (r->status set). */
+ * -1 refused (r->status set), OWNER_AWAIT (only when may_await). */
 static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
-                 const drey_cluster__node **node, drey_stage_result *refusal) {
+                 const drey_cluster__node **node, drey_stage_result *refusal, bool may_await) {
     int32_t o = t->parts[p].primary;
     if (o >= 0 && o == t->self)
         return 1;
     if (r->forwarded_by != NULL) {
+        if (may_await && c->opts.timers != NULL && forwarded_epoch(r) > t->revision)
+            return OWNER_AWAIT;
         *refusal = not_primary(c, r, t, p);
         return -1;
     }
@@ -158,17 +181,7 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
 
 /* Routes a request that met NOT_PRIMARY again, once this node's table moved
  * on or the wait is over (on the timer thread). */
-static void retry(void *arg) {
-    fwd *f = arg;
-    drey_cluster__topology *t = drey_cluster__acquire(f->c);
-    int64_t rev = t->revision;
-    drey_cluster__topology_unref(t);
-    if (rev == f->revision && drey_mono_ns() < f->retry_until_ns) {
-        f->timer.at_ns = drey_mono_ns() + RETRY_POLL_NS;
-        drey_timer_arm(f->c->opts.timers, &f->timer);
-        return;
-    }
-    atomic_fetch_add(&f->c->retried, 1);
+static void reroute(fwd *f) {
     drey_request *r = f->r;
     switch (route_request(f->c, r, f)) {
     case DREY_STAGE_NEXT:
@@ -178,8 +191,31 @@ static void retry(void *arg) {
         drey_request_fail(r, r->status);
         break;
     default:
-        break; /* forwarded again; answered by its completion */
+        break; /* forwarded again, or waiting again; answered later */
     }
+}
+
+static void retry(void *arg) {
+    fwd *f = arg;
+    drey_cluster__topology *t = drey_cluster__acquire(f->c);
+    int64_t rev = t->revision;
+    drey_cluster__topology_unref(t);
+    if (rev < f->await_revision && drey_mono_ns() < f->retry_until_ns) {
+        f->timer.at_ns = drey_mono_ns() + RETRY_POLL_NS;
+        drey_timer_arm(f->c->opts.timers, &f->timer);
+        return;
+    }
+    atomic_fetch_add(&f->c->retried, 1);
+    reroute(f);
+}
+
+/* Routes f's request again once this node's table is at least revision
+ * (or a second has passed), on the timer thread. */
+static void await_table(fwd *f, int64_t revision) {
+    f->await_revision = revision;
+    f->retry_until_ns = drey_mono_ns() + RETRY_WAIT_NS;
+    f->timer = (drey_timer){.at_ns = drey_mono_ns(), .fn = retry, .arg = f};
+    drey_timer_arm(f->c->opts.timers, &f->timer);
 }
 
 static bool is_handle(const drey_cluster__pcall *p) {
@@ -204,9 +240,7 @@ static void forwarded_done(void *arg, const drey_answer *a) {
     if (!f->retried && is_not_primary(a) && f->c->opts.timers != NULL &&
         atomic_compare_exchange_strong(&f->call, &done, NULL)) {
         f->retried = true;
-        f->retry_until_ns = drey_mono_ns() + RETRY_WAIT_NS;
-        f->timer = (drey_timer){.at_ns = drey_mono_ns(), .fn = retry, .arg = f};
-        drey_timer_arm(f->c->opts.timers, &f->timer);
+        await_table(f, f->revision + 1);
         return;
     }
     drey_request_relay(f->r, a);
@@ -309,7 +343,7 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
         uint32_t p = partition_of(t, req->cache, req->keys[i]);
         const drey_cluster__node *node = NULL;
         drey_stage_result refusal;
-        int o = owner(c, r, t, p, &node, &refusal);
+        int o = owner(c, r, t, p, &node, &refusal, false);
         if (o < 0)
             return refusal;
         who[i] = o == 1 ? -1 : t->parts[p].primary;
@@ -394,7 +428,7 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
  * violation per key elsewhere) when they do not. *p: that partition, or
  * UINT32_MAX for no keys. */
 static bool batch_partition(drey_request *r, const drey_cluster__topology *t, uint32_t *p_out) {
-    const char *cache = string_field(r->msg, "cache");
+    const char *cache = drey_method_request_cache(r->msg);
     const Drey__Cache__V1__SetManyRequest *set = (const void *)r->msg;
     const Drey__Cache__V1__RemoveManyRequest *rm = (const void *)r->msg;
     bool is_set = r->msg->descriptor == &drey__cache__v1__set_many_request__descriptor;
@@ -425,11 +459,130 @@ static bool batch_partition(drey_request *r, const drey_cluster__topology *t, ui
     return true;
 }
 
+static fwd *fwd_of(drey_cluster *c, drey_request *r, fwd *f) {
+    if (f != NULL)
+        return f;
+    f = drey_arena_calloc(r->arena, sizeof *f);
+    f->c = c;
+    f->r = r;
+    if (r->ops->on_cancel != NULL)
+        r->ops->on_cancel(r->door, caller_gone, f);
+    return f;
+}
+
+/* --- writes of a partition being moved out --------------------------------------- */
+
+static void record_key(drey_cluster *c, uint32_t p, const char *cache, size_t cache_len, const char *key,
+                       size_t key_len) {
+    drey_cluster__dirty *d = drey_xmalloc(sizeof *d + cache_len + key_len);
+    d->partition = p;
+    d->cache_len = (uint32_t)cache_len;
+    d->key_len = (uint32_t)key_len;
+    memcpy(d->data, cache, cache_len);
+    memcpy(d->data + cache_len, key, key_len);
+    pthread_mutex_lock(&c->move_mu);
+    d->next = c->dirty;
+    c->dirty = d;
+    pthread_mutex_unlock(&c->move_mu);
+}
+
+/* The write was applied or refused: its keys (and its outcome's) are what
+ * the copy may have missed. */
+static void write_done(void *arg) {
+    hold *h = arg;
+    drey_cluster *c = h->c;
+    drey_cluster__pstate *ps = &c->pstate[h->partition];
+    if (atomic_load(&ps->moving)) {
+        const ProtobufCMessage *m = h->r->msg;
+        const char *cache = drey_method_request_cache(m);
+        size_t n = drey_method_request_key_count(m);
+        for (size_t i = 0; cache != NULL && i < n; i++) {
+            const char *k = drey_method_request_key(m, i);
+            if (k != NULL)
+                record_key(c, h->partition, cache, strlen(cache), k, strlen(k));
+        }
+        if (h->r->write.request_id != NULL && h->r->write.request_id[0] != '\0' && c->opts.commit != NULL) {
+            drey_key ok;
+            drey_commit_outcome_key(c->opts.commit, &h->r->write, h->r->arena, &ok);
+            record_key(c, h->partition, ok.cache, ok.cache_len, ok.key, ok.key_len);
+        }
+    }
+    if (atomic_fetch_sub(&ps->inflight, 1) == 1 && atomic_load(&ps->frozen)) {
+        pthread_mutex_lock(&c->move_mu);
+        pthread_cond_broadcast(&c->move_cond);
+        pthread_mutex_unlock(&c->move_mu);
+    }
+}
+
+static void waiter_wake(drey_cluster__waiter *w) {
+    fwd *f = (fwd *)((char *)w - offsetof(fwd, waiter));
+    reroute(f);
+}
+
+/* A write this node runs for partition p: counted in (the mover waits for
+ * the count to drain), or parked while p is frozen. The count goes up
+ * before the freeze is looked at, and the mover freezes before it looks at
+ * the count, so no write slips past both. */
+static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, uint32_t p) {
+    drey_cluster__pstate *ps = &c->pstate[p];
+    atomic_fetch_add(&ps->inflight, 1);
+    if (!atomic_load(&ps->frozen)) {
+        hold *h = drey_arena_alloc(r->arena, sizeof *h);
+        *h = (hold){.c = c, .r = r, .partition = p};
+        r->on_release = write_done;
+        r->release_arg = h;
+        return DREY_STAGE_NEXT;
+    }
+    if (atomic_fetch_sub(&ps->inflight, 1) == 1) {
+        pthread_mutex_lock(&c->move_mu);
+        pthread_cond_broadcast(&c->move_cond);
+        pthread_mutex_unlock(&c->move_mu);
+    }
+    fwd *f = *fp = fwd_of(c, r, *fp);
+    f->waiter = (drey_cluster__waiter){.partition = p, .wake = waiter_wake};
+    pthread_mutex_lock(&c->move_mu);
+    bool still = atomic_load(&ps->frozen); /* thawed meanwhile: go on at once */
+    if (still) {
+        f->waiter.next = c->waiters;
+        c->waiters = &f->waiter;
+    }
+    pthread_mutex_unlock(&c->move_mu);
+    if (!still)
+        return hold_write(c, r, fp, p);
+    return DREY_STAGE_PARKED;
+}
+
+void drey_cluster__thaw(drey_cluster *c, uint32_t p) {
+    pthread_mutex_lock(&c->move_mu);
+    atomic_store(&c->pstate[p].frozen, false);
+    drey_cluster__waiter *mine = NULL, **pp = &c->waiters;
+    while (*pp != NULL) {
+        drey_cluster__waiter *w = *pp;
+        if (w->partition == p) {
+            *pp = w->next;
+            w->next = mine;
+            mine = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&c->move_mu);
+    /* The list holds the newest first, so mine is oldest first: the order
+     * they came in. */
+    while (mine != NULL) {
+        drey_cluster__waiter *next = mine->next;
+        mine->wake(mine);
+        mine = next;
+    }
+}
+
+/* --- the row, continued ------------------------------------------------------------ */
+
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f) {
     drey_cluster__topology *t = drey_cluster__acquire(c);
     drey_stage_result res = DREY_STAGE_NEXT;
-    const char *cache = string_field(r->msg, "cache");
-    const char *key = string_field(r->msg, "key");
+    const char *cache = drey_method_request_cache(r->msg);
+    const char *key = drey_method_request_key(r->msg, 0);
     uint32_t p;
     const ProtobufCMessageDescriptor *d = r->msg->descriptor;
     if (t->n_parts > 0 && (d == &drey__cache__v1__scan_request__descriptor ||
@@ -442,6 +595,18 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         drey_status_init(r->status);
         drey_status_set(r->status, DREY_ERR_NOT_CLUSTER_WIDE);
         res = DREY_STAGE_REJECT;
+        goto out;
+    }
+    if (d == &drey__internal__v1__import_request__descriptor && t->n_parts > 0) {
+        /* Only a partition's primary moves it, and only to another node. */
+        p = ((const Drey__Internal__V1__ImportRequest *)(const void *)r->msg)->partition;
+        if (p < t->n_parts && t->parts[p].primary >= 0 && t->parts[p].primary == t->self) {
+            r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+            drey_status_init(r->status);
+            drey_status_set(r->status, DREY_ERR_PARTITION_OWNED);
+            drey_status_add_metadata(r->status, "partition", "%u", p);
+            res = DREY_STAGE_REJECT;
+        }
         goto out;
     }
     if (cache == NULL || t->n_parts == 0)
@@ -462,23 +627,22 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         goto out;
     }
     const drey_cluster__node *to = NULL;
-    int o = owner(c, r, t, p, &to, &res);
+    int o = owner(c, r, t, p, &to, &res, f == NULL || !f->awaited);
     if (o < 0)
         goto out;
     if (o == 1) {
-        res = DREY_STAGE_NEXT;
+        res = (r->method->flags & DREY_METHOD_WRITE) != 0 ? hold_write(c, r, &f, p) : DREY_STAGE_NEXT;
         goto out;
     }
-    if (f == NULL) {
-        f = drey_arena_calloc(r->arena, sizeof *f);
-        f->c = c;
-        f->r = r;
-        if (r->ops->on_cancel != NULL)
-            r->ops->on_cancel(r->door, caller_gone, f);
-    }
+    f = fwd_of(c, r, f);
     f->revision = t->revision;
-    forward(c, f, to, t->parts[p].epoch);
     res = DREY_STAGE_PARKED;
+    if (o == OWNER_AWAIT) {
+        f->awaited = true;
+        await_table(f, forwarded_epoch(r));
+        goto out;
+    }
+    forward(c, f, to, t->parts[p].epoch);
 out:
     drey_cluster__topology_unref(t);
     return res;
@@ -505,7 +669,22 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     drey_cluster__topology_unref(t);
     pthread_mutex_lock(&c->mu);
     out->etcd_reachable = !c->lease_lost && !c->watch_ended;
+    out->draining = c->draining;
+    for (uint32_t p = 0; p < c->n_parts && c->entries != NULL; p++) {
+        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+        if (e == NULL || e->n_joining == 0)
+            continue;
+        out->moving_out += strcmp(e->primary, c->opts.node_id) == 0;
+        out->moving_in += strcmp(e->joining[0], c->opts.node_id) == 0;
+    }
     pthread_mutex_unlock(&c->mu);
+    out->moving_now = atomic_load(&c->moving);
+    out->moves_done = atomic_load(&c->moves_done);
+    out->moves_failed = atomic_load(&c->moves_failed);
+    out->moved_entries = atomic_load(&c->moved_entries);
+    out->moved_bytes = atomic_load(&c->moved_bytes);
+    out->pause_last_us = atomic_load(&c->pause_last_us);
+    out->pause_max_us = atomic_load(&c->pause_max_us);
     out->forwarded = atomic_load(&c->forwarded);
     out->not_primary = atomic_load(&c->not_primary);
     out->retried = atomic_load(&c->retried);

@@ -161,6 +161,14 @@ static const option options[] = {
      "membership this long after (etcd's minimum is 2s)."},
     {"cluster-partitions", OPT_INT, FIELD(cluster_partitions), "0", 0, 65536,
      "Partitions this node expects the cluster to have; it refuses to join one with another count. 0: any."},
+    {"cluster-move-rate", OPT_BYTES, FIELD(cluster_move_rate), "64MiB", 64 * 1024, (int64_t)1 << 40,
+     "Bytes per second this node sends while moving a partition to another node (a join, a drain)."},
+    {"cluster-max-moves", OPT_INT, FIELD(cluster_max_moves), "2", 0, 64,
+     "When this node is the controller: partitions planned to move off any one node at a time. 0: it plans "
+     "none (the table stays as it is; moves already planned finish)."},
+    {"cluster-drain-timeout", OPT_DURATION, FIELD(cluster_drain_timeout_ms), "60s", 0, 3600 * 1000,
+     "On SIGTERM a cluster node first moves its partitions to the others, for up to this long (fit it in the "
+     "pod's terminationGracePeriodSeconds with --drain-grace), then drains and leaves. 0: leave at once."},
     {"internal-listen", OPT_STRING, FIELD(internal_listen), "", 0, 0,
      "host:port of the internal listener peers forward calls to (mutual TLS only; required with --cluster-etcd)."},
     {"advertise", OPT_STRING, FIELD(advertise), "", 0, 0,

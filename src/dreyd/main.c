@@ -28,6 +28,7 @@
 #include "drey/cache.h"
 #include "drey/clock.h"
 #include "drey/cluster.h"
+#include "drey/partition.h"
 #include "drey/commit.h"
 #include "drey/config.h"
 #include "drey/health.h"
@@ -286,6 +287,7 @@ int main(int argc, char **argv, char **envp) {
         .store = store,
         .methods = methods,
         .idempotency_retention_ms = cfg.idempotency_retention_ms,
+        .partitioned = clustered,
     };
     drey_commit *commit = drey_commit_create(&copts);
     drey_pipeline_options popts = {
@@ -332,6 +334,12 @@ int main(int argc, char **argv, char **envp) {
             .tls_ca = cfg.internal_tls_ca,
             .build = "drey",
             .timers = timers,
+            .store = store,
+            .pipeline = pipeline,
+            .methods = methods,
+            .commit = commit,
+            .move_rate = cfg.cluster_move_rate,
+            .max_moves = (uint32_t)cfg.cluster_max_moves,
         };
         cluster = drey_cluster_create(&co, err, sizeof err);
         if (cluster == NULL) {
@@ -340,7 +348,9 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
     }
-    if (!drey_cache_register(cache, methods) || !drey_health_register(health, methods, server) ||
+    /* Always: a journal written as a cluster node replays anywhere. */
+    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
+        !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_reflect_register(server) ||
         (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
@@ -450,6 +460,11 @@ int main(int argc, char **argv, char **envp) {
             continue;
         drey_auth_reload(auth, err, sizeof err); /* logs its outcome */
     }
+    /* A cluster node first hands its partitions to the others, serving
+     * meanwhile: what it owns when it stops is unavailable until it comes
+     * back. */
+    if (cluster != NULL)
+        drey_cluster_drain(cluster, cfg.cluster_drain_timeout_ms);
     DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg.drain_grace_ms));
     drey_health_drain(health);
     drey_admin_set_draining(admin);

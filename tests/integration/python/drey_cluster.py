@@ -280,7 +280,10 @@ class Cluster:
                  "--cluster-prefix=" + self.prefix,
                  "--internal-listen=127.0.0.1:%d" % (internal_port or 0), "--internal-tls-cert=" + cert,
                  "--internal-tls-key=" + key, "--internal-tls-ca=" + self.ca.ca,
-                 "--cluster-lease-ttl=" + self.lease_ttl, "--ops-listen=127.0.0.1:0"]
+                 "--cluster-lease-ttl=" + self.lease_ttl, "--ops-listen=127.0.0.1:0",
+                 # tests stop whole clusters: no node moves its data to the
+                 # others first unless a test asks (the flags after win)
+                 "--cluster-drain-timeout=0"]
         if self.ephemeral:
             flags.append("--ephemeral")
         return flags + list(self.extra_flags)
