@@ -92,8 +92,13 @@ static bool well_formed(drey_apply *ax, uint32_t partition, uint32_t n) {
     return false;
 }
 
+/* Empty bytes decode as NULL: the store wants pointers it may copy from. */
+static const void *bytes_of(const ProtobufCBinaryData *b) {
+    return b->data != NULL ? (const void *)b->data : "";
+}
+
 static void key_of(drey_store *s, drey_key *k, const Drey__Internal__V1__MovedEntry *e) {
-    drey_store_key(s, k, (const char *)e->cache.data, e->cache.len, (const char *)e->key.data, e->key.len);
+    drey_store_key(s, k, bytes_of(&e->cache), e->cache.len, bytes_of(&e->key), e->key.len);
 }
 
 static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
@@ -112,7 +117,7 @@ static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufC
         const Drey__Internal__V1__MovedEntry *e = req->entries[i];
         drey_key k;
         key_of(s, &k, e);
-        drey_value v = {.kind = (drey_value_kind)e->kind, .data = e->value.data, .len = (uint32_t)e->value.len};
+        drey_value v = {.kind = (drey_value_kind)e->kind, .data = bytes_of(&e->value), .len = (uint32_t)e->value.len};
         drey_store_txn t;
         drey_store_txn_begin(s, &t, &k, 1);
         drey_store_txn_put(&t, &k, &v, e->expires_at_ms, e->version);
