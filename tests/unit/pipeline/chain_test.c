@@ -29,6 +29,8 @@
 #include "drey/journal.h"
 #include "drey/memory.h"
 #include "drey/method.h"
+#include "drey/internal/v1/move.pb-c.h"
+#include "drey/partition.h"
 #include "drey/pipeline.h"
 #include "drey/store.h"
 #include "drey/timer.h"
@@ -231,6 +233,7 @@ static void fixture_open(const fixture_opts *o) {
     f.methods = drey_method_table_create();
     cr_assert(drey_cache_register(f.cache, f.methods));
     cr_assert(drey_method_table_add_service(f.methods, &drey__admin__v1__admin__descriptor, admin_specs, 2, NULL));
+    cr_assert(drey_partition_register(f.methods, f.store));
     drey_commit_options co = {.store = f.store, .methods = f.methods, .idempotency_retention_ms = 60000};
     f.commit = drey_commit_create(&co);
     f.timers = drey_timers_create();
@@ -859,4 +862,31 @@ Test(chain, a_forwarded_call_is_admitted_as_its_peer) {
     door_free(h);
     door_free(fw);
     door_free(again);
+}
+
+/* A node's own calls to another (a partition moving) are the peer's, proven
+ * by its certificate: refused from anyone else, and needing no token where
+ * clients need one. */
+Test(chain, peer_methods_serve_only_an_authenticated_peer) {
+    fixture_open(&(fixture_opts){.durable = true, .auth_required = true});
+    Drey__Internal__V1__DropRequest drop = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    drop.partitions = 4;
+    trace before = take_trace();
+    door *d = submit_via(DREY_PARTITION_DROP_PATH, &drop.base, (via){0});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = submit_via(DREY_PARTITION_DROP_PATH, &drop.base, (via){.internal = true, .peer_id = "node-a"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    d = submit_via(DREY_PARTITION_DROP_PATH, &drop.base,
+                   (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-b"});
+    expect_refused(d, DREY_ERR_PEER_UNAUTHENTICATED);
+    door_free(d);
+    expect_no_trace(&before, "a refused peer call");
+    d = submit_via(DREY_PARTITION_DROP_PATH, &drop.base,
+                   (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    expect_ok(d);
+    door_free(d);
+    trace after = take_trace();
+    cr_assert_eq(after.lsn, before.lsn + 1, "journaled like any write");
 }
