@@ -153,8 +153,10 @@ test('the preStop drain fits inside the termination grace period', () => {
   const hook = flags(cmd.slice(2));
   assert.equal(hook.get('pid'), '1', 'dreyd is the entry point, PID 1');
   const wait = durationSeconds(hook.get('wait'));
-  const drain = durationSeconds(args.get('drain-grace')) + durationSeconds(args.get('shutdown-timeout'));
-  assert.ok(wait > drain, 'the hook waits out the whole drain');
+  // First the partitions move to the others, then the single-node drain.
+  const drain = durationSeconds(args.get('cluster-drain-timeout')) + durationSeconds(args.get('drain-grace')) +
+    durationSeconds(args.get('shutdown-timeout'));
+  assert.ok(wait > drain, 'the hook waits out the whole drain, partition moves included');
   assert.ok(pod.terminationGracePeriodSeconds > wait, 'the kubelet does not kill dreyd while the hook waits');
   assert.equal(dreyd.readinessProbe.httpGet.path, '/health/ready');
   assert.equal(dreyd.startupProbe.grpc.port, dreyd.ports.find((p) => p.name === 'grpc').containerPort);
