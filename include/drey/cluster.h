@@ -17,7 +17,8 @@
  * when its own table has moved on (safe: refused before the journal). A
  * partition whose owner is not a member is PARTITION_UNAVAILABLE. GetMany
  * scatters per owner and gathers; SetMany stays atomic, so its entries must
- * share a partition (CROSS_PARTITION otherwise).
+ * share a partition (CROSS_PARTITION otherwise). Scan, Clear, ListCaches
+ * and GetCacheStats reach every owner (fanout.c).
  *
  * One member is the controller (a lease claim on <prefix>controller). It
  * alone writes the partition table, each write a compare-and-swap on the

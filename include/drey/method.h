@@ -48,6 +48,10 @@ typedef struct drey_apply {
     int64_t now_ms;      /* wall-clock milliseconds */
     drey_arena *arena;   /* response memory */
     drey_status *status; /* set when the transition fails */
+    /* Reads that walk many entries (Scan) skip those keep says no to: a
+     * cluster node's copy of a partition it does not own. NULL: all. */
+    bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
+    void *keep_ctx;
 } drey_apply;
 
 /* How a service describes one of its methods. */

@@ -134,6 +134,9 @@ struct drey_request {
      * writes a partition has in flight with it. */
     void (*on_release)(void *arg);
     void *release_arg;
+    /* Given to the method as drey_apply.keep (the route row's). */
+    bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
+    void *keep_ctx;
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);

@@ -78,6 +78,7 @@ typedef enum drey_error {
     /* New errors go last: remembered outcomes store the number. */
     DREY_ERR_INVALID_CURSOR,
     DREY_ERR_PARTITION_OWNED,
+    DREY_ERR_PARTITION_MOVING,
     DREY_ERR_COUNT_
 } drey_error;
 

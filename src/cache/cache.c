@@ -530,6 +530,7 @@ static void *invalid_cursor(drey_apply *ax, const char *why) {
 
 typedef struct scan_out {
     drey_arena *arena;
+    const drey_apply *ax;
     bool values;
     Drey__Cache__V1__ScanResponse__Item **items;
     size_t n, cap;
@@ -537,6 +538,8 @@ typedef struct scan_out {
 
 static void scan_item(void *arg, const drey_store_item *it) {
     scan_out *o = arg;
+    if (o->ax->keep != NULL && !o->ax->keep(o->ax->keep_ctx, it->cache, it->cache_len, it->key, it->key_len))
+        return;
     if (o->n == o->cap) { /* a bucket can hold more than the limit */
         size_t cap = o->cap * 2;
         Drey__Cache__V1__ScanResponse__Item **items = drey_arena_alloc(o->arena, cap * sizeof *items);
@@ -579,7 +582,7 @@ static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMes
             return invalid_cursor(ax, "shard out of range");
     }
     size_t limit = req->limit == 0 ? SCAN_DEFAULT_LIMIT : req->limit > SCAN_MAX_LIMIT ? SCAN_MAX_LIMIT : req->limit;
-    scan_out o = {.arena = a, .values = req->include_values, .cap = limit};
+    scan_out o = {.arena = a, .ax = ax, .values = req->include_values, .cap = limit};
     o.items = drey_arena_alloc(a, o.cap * sizeof *o.items);
     drey_store_scan(s, req->cache, strlen(req->cache), req->prefix, strlen(req->prefix), ax->now_ms, &pos, limit,
                     SCAN_MAX_BUCKETS, scan_item, &o);

@@ -96,6 +96,16 @@ typedef struct drey_cluster__waiter {
 /* Ends p's freeze and routes its waiting writes again (router.c). */
 void drey_cluster__thaw(drey_cluster *c, uint32_t p);
 
+/* Scan, Clear, ListCaches, GetCacheStats: every node's share (fanout.c). */
+drey_stage_result drey_cluster__route_cache_wide(drey_cluster *c, drey_request *r, drey_cluster__topology *t);
+
+/* The metadata of a call to another node: the caller's token, this node's
+ * id, the partition's epoch (0: none); h holds 3 (router.c). */
+size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h);
+
+/* A scan's share names the owners' hash it began with. */
+#define DREY_SCAN_OWNERS "drey-scan-owners"
+
 /* The mover's loop (move.c). */
 void *drey_cluster__mover_main(void *arg);
 
@@ -144,6 +154,7 @@ struct drey_cluster {
 
     _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
     _Atomic int64_t moving; /* the partition being moved out, or -1 */
+    _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
 };

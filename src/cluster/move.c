@@ -297,21 +297,26 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     return ok;
 }
 
-/* 3: no new writes, and the running ones answered. */
-static bool freeze(drey_cluster *c, uint32_t p) {
-    drey_cluster__pstate *ps = &c->pstate[p];
-    atomic_store(&ps->frozen, true);
+/* Until the count is 0 (whoever takes it to 0 broadcasts move_cond), for
+ * FREEZE_DRAIN_MS at most. */
+static bool wait_zero(drey_cluster *c, _Atomic uint32_t *count) {
     int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
     pthread_mutex_lock(&c->move_mu);
-    bool drained;
-    while (!(drained = atomic_load(&ps->inflight) == 0)) {
+    bool zero;
+    while (!(zero = atomic_load(count) == 0)) {
         if (drey_cond_wait_until(&c->move_cond, &c->move_mu, until) == ETIMEDOUT) {
-            drained = atomic_load(&ps->inflight) == 0;
+            zero = atomic_load(count) == 0;
             break;
         }
     }
     pthread_mutex_unlock(&c->move_mu);
-    return drained;
+    return zero;
+}
+
+/* 3: no new writes, and the running ones answered. */
+static bool freeze(drey_cluster *c, uint32_t p) {
+    atomic_store(&c->pstate[p].frozen, true);
+    return wait_zero(c, &c->pstate[p].inflight);
 }
 
 /* --- 4: the handover ------------------------------------------------------------------ */
@@ -496,7 +501,12 @@ static bool move_partition(mover *mv) {
     int64_t started = drey_mono_ns();
     atomic_store(&c->moving, (int64_t)p);
     atomic_store(&ps->moving, true);
-    bool ok = copy(mv);
+    /* A Clear that began before the move finishes before the copy does:
+     * Clears that begin after it are refused (fanout.c). */
+    bool ok = wait_zero(c, &c->clearing);
+    if (!ok)
+        snprintf(mv->err, sizeof mv->err, "a Clear on this node did not finish");
+    ok = ok && copy(mv);
     for (int round = 0; ok && round < CATCH_UP_ROUNDS; round++) {
         size_t n;
         drey_cluster__dirty *d = take_dirty(c, p, &n);

@@ -19,8 +19,7 @@
  * ever retried here.
  *
  * SetMany and RemoveMany must keep to one partition (CROSS_PARTITION);
- * Scan, Clear and the cache figures are refused (NOT_CLUSTER_WIDE) rather
- * than answered from one node's partitions.
+ * Scan, Clear and the cache figures reach every owner (fanout.c).
  *
  * While this node moves a partition out (move.c), its local writes are
  * counted in and out here: while it is copied they record the keys they
@@ -146,7 +145,7 @@ static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology 
 
 /* --- forwarding -------------------------------------------------------------- */
 
-static size_t forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h) {
+size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h) {
     size_t n = 0, len;
     const char *auth = r->ops->metadata(r->door, "authorization", &len);
     if (auth != NULL)
@@ -249,7 +248,7 @@ static void forwarded_done(void *arg, const drey_answer *a) {
 static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64_t epoch) {
     drey_request *r = f->r;
     drey_cluster__header h[3];
-    size_t n = forward_headers(c, r, epoch, h);
+    size_t n = drey_cluster__forward_headers(c, r, epoch, h);
     atomic_fetch_add(&c->forwarded, 1);
     drey_cluster__pcall *p = drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes,
                                                       r->len, h, n, r->ops->deadline_mono_ns(r->door),
@@ -406,7 +405,7 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
         drey__cache__v1__get_many_request__pack(&sub, bytes[k]);
     }
     drey_cluster__header h[3];
-    size_t nh = forward_headers(c, r, 0, h);
+    size_t nh = drey_cluster__forward_headers(c, r, 0, h);
     for (size_t k = 0; k < n_groups; k++) {
         if (groups[k] < 0)
             continue;
@@ -589,12 +588,7 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
                            d == &drey__cache__v1__clear_request__descriptor ||
                            d == &drey__cache__v1__list_caches_request__descriptor ||
                            d == &drey__cache__v1__get_cache_stats_request__descriptor)) {
-        /* Run here they would see one node's partitions: a partial Clear
-         * or a Scan that misses keys is worse than a refusal. */
-        r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-        drey_status_init(r->status);
-        drey_status_set(r->status, DREY_ERR_NOT_CLUSTER_WIDE);
-        res = DREY_STAGE_REJECT;
+        res = drey_cluster__route_cache_wide(c, r, t);
         goto out;
     }
     if (d == &drey__internal__v1__import_request__descriptor && t->n_parts > 0) {

@@ -162,6 +162,8 @@ static void apply(drey_pipeline *p, drey_request *r) {
         .now_ms = r->now_ms != 0 ? r->now_ms : drey_wall_ms(),
         .arena = r->arena,
         .status = &st,
+        .keep = r->keep,
+        .keep_ctx = r->keep_ctx,
     };
     ProtobufCMessage *resp = (m->flags & DREY_METHOD_WRITE) != 0 ? drey_commit_apply(p->opts.commit, &r->write, &ax)
                                                                  : m->apply(m->ctx, &ax, r->msg);

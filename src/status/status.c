@@ -112,6 +112,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                    "until it reaches every owner"},
     [DREY_ERR_PARTITION_OWNED] = {DREY_ERR_PARTITION_OWNED, GRPC_STATUS_FAILED_PRECONDITION, "PARTITION_OWNED",
                                   "this node owns the partition: an import would replace live data"},
+    [DREY_ERR_PARTITION_MOVING] = {DREY_ERR_PARTITION_MOVING, GRPC_STATUS_UNAVAILABLE, "PARTITION_MOVING",
+                                   "a node is moving a partition of this cache to another: retry the cache-wide "
+                                   "call once the move is over"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

@@ -163,8 +163,14 @@ class Moves(DreyTestCase):
             w = Writers(cl).start()
             try:
                 w.wait_acked(300)
+                scan, sreq, _ = cl.nodes["n1"].cache.methods["Scan"]
+                page = scan(sreq(limit=5), timeout=RPC)
                 self.durable_node(cl, "n4", dirs)
                 s = self.settled(cl, 4)
+                # a scan begun before the moves cannot vouch for every key: refused
+                with self.assertRaises(grpc.RpcError) as e:
+                    scan(sreq(limit=5, cursor=page.next_cursor), timeout=RPC)
+                self.assertRpcFailure(RpcFailure(e.exception), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CURSOR")
                 n_acked = len(w.acked)
                 w.wait_acked(n_acked + 100)
             finally:
@@ -181,6 +187,14 @@ class Moves(DreyTestCase):
             handed = sum(metric(cl.nodes[i], "drey_cluster_moves_total") for i in ("n1", "n2", "n3"))
             self.assertEqual(handed, moved, "every move was a handover by its owner")
             pause = max(metric(cl.nodes[i], "drey_cluster_move_pause_max_seconds") for i in ("n1", "n2", "n3"))
+            scanned, cursor = set(), ""
+            while True:
+                page = scan(sreq(limit=200, cursor=cursor), timeout=RPC)
+                scanned.update(i.key for i in page.items)
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            self.assertEqual(set(w.acked) - scanned, set(), "a scan after the moves finds every key")
             print("join: %d partitions moved, %d writes acknowledged (%d gave up), longest pause %.1f ms" %
                   (moved, len(w.acked), w.failed, pause * 1000))
             self.check(cl, w)
@@ -233,6 +247,18 @@ class Moves(DreyTestCase):
                 wait_until(lambda: sum(metric(cl.nodes[i], "drey_cluster_moves_total")
                                        for i in ("n1", "n2", "n3")) >= 1, timeout=60, what="a first handover")
                 self.assertTrue(cl.status()["moves"], "the kill lands while moves remain")
+                # a Clear would bring entries back through a copy under way: refused until it is over
+                clear, creq, _ = cl.nodes["n4"].cache.methods["Clear"]
+
+                def clear_refused():
+                    try:
+                        clear(creq(cache="junk"), timeout=RPC)
+                        return False
+                    except grpc.RpcError as e:
+                        f = RpcFailure(e)
+                        self.assertEqual(f.reason, "PARTITION_MOVING", f.message)
+                        return f.retry_info is not None
+                wait_until(clear_refused, timeout=30, what="a Clear refused during a move")
                 cl.nodes[victim].server.kill()
                 poll(cl.status, lambda s: s["controller"] not in ("", victim), timeout=60,
                      what="another controller")
