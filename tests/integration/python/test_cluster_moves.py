@@ -55,6 +55,7 @@ class Writers:
         self.acked = {}      # key -> (value, version, request_id)
         self.inc_acked = {}  # counter -> acknowledged increments
         self.inc_tried = {}  # counter -> attempted increments
+        self.regressions = []  # a register whose acknowledged version went down
         self.failed = 0
         self.value_bytes = value_bytes
         self.threads = [threading.Thread(target=self.run, args=(t,), daemon=True) for t in range(threads)]
@@ -82,8 +83,19 @@ class Writers:
     def run(self, t):
         i = 0
         counter = "c%d" % t
+        register, last_version = "reg-%d" % t, 0
         while not self.stop_flag.is_set():
             i += 1
+            if i % 4 == 2:
+                # one writer per register, one write at a time: each
+                # acknowledged version above the last, across moves too
+                r = self.call("Set", cache="reg", key=register, value=make_value("r%d" % i),
+                              request_id="reg-%d-%d" % (t, i))
+                if r is not None:
+                    if r.version <= last_version:
+                        self.regressions.append((register, last_version, r.version))
+                    last_version = r.version
+                continue
             if i % 4 == 0:
                 with self.lock:
                     self.inc_tried[counter] = self.inc_tried.get(counter, 0) + 1
@@ -133,6 +145,7 @@ class Moves(DreyTestCase):
     def check(self, cl, w):
         nodes = [n for n in cl.nodes.values() if n.server.proc.poll() is None]
         self.assertGreater(len(w.acked), 0)
+        self.assertEqual(w.regressions, [], "versions only grow per key, across moves")
         for key, (value, version, rid) in sorted(w.acked.items()):
             for n in nodes:
                 get, greq, _ = n.cache.methods["Get"]
