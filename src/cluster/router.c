@@ -178,8 +178,6 @@ static bool is_not_primary(const drey_answer *a) {
 
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f);
 
-/* Routes a request that met NOT_PRIMARY again, once this node's table moved
- * on or the wait is over (on the timer thread). */
 static void reroute(fwd *f) {
     drey_request *r = f->r;
     switch (route_request(f->c, r, f)) {
@@ -194,6 +192,9 @@ static void reroute(fwd *f) {
     }
 }
 
+/* Routes a request again once this node's table is new enough or the wait
+ * is over (on the timer thread): one that met NOT_PRIMARY, or a forwarded
+ * one that named a newer epoch. */
 static void retry(void *arg) {
     fwd *f = arg;
     drey_cluster__topology *t = drey_cluster__acquire(f->c);
@@ -204,7 +205,8 @@ static void retry(void *arg) {
         drey_timer_arm(f->c->opts.timers, &f->timer);
         return;
     }
-    atomic_fetch_add(&f->c->retried, 1);
+    if (f->retried)
+        atomic_fetch_add(&f->c->retried, 1);
     reroute(f);
 }
 
