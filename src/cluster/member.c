@@ -212,12 +212,27 @@ static size_t pack_member(drey_cluster *c, uint8_t *buf, size_t cap) {
 
 /* Takes a lease and puts nodes/<id> under it, waiting up to wait_ms for an
  * earlier registration of the id to go. 0, or -1 with err. */
-static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap) {
+/* A lease nothing keeps alive yet: a fresh one while the wait for an
+ * earlier registration goes on longer than half its TTL. */
+static int fresh_lease(drey_cluster *c, int64_t *granted_ms, char *err, size_t cap) {
     drey_etcd_status st;
+    if (c->lease.id != 0 && drey_mono_ms() - *granted_ms < c->opts.lease_ttl_s * 1000 / 2)
+        return 0;
+    if (c->lease.id != 0)
+        drey_etcd_lease_revoke(c->etcd, c->lease.id, CALL_MS, &st); /* else it expires by itself */
+    c->lease.id = 0;
     if (drey_etcd_lease_grant(c->etcd, c->opts.lease_ttl_s, CALL_MS, &c->lease, &st) != GRPC_STATUS_OK) {
         snprintf(err, cap, "cannot take a lease from etcd (%s): %s", st.endpoint, st.message);
         return -1;
     }
+    *granted_ms = drey_mono_ms();
+    return 0;
+}
+
+static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap) {
+    drey_etcd_status st;
+    int64_t granted_ms = 0;
+    c->lease.id = 0; /* a lost one is gone: never reused */
     uint8_t buf[1024];
     size_t len = pack_member(c, buf, sizeof buf);
     if (len == 0) {
@@ -227,6 +242,8 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
     int64_t until = drey_mono_ms() + wait_ms;
     bool told = false;
     for (;;) {
+        if (fresh_lease(c, &granted_ms, err, cap) != 0)
+            return -1;
         drey_arena a;
         drey_arena_init(&a, NULL, 0);
         const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
