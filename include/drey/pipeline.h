@@ -149,6 +149,12 @@ void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
  * authenticate with mutual TLS (and forward calls). */
 bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
 
+/* The internal listener is about to stop: each peer stream ends once the
+ * requests it brought are answered (they were sent before this node left
+ * the membership), instead of holding the listener's shutdown until its
+ * timeout. */
+void drey_pipeline_drain_peers(drey_pipeline *p);
+
 /* A door's request: fills the door's part of r (which the door allocates,
  * typically zeroed in its own arena). */
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,

@@ -132,6 +132,9 @@ void drey_call_relay(drey_call *c, const drey_call_answer *a);
 
 /* Streaming: queue a message (false once the call is over). */
 bool drey_call_send(drey_call *c, const ProtobufCMessage *message);
+/* Streaming: queue a message already serialized (a stream that batches
+ * several into one, as the peer stream does). The bytes are copied. */
+bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len);
 /* Streaming: end the call after the queued messages; st NULL means OK. */
 void drey_call_finish(drey_call *c, const drey_status *st);
 

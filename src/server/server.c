@@ -416,6 +416,26 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message) {
     return open;
 }
 
+bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len) {
+    pthread_mutex_lock(&c->mu);
+    bool open = !atomic_load(&c->closed) && !c->finish_wanted;
+    if (open) {
+        out_msg *m = drey_xmalloc(sizeof *m);
+        m->next = NULL;
+        grpc_slice slice = grpc_slice_from_copied_buffer((const char *)data, len);
+        m->bb = grpc_raw_byte_buffer_create(&slice, 1);
+        grpc_slice_unref(slice);
+        if (c->q_tail != NULL)
+            c->q_tail->next = m;
+        else
+            c->q_head = m;
+        c->q_tail = m;
+        pump_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return open;
+}
+
 void drey_call_finish(drey_call *c, const drey_status *st) {
     pthread_mutex_lock(&c->mu);
     if (!c->finish_wanted) {
