@@ -42,6 +42,11 @@ typedef struct drey_server_method {
     const char *path;                        /* "/pkg.Service/Method" */
     const ProtobufCMessageDescriptor *input; /* the request type */
     bool client_streaming, server_streaming;
+    /* Streaming: messages queued while a send is in flight go out as one
+     * message, their bytes concatenated. For a message made of one repeated
+     * field that is the message holding all their elements (the peer
+     * stream batches its answers so). */
+    bool concatenate_sends;
     void (*unary)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_done)(void *ctx, drey_call *call);

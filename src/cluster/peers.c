@@ -84,11 +84,15 @@ struct peer {
 struct pstream {
     drey_cluster__peers *p;
     peer *pe;       /* NULL once the peer forgot it */
+    char peer_id[DREY_CLUSTER_MAX_ID]; /* for messages */
     grpc_call *call;
     int refs;       /* the peer's (until it ends), one per batch in flight */
     bool ended;     /* its status came: no more frames */
     bool writing;
-    tag start_tag, recv_tag, send_tag, status_tag;
+    bool retiring;  /* its peer's channel was replaced: it takes no new calls */
+    bool closing;   /* retiring and idle: the close was sent */
+    grpc_channel *channel; /* a retiring stream's: destroyed with it */
+    tag start_tag, recv_tag, send_tag, status_tag, close_tag;
     grpc_metadata_array initial_md, trailing_md;
     grpc_status_code code;
     grpc_slice details;
@@ -100,6 +104,7 @@ struct pstream {
     uint32_t *free_slots;
     uint32_t n_free;
     size_t live;
+    pstream *prev, *next; /* in p->streams */
 };
 
 struct drey_cluster__peers {
@@ -109,6 +114,7 @@ struct drey_cluster__peers {
     pthread_mutex_t mu;
     peer *peers[MAX_PEERS];
     size_t n;
+    pstream *streams; /* every stream not freed yet, retiring ones too */
     size_t live; /* calls in flight on every stream */
     drey_cluster__pcall *finished; /* cancelled or expired, done still to run */
     int64_t next_sweep_ns;
@@ -143,6 +149,12 @@ static void pcall_unref(pcall *c) {
 static void stream_unref_locked(pstream *s) {
     if (--s->refs > 0)
         return;
+    if (s->prev != NULL)
+        s->prev->next = s->next;
+    else
+        s->p->streams = s->next;
+    if (s->next != NULL)
+        s->next->prev = s->prev;
     for (outbuf *o = s->out_head; o != NULL;) {
         outbuf *next = o->next;
         free(o->data);
@@ -153,6 +165,8 @@ static void stream_unref_locked(pstream *s) {
     grpc_metadata_array_destroy(&s->trailing_md);
     grpc_slice_unref(s->details);
     grpc_call_unref(s->call);
+    if (s->channel != NULL)
+        grpc_channel_destroy(s->channel);
     free(s->slots);
     free(s->gens);
     free(s->free_slots);
@@ -194,7 +208,7 @@ static void append_locked(pstream *s, const Drey__Internal__V1__Frame *f) {
 
 /* Writes the next batch of frames unless a write is in flight. */
 static void write_locked(pstream *s) {
-    if (s->writing || s->ended || s->out_head == NULL)
+    if (s->writing || s->ended || s->closing || s->out_head == NULL)
         return;
     outbuf *o = s->out_head;
     s->out_head = o->next;
@@ -210,6 +224,18 @@ static void write_locked(pstream *s) {
     op.data.send_message.send_message = s->send_buf;
     s->writing = true;
     start_batch_locked(s, &op, 1, &s->send_tag);
+}
+
+/* A retiring stream whose calls are all answered closes its side; the peer
+ * then ends it, and it goes with its channel. */
+static void retire_if_idle_locked(pstream *s) {
+    if (!s->retiring || s->closing || s->ended || s->live > 0 || s->writing || s->out_head != NULL)
+        return;
+    s->closing = true;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    start_batch_locked(s, &op, 1, &s->close_tag);
 }
 
 static void send_cancel_locked(pstream *s, uint64_t id) {
@@ -262,6 +288,7 @@ static void slot_take_locked(pcall *c) {
     s->live--;
     s->p->live--;
     c->s = NULL;
+    retire_if_idle_locked(s);
 }
 
 /* Finishes c without an answer (its done runs on the peers' thread). */
@@ -337,6 +364,14 @@ static void on_start(tag *t, bool ok) {
     pthread_mutex_unlock(&s->p->mu);
 }
 
+static void on_closed(tag *t, bool ok) {
+    (void)ok;
+    pstream *s = of(t, offsetof(pstream, close_tag));
+    pthread_mutex_lock(&s->p->mu);
+    stream_unref_locked(s);
+    pthread_mutex_unlock(&s->p->mu);
+}
+
 static void on_sent(tag *t, bool ok) {
     pstream *s = of(t, offsetof(pstream, send_tag));
     drey_cluster__peers *p = s->p;
@@ -346,6 +381,7 @@ static void on_sent(tag *t, bool ok) {
     s->writing = false;
     if (ok)
         write_locked(s); /* what queued up meanwhile, in one message */
+    retire_if_idle_locked(s);
     stream_unref_locked(s);
     pthread_mutex_unlock(&p->mu);
 }
@@ -360,7 +396,7 @@ static void on_status(tag *t, bool ok) {
     char msg[256];
     char *details = grpc_slice_to_c_string(s->details);
     pthread_mutex_lock(&p->mu);
-    snprintf(msg, sizeof msg, "the stream to peer %s broke: %s", s->pe != NULL ? s->pe->id : "(gone)", details);
+    snprintf(msg, sizeof msg, "the stream to peer %s broke: %s", s->peer_id, details);
     s->ended = true;
     if (s->pe != NULL && s->pe->stream == s)
         s->pe->stream = NULL;
@@ -422,7 +458,7 @@ static void on_recv(tag *t, bool ok) {
     if (fs == NULL) {
         /* Not from a node of this build: end it (its calls fail). */
         DREY_LOG_WARN("a peer sent a message that does not decode; closing its stream",
-                      DREY_LOG_STR("peer", s->pe != NULL ? s->pe->id : ""));
+                      DREY_LOG_STR("peer", s->peer_id));
         grpc_call_cancel(s->call, NULL);
         stream_unref_locked(s);
         pthread_mutex_unlock(&p->mu);
@@ -468,16 +504,14 @@ static void sweep(drey_cluster__peers *p) {
     pthread_mutex_lock(&p->mu);
     if (now >= p->next_sweep_ns) {
         p->next_sweep_ns = now + SWEEP_NS;
-        for (size_t k = 0; k < p->n; k++) {
-            pstream *s = p->peers[k]->stream;
-            for (uint32_t i = 0; s != NULL && s->live > 0 && i < s->n_slots; i++) {
+        for (pstream *s = p->streams; s != NULL; s = s->next) {
+            for (uint32_t i = 0; s->live > 0 && i < s->n_slots; i++) {
                 pcall *c = s->slots[i];
                 if (c == NULL || c->deadline_ns > now)
                     continue;
-                uint64_t id = c->id;
+                send_cancel_locked(s, c->id); /* the peer stops waiting too (before a retiring stream closes) */
                 slot_take_locked(c);
                 finish_locked(p, c, GRPC_STATUS_DEADLINE_EXCEEDED);
-                send_cancel_locked(s, id); /* the peer stops waiting too */
             }
         }
     }
@@ -537,22 +571,31 @@ drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *ke
     return p;
 }
 
-/* Forgets a peer: its stream is cancelled (its calls fail when its status
- * comes) and its channel destroyed. */
-static void drop_peer_locked(peer *pe) {
-    if (pe->stream != NULL) {
-        grpc_call_cancel(pe->stream->call, NULL);
-        pe->stream->pe = NULL;
+/* Forgets a peer (its certificates rotated, it moved, or this node
+ * stops). Its stream takes no new calls; the calls on it are answered on
+ * it and then it closes, keeping the old channel until it ends (a rotation
+ * fails nothing), unless cancel (this node stops: they fail now). */
+static void drop_peer_locked(peer *pe, bool cancel) {
+    pstream *s = pe->stream;
+    if (s != NULL) {
+        s->pe = NULL;
+        s->retiring = true;
+        s->channel = pe->channel;
+        if (cancel)
+            grpc_call_cancel(s->call, NULL);
+        else
+            retire_if_idle_locked(s);
+    } else {
+        grpc_channel_destroy(pe->channel);
     }
-    grpc_channel_destroy(pe->channel);
     free(pe->id);
     free(pe->address);
     free(pe);
 }
 
-static void drop_channels_locked(drey_cluster__peers *p) {
+static void drop_channels_locked(drey_cluster__peers *p, bool cancel) {
     for (size_t i = 0; i < p->n; i++)
-        drop_peer_locked(p->peers[i]);
+        drop_peer_locked(p->peers[i], cancel);
     p->n = 0;
 }
 
@@ -560,7 +603,7 @@ void drey_cluster__peers_destroy(drey_cluster__peers *p) {
     if (p == NULL)
         return;
     pthread_mutex_lock(&p->mu);
-    drop_channels_locked(p);
+    drop_channels_locked(p, true);
     pthread_mutex_unlock(&p->mu);
     /* The streams' batches complete (cancelled) before the queue reports
      * its shutdown, and their calls' dones run. */
@@ -592,7 +635,7 @@ static void check_files_locked(drey_cluster__peers *p) {
     }
     grpc_channel_credentials_release(p->creds);
     p->creds = creds;
-    drop_channels_locked(p);
+    drop_channels_locked(p, false);
     DREY_LOG_INFO("peer certificates reloaded");
 }
 
@@ -603,13 +646,13 @@ static peer *peer_locked(drey_cluster__peers *p, const char *id, const char *add
             if (strcmp(p->peers[i]->address, address) == 0)
                 return p->peers[i];
             /* The peer moved (a rescheduled pod): a new channel. */
-            drop_peer_locked(p->peers[i]);
+            drop_peer_locked(p->peers[i], false);
             p->peers[i] = p->peers[--p->n];
             break;
         }
     }
     if (p->n == MAX_PEERS)
-        drop_channels_locked(p);
+        drop_channels_locked(p, false);
     grpc_arg args[3];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_STRING;
@@ -635,8 +678,10 @@ static pstream *stream_open_locked(drey_cluster__peers *p, peer *pe) {
     pstream *s = drey_xcalloc(1, sizeof *s);
     s->p = p;
     s->pe = pe;
+    snprintf(s->peer_id, sizeof s->peer_id, "%s", pe->id);
     s->refs = 1; /* the peer's */
     s->start_tag.done = on_start;
+    s->close_tag.done = on_closed;
     s->recv_tag.done = on_recv;
     s->send_tag.done = on_sent;
     s->status_tag.done = on_status;
@@ -663,6 +708,10 @@ static pstream *stream_open_locked(drey_cluster__peers *p, peer *pe) {
     ops[1].data.recv_message.recv_message = &s->recv_buf;
     start_batch_locked(s, ops, 2, &s->recv_tag);
     pe->stream = s;
+    s->next = p->streams;
+    if (p->streams != NULL)
+        p->streams->prev = s;
+    p->streams = s;
     return s;
 }
 
@@ -718,10 +767,9 @@ void drey_cluster__pcall_cancel(drey_cluster__pcall *c) {
     pthread_mutex_lock(&p->mu);
     pstream *s = c->s;
     if (s != NULL) {
-        uint64_t id = c->id;
+        send_cancel_locked(s, c->id); /* before a retiring stream closes */
         slot_take_locked(c);
         finish_locked(p, c, GRPC_STATUS_CANCELLED);
-        send_cancel_locked(s, id);
     }
     pthread_mutex_unlock(&p->mu);
     pcall_unref(c);

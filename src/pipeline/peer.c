@@ -457,6 +457,7 @@ bool drey_pipeline__serve_peers(drey_pipeline *p, drey_server *s) {
         .input = &drey__internal__v1__frames__descriptor,
         .client_streaming = true,
         .server_streaming = true,
+        .concatenate_sends = true, /* serialized Frames concatenate */
         .on_message = on_message,
         .on_done = on_done,
         .ctx = all,

@@ -358,6 +358,33 @@ void drey_call_fail(drey_call *c, const drey_status *st) {
     unary_finish(c, NULL, st);
 }
 
+#define MAX_CONCATENATED 256
+
+/* first and the messages queued after it (up to MAX_CONCATENATED) as one
+ * buffer of their slices; no copy, as each queued message is one slice.
+ * Called with c->mu. */
+static grpc_byte_buffer *concatenate_locked(drey_call *c, grpc_byte_buffer *first) {
+    grpc_slice slices[MAX_CONCATENATED];
+    size_t n = 0;
+    grpc_byte_buffer *bb = first;
+    for (;;) {
+        slices[n++] = flatten(bb);
+        grpc_byte_buffer_destroy(bb);
+        out_msg *m = c->q_head;
+        if (m == NULL || n == MAX_CONCATENATED)
+            break;
+        c->q_head = m->next;
+        if (c->q_head == NULL)
+            c->q_tail = NULL;
+        bb = m->bb;
+        free(m);
+    }
+    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(slices, n);
+    for (size_t i = 0; i < n; i++)
+        grpc_slice_unref(slices[i]);
+    return out;
+}
+
 /* Streaming: starts the next send if none is in flight. Called with c->mu. */
 static void pump_locked(drey_call *c) {
     if (c->sending || c->status_sent)
@@ -379,6 +406,8 @@ static void pump_locked(drey_call *c) {
             grpc_byte_buffer_destroy(c->reply_bb);
         c->reply_bb = m->bb;
         free(m);
+        if (c->method->spec.concatenate_sends && c->q_head != NULL)
+            c->reply_bb = concatenate_locked(c, c->reply_bb);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = c->reply_bb;
         c->sending = true;
