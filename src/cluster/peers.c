@@ -359,17 +359,19 @@ static pstream *of(tag *t, size_t off) {
 static void on_start(tag *t, bool ok) {
     (void)ok; /* a failed start shows in the status */
     pstream *s = of(t, offsetof(pstream, start_tag));
-    pthread_mutex_lock(&s->p->mu);
+    drey_cluster__peers *p = s->p; /* s may go with its last reference */
+    pthread_mutex_lock(&p->mu);
     stream_unref_locked(s);
-    pthread_mutex_unlock(&s->p->mu);
+    pthread_mutex_unlock(&p->mu);
 }
 
 static void on_closed(tag *t, bool ok) {
     (void)ok;
     pstream *s = of(t, offsetof(pstream, close_tag));
-    pthread_mutex_lock(&s->p->mu);
+    drey_cluster__peers *p = s->p; /* s may go with its last reference */
+    pthread_mutex_lock(&p->mu);
     stream_unref_locked(s);
-    pthread_mutex_unlock(&s->p->mu);
+    pthread_mutex_unlock(&p->mu);
 }
 
 static void on_sent(tag *t, bool ok) {
