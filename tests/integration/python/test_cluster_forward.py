@@ -93,6 +93,32 @@ class PeerStream:
         return None
 
 
+def pause(node):
+    """SIGSTOP, and until every thread of the node has stopped: a frame sent
+    before that could still be answered."""
+    pid = node.server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+
+    def states():
+        out = []
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
+                    out.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass
+        return out
+
+    poll(states, lambda st: st and all(x == "T" for x in st), what="%s stopped" % node.id)
+
+
+def in_flight(node, fut):
+    """n1's running calls, while fut (the call meant to be running) has not ended."""
+    if fut.done():
+        raise AssertionError("the call ended: %r" % (fut.exception() or fut.result()))
+    return details(node.server)["backpressure"]["inFlight"]
+
+
 def key_owned_by(owners, node_id, n, prefix="k"):
     return next(k for k in ("%s%d" % (prefix, i) for i in range(1000)) if owners[partition("", k, n)] == node_id)
 
@@ -172,7 +198,7 @@ class Frames(unittest.TestCase):
 
     def hold_n1s_slot(self):
         """Pauses n2 and parks a forwarded call to it on n1's only slot."""
-        os.kill(self.n2.server.proc.pid, signal.SIGSTOP)
+        pause(self.n2)
         self.addCleanup(os.kill, self.n2.server.proc.pid, signal.SIGCONT)
         fn, req_cls, _ = self.n1.cache.methods["Get"]
         fut = fn.future(req_cls(key=self.theirs))
@@ -215,7 +241,7 @@ class Forwarding(unittest.TestCase):
             n1, n2, n3 = cl.start(3)
             cl.wait_assigned(3)
             owners = poll(lambda: cl.owners(n1), lambda o: all(o.values()), what="table")
-            os.kill(n3.server.proc.pid, signal.SIGSTOP)
+            pause(n3)
             try:
                 get2, greq, _ = n2.cache.methods["Get"]
                 hold = get2.future(greq(key=key_owned_by(owners, "n3", 8)))
@@ -247,7 +273,7 @@ class Forwarding(unittest.TestCase):
             cl.wait_assigned(2)
             owners = poll(lambda: cl.owners(n1), lambda o: all(o.values()), what="table")
             keys = [key_owned_by(owners, "n1", 8), key_owned_by(owners, "n2", 8)]
-            os.kill(n2.server.proc.pid, signal.SIGSTOP)
+            pause(n2)
             try:
                 fn, req_cls, _ = n1.cache.methods["GetMany"]
                 with self.assertRaises(grpc.RpcError) as e:
@@ -273,9 +299,9 @@ class Forwarding(unittest.TestCase):
             set_fn, set_req, _ = n1.cache.methods["Set"]
             set_fn(set_req(key=key, value=make_value("before")), timeout=RPC)
             port = internal_port(n2)
-            os.kill(n2.server.proc.pid, signal.SIGSTOP)
+            pause(n2)
             fut = set_fn.future(set_req(key=key, value=make_value("lost?")), timeout=RPC)
-            poll(lambda: details(n1.server)["backpressure"]["inFlight"], lambda v: v == 1, what="the call in flight")
+            poll(lambda: in_flight(n1, fut), lambda v: v == 1, what="the call in flight")
             t0 = time.monotonic()
             n2.server.kill()
             with self.assertRaises(grpc.RpcError) as e:
@@ -316,11 +342,10 @@ class Forwarding(unittest.TestCase):
             set_fn, set_req, _ = n1.cache.methods["Set"]
             get, greq, _ = n1.cache.methods["Get"]
             set_fn(set_req(key=k2, value=make_value("v")), timeout=RPC)  # n1's stream to n2 is open
-            os.kill(n2.server.proc.pid, signal.SIGSTOP)
+            pause(n2)
             try:
                 fut = set_fn.future(set_req(key=k2, value=make_value("across the rotation")), timeout=RPC)
-                poll(lambda: details(n1.server)["backpressure"]["inFlight"], lambda v: v == 1,
-                     what="the call in flight")
+                poll(lambda: in_flight(n1, fut), lambda v: v == 1, what="the call in flight")
                 cert, key = cl.ca.issue("n1")
                 for src, dst in ((key, n1.key), (cert, n1.cert)):
                     shutil.copy(src, dst + ".new")
