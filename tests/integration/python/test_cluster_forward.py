@@ -363,6 +363,19 @@ class Forwarding(unittest.TestCase):
             for n in (n1, n2, n3):
                 n.server.stop()
 
+    def test_a_stopping_owner_ends_the_peer_streams_instead_of_waiting_for_them(self):
+        with Cluster(partitions=8, initial_nodes=2) as cl:
+            n1, n2 = cl.start(2)
+            cl.wait_assigned(2)
+            owners = poll(lambda: cl.owners(n1), lambda o: all(o.values()), what="table")
+            set_fn, set_req, _ = n1.cache.methods["Set"]
+            set_fn(set_req(key=key_owned_by(owners, "n2", 8), value=make_value("v")), timeout=RPC)
+            # n1's stream to n2 is open and stays open: n2's internal listener must not wait for it
+            n2.server.stop()
+            self.assertFalse(n2.server.find_log(lambda r: "outlived the shutdown timeout" in r.get("msg", "")),
+                             n2.server.log_text()[-2000:])
+            n1.server.stop()
+
 
 if __name__ == "__main__":
     main()
