@@ -282,7 +282,9 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
     atomic_store(&d->refs, 1);
     atomic_fetch_add(&s->refs, 1);
     drey_arena_init(&d->arena, d->arena_buf, sizeof d->arena_buf);
-    d->deadline_ns = c->timeout_us > 0 ? drey_mono_ns() + c->timeout_us * 1000 : INT64_MAX;
+    int64_t now = drey_mono_ns();
+    d->deadline_ns = c->timeout_us <= 0 || c->timeout_us > (INT64_MAX - now) / 1000 ? INT64_MAX
+                                                                                    : now + c->timeout_us * 1000;
     pthread_mutex_lock(&s->mu);
     d->next = s->head;
     if (s->head != NULL)
