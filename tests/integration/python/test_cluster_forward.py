@@ -5,12 +5,15 @@ certificate of the cluster's CA: a frame becomes a request of the owner's
 chain with the stream's certificate as its peer identity (a frame that
 claims another node is refused), an unknown method, a request that does not
 decode and a deadline already gone are answered per frame without ending the
-stream, several frames in one message are answered by id, and a Cancel
-frame, a propagated deadline or the stream's end stop a request that waits
-for a slot. Through real forwarding: a caller that goes away cancels the
-call waiting on the owner, a GetMany whose owner never answers gives its
-slot back at its deadline, and a call in flight when the owner dies fails
-UNAVAILABLE at once (never retried); the next one opens a new stream.
+stream, several frames in one message are answered by id, a stream message
+that does not decode ends only that stream, and a Cancel frame, a propagated
+deadline or the stream's end stop a request that waits for a slot. Through
+real forwarding: a caller that goes away cancels the call waiting on the
+owner, a GetMany whose owner never answers gives its slot back at its
+deadline, a call in flight when the owner dies fails UNAVAILABLE at once
+(never retried) and the next one opens a new stream, a certificate rotation
+fails no call in flight, and a stopping owner ends the streams rather than
+waiting its shutdown timeout for them.
 """
 import os
 import queue
@@ -186,6 +189,20 @@ class Frames(unittest.TestCase):
             a = s.answer(id_)
             self.assertEqual((a.code, s.reason(a)),
                              (grpc.StatusCode.UNAUTHENTICATED.value[0], "PEER_UNAUTHENTICATED"), id_)
+
+    def test_a_stream_message_that_does_not_decode_ends_the_stream(self):
+        ch = peer_channel(self.cluster, self.n1, "n9")
+        self.addCleanup(ch.close)
+        stub = ch.stream_stream(FORWARD, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        call = stub(iter([b"\x0a\xff\xff\xff"]), timeout=RPC)
+        with self.assertRaises(grpc.RpcError) as e:
+            next(call)
+        f = RpcFailure(e.exception)
+        self.assertEqual((f.code, f.reason), (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"))
+        # n1 still takes streams
+        s = self.stream()
+        s.send(s.call_frame(1, GET, self.get_request(self.mine), [("drey-forwarded-by", "n9")]))
+        self.assertEqual(s.answer(1).code, 0)
 
     def test_a_stream_needs_a_certificate_of_the_cluster(self):
         with grpc.insecure_channel("127.0.0.1:%d" % internal_port(self.n1)) as ch:
