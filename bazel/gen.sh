@@ -54,6 +54,7 @@ compiled=(
   "${served[@]}"
   drey/journal/v1/journal.proto
   drey/internal/v1/meta.proto
+  drey/internal/v1/peer.proto
   google/protobuf/any.proto
   google/protobuf/duration.proto
   google/protobuf/timestamp.proto

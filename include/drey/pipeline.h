@@ -14,8 +14,9 @@
  * The chain does not know where a request came from. A request is a door
  * (a small table of operations: reply, fail, metadata, peer, deadline,
  * cancellation) plus the method and the decoded message. The gRPC server is
- * one door (drey_pipeline_serve); a peer that forwards a call or a record
- * replicated from a primary are others, and unit tests use an in-memory one.
+ * one door (drey_pipeline_serve), a frame of a peer's forwarding stream
+ * another; a record replicated from a primary is to be a third, and unit
+ * tests use an in-memory one.
  */
 #ifndef DREY_PIPELINE_H
 #define DREY_PIPELINE_H
@@ -154,8 +155,16 @@ void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
 
 /* Binds every method of the table to the gRPC server: the server's door.
  * internal: the cluster's listener, whose callers are peers that
- * authenticate with mutual TLS (and forward calls). */
+ * authenticate with mutual TLS; it also serves drey.internal.v1.Peer/Forward,
+ * the stream peers forward calls on, whose frames are requests of a door of
+ * their own (src/pipeline/peer.c). */
 bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
+
+/* The internal listener is about to stop: each peer stream ends once the
+ * requests it brought are answered (they were sent before this node left
+ * the membership), instead of holding the listener's shutdown until its
+ * timeout. */
+void drey_pipeline_drain_peers(drey_pipeline *p);
 
 /* A door's request: fills the door's part of r (which the door allocates,
  * typically zeroed in its own arena). */

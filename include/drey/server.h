@@ -42,6 +42,11 @@ typedef struct drey_server_method {
     const char *path;                        /* "/pkg.Service/Method" */
     const ProtobufCMessageDescriptor *input; /* the request type */
     bool client_streaming, server_streaming;
+    /* Streaming: messages queued while a send is in flight go out as one
+     * message, their bytes concatenated. For a message made of one repeated
+     * field that is the message holding all their elements (the peer
+     * stream batches its answers so). */
+    bool concatenate_sends;
     void (*unary)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_done)(void *ctx, drey_call *call);
@@ -132,6 +137,9 @@ void drey_call_relay(drey_call *c, const drey_call_answer *a);
 
 /* Streaming: queue a message (false once the call is over). */
 bool drey_call_send(drey_call *c, const ProtobufCMessage *message);
+/* Streaming: queue a message already serialized (a stream that batches
+ * several into one, as the peer stream does). The bytes are copied. */
+bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len);
 /* Streaming: end the call after the queued messages; st NULL means OK. */
 void drey_call_finish(drey_call *c, const drey_status *st);
 

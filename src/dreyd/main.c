@@ -317,7 +317,11 @@ int main(int argc, char **argv, char **envp) {
         drey_server_options io = {
             .listen = cfg.internal_listen,
             .workers = workers,
-            .max_recv_message_bytes = cfg.max_recv_message_bytes,
+            /* A peer stream message is a batch of forwarded requests (up to
+             * 256 KiB) or one request with its frame: room for either. */
+            .max_recv_message_bytes = cfg.max_recv_message_bytes < INT32_MAX - (1 << 20)
+                                          ? cfg.max_recv_message_bytes + (1 << 20)
+                                          : INT32_MAX,
             .tls_cert = cfg.internal_tls_cert,
             .tls_key = cfg.internal_tls_key,
             .tls_client_ca = cfg.internal_tls_ca,
@@ -484,8 +488,10 @@ int main(int argc, char **argv, char **envp) {
      * flight still finish. */
     drey_cluster_leave(cluster);
     drey_server_shutdown(server, cfg.shutdown_timeout_ms);
-    if (internal != NULL)
+    if (internal != NULL) {
+        drey_pipeline_drain_peers(pipeline);
         drey_server_shutdown(internal, cfg.shutdown_timeout_ms);
+    }
     drey_cache_stop_expiry(cache);
 
 out:

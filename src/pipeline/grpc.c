@@ -88,5 +88,5 @@ bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal) {
         if (!drey_server_add_method(s, &sm))
             return false;
     }
-    return true;
+    return !internal || drey_pipeline__serve_peers(p, s);
 }

@@ -43,6 +43,7 @@ struct drey_pipeline {
     drey_journal *journal;
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
+    struct peer_streams *peers;  /* the peer stream door's (peer.c) */
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
@@ -56,6 +57,7 @@ void drey_pipeline_destroy(drey_pipeline *p) {
         return;
     free(p->bindings[0]);
     free(p->bindings[1]);
+    drey_pipeline__free_peers(p->peers);
     free(p);
 }
 
@@ -91,6 +93,15 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p) {
 void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b) {
     free(p->bindings[internal]);
     p->bindings[internal] = b;
+}
+
+void drey_pipeline__set_peers(drey_pipeline *p, struct peer_streams *ps) {
+    drey_pipeline__free_peers(p->peers);
+    p->peers = ps;
+}
+
+struct peer_streams *drey_pipeline__peers(const drey_pipeline *p) {
+    return p->peers;
 }
 
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {

@@ -24,6 +24,13 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p);
 struct binding;
 void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b);
 
+/* The peer stream's door (peer.c) on the internal listener. */
+bool drey_pipeline__serve_peers(drey_pipeline *p, drey_server *s);
+struct peer_streams;
+void drey_pipeline__set_peers(drey_pipeline *p, struct peer_streams *ps);
+struct peer_streams *drey_pipeline__peers(const drey_pipeline *p);
+void drey_pipeline__free_peers(struct peer_streams *ps);
+
 /* A status in the request's arena, for a rejecting stage. */
 drey_status *drey_pipeline__status(drey_request *r, drey_error e);
 

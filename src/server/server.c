@@ -358,6 +358,33 @@ void drey_call_fail(drey_call *c, const drey_status *st) {
     unary_finish(c, NULL, st);
 }
 
+#define MAX_CONCATENATED 256
+
+/* first and the messages queued after it (up to MAX_CONCATENATED) as one
+ * buffer of their slices; no copy, as each queued message is one slice.
+ * Called with c->mu. */
+static grpc_byte_buffer *concatenate_locked(drey_call *c, grpc_byte_buffer *first) {
+    grpc_slice slices[MAX_CONCATENATED];
+    size_t n = 0;
+    grpc_byte_buffer *bb = first;
+    for (;;) {
+        slices[n++] = flatten(bb);
+        grpc_byte_buffer_destroy(bb);
+        out_msg *m = c->q_head;
+        if (m == NULL || n == MAX_CONCATENATED)
+            break;
+        c->q_head = m->next;
+        if (c->q_head == NULL)
+            c->q_tail = NULL;
+        bb = m->bb;
+        free(m);
+    }
+    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(slices, n);
+    for (size_t i = 0; i < n; i++)
+        grpc_slice_unref(slices[i]);
+    return out;
+}
+
 /* Streaming: starts the next send if none is in flight. Called with c->mu. */
 static void pump_locked(drey_call *c) {
     if (c->sending || c->status_sent)
@@ -379,6 +406,8 @@ static void pump_locked(drey_call *c) {
             grpc_byte_buffer_destroy(c->reply_bb);
         c->reply_bb = m->bb;
         free(m);
+        if (c->method->spec.concatenate_sends && c->q_head != NULL)
+            c->reply_bb = concatenate_locked(c, c->reply_bb);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = c->reply_bb;
         c->sending = true;
@@ -405,6 +434,26 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message) {
         out_msg *m = drey_xmalloc(sizeof *m);
         m->next = NULL;
         m->bb = pack_message(message);
+        if (c->q_tail != NULL)
+            c->q_tail->next = m;
+        else
+            c->q_head = m;
+        c->q_tail = m;
+        pump_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return open;
+}
+
+bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len) {
+    pthread_mutex_lock(&c->mu);
+    bool open = !atomic_load(&c->closed) && !c->finish_wanted;
+    if (open) {
+        out_msg *m = drey_xmalloc(sizeof *m);
+        m->next = NULL;
+        grpc_slice slice = grpc_slice_from_copied_buffer((const char *)data, len);
+        m->bb = grpc_raw_byte_buffer_create(&slice, 1);
+        grpc_slice_unref(slice);
         if (c->q_tail != NULL)
             c->q_tail->next = m;
         else
