@@ -56,11 +56,14 @@ static uint8_t *copy_bytes(const uint8_t *p, size_t n) {
     return b;
 }
 
+/* Not in the request's arena: answering the request frees that. */
 static void fan_free(fan *f) {
     for (size_t i = 0; i < f->n; i++) {
         free(f->slots[i].bytes);
         free(f->slots[i].message);
     }
+    free(f->slots);
+    free(f);
 }
 
 /* The answers arrive on the peers' threads: each keeps its own copy, and
@@ -103,17 +106,18 @@ static bool relay_failure(fan *f) {
  * reached. */
 static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cluster__topology *t,
                                  void (*gathered)(fan *f)) {
-    fan *f = drey_arena_calloc(r->arena, sizeof *f);
+    fan *f = drey_xcalloc(1, sizeof *f);
     f->c = c;
     f->r = r;
     f->gathered = gathered;
-    f->slots = drey_arena_calloc(r->arena, (t->n_nodes ? t->n_nodes : 1) * sizeof *f->slots);
+    f->slots = drey_xcalloc(t->n_nodes ? t->n_nodes : 1, sizeof *f->slots);
     const drey_cluster__node **to = drey_arena_alloc(r->arena, (t->n_nodes ? t->n_nodes : 1) * sizeof *to);
     for (size_t i = 0; i < t->n_nodes; i++) {
         if (t->nodes[i].member && t->nodes[i].internal[0] != '\0')
             to[f->n++] = &t->nodes[i];
     }
     if (f->n == 0) {
+        fan_free(f);
         r->status = drey_arena_alloc(r->arena, sizeof *r->status);
         drey_status_init(r->status);
         drey_status_set(r->status, DREY_ERR_PARTITION_UNAVAILABLE);
