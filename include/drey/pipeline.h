@@ -70,6 +70,9 @@ typedef struct drey_pipeline_options {
      * NULL: a single node, everything runs here. */
     drey_stage_result (*route)(void *ctx, drey_request *r);
     void *route_ctx;
+    /* drey.cache.v1.Cache/Pipeline: operations of one stream read and not
+     * yet answered (0: 128). At the window the stream is not read. */
+    size_t pipeline_window;
 } drey_pipeline_options;
 
 /* Another node's answer to a forwarded request, as it came: passed on to
@@ -148,6 +151,9 @@ void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
  * internal: the cluster's listener, whose callers are peers that
  * authenticate with mutual TLS (and forward calls). */
 bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
+/* (The public listener also gets drey.cache.v1.Cache/Pipeline: a stream
+ * door, src/pipeline/stream.c, whose every operation is a request of its
+ * own through this chain.) */
 
 /* A door's request: fills the door's part of r (which the door allocates,
  * typically zeroed in its own arena). */

@@ -86,5 +86,6 @@ bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal) {
         if (!drey_server_add_method(s, &sm))
             return false;
     }
-    return true;
+    /* Pipelines are for clients: peers forward single calls. */
+    return internal || drey_pipeline__serve_stream(p, s);
 }

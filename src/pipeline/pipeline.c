@@ -43,6 +43,7 @@ struct drey_pipeline {
     drey_journal *journal;
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
+    struct stream_binding *stream; /* the Pipeline stream door's */
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
@@ -56,6 +57,7 @@ void drey_pipeline_destroy(drey_pipeline *p) {
         return;
     free(p->bindings[0]);
     free(p->bindings[1]);
+    free(p->stream);
     free(p);
 }
 
@@ -91,6 +93,11 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p) {
 void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b) {
     free(p->bindings[internal]);
     p->bindings[internal] = b;
+}
+
+void drey_pipeline__set_stream_binding(drey_pipeline *p, struct stream_binding *b) {
+    free(p->stream);
+    p->stream = b;
 }
 
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {

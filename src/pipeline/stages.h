@@ -24,6 +24,12 @@ drey_commit *drey_pipeline__commit(const drey_pipeline *p);
 struct binding;
 void drey_pipeline__set_bindings(drey_pipeline *p, bool internal, struct binding *b);
 
+/* drey.cache.v1.Cache/Pipeline on the server (src/pipeline/stream.c); its
+ * binding, one allocation, is freed with the pipeline. */
+struct stream_binding;
+bool drey_pipeline__serve_stream(drey_pipeline *p, drey_server *s);
+void drey_pipeline__set_stream_binding(drey_pipeline *p, struct stream_binding *b);
+
 /* A status in the request's arena, for a rejecting stage. */
 drey_status *drey_pipeline__status(drey_request *r, drey_error e);
 
