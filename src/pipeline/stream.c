@@ -11,8 +11,12 @@
  * stream that touches the same key (or the same whole cache) is unanswered
  * and one of the two writes, so a Get after a Set of its key sees the Set.
  * Everything else is submitted at once and overlaps: durable writes of one
- * stream meet in the journal's group commit. Keys are compared by hash; a
- * collision only serializes two ops that did not need it.
+ * stream meet in the journal's group commit. The stream keeps a table of
+ * its unanswered ops by (cache, key) hash, so finding what a new op waits
+ * for costs its own keys, not the window; each op counts what it waits for
+ * and is submitted when the count reaches zero. A hash collision only
+ * serializes two ops that did not need it. Ops on a whole cache (Scan,
+ * Clear, its figures) or every cache (ListCaches) are checked against all.
  *
  * Flow control counts ops, from being read until their result has been
  * handed to the transport: at --pipeline-window the door stops reading the
@@ -63,6 +67,23 @@ struct stream_binding {
 enum { OP_WAITING, OP_RUNNING, OP_DONE };
 
 typedef struct pstream pstream;
+struct pop;
+
+/* An op's key in the stream's table of unanswered ops by key. */
+typedef struct key_node {
+    struct pop *op;
+    uint64_t h;
+    struct key_node *next, **pprev;
+} key_node;
+
+/* "dependent waits for me", in the dependent's arena (it outlives the
+ * edge: it cannot be answered before what it waits for). */
+typedef struct dep_node {
+    struct pop *op;
+    struct dep_node *next;
+} dep_node;
+
+#define KEY_BUCKETS 1024
 
 typedef struct pop {
     drey_request r;
@@ -80,8 +101,12 @@ typedef struct pop {
     bool global;             /* every cache (ListCaches) */
     bool whole;              /* the whole cache (Scan, Clear, figures) */
     uint64_t cache_h;
-    uint64_t *keys;          /* key hashes */
+    struct key_node *keys;   /* one per key: (cache, key) hashes, linked in the stream's table */
     size_t n_keys;
+    size_t deps;             /* earlier unanswered ops this one waits for */
+    struct dep_node *dependents; /* later ops waiting for this one */
+    struct pop *ready_next;
+    struct pop *wide_next, **wide_pprev; /* the stream's unanswered whole-cache ops */
     int64_t deadline_ns;
     void (*cancel_fn)(void *arg);
     void *cancel_arg;
@@ -103,7 +128,9 @@ struct pstream {
     pop *head, *tail;        /* read and not yet sent, in stream order */
     size_t n_ops;
     size_t n_running;
-    size_t n_waiting;
+    pop *ready_head, *ready_tail; /* nothing holds them back; waiting for room in the window */
+    pop *wide;                /* unanswered ops on a whole cache or every cache */
+    key_node *buckets[KEY_BUCKETS];
     pop *submit_head, *submit_tail;
     bool submitting;         /* a thread is draining the submit queue */
     bool sending;            /* a response message is at the transport */
@@ -148,8 +175,8 @@ static void op_scope(pop *o, const ProtobufCMessage *m) {
     o->cache_h = hash_str(cache[0] != '\0' ? cache : "default");
     const char *key = string_field(m, "key");
     if (key != NULL) {
-        o->keys = drey_arena_alloc(&o->arena, sizeof *o->keys);
-        o->keys[0] = hash_str(key);
+        o->keys = drey_arena_calloc(&o->arena, sizeof *o->keys);
+        o->keys[0].h = hash_bytes(o->cache_h, key, strlen(key));
         o->n_keys = 1;
         return;
     }
@@ -157,9 +184,9 @@ static void op_scope(pop *o, const ProtobufCMessage *m) {
     if (fd != NULL && fd->label == PROTOBUF_C_LABEL_REPEATED && fd->type == PROTOBUF_C_TYPE_STRING) {
         size_t n = *(const size_t *)(const void *)((const char *)m + fd->quantifier_offset);
         char *const *keys = *(char *const *const *)(const void *)((const char *)m + fd->offset);
-        o->keys = drey_arena_alloc(&o->arena, (n > 0 ? n : 1) * sizeof *o->keys);
+        o->keys = drey_arena_calloc(&o->arena, (n > 0 ? n : 1) * sizeof *o->keys);
         for (size_t i = 0; i < n; i++)
-            o->keys[i] = hash_str(keys[i]);
+            o->keys[i].h = hash_bytes(o->cache_h, keys[i], strlen(keys[i]));
         o->n_keys = n;
         return;
     }
@@ -167,10 +194,10 @@ static void op_scope(pop *o, const ProtobufCMessage *m) {
     if (fd != NULL && fd->label == PROTOBUF_C_LABEL_REPEATED && fd->type == PROTOBUF_C_TYPE_MESSAGE) {
         size_t n = *(const size_t *)(const void *)((const char *)m + fd->quantifier_offset);
         ProtobufCMessage *const *entries = *(ProtobufCMessage *const *const *)(const void *)((const char *)m + fd->offset);
-        o->keys = drey_arena_alloc(&o->arena, (n > 0 ? n : 1) * sizeof *o->keys);
+        o->keys = drey_arena_calloc(&o->arena, (n > 0 ? n : 1) * sizeof *o->keys);
         for (size_t i = 0; i < n; i++) {
             const char *k = string_field(entries[i], "key");
-            o->keys[i] = hash_str(k != NULL ? k : "");
+            o->keys[i].h = hash_bytes(o->cache_h, k != NULL ? k : "", k != NULL ? strlen(k) : 0);
         }
         o->n_keys = n;
         return;
@@ -190,7 +217,7 @@ static bool conflicts(const pop *earlier, const pop *later) {
         return true;
     for (size_t i = 0; i < earlier->n_keys; i++) {
         for (size_t j = 0; j < later->n_keys; j++) {
-            if (earlier->keys[i] == later->keys[j])
+            if (earlier->keys[i].h == later->keys[j].h)
                 return true;
         }
     }
@@ -342,21 +369,90 @@ static void queue_submit_locked(pstream *s, pop *o) {
     s->submit_tail = o;
 }
 
-/* Submits, in stream order, every waiting op that no earlier unanswered op
- * holds back, while fewer than the window run. */
+static void ready_locked(pstream *s, pop *o) {
+    o->ready_next = NULL;
+    if (s->ready_tail != NULL)
+        s->ready_tail->ready_next = o;
+    else
+        s->ready_head = o;
+    s->ready_tail = o;
+}
+
+/* Queues the ready ops for submission while fewer than the window run. */
 static void schedule_locked(pstream *s) {
-    if (s->n_waiting == 0 || s->n_running >= s->b->window)
-        return;
-    for (pop *o = s->head; o != NULL && s->n_running < s->b->window; o = o->next) {
-        if (o->state != OP_WAITING)
-            continue;
-        bool held = false;
-        for (pop *e = s->head; e != o && !held; e = e->next)
-            held = e->state != OP_DONE && conflicts(e, o);
-        if (!held) {
-            s->n_waiting--;
-            queue_submit_locked(s, o);
+    while (s->ready_head != NULL && s->n_running < s->b->window) {
+        pop *o = s->ready_head;
+        s->ready_head = o->ready_next;
+        if (s->ready_head == NULL)
+            s->ready_tail = NULL;
+        queue_submit_locked(s, o);
+    }
+}
+
+static void depend_locked(pop *earlier, pop *later, dep_node *node) {
+    node->op = later;
+    node->next = earlier->dependents;
+    earlier->dependents = node;
+    later->deps++;
+}
+
+/* A new op (the tail of the stream): records what it must wait for, and
+ * enters the stream's table. Reads after reads overlap; a write waits for
+ * every earlier unanswered op on its keys, a read for the writes. Whole-
+ * cache ops are checked against everything (they are rare). */
+static void admit_locked(pstream *s, pop *o) {
+    if (o->whole || o->global) {
+        for (pop *e = s->head; e != o; e = e->next) {
+            if (e->state != OP_DONE && conflicts(e, o))
+                depend_locked(e, o, drey_arena_alloc(&o->arena, sizeof(dep_node)));
         }
+        o->wide_next = s->wide;
+        if (s->wide != NULL)
+            s->wide->wide_pprev = &o->wide_next;
+        o->wide_pprev = &s->wide;
+        s->wide = o;
+    } else {
+        for (pop *w = s->wide; w != NULL; w = w->wide_next) {
+            if (conflicts(w, o))
+                depend_locked(w, o, drey_arena_alloc(&o->arena, sizeof(dep_node)));
+        }
+        for (size_t i = 0; i < o->n_keys; i++) {
+            key_node *k = &o->keys[i];
+            key_node **b = &s->buckets[k->h % KEY_BUCKETS];
+            for (key_node *e = *b; e != NULL; e = e->next) {
+                /* An op naming a key twice must not wait for itself. */
+                if (e->h == k->h && e->op != o && (e->op->write || o->write))
+                    depend_locked(e->op, o, drey_arena_alloc(&o->arena, sizeof(dep_node)));
+            }
+            k->op = o;
+            k->next = *b;
+            if (*b != NULL)
+                (*b)->pprev = &k->next;
+            k->pprev = b;
+            *b = k;
+        }
+    }
+    if (o->deps == 0)
+        ready_locked(s, o);
+}
+
+/* An op was answered: it leaves the table and what waited for it only on
+ * it becomes ready. */
+static void release_locked(pstream *s, pop *o) {
+    for (size_t i = 0; i < o->n_keys; i++) {
+        key_node *k = &o->keys[i];
+        *k->pprev = k->next;
+        if (k->next != NULL)
+            k->next->pprev = k->pprev;
+    }
+    if (o->wide_pprev != NULL) {
+        *o->wide_pprev = o->wide_next;
+        if (o->wide_next != NULL)
+            o->wide_next->wide_pprev = o->wide_pprev;
+    }
+    for (dep_node *d = o->dependents; d != NULL; d = d->next) {
+        if (--d->op->deps == 0)
+            ready_locked(s, d->op);
     }
 }
 
@@ -461,6 +557,7 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
             stream_free(s);
         return;
     }
+    release_locked(s, o);
     schedule_locked(s);
     emit_locked(s);
     resume_locked(s);
@@ -517,7 +614,7 @@ static pop *op_new(pstream *s, const Drey__Cache__V1__PipelineOperation *in, int
     if (k == NULL) {
         drey_status st;
         drey_status_init(&st);
-        drey_status_set(&st, c == 0 ? DREY_ERR_MALFORMED_REQUEST : DREY_ERR_UNKNOWN_METHOD);
+        drey_status_set(&st, DREY_ERR_MALFORMED_REQUEST); /* no request set */
         Drey__Cache__V1__PipelineResult *res = result_of(o);
         op_fail_status(o, res, &st);
         o->result = res;
@@ -572,12 +669,16 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
     pthread_mutex_lock(&s->mu);
     s->refs += req->n_operations;
     s->n_ops += req->n_operations;
-    s->n_waiting += req->n_operations;
-    if (s->tail != NULL)
-        s->tail->next = first;
-    else
-        s->head = first;
-    s->tail = last;
+    for (pop *o = first, *next; o != NULL; o = next) {
+        next = o->next;
+        o->next = NULL;
+        if (s->tail != NULL)
+            s->tail->next = o;
+        else
+            s->head = o;
+        s->tail = o;
+        admit_locked(s, o);
+    }
     schedule_locked(s);
     if (s->n_ops >= b->window && !s->paused) {
         s->paused = true;
@@ -624,6 +725,7 @@ static void on_done(void *ctx, drey_call *call) {
     }
     s->head = s->tail = NULL;
     s->submit_head = s->submit_tail = NULL;
+    s->ready_head = s->ready_tail = NULL;
     s->refs--; /* the call's */
     bool free_now = s->refs == 0;
     pthread_mutex_unlock(&s->mu);

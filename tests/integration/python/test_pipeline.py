@@ -37,7 +37,8 @@ def status_failure_fields(status, pb):
 
 
 class PipelineCase(DreyTestCase):
-    SERVER_FLAGS = ()
+    SERVER_FLAGS = ("--pipeline-window=1024", "--max-inflight=2048", "--principal-max-inflight=1024",
+                    "--principal-max-queued=1024")
 
     def op(self, id, **kw):
         return self.pb.cache.PipelineOperation(id=id, **kw)
@@ -86,6 +87,33 @@ class PipelineCase(DreyTestCase):
         # what the stream wrote is what unary calls see
         self.assertEqual(self.get_value(other), b"x")
 
+    def test_whole_cache_operations_keep_stream_order(self):
+        c = self.pb.cache
+        cache = "wc" + self.key()[-8:]
+        s = self.stream()
+        s.send(self.req(
+            self.op(1, set=c.SetRequest(cache=cache, key="a", value=make_value(b"1"))),
+            self.op(2, set=c.SetRequest(cache=cache, key="b", value=make_value(b"2"))),
+            self.op(3, scan=c.ScanRequest(cache=cache, limit=1000)),
+            self.op(4, clear=c.ClearRequest(cache=cache)),
+            self.op(5, get_many=c.GetManyRequest(cache=cache, keys=["a", "a", "b"])),
+            self.op(6, set_many=c.SetManyRequest(cache=cache, entries=[
+                c.SetManyRequest.Entry(key="a", value=make_value(b"3"))])),
+            self.op(7, get_cache_stats=c.GetCacheStatsRequest(cache=cache)),
+            self.op(8, list_caches=c.ListCachesRequest()),
+            self.op(9, get=c.GetRequest(cache=cache, key="a")),
+        ))
+        got = self.results(s, 9)
+        self.assertEqual([r.id for r in got], list(range(1, 10)))
+        for r in got:
+            self.assertEqual(r.status.code, 0, r)
+        self.assertEqual(sorted(i.key for i in got[2].scan.items), ["a", "b"])
+        self.assertEqual([x.found for x in got[4].get_many.results], [False, False, False])
+        self.assertEqual(got[6].get_cache_stats.entries, 1)
+        self.assertIn(cache, [x.cache for x in got[7].list_caches.caches])
+        self.assertEqual(value_of(got[8].get.value), b"3")
+        s.close()
+
     def test_a_refused_operation_fails_alone_with_the_unary_details(self):
         c = self.pb.cache
         k = self.key()
@@ -123,6 +151,39 @@ class PipelineCase(DreyTestCase):
         self.assertFalse(got[1].get.found)
         s.close()
 
+    def test_a_response_message_holds_at_most_512_results(self):
+        c = self.pb.cache
+        s = self.stream()
+        s.send(self.req(*[self.op(i, get=c.GetRequest(key="m%d" % i)) for i in range(1000)]))
+        sizes, ids = [], []
+        while len(ids) < 1000:
+            m = s.recv()
+            sizes.append(len(m.results))
+            ids.extend(r.id for r in m.results)
+        self.assertEqual(ids, list(range(1000)))
+        self.assertLessEqual(max(sizes), 512, sizes)
+        s.close()
+
+    def test_large_answers_are_split_below_the_clients_message_limit(self):
+        c = self.pb.cache
+        k = self.key()
+        big = b"x" * (200 * 1024)
+        self.set(k, big)
+        s = self.stream()
+        n = 40  # 8 MB of answers: one message would pass grpcio's 4 MiB limit
+        s.send(self.req(*[self.op(i, get=c.GetRequest(key=k)) for i in range(n)]))
+        messages, got = 0, 0
+        while got < n:
+            m = s.recv()
+            messages += 1
+            self.assertLess(m.ByteSize(), (1 << 20) + len(big) + 1024)
+            for r in m.results:
+                self.assertEqual(r.id, got)
+                self.assertEqual(value_of(r.get.value), big)
+                got += 1
+        self.assertGreaterEqual(messages, 7)
+        s.close()
+
     def test_a_stream_of_100000_operations(self):
         c = self.pb.cache
         n, per = 100000, 500
@@ -157,6 +218,37 @@ class PipelineCase(DreyTestCase):
         t.join(timeout=300)
         self.assertFalse(t.is_alive(), "the reader did not finish")
         self.assertEqual(errors, [])
+        self.assertEqual(s.close(), [])
+
+
+class PipelineBudgetCase(DreyTestCase):
+    """Each operation takes its own ticket: a stream whose window is larger
+    than its principal's budget gets refusals, per operation, and goes on."""
+
+    SERVER_FLAGS = ("--pipeline-window=1024", "--principal-max-inflight=4", "--principal-max-queued=0")
+
+    def test_operations_beyond_the_principals_budget_are_refused_one_by_one(self):
+        c = self.pb.cache
+        s = BidiStream(self.cache.Pipeline, timeout=60)
+        self.addCleanup(s.cancel)
+        n = 300
+        s.send(c.PipelineRequest(operations=[
+            c.PipelineOperation(id=i, set=c.SetRequest(key="b%d" % i, value=make_value(b"v"))) for i in range(n)]))
+        got = []
+        while len(got) < n:
+            got.extend(s.recv().results)
+        self.assertEqual([r.id for r in got], list(range(n)))
+        ok = [r for r in got if r.status.code == 0]
+        refused = [r for r in got if r.status.code != 0]
+        self.assertGreaterEqual(len(ok), 4)
+        self.assertTrue(refused, "300 durable sets at once within a budget of 4")
+        for r in refused:
+            self.assertEqual(r.status.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+            self.assertEqual(status_failure_fields(r.status, self.pb)[0], "PRINCIPAL_CONCURRENCY_LIMIT")
+            self.assertTrue(any(d.Is(self.pb.error_details.RetryInfo.DESCRIPTOR) for d in r.status.details))
+        # a refused set left no trace; an admitted one is there
+        self.assertFalse(self.get("b%d" % refused[0].id).found)
+        self.assertTrue(self.get("b%d" % ok[0].id).found)
         self.assertEqual(s.close(), [])
 
 
