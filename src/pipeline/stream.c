@@ -95,6 +95,8 @@ typedef struct pop {
     struct pop *cancel_next;
     int state;
     bool started;            /* submitted to the chain */
+    bool in_submit;          /* drey_pipeline_submit has not returned: the chain may still touch it */
+    bool released;           /* the stream let it go: sent, or the stream is over */
     bool pinned;             /* on_done is running its cancellation hook */
     atomic_bool answered;    /* reply, fail or relay has begun */
     bool write;
@@ -108,8 +110,10 @@ typedef struct pop {
     struct pop *ready_next;
     struct pop *wide_next, **wide_pprev; /* the stream's unanswered whole-cache ops */
     int64_t deadline_ns;
-    void (*cancel_fn)(void *arg);
+    void (*cancel_fn)(void *arg); /* the chain's hook, under s->mu */
     void *cancel_arg;
+    void (*hook_fn)(void *arg);   /* on_done's copy, run unlocked */
+    void *hook_arg;
     Drey__Cache__V1__PipelineResult *result;
     size_t result_bytes;
     drey_arena arena;
@@ -237,6 +241,17 @@ static void stream_free(pstream *s) {
     for (size_t i = 0; i < N_KEPT; i++)
         free(s->md[i]);
     free(s);
+}
+
+/* Frees o once nothing can touch it any more: the stream let it go, it is
+ * answered, no submit that may still touch it is under way and no
+ * cancellation hook is running for it. Under s->mu; true when that was the
+ * stream's last reference (the caller frees the stream after unlocking). */
+static bool settle_locked(pstream *s, pop *o) {
+    if (!o->released || o->state != OP_DONE || o->in_submit || o->pinned)
+        return false;
+    op_free(o);
+    return --s->refs == 0;
 }
 
 static Drey__Cache__V1__PipelineResult *result_of(pop *o) {
@@ -489,12 +504,12 @@ static void emit_locked(pstream *s) {
     for (size_t i = 0; i < n; i++) {
         pop *done = s->head;
         s->head = done->next;
-        op_free(done);
+        done->released = true;
+        settle_locked(s, done); /* never the last: the call holds one */
     }
     if (s->head == NULL)
         s->tail = NULL;
     s->n_ops -= n;
-    s->refs -= n;
 }
 
 static void resume_locked(pstream *s) {
@@ -505,35 +520,42 @@ static void resume_locked(pstream *s) {
 }
 
 /* Submits what the queue holds; one thread at a time, so an op answered at
- * once (a read) that frees the next does not recurse into it. */
+ * once (a read) that frees the next does not recurse into it. The caller
+ * holds a reference on the stream for it (taken under s->mu), which this
+ * drops. */
 static void drain(pstream *s) {
     pthread_mutex_lock(&s->mu);
-    if (s->submitting) {
-        pthread_mutex_unlock(&s->mu);
-        return;
-    }
-    s->submitting = true;
-    for (;;) {
-        pop *o = s->submit_head;
-        if (o == NULL)
-            break;
-        s->submit_head = o->submit_next;
-        if (s->submit_head == NULL)
-            s->submit_tail = NULL;
-        o->started = true;
-        pthread_mutex_unlock(&s->mu);
-        if (o->result != NULL) {
-            /* Refused by the door itself (no request, an unknown one). */
-            complete(o, o->result);
-        } else if (o->deadline_ns <= drey_mono_ns()) {
-            door_fail(o, drey_pipeline__status(&o->r, DREY_ERR_DEADLINE_EXCEEDED));
-        } else {
-            drey_pipeline_submit(s->b->pipeline, &o->r);
+    if (!s->submitting) {
+        s->submitting = true;
+        for (pop *o; (o = s->submit_head) != NULL;) {
+            s->submit_head = o->submit_next;
+            if (s->submit_head == NULL)
+                s->submit_tail = NULL;
+            o->started = true;
+            /* A stage may still touch the request after it was answered
+             * (another thread can resume a parked one and answer it before
+             * the stage that parked it returns): it is freed only once
+             * submit has returned. */
+            o->in_submit = true;
+            pthread_mutex_unlock(&s->mu);
+            if (o->result != NULL) {
+                /* Refused by the door itself (no request set). */
+                complete(o, o->result);
+            } else if (o->deadline_ns <= drey_mono_ns()) {
+                door_fail(o, drey_pipeline__status(&o->r, DREY_ERR_DEADLINE_EXCEEDED));
+            } else {
+                drey_pipeline_submit(s->b->pipeline, &o->r);
+            }
+            pthread_mutex_lock(&s->mu);
+            o->in_submit = false;
+            settle_locked(s, o); /* never the last: ours is held */
         }
-        pthread_mutex_lock(&s->mu);
+        s->submitting = false;
     }
-    s->submitting = false;
+    bool last = --s->refs == 0;
     pthread_mutex_unlock(&s->mu);
+    if (last)
+        stream_free(s);
 }
 
 /* An op is answered (any thread). */
@@ -547,21 +569,19 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
     s->n_running--;
     if (s->call == NULL) {
         /* The stream is over: nobody reads the answer. */
-        bool free_op = !o->pinned, free_stream = false;
-        if (free_op)
-            free_stream = --s->refs == 0;
+        bool last = settle_locked(s, o);
         pthread_mutex_unlock(&s->mu);
-        if (free_op)
-            op_free(o);
-        if (free_stream)
+        if (last)
             stream_free(s);
         return;
     }
     release_locked(s, o);
     schedule_locked(s);
-    emit_locked(s);
+    emit_locked(s); /* may free o */
     resume_locked(s);
     bool more = s->submit_head != NULL;
+    if (more)
+        s->refs++; /* drain's */
     pthread_mutex_unlock(&s->mu);
     if (more)
         drain(s);
@@ -684,6 +704,7 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
         s->paused = true;
         drey_call_pause_reading(call);
     }
+    s->refs++; /* drain's */
     pthread_mutex_unlock(&s->mu);
     drain(s);
 }
@@ -708,15 +729,23 @@ static void on_done(void *ctx, drey_call *call) {
     s->call = NULL;
     for (pop *o = s->head, *next; o != NULL; o = next) {
         next = o->next;
+        o->released = true;
         if (o->state == OP_RUNNING && o->started) {
-            /* Answered later, by whoever runs it; then freed. */
+            /* Answered later, by whoever runs it; freed then. */
             if (o->cancel_fn != NULL && !atomic_load(&o->answered)) {
                 o->pinned = true;
+                o->hook_fn = o->cancel_fn;
+                o->hook_arg = o->cancel_arg;
                 o->cancel_next = cancel;
                 cancel = o;
             }
             continue;
         }
+        if (o->state == OP_DONE) {
+            settle_locked(s, o); /* unless a submit still runs: then it frees it */
+            continue;
+        }
+        /* Never submitted: nothing else knows it. */
         if (o->state == OP_RUNNING)
             s->n_running--;
         o->next = drop;
@@ -727,34 +756,27 @@ static void on_done(void *ctx, drey_call *call) {
     s->submit_head = s->submit_tail = NULL;
     s->ready_head = s->ready_tail = NULL;
     s->refs--; /* the call's */
-    bool free_now = s->refs == 0;
+    bool last = s->refs == 0;
     pthread_mutex_unlock(&s->mu);
     for (pop *o = drop, *next; o != NULL; o = next) {
         next = o->next;
         op_free(o);
     }
+    /* The hooks run unlocked: one may answer its op at once, which locks.
+     * A pinned op stays allocated meanwhile, answered or not. */
     for (pop *o = cancel; o != NULL; o = o->cancel_next)
-        o->cancel_fn(o->cancel_arg);
+        o->hook_fn(o->hook_arg);
     if (cancel != NULL) {
         pthread_mutex_lock(&s->mu);
-        pop *freed = NULL;
         for (pop *o = cancel, *next; o != NULL; o = next) {
             next = o->cancel_next;
             o->pinned = false;
-            if (o->state == OP_DONE) {
-                o->cancel_next = freed;
-                freed = o;
-                s->refs--;
-            }
+            settle_locked(s, o);
         }
-        free_now = s->refs == 0;
+        last = s->refs == 0;
         pthread_mutex_unlock(&s->mu);
-        for (pop *o = freed, *next; o != NULL; o = next) {
-            next = o->cancel_next;
-            op_free(o);
-        }
     }
-    if (free_now)
+    if (last)
         stream_free(s);
 }
 

@@ -20,7 +20,8 @@ from drey_harness import (CACHE_SERVICE, DOMAIN, HEALTH_SERVICE, REFLECTION_V1, 
                           DreyTestCase, ServiceClient, main, make_value, value_of)
 
 CACHE_FILE = "drey/cache/v1/cache.proto"
-CACHE_DEPS = {"google/protobuf/duration.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto"}
+CACHE_DEPS = {"google/protobuf/duration.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto",
+              "google/rpc/status.proto", "google/protobuf/any.proto"}
 SERVICES = {CACHE_SERVICE, HEALTH_SERVICE, REFLECTION_V1, REFLECTION_V1ALPHA}
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
