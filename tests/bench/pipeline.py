@@ -16,7 +16,10 @@ servers and the load generators share the machine's cores: compare ratios
 measured in one run, never a lone figure. This prints numbers; it asserts
 nothing.
 
-usage: tests/bench/pipeline.py [--duration=S] [--json=FILE]
+Every scenario runs in --rounds rounds (default 3) interleaved across the
+systems, and the round with the most operations/s is kept.
+
+usage: tests/bench/pipeline.py [--duration=S] [--rounds=N] [--json=FILE]
   (build first: bazel build //:dreyd //:drey-bench)
 """
 
@@ -148,60 +151,73 @@ def measure_redis(proc, port, test, depth, duration):
     return r
 
 
+DREY_MODES = (("unary x1", 1, 0), ("unary x16", 16, 0), ("unary x64", 64, 0), ("Pipeline depth 1", 1, 1),
+              ("Pipeline depth 16", 1, 16), ("Pipeline depth 64", 1, 64))
+
+
 def main():
-    duration, json_out = 3, None
+    duration, rounds, json_out = 3, 3, None
     for a in sys.argv[1:]:
         if a.startswith("--duration="):
             duration = int(a.split("=", 1)[1])
+        elif a.startswith("--rounds="):
+            rounds = int(a.split("=", 1)[1])
         elif a.startswith("--json="):
             json_out = a.split("=", 1)[1]
         else:
             sys.exit(__doc__)
     work = tempfile.mkdtemp(prefix="drey-pipeline-bench-")
     procs = []
-    rows = []
+    best = {}  # (op, system, mode) -> the round with the most operations/s
     try:
         dreyd, target = start_dreyd(work)
         procs.append(dreyd)
-        log("prefilling drey (%d keys)" % KEYS)
+        mem, mem_port = start_redis(work, "redis-mem", None)
+        procs.append(mem)
+        always, always_port = start_redis(work, "redis-always", "always")
+        procs.append(always)
+        log("prefilling (%d keys)" % KEYS)
         drey_bench(target, "set", 0, streams=16, pipeline=64,
                    extra=("--distribution=sequential", "--count=%d" % KEYS, "--duration=0"))
-        for op in ("get", "set"):
-            for label, streams, pipeline in (("unary x1", 1, 0), ("unary x16", 16, 0), ("unary x64", 64, 0), ("Pipeline depth 1", 1, 1),
-                                             ("Pipeline depth 16", 1, 16), ("Pipeline depth 64", 1, 64)):
-                r = measure_drey(dreyd, target, op, duration, streams, pipeline)
-                r.update(system="drey", op=op, mode=label)
-                rows.append(r)
-                log("drey %-4s %-18s %10.0f ops/s  server cpu %.2f us/op  errors %d"
-                    % (op, label, r["throughput"], r["server_cpu_us_per_op"], r["errors"]))
-        dreyd.terminate()
-        dreyd.wait(60)
-        procs.remove(dreyd)
-        for test, fsync, name in (("get", None, "redis-mem"), ("set", "always", "redis-always")):
-            proc, port = start_redis(work, name, fsync)
-            procs.append(proc)
-            if test == "get":
-                redis_benchmark(port, "set", 16, KEYS)
-            for depth in (1, 16, 64):
-                r = measure_redis(proc, port, test, depth, duration)
-                r.update(system="redis" + (" appendfsync always" if fsync else ""), op=test, mode="-P %d" % depth)
-                rows.append(r)
-                log("%-26s %-4s -P %-3d %10.0f ops/s  server cpu %.2f us/op"
-                    % (r["system"], test, depth, r["throughput"], r["server_cpu_us_per_op"]))
-            proc.terminate()
-            proc.wait(60)
-            procs.remove(proc)
+        redis_benchmark(mem_port, "set", 16, KEYS)
+        # Rounds interleave the systems: other work on a shared machine only
+        # slows a run down, so the best round of each is kept.
+        for rnd in range(1, rounds + 1):
+            for op in ("get", "set"):
+                runs = [("drey", op, label, lambda st=streams, pl=pipeline: measure_drey(dreyd, target, op, duration,
+                                                                                       st, pl))
+                        for label, streams, pipeline in DREY_MODES]
+                proc, port, system = ((mem, mem_port, "redis") if op == "get"
+                                      else (always, always_port, "redis appendfsync always"))
+                runs += [(system, op, "-P %d" % d, lambda d=d, proc=proc, port=port: measure_redis(proc, port, op, d,
+                                                                                                    duration))
+                         for d in (1, 16, 64)]
+                for system, op_, mode, fn in runs:
+                    r = fn()
+                    r.update(system=system, op=op_, mode=mode, round=rnd)
+                    log("round %d %-26s %-4s %-18s %10.0f ops/s  server cpu %.2f us/op"
+                        % (rnd, system, op_, mode, r["throughput"], r["server_cpu_us_per_op"]))
+                    k = (op_, system, mode)
+                    if k not in best or r["throughput"] > best[k]["throughput"]:
+                        best[k] = r
     finally:
         for p in procs:
-            p.kill()
-            p.wait()
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         shutil.rmtree(work, ignore_errors=True)
+    rows = list(best.values())
     print("| op | system | mode | ops/s | server CPU µs/op | p50 ms | p99 ms |")
     print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         print("| %s | %s | %s | %.0f | %.2f | %s | %s |" % (
             r["op"], r["system"], r["mode"], r["throughput"], r["server_cpu_us_per_op"],
-            "%.3f" % r["p50_ms"] if r.get("p50_ms") is not None else "", "%.3f" % r["p99_ms"] if r.get("p99_ms") is not None else ""))
+            "%.3f" % r["p50_ms"] if r.get("p50_ms") is not None else "",
+            "%.3f" % r["p99_ms"] if r.get("p99_ms") is not None else ""))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -173,3 +173,39 @@ Test(pipeline, a_cancelled_stream_ends_cancelled) {
 Test(pipeline, an_empty_stream_ends_ok) {
     finish_ok(open_pipeline());
 }
+
+Test(pipeline, next_times_out_and_a_half_closed_stream_sends_nothing) {
+    drey_client_pipeline *p = open_pipeline();
+    Drey__Cache__V1__PipelineResponse *resp;
+    cr_assert_not(drey_client_pipeline_next(p, 50, &env.arena, &resp), "nothing was sent: nothing comes");
+    cr_assert_null(resp);
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.key = "h";
+    cr_assert(drey_client_pipeline_add(p, 1, &get.base, DREY_CLIENT_NO_DEADLINE));
+    drey_client_pipeline_close_send(p); /* flushes the one added */
+    cr_assert(drey_client_pipeline_add(p, 2, &get.base, DREY_CLIENT_NO_DEADLINE));
+    cr_assert_not(drey_client_pipeline_flush(p), "flushed after the half-close");
+    cr_assert(drey_client_pipeline_next(p, 30000, &env.arena, &resp));
+    cr_assert_eq(resp->n_results, 1);
+    cr_assert_eq(resp->results[0]->id, 1);
+    cr_assert_not(drey_client_pipeline_next(p, 30000, &env.arena, &resp), "the stream ended");
+    finish_ok(p);
+}
+
+/* A server that is not there: the stream ends UNAVAILABLE. */
+Test(pipeline, no_server_ends_unavailable) {
+    drey_client *c = drey_client_open(&(drey_client_options){.target = "127.0.0.1:1"}, (char[64]){0}, 64);
+    cr_assert_not_null(c);
+    drey_client_status st;
+    drey_client_pipeline *p = drey_client_pipeline_open(c, 5000, &st);
+    cr_assert_not_null(p);
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.key = "x";
+    drey_client_pipeline_add(p, 1, &get.base, DREY_CLIENT_NO_DEADLINE);
+    drey_client_pipeline_flush(p);
+    Drey__Cache__V1__PipelineResponse *resp;
+    cr_assert_not(drey_client_pipeline_next(p, 30000, &env.arena, &resp));
+    cr_assert_eq(drey_client_pipeline_finish(p, &env.arena, &st), GRPC_STATUS_UNAVAILABLE, "%s",
+                 drey_client_code_name(st.code));
+    drey_client_close(c);
+}

@@ -293,6 +293,30 @@ class PipelineWindowCase(DreyTestCase):
         # keep its slot until its work is done, as a unary call's does)
         self.wait_bp(inFlight=0, queued=0, timeout=10)
 
+    def test_an_operation_whose_timeout_passes_in_the_queue_ends_deadline_exceeded(self):
+        self.wait_bp(inFlight=0, queued=0)
+        c = self.pb.cache
+        holder = self.pipeline_on_new_connection()
+        holder.send(c.PipelineRequest(operations=[c.PipelineOperation(id=1, get=c.GetRequest(key="h"))]))
+        self.wait_bp(inFlight=1)  # held back for a minute, keeping the node's only slot
+        s = self.pipeline_on_new_connection()
+        s.send(c.PipelineRequest(operations=[
+            c.PipelineOperation(id=7, timeout=duration_pb2.Duration(nanos=300 * 1000000), get=c.GetRequest(key="q"))]))
+        r = s.recv().results[0]
+        self.assertEqual(r.id, 7)
+        self.assertEqual(r.status.code, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        self.assertEqual(status_failure_fields(r.status, self.pb)[0], "DEADLINE_EXCEEDED")
+        holder.cancel()
+        self.wait_bp(inFlight=0, queued=0, timeout=10)
+        s.close()
+
+    def pipeline_on_new_connection(self):
+        ch = fresh_channel(self.server.address)
+        self.addCleanup(ch.close)
+        s = BidiStream(ServiceClient(ch, self.pb.cache, CACHE_SERVICE).Pipeline, timeout=120)
+        self.addCleanup(s.cancel)
+        return s
+
 
 if __name__ == "__main__":
     main()
