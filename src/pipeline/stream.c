@@ -137,6 +137,7 @@ struct pstream {
     key_node *buckets[KEY_BUCKETS];
     pop *submit_head, *submit_tail;
     bool submitting;         /* a thread is draining the submit queue */
+    pthread_t drainer;       /* which (while submitting) */
     bool sending;            /* a response message is at the transport */
     bool paused;             /* reading paused at the window */
     bool half_closed;
@@ -527,6 +528,7 @@ static void drain(pstream *s) {
     pthread_mutex_lock(&s->mu);
     if (!s->submitting) {
         s->submitting = true;
+        s->drainer = pthread_self();
         for (pop *o; (o = s->submit_head) != NULL;) {
             s->submit_head = o->submit_next;
             if (s->submit_head == NULL)
@@ -551,6 +553,10 @@ static void drain(pstream *s) {
             settle_locked(s, o); /* never the last: ours is held */
         }
         s->submitting = false;
+        /* What the ops answered while they were submitted leaves now, in
+         * one message rather than one for the first and one for the rest. */
+        emit_locked(s);
+        resume_locked(s);
     }
     bool last = --s->refs == 0;
     pthread_mutex_unlock(&s->mu);
@@ -577,8 +583,10 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
     }
     release_locked(s, o);
     schedule_locked(s);
-    emit_locked(s); /* may free o */
-    resume_locked(s);
+    if (!s->submitting || !pthread_equal(s->drainer, pthread_self())) {
+        emit_locked(s); /* may free o */
+        resume_locked(s);
+    } /* else answered inside a submit: drain emits when it is done */
     bool more = s->submit_head != NULL;
     if (more)
         s->refs++; /* drain's */
