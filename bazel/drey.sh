@@ -38,6 +38,8 @@ packages=(
   golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
   mmdebstrap podman runc
   faketime
+  # Pipelined Redis beside pipelined drey (tests/bench/pipeline.py).
+  redis-server redis-tools
   clang-14 libfuzzer-14-dev libclang-rt-14-dev llvm-14
 )
 

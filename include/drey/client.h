@@ -40,6 +40,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "drey/arena.h"
+#include "drey/cache/v1/cache.pb-c.h"
 #include "google/rpc/error_details.pb-c.h"
 #include "google/rpc/status.pb-c.h"
 
@@ -182,6 +183,78 @@ void drey_client_stream_cancel(drey_client_stream *s);
  * to stop early), describes its status in st (in arena) and frees the
  * stream. Returns st->code. */
 grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *arena, drey_client_status *st);
+
+/* --- pipelined calls (drey.cache.v1.Cache/Pipeline) ---------------------- */
+
+/* A bidirectional stream of Cache operations: add operations, flush them as
+ * one PipelineRequest, read PipelineResponses; results come in the order
+ * the operations were added, each with the id it was given.
+ *
+ *   drey_client_pipeline *p = drey_client_pipeline_open(c, 10000, &st);
+ *   drey_client_pipeline_add(p, 1, &set.base, DREY_CLIENT_NO_DEADLINE);
+ *   drey_client_pipeline_add(p, 2, &get.base, DREY_CLIENT_NO_DEADLINE);
+ *   drey_client_pipeline_flush(p);
+ *   Drey__Cache__V1__PipelineResponse *resp;
+ *   while (got < 2 && drey_client_pipeline_next(p, 5000, &arena, &resp)) ...
+ *   drey_client_pipeline_finish(p, &arena, &st);
+ *
+ * Results are received as soon as they arrive, whether or not the caller
+ * reads them yet, so flush never waits on the caller's own unread answers;
+ * what is buffered is bounded by what the caller sent. A pipeline belongs
+ * to one thread at a time, and must be finished before its client is
+ * closed. */
+
+typedef struct drey_client_pipeline drey_client_pipeline;
+
+/* Opens a Pipeline stream; timeout_ms bounds the whole stream. NULL (with
+ * st set) when gRPC refused to start it. */
+drey_client_pipeline *drey_client_pipeline_open(drey_client *c, int64_t timeout_ms, drey_client_status *st);
+
+/* Adds an operation to the next message: request is a Cache request
+ * message (its type picks the operation); timeout_ms is the operation's own
+ * (DREY_CLIENT_NO_DEADLINE: the stream's only). False when no operation
+ * takes that type. */
+bool drey_client_pipeline_add(drey_client_pipeline *p, uint64_t id, const ProtobufCMessage *request,
+                              int64_t timeout_ms);
+
+/* The same with a pre-encoded request of the Cache method named method
+ * ("Get", or its path "/drey.cache.v1.Cache/Get"); the bytes are copied. */
+bool drey_client_pipeline_add_raw(drey_client_pipeline *p, uint64_t id, const char *method, const void *request,
+                                  size_t request_len, int64_t timeout_ms);
+
+/* Operations added and not yet flushed. */
+size_t drey_client_pipeline_pending(const drey_client_pipeline *p);
+
+/* Sends the added operations as one message, after gRPC has taken the
+ * previous one. False once the stream is over (or half-closed). */
+bool drey_client_pipeline_flush(drey_client_pipeline *p);
+
+/* Waits up to timeout_ms (DREY_CLIENT_NO_DEADLINE: no limit) for the next
+ * response message and decodes it into arena. False on timeout or at the
+ * end of the stream (then drey_client_pipeline_finish says how it ended). */
+bool drey_client_pipeline_next(drey_client_pipeline *p, int64_t timeout_ms, drey_arena *arena,
+                               Drey__Cache__V1__PipelineResponse **response);
+
+/* A result's outcome as a unary call's: code, message and the decoded
+ * details (in arena). Returns st->code. */
+grpc_status_code drey_client_pipeline_result_status(const Drey__Cache__V1__PipelineResult *r, drey_arena *arena,
+                                                    drey_client_status *st);
+
+/* A result's response message (GetResponse, SetResponse, ...), or NULL when
+ * it failed. */
+const ProtobufCMessage *drey_client_pipeline_result_response(const Drey__Cache__V1__PipelineResult *r);
+
+/* Flushes what was added and half-closes: the server ends the stream once
+ * it has answered everything. */
+void drey_client_pipeline_close_send(drey_client_pipeline *p);
+
+/* Cancels the stream: the server drops what it has not started. */
+void drey_client_pipeline_cancel(drey_client_pipeline *p);
+
+/* Half-closes (unless done), waits for the stream to end (discarding
+ * unread results), describes its status in st (in arena) and frees p.
+ * Returns st->code. */
+grpc_status_code drey_client_pipeline_finish(drey_client_pipeline *p, drey_arena *arena, drey_client_status *st);
 
 /* --- clusters: routing by key --------------------------------------------- */
 

@@ -27,6 +27,7 @@ typedef struct drey_config {
     int64_t max_key_bytes;          /* key length limit */
     int64_t max_value_bytes;        /* encoded value size limit */
     int64_t max_batch;              /* keys or entries per GetMany/SetMany */
+    int64_t pipeline_window;        /* a Pipeline stream's operations unanswered at once */
     int64_t max_caches;             /* caches with entries at once */
     int64_t drain_grace_ms;         /* NOT_SERVING before refusing new calls */
     int64_t shutdown_timeout_ms;    /* wait for in-flight calls, then cancel */

@@ -71,6 +71,9 @@ typedef struct drey_pipeline_options {
      * NULL: a single node, everything runs here. */
     drey_stage_result (*route)(void *ctx, drey_request *r);
     void *route_ctx;
+    /* drey.cache.v1.Cache/Pipeline: operations of one stream read and not
+     * yet answered (0: 128). At the window the stream is not read. */
+    size_t pipeline_window;
 } drey_pipeline_options;
 
 /* Another node's answer to a forwarded request, as it came: passed on to
@@ -159,6 +162,9 @@ void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
  * the stream peers forward calls on, whose frames are requests of a door of
  * their own (src/pipeline/peer.c). */
 bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
+/* (The public listener also gets drey.cache.v1.Cache/Pipeline: a stream
+ * door, src/pipeline/stream.c, whose every operation is a request of its
+ * own through this chain.) */
 
 /* The internal listener is about to stop: each peer stream ends once the
  * requests it brought are answered (they were sent before this node left

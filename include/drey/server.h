@@ -50,6 +50,10 @@ typedef struct drey_server_method {
     void (*unary)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_done)(void *ctx, drey_call *call);
+    /* Streaming, optional: a message queued with drey_call_send() has been
+     * handed to the transport (so the queue is one shorter). Runs on the
+     * call's completion-queue thread, never after on_done. */
+    void (*on_sent)(void *ctx, drey_call *call);
     void *ctx;
 } drey_server_method;
 
@@ -142,5 +146,12 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message);
 bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len);
 /* Streaming: end the call after the queued messages; st NULL means OK. */
 void drey_call_finish(drey_call *c, const drey_status *st);
+
+/* Client streaming flow control: after drey_call_pause_reading() no further
+ * message is read once the current on_message returns (HTTP/2 flow control
+ * then holds the client back) until drey_call_resume_reading(). Either may
+ * be called from any thread while the call is not over (before on_done). */
+void drey_call_pause_reading(drey_call *c);
+void drey_call_resume_reading(drey_call *c);
 
 #endif

@@ -70,6 +70,7 @@ typedef struct drey_bench_options {
     size_t n_payloads;
     bool json;
     bool cluster;              /* route by key with the target's topology */
+    int pipeline;              /* >0: operations per message on one Pipeline stream per connection */
     const char *label;         /* echoed in the report */
     uint64_t seed;
 } drey_bench_options;

@@ -27,6 +27,10 @@ static const char usage[] =
     "  --count=N              stop after N calls in all instead (no warmup; a sequential\n"
     "                         distribution stops after one pass over the keys anyway)\n"
     "  --timeout=D            deadline of every call (default 10s)\n"
+    "  --pipeline=N           send the operations through drey.cache.v1.Cache/Pipeline: each\n"
+    "                         connection has one stream and sends N operations in one message,\n"
+    "                         then waits for their N results (as redis-benchmark -P N does);\n"
+    "                         latency is the batch's; --streams is ignored\n"
     "  --cluster              --target is a seed node of a drey cluster: read its table\n"
     "                         (WatchTopology; the run waits for it) and send every call to\n"
     "                         the node owning its key, one connection per node per thread\n"
@@ -179,6 +183,8 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
             o->target = v;
         } else if (strcmp(name, "connections") == 0) {
             o->connections = (int)parse_count(name, v, 1);
+        } else if (strcmp(name, "pipeline") == 0) {
+            o->pipeline = (int)parse_count(name, v, 1);
         } else if (strcmp(name, "streams") == 0) {
             o->streams = (int)parse_count(name, v, 1);
         } else if (strcmp(name, "duration") == 0) {
@@ -272,6 +278,8 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
     /* "k" + digits: the largest index must fit. */
     char digits[32];
     int need = snprintf(digits, sizeof digits, "%llu", (unsigned long long)(o->keys - 1)) + 1;
+    if (o->pipeline > 0 && (o->cluster || o->raw_method != NULL || o->mix[DREY_BENCH_HEALTH] > 0))
+        die("%s", "--pipeline carries cache operations only: not with --cluster, --raw-method or health");
     if (o->cluster && o->raw_method != NULL)
         die("%s", "--cluster routes cache calls by key: not with --raw-method");
     if (o->raw_method == NULL && need > o->key_bytes)

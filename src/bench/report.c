@@ -68,6 +68,8 @@ void drey_bench_report_text(const drey_bench_options *o, const drey_bench_result
     printf("target       %s%s, %d connection%s x %d stream%s\n", o->target,
            o->cluster ? " (cluster seed: routed by key)" : "", o->connections, o->connections == 1 ? "" : "s",
            o->streams, o->streams == 1 ? "" : "s");
+    if (o->pipeline > 0)
+        printf("pipeline     %d operations per message on one Pipeline stream per connection\n", o->pipeline);
     if (o->raw_method != NULL) {
         printf("workload     raw %s, %zu payload%s, %s over %llu\n", o->raw_method, o->n_payloads,
                o->n_payloads == 1 ? "" : "s", dist_name(o->dist), (unsigned long long)o->keys);
@@ -149,6 +151,7 @@ void drey_bench_report_json(const drey_bench_options *o, const drey_bench_result
     printf(",\"connections\":%d,\"streams\":%d,\"concurrency\":%d", o->connections, o->streams,
            o->connections * o->streams);
     printf(",\"cluster\":%s", o->cluster ? "true" : "false");
+    printf(",\"pipeline\":%d", o->pipeline);
     if (o->raw_method != NULL) {
         printf(",\"raw_method\":");
         json_string(o->raw_method);

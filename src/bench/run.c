@@ -161,6 +161,87 @@ static bool start_one(conn *c, drey_bench_gen *g, conn_thread *t, uint64_t *star
     return true;
 }
 
+static void record(conn_thread *t, drey_bench_op op, int64_t elapsed_ns, int code, const char *reason, int found) {
+    drey_bench_op_stats *s = &t->stats->ops[op];
+    drey_bench_hist_record(&s->latency, (uint64_t)elapsed_ns);
+    if (code == GRPC_STATUS_OK) {
+        s->ok++;
+        if (found >= 0) {
+            if (found)
+                t->stats->get_hits++;
+            else
+                t->stats->get_misses++;
+        }
+    } else {
+        s->errors++;
+        drey_bench_stats_add_error(t->stats, op, code, reason, 1);
+    }
+}
+
+/* --pipeline: batches of N operations in one message on one stream, each
+ * batch waited for whole (redis-benchmark -P's loop). */
+static void pipeline_loop(drey_client *c, drey_bench_gen *g, conn_thread *t) {
+    run_shared *sh = t->sh;
+    const drey_bench_options *o = sh->o;
+    drey_client_status st;
+    drey_client_pipeline *p = drey_client_pipeline_open(c, DREY_CLIENT_NO_DEADLINE, &st);
+    if (p == NULL) {
+        snprintf(t->err, sizeof t->err, "Pipeline: %s", st.message);
+        return;
+    }
+    size_t n = (size_t)o->pipeline;
+    drey_bench_op *ops = drey_xcalloc(n, sizeof *ops);
+    drey_arena arena;
+    drey_arena_init(&arena, NULL, 0);
+    uint64_t started = 0, id = 0;
+    bool exhausted = false;
+    while (started < t->quota && !exhausted && mono_ns() < sh->window_end_ns) {
+        size_t k = 0;
+        while (k < n && started < t->quota) {
+            drey_bench_request req;
+            if (!drey_bench_next_request(g, &req)) {
+                exhausted = true;
+                break;
+            }
+            ops[k++] = req.op;
+            started++;
+            drey_client_pipeline_add_raw(p, ++id, req.method, req.data, req.len, o->timeout_ms);
+        }
+        if (k == 0 || !drey_client_pipeline_flush(p))
+            break;
+        int64_t t0 = mono_ns();
+        size_t got = 0;
+        while (got < k) {
+            Drey__Cache__V1__PipelineResponse *resp;
+            if (!drey_client_pipeline_next(p, o->timeout_ms + 1000, &arena, &resp))
+                break;
+            int64_t now = mono_ns();
+            bool measured = now >= sh->window_start_ns && now < sh->window_end_ns;
+            for (size_t i = 0; i < resp->n_results && got < k; i++, got++) {
+                if (!measured)
+                    continue;
+                const Drey__Cache__V1__PipelineResult *r = resp->results[i];
+                drey_bench_op op = ops[got];
+                drey_client_status rs;
+                drey_client_pipeline_result_status(r, &arena, &rs);
+                int found = op == DREY_BENCH_GET && r->get != NULL ? r->get->found : -1;
+                record(t, op, now - t0, rs.code, drey_client_status_reason(&rs), found);
+                t->last_done_ns = now;
+            }
+        }
+        if (arena.allocated > ARENA_RESET_BYTES)
+            drey_arena_reset(&arena);
+        if (got < k) {
+            snprintf(t->err, sizeof t->err, "Pipeline: %zu of %zu results did not come", k - got, k);
+            break;
+        }
+    }
+    t->ran_out = exhausted || started >= t->quota;
+    drey_client_pipeline_finish(p, &arena, &st);
+    drey_arena_destroy(&arena);
+    free(ops);
+}
+
 static void *conn_main(void *arg) {
     conn_thread *t = arg;
     run_shared *sh = t->sh;
@@ -181,6 +262,12 @@ static void *conn_main(void *arg) {
 
     drey_bench_gen g;
     drey_bench_gen_init(&g, &sh->w, t->index);
+    if (o->pipeline > 0) {
+        pipeline_loop(k.c, &g, t);
+        drey_client_close(k.c);
+        drey_bench_gen_free(&g);
+        return NULL;
+    }
     drey_arena arena;
     drey_arena_init(&arena, NULL, 0);
     uint64_t started = 0;

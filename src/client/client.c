@@ -490,6 +490,350 @@ grpc_status_code drey_client_stream_finish(drey_client_stream *s, drey_arena *ar
     return st->code;
 }
 
+/* --- pipelined calls ------------------------------------------------------ */
+
+/* A pipeline waits on a next queue of its own: its send, receive and
+ * status batches complete in any order, and one wait takes whichever comes,
+ * so received answers are taken in while a send waits for flow control. */
+
+#define PIPELINE_PATH DREY_CLIENT_CACHE("Pipeline")
+
+typedef struct pipeline_msg {
+    struct pipeline_msg *next;
+    grpc_byte_buffer *bb;
+} pipeline_msg;
+
+struct drey_client_pipeline {
+    drey_client *client;
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code code;
+    grpc_slice details;
+    grpc_byte_buffer *send;   /* the message gRPC has not taken yet */
+    grpc_byte_buffer *recv;
+    bool open_done, status_done, recv_done, sending, half_closed;
+    bool undecodable;
+    pipeline_msg *q_head, *q_tail; /* received, not yet read */
+    uint8_t *buf;             /* the next PipelineRequest's encoded operations */
+    size_t len, cap, pending;
+    /* Their addresses are the tags of the pipeline's batches. */
+    char open_tag, send_tag, recv_tag, status_tag;
+};
+
+static void pipeline_recv(drey_client_pipeline *p) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &p->recv;
+    if (grpc_call_start_batch(p->call, &op, 1, &p->recv_tag, NULL) != GRPC_CALL_OK)
+        p->recv_done = true;
+}
+
+/* Takes one event (false when deadline passed first). */
+static bool pipeline_pump(drey_client_pipeline *p, gpr_timespec deadline) {
+    grpc_event ev = grpc_completion_queue_next(p->cq, deadline, NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+        return false;
+    if (ev.tag == &p->open_tag) {
+        p->open_done = true;
+    } else if (ev.tag == &p->send_tag) {
+        p->sending = false;
+        if (p->send != NULL)
+            grpc_byte_buffer_destroy(p->send);
+        p->send = NULL;
+    } else if (ev.tag == &p->status_tag) {
+        p->status_done = true;
+    } else if (ev.tag == &p->recv_tag) {
+        if (!ev.success || p->recv == NULL) {
+            p->recv_done = true;
+        } else {
+            pipeline_msg *m = drey_xmalloc(sizeof *m);
+            m->next = NULL;
+            m->bb = p->recv;
+            p->recv = NULL;
+            if (p->q_tail != NULL)
+                p->q_tail->next = m;
+            else
+                p->q_head = m;
+            p->q_tail = m;
+            pipeline_recv(p);
+        }
+    }
+    return true;
+}
+
+drey_client_pipeline *drey_client_pipeline_open(drey_client *c, int64_t timeout_ms, drey_client_status *st) {
+    drey_client_pipeline *p = drey_xcalloc(1, sizeof *p);
+    p->client = c;
+    p->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_metadata_array_init(&p->initial_md);
+    grpc_metadata_array_init(&p->trailing_md);
+    p->details = grpc_empty_slice();
+    p->call = new_call(c, p->cq, PIPELINE_PATH, timeout_ms);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = c->headers.count;
+    ops[0].data.send_initial_metadata.metadata = c->headers.md;
+    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].data.recv_initial_metadata.recv_initial_metadata = &p->initial_md;
+    grpc_call_error err = grpc_call_start_batch(p->call, ops, 2, &p->open_tag, NULL);
+    if (err == GRPC_CALL_OK) {
+        grpc_op op;
+        memset(&op, 0, sizeof op);
+        op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        op.data.recv_status_on_client.trailing_metadata = &p->trailing_md;
+        op.data.recv_status_on_client.status = &p->code;
+        op.data.recv_status_on_client.status_details = &p->details;
+        err = grpc_call_start_batch(p->call, &op, 1, &p->status_tag, NULL);
+        if (err != GRPC_CALL_OK)
+            p->status_done = true;
+    } else {
+        p->open_done = p->status_done = true;
+    }
+    if (err != GRPC_CALL_OK) {
+        drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
+        p->recv_done = p->half_closed = true;
+        grpc_call_cancel(p->call, NULL);
+        drey_arena scratch;
+        drey_arena_init(&scratch, NULL, 0);
+        drey_client_status ignored;
+        drey_client_pipeline_finish(p, &scratch, &ignored);
+        drey_arena_destroy(&scratch);
+        return NULL;
+    }
+    pipeline_recv(p);
+    return p;
+}
+
+static void put_varint(drey_client_pipeline *p, uint64_t v) {
+    do {
+        uint8_t b = v & 0x7f;
+        v >>= 7;
+        p->buf[p->len++] = (uint8_t)(b | (v != 0 ? 0x80 : 0));
+    } while (v != 0);
+}
+
+static size_t varint_len(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* The PipelineOperation field that carries requests of type d (0: none). */
+static uint32_t operation_field(const ProtobufCMessageDescriptor *d) {
+    const ProtobufCMessageDescriptor *op = &drey__cache__v1__pipeline_operation__descriptor;
+    for (unsigned i = 0; i < op->n_fields; i++) {
+        if (op->fields[i].type == PROTOBUF_C_TYPE_MESSAGE && op->fields[i].descriptor == d &&
+            (op->fields[i].flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0)
+            return op->fields[i].id;
+    }
+    return 0;
+}
+
+/* Appends one operation, encoded by hand: the request bytes go in as they
+ * are, with no decode and re-encode. */
+static void add_encoded(drey_client_pipeline *p, uint64_t id, uint32_t field, const void *request, size_t len,
+                        int64_t timeout_ms) {
+    uint64_t secs = 0, nanos = 0;
+    size_t dur = 0;
+    if (timeout_ms >= 0) {
+        secs = (uint64_t)timeout_ms / 1000;
+        nanos = (uint64_t)timeout_ms % 1000 * 1000000;
+        dur = (secs != 0 ? 1 + varint_len(secs) : 0) + (nanos != 0 ? 1 + varint_len(nanos) : 0);
+    }
+    size_t body = (id != 0 ? 1 + varint_len(id) : 0) + (timeout_ms >= 0 ? 1 + varint_len(dur) + dur : 0) +
+                  varint_len((uint64_t)field << 3 | 2) + varint_len(len) + len;
+    size_t need = p->len + 1 + varint_len(body) + body;
+    if (need > p->cap) {
+        p->cap = need > 2 * p->cap ? need : 2 * p->cap;
+        p->buf = drey_xrealloc(p->buf, p->cap, 1);
+    }
+    p->buf[p->len++] = 0x0a; /* operations = 1, length-delimited */
+    put_varint(p, body);
+    if (id != 0) {
+        p->buf[p->len++] = 0x08;
+        put_varint(p, id);
+    }
+    if (timeout_ms >= 0) {
+        p->buf[p->len++] = 0x12;
+        put_varint(p, dur);
+        if (secs != 0) {
+            p->buf[p->len++] = 0x08;
+            put_varint(p, secs);
+        }
+        if (nanos != 0) {
+            p->buf[p->len++] = 0x10;
+            put_varint(p, nanos);
+        }
+    }
+    put_varint(p, (uint64_t)field << 3 | 2);
+    put_varint(p, len);
+    if (len > 0)
+        memcpy(p->buf + p->len, request, len);
+    p->len += len;
+    p->pending++;
+}
+
+bool drey_client_pipeline_add(drey_client_pipeline *p, uint64_t id, const ProtobufCMessage *request,
+                              int64_t timeout_ms) {
+    uint32_t field = operation_field(request->descriptor);
+    if (field == 0)
+        return false;
+    size_t n = protobuf_c_message_get_packed_size(request);
+    uint8_t stack[512];
+    uint8_t *b = n <= sizeof stack ? stack : drey_xmalloc(n);
+    protobuf_c_message_pack(request, b);
+    add_encoded(p, id, field, b, n, timeout_ms);
+    if (b != stack)
+        free(b);
+    return true;
+}
+
+bool drey_client_pipeline_add_raw(drey_client_pipeline *p, uint64_t id, const char *method, const void *request,
+                                  size_t request_len, int64_t timeout_ms) {
+    const char *prefix = DREY_CLIENT_CACHE("");
+    if (strncmp(method, prefix, strlen(prefix)) == 0)
+        method += strlen(prefix);
+    const ProtobufCMethodDescriptor *md =
+        protobuf_c_service_descriptor_get_method_by_name(&drey__cache__v1__cache__descriptor, method);
+    uint32_t field = md != NULL ? operation_field(md->input) : 0;
+    if (field == 0)
+        return false;
+    add_encoded(p, id, field, request, request_len, timeout_ms);
+    return true;
+}
+
+size_t drey_client_pipeline_pending(const drey_client_pipeline *p) {
+    return p->pending;
+}
+
+static void pipeline_wait_send(drey_client_pipeline *p) {
+    while (p->sending)
+        pipeline_pump(p, gpr_inf_future(GPR_CLOCK_REALTIME));
+}
+
+bool drey_client_pipeline_flush(drey_client_pipeline *p) {
+    if (p->half_closed)
+        return false;
+    if (p->pending == 0)
+        return true;
+    pipeline_wait_send(p);
+    p->send = buffer_of(p->buf, p->len);
+    p->len = 0;
+    p->pending = 0;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = p->send;
+    if (grpc_call_start_batch(p->call, &op, 1, &p->send_tag, NULL) != GRPC_CALL_OK) {
+        grpc_byte_buffer_destroy(p->send);
+        p->send = NULL;
+        return false;
+    }
+    p->sending = true;
+    return true;
+}
+
+bool drey_client_pipeline_next(drey_client_pipeline *p, int64_t timeout_ms, drey_arena *arena,
+                               Drey__Cache__V1__PipelineResponse **response) {
+    *response = NULL;
+    gpr_timespec deadline = timeout_ms < 0 ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : deadline_after(timeout_ms);
+    while (p->q_head == NULL && !p->recv_done) {
+        if (!pipeline_pump(p, deadline))
+            return false;
+    }
+    pipeline_msg *m = p->q_head;
+    if (m == NULL || p->undecodable)
+        return false;
+    p->q_head = m->next;
+    if (p->q_head == NULL)
+        p->q_tail = NULL;
+    *response = (Drey__Cache__V1__PipelineResponse *)decode_buffer(
+        m->bb, &drey__cache__v1__pipeline_response__descriptor, arena);
+    grpc_byte_buffer_destroy(m->bb);
+    free(m);
+    if (*response == NULL) {
+        p->undecodable = true;
+        grpc_call_cancel(p->call, NULL);
+        return false;
+    }
+    return true;
+}
+
+grpc_status_code drey_client_pipeline_result_status(const Drey__Cache__V1__PipelineResult *r, drey_arena *arena,
+                                                    drey_client_status *st) {
+    const Google__Rpc__Status *s = r->status;
+    drey_client_status_set(st, s != NULL ? (grpc_status_code)s->code : GRPC_STATUS_OK,
+                           s != NULL ? drey_arena_strndup(arena, s->message, strlen(s->message)) : "");
+    if (s != NULL && s->code != 0) {
+        size_t n = protobuf_c_message_get_packed_size(&s->base);
+        uint8_t *b = drey_arena_alloc(arena, n > 0 ? n : 1);
+        protobuf_c_message_pack(&s->base, b);
+        drey_client_status_decode_details(st, b, n, arena);
+    }
+    return st->code;
+}
+
+const ProtobufCMessage *drey_client_pipeline_result_response(const Drey__Cache__V1__PipelineResult *r) {
+    if (r->response_case == DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE__NOT_SET)
+        return NULL;
+    const ProtobufCFieldDescriptor *fd =
+        protobuf_c_message_descriptor_get_field(&drey__cache__v1__pipeline_result__descriptor, r->response_case);
+    return fd != NULL ? *(ProtobufCMessage *const *)(const void *)((const char *)r + fd->offset) : NULL;
+}
+
+void drey_client_pipeline_close_send(drey_client_pipeline *p) {
+    if (p->half_closed)
+        return;
+    drey_client_pipeline_flush(p);
+    p->half_closed = true;
+    pipeline_wait_send(p);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (grpc_call_start_batch(p->call, &op, 1, &p->send_tag, NULL) == GRPC_CALL_OK)
+        p->sending = true;
+}
+
+void drey_client_pipeline_cancel(drey_client_pipeline *p) {
+    grpc_call_cancel(p->call, NULL);
+}
+
+grpc_status_code drey_client_pipeline_finish(drey_client_pipeline *p, drey_arena *arena, drey_client_status *st) {
+    drey_client_pipeline_close_send(p);
+    while (!p->open_done || !p->status_done || !p->recv_done || p->sending)
+        pipeline_pump(p, gpr_inf_future(GPR_CLOCK_REALTIME));
+    if (p->undecodable)
+        drey_client_status_set(st, GRPC_STATUS_INTERNAL, "a stream message is not a valid drey.cache.v1.PipelineResponse");
+    else
+        fill_status(st, p->code, p->details, &p->trailing_md, arena);
+    for (pipeline_msg *m = p->q_head, *next; m != NULL; m = next) {
+        next = m->next;
+        grpc_byte_buffer_destroy(m->bb);
+        free(m);
+    }
+    if (p->recv != NULL)
+        grpc_byte_buffer_destroy(p->recv);
+    if (p->send != NULL)
+        grpc_byte_buffer_destroy(p->send);
+    grpc_slice_unref(p->details);
+    grpc_metadata_array_destroy(&p->initial_md);
+    grpc_metadata_array_destroy(&p->trailing_md);
+    grpc_call_unref(p->call);
+    grpc_completion_queue_shutdown(p->cq);
+    while (grpc_completion_queue_next(p->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(p->cq);
+    free(p->buf);
+    free(p);
+    return st->code;
+}
+
 /* --- the client ----------------------------------------------------------- */
 
 drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t err_cap) {

@@ -74,6 +74,9 @@ static const option options[] = {
      "RESOURCE_EXHAUSTED TOO_MANY_CACHES. A cache with no entries left counts no more."},
     {"max-batch", OPT_INT, FIELD(max_batch), "1000", 1, 100000,
      "Most keys in a GetMany and entries in a SetMany."},
+    {"pipeline-window", OPT_INT, FIELD(pipeline_window), "128", 1, 4096,
+     "Operations of one Pipeline stream read and not yet answered; at the window the node stops reading the "
+     "stream, so HTTP/2 flow control holds the client back. Each operation also takes its own backpressure slot."},
     {"drain-grace", OPT_DURATION, FIELD(drain_grace_ms), "5s", 0, 3600 * 1000,
      "On SIGTERM/SIGINT: how long health reports NOT_SERVING while calls are still accepted, so load balancers "
      "move away first."},

@@ -305,6 +305,7 @@ int main(int argc, char **argv, char **envp) {
         .memory = memory,
         .metrics = metrics,
         .node_id = node_id,
+        .pipeline_window = (size_t)cfg.pipeline_window,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
     drey_storage *storage = NULL;

@@ -132,18 +132,22 @@ drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r)
     r->ticket.fail = on_fail;
     r->ticket.arg = r;
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+    /* Before admitting: a parked request can be resumed, run to its end and
+     * answered on another thread before drey_bp_admit has returned here,
+     * and its answer must release the slot it got. */
+    r->has_ticket = true;
     switch (drey_bp_admit(bp, &r->ticket, st)) {
     case DREY_BP_ADMITTED:
-        r->has_ticket = true;
         return DREY_STAGE_NEXT;
     case DREY_BP_PARKED:
-        r->has_ticket = true;
+        /* (It may be answered already: doors take a hook that comes late.) */
         if (r->ops->on_cancel != NULL)
             r->ops->on_cancel(r->door, on_cancel, r);
         return DREY_STAGE_PARKED;
     case DREY_BP_REJECTED:
         break;
     }
+    r->has_ticket = false;
     r->status = st;
     DREY_LOG_DEBUG("request refused", DREY_LOG_STR("principal", r->principal), DREY_LOG_STR("method", r->method->path),
                    DREY_LOG_STR("reason", drey_error_lookup(st->error)->reason));

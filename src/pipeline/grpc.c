@@ -88,5 +88,6 @@ bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal) {
         if (!drey_server_add_method(s, &sm))
             return false;
     }
-    return !internal || drey_pipeline__serve_peers(p, s);
+    /* Peers forward over their stream; Pipelines are for clients. */
+    return internal ? drey_pipeline__serve_peers(p, s) : drey_pipeline__serve_stream(p, s);
 }

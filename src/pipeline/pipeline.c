@@ -44,6 +44,7 @@ struct drey_pipeline {
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
     struct peer_streams *peers;  /* the peer stream door's (peer.c) */
+    struct stream_binding *stream; /* the Pipeline stream door's */
 };
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
@@ -58,6 +59,7 @@ void drey_pipeline_destroy(drey_pipeline *p) {
     free(p->bindings[0]);
     free(p->bindings[1]);
     drey_pipeline__free_peers(p->peers);
+    free(p->stream);
     free(p);
 }
 
@@ -102,6 +104,11 @@ void drey_pipeline__set_peers(drey_pipeline *p, struct peer_streams *ps) {
 
 struct peer_streams *drey_pipeline__peers(const drey_pipeline *p) {
     return p->peers;
+}
+
+void drey_pipeline__set_stream_binding(drey_pipeline *p, struct stream_binding *b) {
+    free(p->stream);
+    p->stream = b;
 }
 
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {

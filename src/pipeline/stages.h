@@ -31,6 +31,12 @@ void drey_pipeline__set_peers(drey_pipeline *p, struct peer_streams *ps);
 struct peer_streams *drey_pipeline__peers(const drey_pipeline *p);
 void drey_pipeline__free_peers(struct peer_streams *ps);
 
+/* drey.cache.v1.Cache/Pipeline on the server (src/pipeline/stream.c); its
+ * binding, one allocation, is freed with the pipeline. */
+struct stream_binding;
+bool drey_pipeline__serve_stream(drey_pipeline *p, drey_server *s);
+void drey_pipeline__set_stream_binding(drey_pipeline *p, struct stream_binding *b);
+
 /* A status in the request's arena, for a rejecting stage. */
 drey_status *drey_pipeline__status(drey_request *r, drey_error e);
 

@@ -100,6 +100,8 @@ struct drey_call {
     bool finish_wanted;  /* drey_call_finish() was called */
     bool status_sent;    /* the SEND_STATUS batch has started */
     bool md_sent;        /* initial metadata went out with a message */
+    bool read_paused;    /* drey_call_pause_reading(): read no more for now */
+    bool read_parked;    /* paused with no RECV_MESSAGE in flight */
     drey_status *finish_status;
 
     /* Storage the status batch points into until it completes. */
@@ -483,10 +485,18 @@ static void on_send(tag *t, bool ok) {
     (void)ok; /* a failed send means the call is gone; RECV_CLOSE tells us */
     if (is_streaming(c)) {
         pthread_mutex_lock(&c->mu);
+        /* Once the status batch has started no message batch can follow,
+         * and none can be in flight beside it: this was the status. */
+        bool message = !c->status_sent;
         c->sending = false;
         if (ok)
             pump_locked(c);
         pthread_mutex_unlock(&c->mu);
+        /* on_close runs on this same queue's thread: not closed yet means
+         * on_done has not run. */
+        const drey_server_method *m = &c->method->spec;
+        if (message && m->on_sent != NULL && !atomic_load(&c->closed))
+            m->on_sent(m->ctx, c);
     }
     call_unref(c);
 }
@@ -552,10 +562,30 @@ static void on_recv(tag *t, bool ok) {
     drey_arena_reset(&c->arena);
     pthread_mutex_lock(&c->mu);
     bool more = m->client_streaming && !c->finish_wanted;
+    if (more && c->read_paused) {
+        c->read_parked = true; /* drey_call_resume_reading() starts it */
+        more = false;
+    }
     pthread_mutex_unlock(&c->mu);
     if (more)
         start_recv(c);
     call_unref(c);
+}
+
+void drey_call_pause_reading(drey_call *c) {
+    pthread_mutex_lock(&c->mu);
+    c->read_paused = true;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void drey_call_resume_reading(drey_call *c) {
+    pthread_mutex_lock(&c->mu);
+    c->read_paused = false;
+    bool start = c->read_parked && !c->finish_wanted && !atomic_load(&c->closed);
+    c->read_parked = false;
+    pthread_mutex_unlock(&c->mu);
+    if (start)
+        start_recv(c);
 }
 
 static void fail_new(drey_call *c, drey_error e) {

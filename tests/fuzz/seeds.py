@@ -31,7 +31,8 @@ def put(target, name, data):
 def stubs():
     out = tempfile.mkdtemp(prefix="drey-fuzz-seeds-")
     subprocess.run(["protoc", "-I" + os.path.join(top, "proto"), "-I/usr/include", "--python_out=" + out,
-                    "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto", "drey/cluster/v1/cluster.proto"],
+                    "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto", "drey/cluster/v1/cluster.proto",
+                    "google/rpc/status.proto"],
                    check=True)
     subprocess.run(["protoc", "-I/usr/share/grpc-proto/grpc", "--python_out=" + out, "health/v1/health.proto",
                     "reflection/v1/reflection.proto"], check=True)
@@ -72,6 +73,10 @@ def requests():
         "Remove": cache.RemoveRequest(key="k"),
         "Persist": cache.PersistRequest(key="k"),
         "GetExpiration": cache.GetExpirationRequest(key="k"),
+        "Pipeline": cache.PipelineRequest(operations=[
+            cache.PipelineOperation(id=1, set=cache.SetRequest(cache="c", key="k", value=value(0))),
+            cache.PipelineOperation(id=2, get=cache.GetRequest(cache="c", key="k")),
+            cache.PipelineOperation(id=3)]),
     }
     n = 0
     for m in methods:

@@ -10,14 +10,18 @@ own, which the table gives. The Python router (drey_cluster.Router) is held
 to the same: zero forwards, while the same keys through one node forward
 exactly the ones it does not own. A routing client that started with a
 table of no owners learns the assignment from the stream while it runs.
+A Pipeline entering through one node has each operation forwarded to its
+key's owner, its answer (a refusal's details included) relayed in order.
 """
 import json
 import re
 import subprocess
 import unittest
 
+import grpc
+
 from drey_cluster import Cluster, Router, drey_bench, partition
-from drey_harness import DreyTestCase, main, make_value
+from drey_harness import BidiStream, DreyTestCase, RpcFailure, main, make_value, value_of
 from drey_tokens import details, http_get, ops_port, poll
 
 PARTITIONS = 64
@@ -96,6 +100,42 @@ class Routing(DreyTestCase):
         # 3000 uniform calls over 5000 keys: the share's standard deviation is
         # under 0.01.
         self.assertAlmostEqual(share, want, delta=0.06)
+
+    def test_a_pipeline_through_one_node_relays_every_owners_answer(self):
+        pb = self.cluster.pb.cache
+        n1 = self.nodes[0]
+        keys = ["pipe-%d" % i for i in range(60)]
+        remote = [k for k in keys if self.owners[partition("", k, PARTITIONS)] != "n1"]
+        self.assertTrue(remote)
+        cas_key = next(k for k in ("pipe-cas-%d" % i for i in range(1000))
+                       if self.owners[partition("", k, PARTITIONS)] != "n1")
+        cas = pb.SetRequest(key=cas_key, value=make_value(b"cas"), if_version=999999999)
+        with self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH") as e:
+            n1.cache.Set(cas, timeout=RPC)
+        unary = e.failure
+        before = self.totals()
+        s = BidiStream(n1.cache.Pipeline, timeout=60)
+        self.addCleanup(s.cancel)
+        ops = []
+        for i, k in enumerate(keys):
+            ops.append(pb.PipelineOperation(id=2 * i, set=pb.SetRequest(key=k, value=make_value(b"v%d" % i))))
+            ops.append(pb.PipelineOperation(id=2 * i + 1, get=pb.GetRequest(key=k)))
+        ops.append(pb.PipelineOperation(id=1000, set=cas))
+        s.send(pb.PipelineRequest(operations=ops))
+        got = []
+        while len(got) < len(ops):
+            got.extend(s.recv().results)
+        self.assertEqual([r.id for r in got], [o.id for o in ops])
+        for i in range(len(keys)):
+            self.assertEqual(got[2 * i].status.code, 0, got[2 * i])
+            self.assertEqual(value_of(got[2 * i + 1].get.value), b"v%d" % i, "a get sees the set before it")
+        refused = got[-1].status
+        self.assertEqual(refused.code, unary.code.value[0])
+        self.assertEqual(refused.SerializeToString(), unary.status.SerializeToString(),
+                         "the owner's google.rpc.Status, relayed as the unary call relays it")
+        self.assertEqual(s.close(), [])
+        d = self.delta(before)
+        self.assertEqual(d["n1"], 2 * len(remote) + 1, "one forward per operation on another node's key")
 
     def test_the_python_router_goes_to_the_owner(self):
         router = Router(self.cluster, self.nodes[1])

@@ -20,7 +20,8 @@ from drey_harness import (CACHE_SERVICE, DOMAIN, HEALTH_SERVICE, REFLECTION_V1, 
                           DreyTestCase, ServiceClient, main, make_value, value_of)
 
 CACHE_FILE = "drey/cache/v1/cache.proto"
-CACHE_DEPS = {"google/protobuf/duration.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto"}
+CACHE_DEPS = {"google/protobuf/duration.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto",
+              "google/rpc/status.proto", "google/protobuf/any.proto"}
 SERVICES = {CACHE_SERVICE, HEALTH_SERVICE, REFLECTION_V1, REFLECTION_V1ALPHA}
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -214,7 +215,7 @@ class ReflectionMixin:
         methods = {m.name: m for m in svc.methods}
         self.assertEqual(set(methods), {"Get", "GetMany", "Set", "SetMany", "Add", "Update", "GetOrAdd", "Remove",
                                         "Touch", "Persist", "GetExpiration", "Increment", "RemoveMany", "Scan",
-                                        "Clear", "ListCaches", "GetCacheStats"})
+                                        "Clear", "ListCaches", "GetCacheStats", "Pipeline"})
         set_m, get_m = methods["Set"], methods["Get"]
         self.assertEqual(set_m.input_type.full_name, "drey.cache.v1.SetRequest")
         SetRequest = prototype(pool, set_m.input_type.full_name)

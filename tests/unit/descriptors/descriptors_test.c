@@ -125,10 +125,11 @@ Test(descriptors, deps_of_cache_proto) {
     const drey_descriptors *d = builtin();
     const size_t *deps;
     size_t n = drey_descriptors_file_deps(d, (size_t)file_of("drey/cache/v1/cache.proto"), &deps);
-    cr_assert(eq(sz, n, 3));
+    cr_assert(eq(sz, n, 4));
     cr_assert(eq(str, (char *)drey_descriptors_file_name(d, deps[0]), "google/protobuf/duration.proto"));
     cr_assert(eq(str, (char *)drey_descriptors_file_name(d, deps[1]), "google/protobuf/struct.proto"));
     cr_assert(eq(str, (char *)drey_descriptors_file_name(d, deps[2]), "google/protobuf/timestamp.proto"));
+    cr_assert(eq(str, (char *)drey_descriptors_file_name(d, deps[3]), "google/rpc/status.proto"));
 
     n = drey_descriptors_file_deps(d, (size_t)file_of("google/protobuf/duration.proto"), &deps);
     cr_assert(eq(sz, n, 0));

@@ -1606,6 +1606,186 @@ void   drey__cache__v1__cache_stats__free_unpacked
   assert(message->base.descriptor == &drey__cache__v1__cache_stats__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__cache__v1__pipeline_request__init
+                     (Drey__Cache__V1__PipelineRequest         *message)
+{
+  static const Drey__Cache__V1__PipelineRequest init_value = DREY__CACHE__V1__PIPELINE_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__pipeline_request__get_packed_size
+                     (const Drey__Cache__V1__PipelineRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__pipeline_request__pack
+                     (const Drey__Cache__V1__PipelineRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__pipeline_request__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__PipelineRequest *
+       drey__cache__v1__pipeline_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__PipelineRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__pipeline_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__pipeline_request__free_unpacked
+                     (Drey__Cache__V1__PipelineRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__pipeline_operation__init
+                     (Drey__Cache__V1__PipelineOperation         *message)
+{
+  static const Drey__Cache__V1__PipelineOperation init_value = DREY__CACHE__V1__PIPELINE_OPERATION__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__pipeline_operation__get_packed_size
+                     (const Drey__Cache__V1__PipelineOperation *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_operation__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__pipeline_operation__pack
+                     (const Drey__Cache__V1__PipelineOperation *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_operation__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__pipeline_operation__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineOperation *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_operation__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__PipelineOperation *
+       drey__cache__v1__pipeline_operation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__PipelineOperation *)
+     protobuf_c_message_unpack (&drey__cache__v1__pipeline_operation__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__pipeline_operation__free_unpacked
+                     (Drey__Cache__V1__PipelineOperation *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_operation__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__pipeline_response__init
+                     (Drey__Cache__V1__PipelineResponse         *message)
+{
+  static const Drey__Cache__V1__PipelineResponse init_value = DREY__CACHE__V1__PIPELINE_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__pipeline_response__get_packed_size
+                     (const Drey__Cache__V1__PipelineResponse *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__pipeline_response__pack
+                     (const Drey__Cache__V1__PipelineResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__pipeline_response__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__PipelineResponse *
+       drey__cache__v1__pipeline_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__PipelineResponse *)
+     protobuf_c_message_unpack (&drey__cache__v1__pipeline_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__pipeline_response__free_unpacked
+                     (Drey__Cache__V1__PipelineResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__pipeline_result__init
+                     (Drey__Cache__V1__PipelineResult         *message)
+{
+  static const Drey__Cache__V1__PipelineResult init_value = DREY__CACHE__V1__PIPELINE_RESULT__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__pipeline_result__get_packed_size
+                     (const Drey__Cache__V1__PipelineResult *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_result__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__pipeline_result__pack
+                     (const Drey__Cache__V1__PipelineResult *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_result__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__pipeline_result__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineResult *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_result__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__PipelineResult *
+       drey__cache__v1__pipeline_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__PipelineResult *)
+     protobuf_c_message_unpack (&drey__cache__v1__pipeline_result__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__pipeline_result__free_unpacked
+                     (Drey__Cache__V1__PipelineResult *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__pipeline_result__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor drey__cache__v1__value__field_descriptors[7] =
 {
   {
@@ -4296,7 +4476,627 @@ const ProtobufCMessageDescriptor drey__cache__v1__cache_stats__descriptor =
   (ProtobufCMessageInit) drey__cache__v1__cache_stats__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[17] =
+static const ProtobufCFieldDescriptor drey__cache__v1__pipeline_request__field_descriptors[1] =
+{
+  {
+    "operations",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineRequest, n_operations),
+    offsetof(Drey__Cache__V1__PipelineRequest, operations),
+    &drey__cache__v1__pipeline_operation__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__pipeline_request__field_indices_by_name[] = {
+  0,   /* field[0] = operations */
+};
+static const ProtobufCIntRange drey__cache__v1__pipeline_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__pipeline_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.PipelineRequest",
+  "PipelineRequest",
+  "Drey__Cache__V1__PipelineRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__PipelineRequest),
+  1,
+  drey__cache__v1__pipeline_request__field_descriptors,
+  drey__cache__v1__pipeline_request__field_indices_by_name,
+  1,  drey__cache__v1__pipeline_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__pipeline_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__pipeline_operation__field_descriptors[19] =
+{
+  {
+    "id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__PipelineOperation, id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "timeout",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__PipelineOperation, timeout),
+    &google__protobuf__duration__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, get),
+    &drey__cache__v1__get_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_many",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, get_many),
+    &drey__cache__v1__get_many_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "set",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, set),
+    &drey__cache__v1__set_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "set_many",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, set_many),
+    &drey__cache__v1__set_many_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "add",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, add),
+    &drey__cache__v1__add_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "update",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, update),
+    &drey__cache__v1__update_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_or_add",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, get_or_add),
+    &drey__cache__v1__get_or_add_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "remove",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, remove),
+    &drey__cache__v1__remove_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "touch",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, touch),
+    &drey__cache__v1__touch_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "persist",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, persist),
+    &drey__cache__v1__persist_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_expiration",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, get_expiration),
+    &drey__cache__v1__get_expiration_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "increment",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, increment),
+    &drey__cache__v1__increment_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "remove_many",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, remove_many),
+    &drey__cache__v1__remove_many_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "scan",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, scan),
+    &drey__cache__v1__scan_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "clear",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, clear),
+    &drey__cache__v1__clear_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "list_caches",
+    18,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, list_caches),
+    &drey__cache__v1__list_caches_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_cache_stats",
+    19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineOperation, request_case),
+    offsetof(Drey__Cache__V1__PipelineOperation, get_cache_stats),
+    &drey__cache__v1__get_cache_stats_request__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__pipeline_operation__field_indices_by_name[] = {
+  6,   /* field[6] = add */
+  16,   /* field[16] = clear */
+  2,   /* field[2] = get */
+  18,   /* field[18] = get_cache_stats */
+  12,   /* field[12] = get_expiration */
+  3,   /* field[3] = get_many */
+  8,   /* field[8] = get_or_add */
+  0,   /* field[0] = id */
+  13,   /* field[13] = increment */
+  17,   /* field[17] = list_caches */
+  11,   /* field[11] = persist */
+  9,   /* field[9] = remove */
+  14,   /* field[14] = remove_many */
+  15,   /* field[15] = scan */
+  4,   /* field[4] = set */
+  5,   /* field[5] = set_many */
+  1,   /* field[1] = timeout */
+  10,   /* field[10] = touch */
+  7,   /* field[7] = update */
+};
+static const ProtobufCIntRange drey__cache__v1__pipeline_operation__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 19 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__pipeline_operation__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.PipelineOperation",
+  "PipelineOperation",
+  "Drey__Cache__V1__PipelineOperation",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__PipelineOperation),
+  19,
+  drey__cache__v1__pipeline_operation__field_descriptors,
+  drey__cache__v1__pipeline_operation__field_indices_by_name,
+  1,  drey__cache__v1__pipeline_operation__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__pipeline_operation__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__pipeline_response__field_descriptors[1] =
+{
+  {
+    "results",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResponse, n_results),
+    offsetof(Drey__Cache__V1__PipelineResponse, results),
+    &drey__cache__v1__pipeline_result__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__pipeline_response__field_indices_by_name[] = {
+  0,   /* field[0] = results */
+};
+static const ProtobufCIntRange drey__cache__v1__pipeline_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__pipeline_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.PipelineResponse",
+  "PipelineResponse",
+  "Drey__Cache__V1__PipelineResponse",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__PipelineResponse),
+  1,
+  drey__cache__v1__pipeline_response__field_descriptors,
+  drey__cache__v1__pipeline_response__field_indices_by_name,
+  1,  drey__cache__v1__pipeline_response__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__pipeline_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__pipeline_result__field_descriptors[19] =
+{
+  {
+    "id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__PipelineResult, id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "status",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__PipelineResult, status),
+    &google__rpc__status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, get),
+    &drey__cache__v1__get_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_many",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, get_many),
+    &drey__cache__v1__get_many_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "set",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, set),
+    &drey__cache__v1__set_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "set_many",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, set_many),
+    &drey__cache__v1__set_many_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "add",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, add),
+    &drey__cache__v1__add_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "update",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, update),
+    &drey__cache__v1__update_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_or_add",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, get_or_add),
+    &drey__cache__v1__get_or_add_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "remove",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, remove),
+    &drey__cache__v1__remove_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "touch",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, touch),
+    &drey__cache__v1__touch_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "persist",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, persist),
+    &drey__cache__v1__persist_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_expiration",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, get_expiration),
+    &drey__cache__v1__get_expiration_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "increment",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, increment),
+    &drey__cache__v1__increment_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "remove_many",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, remove_many),
+    &drey__cache__v1__remove_many_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "scan",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, scan),
+    &drey__cache__v1__scan_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "clear",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, clear),
+    &drey__cache__v1__clear_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "list_caches",
+    18,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, list_caches),
+    &drey__cache__v1__list_caches_response__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "get_cache_stats",
+    19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Cache__V1__PipelineResult, response_case),
+    offsetof(Drey__Cache__V1__PipelineResult, get_cache_stats),
+    &drey__cache__v1__cache_stats__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__pipeline_result__field_indices_by_name[] = {
+  6,   /* field[6] = add */
+  16,   /* field[16] = clear */
+  2,   /* field[2] = get */
+  18,   /* field[18] = get_cache_stats */
+  12,   /* field[12] = get_expiration */
+  3,   /* field[3] = get_many */
+  8,   /* field[8] = get_or_add */
+  0,   /* field[0] = id */
+  13,   /* field[13] = increment */
+  17,   /* field[17] = list_caches */
+  11,   /* field[11] = persist */
+  9,   /* field[9] = remove */
+  14,   /* field[14] = remove_many */
+  15,   /* field[15] = scan */
+  4,   /* field[4] = set */
+  5,   /* field[5] = set_many */
+  1,   /* field[1] = status */
+  10,   /* field[10] = touch */
+  7,   /* field[7] = update */
+};
+static const ProtobufCIntRange drey__cache__v1__pipeline_result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 19 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__pipeline_result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.PipelineResult",
+  "PipelineResult",
+  "Drey__Cache__V1__PipelineResult",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__PipelineResult),
+  19,
+  drey__cache__v1__pipeline_result__field_descriptors,
+  drey__cache__v1__pipeline_result__field_indices_by_name,
+  1,  drey__cache__v1__pipeline_result__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__pipeline_result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[18] =
 {
   { "Get", &drey__cache__v1__get_request__descriptor, &drey__cache__v1__get_response__descriptor },
   { "GetMany", &drey__cache__v1__get_many_request__descriptor, &drey__cache__v1__get_many_response__descriptor },
@@ -4315,6 +5115,7 @@ static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptor
   { "Clear", &drey__cache__v1__clear_request__descriptor, &drey__cache__v1__clear_response__descriptor },
   { "ListCaches", &drey__cache__v1__list_caches_request__descriptor, &drey__cache__v1__list_caches_response__descriptor },
   { "GetCacheStats", &drey__cache__v1__get_cache_stats_request__descriptor, &drey__cache__v1__cache_stats__descriptor },
+  { "Pipeline", &drey__cache__v1__pipeline_request__descriptor, &drey__cache__v1__pipeline_response__descriptor },
 };
 const unsigned drey__cache__v1__cache__method_indices_by_name[] = {
   4,        /* Add */
@@ -4327,6 +5128,7 @@ const unsigned drey__cache__v1__cache__method_indices_by_name[] = {
   11,        /* Increment */
   15,        /* ListCaches */
   9,        /* Persist */
+  17,        /* Pipeline */
   7,        /* Remove */
   12,        /* RemoveMany */
   13,        /* Scan */
@@ -4342,7 +5144,7 @@ const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor =
   "Cache",
   "Drey__Cache__V1__Cache",
   "drey.cache.v1",
-  17,
+  18,
   drey__cache__v1__cache__method_descriptors,
   drey__cache__v1__cache__method_indices_by_name
 };
@@ -4481,6 +5283,14 @@ void drey__cache__v1__cache__get_cache_stats(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__cache__v1__cache__descriptor);
   service->invoke(service, 16, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__pipeline(ProtobufCService *service,
+                                      const Drey__Cache__V1__PipelineRequest *input,
+                                      Drey__Cache__V1__PipelineResponse_Closure closure,
+                                      void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 17, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
                                    Drey__Cache__V1__Cache_ServiceDestroy destroy)

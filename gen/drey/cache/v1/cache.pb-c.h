@@ -17,6 +17,7 @@ PROTOBUF_C__BEGIN_DECLS
 #include "google/protobuf/duration.pb-c.h"
 #include "google/protobuf/struct.pb-c.h"
 #include "google/protobuf/timestamp.pb-c.h"
+#include "google/rpc/status.pb-c.h"
 
 typedef struct Drey__Cache__V1__Value Drey__Cache__V1__Value;
 typedef struct Drey__Cache__V1__GetRequest Drey__Cache__V1__GetRequest;
@@ -57,6 +58,10 @@ typedef struct Drey__Cache__V1__ListCachesRequest Drey__Cache__V1__ListCachesReq
 typedef struct Drey__Cache__V1__ListCachesResponse Drey__Cache__V1__ListCachesResponse;
 typedef struct Drey__Cache__V1__GetCacheStatsRequest Drey__Cache__V1__GetCacheStatsRequest;
 typedef struct Drey__Cache__V1__CacheStats Drey__Cache__V1__CacheStats;
+typedef struct Drey__Cache__V1__PipelineRequest Drey__Cache__V1__PipelineRequest;
+typedef struct Drey__Cache__V1__PipelineOperation Drey__Cache__V1__PipelineOperation;
+typedef struct Drey__Cache__V1__PipelineResponse Drey__Cache__V1__PipelineResponse;
+typedef struct Drey__Cache__V1__PipelineResult Drey__Cache__V1__PipelineResult;
 
 
 /* --- enums --- */
@@ -739,6 +744,153 @@ struct  Drey__Cache__V1__CacheStats
     , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
 
 
+struct  Drey__Cache__V1__PipelineRequest
+{
+  ProtobufCMessage base;
+  size_t n_operations;
+  Drey__Cache__V1__PipelineOperation **operations;
+};
+#define DREY__CACHE__V1__PIPELINE_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__pipeline_request__descriptor) \
+    , 0,NULL }
+
+
+typedef enum {
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST__NOT_SET = 0,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_GET = 3,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_GET_MANY = 4,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_SET = 5,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_SET_MANY = 6,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_ADD = 7,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_UPDATE = 8,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_GET_OR_ADD = 9,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_REMOVE = 10,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_TOUCH = 11,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_PERSIST = 12,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_GET_EXPIRATION = 13,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_INCREMENT = 14,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_REMOVE_MANY = 15,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_SCAN = 16,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_CLEAR = 17,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_LIST_CACHES = 18,
+  DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST_GET_CACHE_STATS = 19
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST__CASE)
+} Drey__Cache__V1__PipelineOperation__RequestCase;
+
+/*
+ * One operation: exactly one request must be set (else its result is
+ * INVALID_ARGUMENT MALFORMED_REQUEST).
+ */
+struct  Drey__Cache__V1__PipelineOperation
+{
+  ProtobufCMessage base;
+  /*
+   * Chosen by the client and echoed in the result; not interpreted.
+   */
+  uint64_t id;
+  /*
+   * The operation's deadline, counted from when the server reads it; the
+   * stream's deadline still applies when it is sooner.
+   */
+  Google__Protobuf__Duration *timeout;
+  Drey__Cache__V1__PipelineOperation__RequestCase request_case;
+  union {
+    Drey__Cache__V1__GetRequest *get;
+    Drey__Cache__V1__GetManyRequest *get_many;
+    Drey__Cache__V1__SetRequest *set;
+    Drey__Cache__V1__SetManyRequest *set_many;
+    Drey__Cache__V1__AddRequest *add;
+    Drey__Cache__V1__UpdateRequest *update;
+    Drey__Cache__V1__GetOrAddRequest *get_or_add;
+    Drey__Cache__V1__RemoveRequest *remove;
+    Drey__Cache__V1__TouchRequest *touch;
+    Drey__Cache__V1__PersistRequest *persist;
+    Drey__Cache__V1__GetExpirationRequest *get_expiration;
+    Drey__Cache__V1__IncrementRequest *increment;
+    Drey__Cache__V1__RemoveManyRequest *remove_many;
+    Drey__Cache__V1__ScanRequest *scan;
+    Drey__Cache__V1__ClearRequest *clear;
+    Drey__Cache__V1__ListCachesRequest *list_caches;
+    Drey__Cache__V1__GetCacheStatsRequest *get_cache_stats;
+  };
+};
+#define DREY__CACHE__V1__PIPELINE_OPERATION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__pipeline_operation__descriptor) \
+    , 0, NULL, DREY__CACHE__V1__PIPELINE_OPERATION__REQUEST__NOT_SET, {0} }
+
+
+struct  Drey__Cache__V1__PipelineResponse
+{
+  ProtobufCMessage base;
+  /*
+   * In the order the operations were sent (across request messages).
+   */
+  size_t n_results;
+  Drey__Cache__V1__PipelineResult **results;
+};
+#define DREY__CACHE__V1__PIPELINE_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__pipeline_response__descriptor) \
+    , 0,NULL }
+
+
+typedef enum {
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE__NOT_SET = 0,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_GET = 3,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_GET_MANY = 4,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_SET = 5,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_SET_MANY = 6,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_ADD = 7,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_UPDATE = 8,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_GET_OR_ADD = 9,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_REMOVE = 10,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_TOUCH = 11,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_PERSIST = 12,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_GET_EXPIRATION = 13,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_INCREMENT = 14,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_REMOVE_MANY = 15,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_SCAN = 16,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_CLEAR = 17,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_LIST_CACHES = 18,
+  DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE_GET_CACHE_STATS = 19
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE__CASE)
+} Drey__Cache__V1__PipelineResult__ResponseCase;
+
+struct  Drey__Cache__V1__PipelineResult
+{
+  ProtobufCMessage base;
+  uint64_t id;
+  /*
+   * What the unary call would have ended with: code 0 (OK) with the
+   * response set, or the code, message and details of its
+   * grpc-status-details-bin and no response.
+   */
+  Google__Rpc__Status *status;
+  Drey__Cache__V1__PipelineResult__ResponseCase response_case;
+  union {
+    Drey__Cache__V1__GetResponse *get;
+    Drey__Cache__V1__GetManyResponse *get_many;
+    Drey__Cache__V1__SetResponse *set;
+    Drey__Cache__V1__SetManyResponse *set_many;
+    Drey__Cache__V1__AddResponse *add;
+    Drey__Cache__V1__UpdateResponse *update;
+    Drey__Cache__V1__GetOrAddResponse *get_or_add;
+    Drey__Cache__V1__RemoveResponse *remove;
+    Drey__Cache__V1__TouchResponse *touch;
+    Drey__Cache__V1__PersistResponse *persist;
+    Drey__Cache__V1__GetExpirationResponse *get_expiration;
+    Drey__Cache__V1__IncrementResponse *increment;
+    Drey__Cache__V1__RemoveManyResponse *remove_many;
+    Drey__Cache__V1__ScanResponse *scan;
+    Drey__Cache__V1__ClearResponse *clear;
+    Drey__Cache__V1__ListCachesResponse *list_caches;
+    Drey__Cache__V1__CacheStats *get_cache_stats;
+  };
+};
+#define DREY__CACHE__V1__PIPELINE_RESULT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__pipeline_result__descriptor) \
+    , 0, NULL, DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE__NOT_SET, {0} }
+
+
 /* Drey__Cache__V1__Value methods */
 void   drey__cache__v1__value__init
                      (Drey__Cache__V1__Value         *message);
@@ -1416,6 +1568,82 @@ Drey__Cache__V1__CacheStats *
 void   drey__cache__v1__cache_stats__free_unpacked
                      (Drey__Cache__V1__CacheStats *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__PipelineRequest methods */
+void   drey__cache__v1__pipeline_request__init
+                     (Drey__Cache__V1__PipelineRequest         *message);
+size_t drey__cache__v1__pipeline_request__get_packed_size
+                     (const Drey__Cache__V1__PipelineRequest   *message);
+size_t drey__cache__v1__pipeline_request__pack
+                     (const Drey__Cache__V1__PipelineRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__pipeline_request__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__PipelineRequest *
+       drey__cache__v1__pipeline_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__pipeline_request__free_unpacked
+                     (Drey__Cache__V1__PipelineRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__PipelineOperation methods */
+void   drey__cache__v1__pipeline_operation__init
+                     (Drey__Cache__V1__PipelineOperation         *message);
+size_t drey__cache__v1__pipeline_operation__get_packed_size
+                     (const Drey__Cache__V1__PipelineOperation   *message);
+size_t drey__cache__v1__pipeline_operation__pack
+                     (const Drey__Cache__V1__PipelineOperation   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__pipeline_operation__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineOperation   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__PipelineOperation *
+       drey__cache__v1__pipeline_operation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__pipeline_operation__free_unpacked
+                     (Drey__Cache__V1__PipelineOperation *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__PipelineResponse methods */
+void   drey__cache__v1__pipeline_response__init
+                     (Drey__Cache__V1__PipelineResponse         *message);
+size_t drey__cache__v1__pipeline_response__get_packed_size
+                     (const Drey__Cache__V1__PipelineResponse   *message);
+size_t drey__cache__v1__pipeline_response__pack
+                     (const Drey__Cache__V1__PipelineResponse   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__pipeline_response__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__PipelineResponse *
+       drey__cache__v1__pipeline_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__pipeline_response__free_unpacked
+                     (Drey__Cache__V1__PipelineResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__PipelineResult methods */
+void   drey__cache__v1__pipeline_result__init
+                     (Drey__Cache__V1__PipelineResult         *message);
+size_t drey__cache__v1__pipeline_result__get_packed_size
+                     (const Drey__Cache__V1__PipelineResult   *message);
+size_t drey__cache__v1__pipeline_result__pack
+                     (const Drey__Cache__V1__PipelineResult   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__pipeline_result__pack_to_buffer
+                     (const Drey__Cache__V1__PipelineResult   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__PipelineResult *
+       drey__cache__v1__pipeline_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__pipeline_result__free_unpacked
+                     (Drey__Cache__V1__PipelineResult *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Drey__Cache__V1__Value_Closure)
@@ -1535,6 +1763,18 @@ typedef void (*Drey__Cache__V1__GetCacheStatsRequest_Closure)
 typedef void (*Drey__Cache__V1__CacheStats_Closure)
                  (const Drey__Cache__V1__CacheStats *message,
                   void *closure_data);
+typedef void (*Drey__Cache__V1__PipelineRequest_Closure)
+                 (const Drey__Cache__V1__PipelineRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__PipelineOperation_Closure)
+                 (const Drey__Cache__V1__PipelineOperation *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__PipelineResponse_Closure)
+                 (const Drey__Cache__V1__PipelineResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__PipelineResult_Closure)
+                 (const Drey__Cache__V1__PipelineResult *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1610,6 +1850,10 @@ struct Drey__Cache__V1__Cache_Service
                           const Drey__Cache__V1__GetCacheStatsRequest *input,
                           Drey__Cache__V1__CacheStats_Closure closure,
                           void *closure_data);
+  void (*pipeline)(Drey__Cache__V1__Cache_Service *service,
+                   const Drey__Cache__V1__PipelineRequest *input,
+                   Drey__Cache__V1__PipelineResponse_Closure closure,
+                   void *closure_data);
 };
 typedef void (*Drey__Cache__V1__Cache_ServiceDestroy)(Drey__Cache__V1__Cache_Service *);
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
@@ -1634,7 +1878,8 @@ void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
       function_prefix__ ## scan,\
       function_prefix__ ## clear,\
       function_prefix__ ## list_caches,\
-      function_prefix__ ## get_cache_stats  }
+      function_prefix__ ## get_cache_stats,\
+      function_prefix__ ## pipeline  }
 void drey__cache__v1__cache__get(ProtobufCService *service,
                                  const Drey__Cache__V1__GetRequest *input,
                                  Drey__Cache__V1__GetResponse_Closure closure,
@@ -1703,6 +1948,10 @@ void drey__cache__v1__cache__get_cache_stats(ProtobufCService *service,
                                              const Drey__Cache__V1__GetCacheStatsRequest *input,
                                              Drey__Cache__V1__CacheStats_Closure closure,
                                              void *closure_data);
+void drey__cache__v1__cache__pipeline(ProtobufCService *service,
+                                      const Drey__Cache__V1__PipelineRequest *input,
+                                      Drey__Cache__V1__PipelineResponse_Closure closure,
+                                      void *closure_data);
 
 /* --- descriptors --- */
 
@@ -1745,6 +1994,10 @@ extern const ProtobufCMessageDescriptor drey__cache__v1__list_caches_request__de
 extern const ProtobufCMessageDescriptor drey__cache__v1__list_caches_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__get_cache_stats_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__cache_stats__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_operation__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_result__descriptor;
 extern const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor;
 
 PROTOBUF_C__END_DECLS
