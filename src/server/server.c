@@ -437,7 +437,11 @@ static void on_send(tag *t, bool ok) {
         c->sending = false;
         if (ok)
             pump_locked(c);
+        bool drained = ok && !c->sending && !c->finish_wanted && !atomic_load(&c->closed);
         pthread_mutex_unlock(&c->mu);
+        /* Outside the lock: the handler sends its next messages from here. */
+        if (drained && c->method->spec.on_sent != NULL)
+            c->method->spec.on_sent(c->method->spec.ctx, c);
     }
     call_unref(c);
 }
