@@ -198,6 +198,9 @@ class ThreeNodes(DreyTestCase):
                                ("ListCaches", {}), ("GetCacheStats", {"cache": cache})):
             f = failure(self.call, self.nodes[1], method, **fields)
             self.assertRpcFailure(f, grpc.StatusCode.UNIMPLEMENTED, "NOT_CLUSTER_WIDE")
+        watch, req_cls, _ = self.nodes[1].cache.methods["Watch"]  # a stream: its first message
+        f = failure(lambda: next(watch(req_cls(cache=cache), timeout=RPC)))
+        self.assertRpcFailure(f, grpc.StatusCode.UNIMPLEMENTED, "NOT_CLUSTER_WIDE")
 
     def test_a_retry_through_another_node_gets_the_first_outcome(self):
         cache, k, rid = "idem", "counter", "rid-" + self._testMethodName[-8:]
