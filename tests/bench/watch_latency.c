@@ -1,0 +1,276 @@
+/*
+ * Change-feed latency and cost, against a running dreyd:
+ *
+ *   watch_latency --target=HOST:PORT [--watchers=N] [--writes=M] [--keys=watched|all]
+ *   watch_latency --store [--writes=M]
+ *
+ * Server mode: N watcher threads, each on a connection of its own, watch
+ * one key (or the whole default cache); one writer sets the key M times,
+ * one at a time, and waits until every watcher has its event before the
+ * next write. For each (write, watcher) it records the delay from the
+ * moment the writer had the Set's acknowledgement to the moment the
+ * watcher had the event (negative when the event came first: the node
+ * publishes at apply, before the reply leaves), and the Set's own latency.
+ *
+ * Store mode: what the hub costs a write when nobody watches: the store's
+ * put, no observer against a started (attached, not recording) hub, in one
+ * process, no gRPC. A benchmark: it prints numbers, never fails on them.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "drey/cache/v1/cache.pb-c.h"
+#include "drey/client.h"
+#include "drey/store.h"
+#include "drey/watch.h"
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int cmp64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void report(const char *what, int64_t *v, size_t n) {
+    qsort(v, n, sizeof *v, cmp64);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += (double)v[i];
+    printf("%-28s n=%zu mean=%.1f p50=%.1f p90=%.1f p99=%.1f max=%.1f (µs)\n", what, n, sum / (double)n / 1e3,
+           (double)v[n / 2] / 1e3, (double)v[n * 9 / 10] / 1e3, (double)v[n * 99 / 100] / 1e3,
+           (double)v[n - 1] / 1e3);
+}
+
+/* --- server mode --------------------------------------------------------- */
+
+typedef struct watcher {
+    pthread_t thread;
+    drey_client *client;
+    drey_client_stream *stream;
+    _Atomic uint64_t last_version;
+    _Atomic int64_t last_at;
+    _Atomic bool ready;
+} watcher;
+
+static const char *target;
+/* Watchers that have the current write's event; the last one wakes the
+ * writer (no spinning: two cores serve the node and every thread here). */
+static _Atomic size_t arrived;
+static size_t n_watching;
+static pthread_mutex_t arrived_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t arrived_cond = PTHREAD_COND_INITIALIZER;
+static const char *key = "watch-bench";
+static bool whole_cache;
+
+static void *watch_main(void *arg) {
+    watcher *w = arg;
+    Drey__Cache__V1__WatchRequest req = DREY__CACHE__V1__WATCH_REQUEST__INIT;
+    char *keys[1] = {(char *)key};
+    if (!whole_cache) {
+        req.keys = keys;
+        req.n_keys = 1;
+    }
+    drey_client_status st;
+    w->stream = drey_client_watch(w->client, &req, DREY_CLIENT_NO_DEADLINE, &st);
+    if (w->stream == NULL) {
+        fprintf(stderr, "watch: %s\n", st.message);
+        exit(1);
+    }
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    ProtobufCMessage *m;
+    while (drey_client_stream_read(w->stream, &drey__cache__v1__watch_event__descriptor, &a, &m)) {
+        const Drey__Cache__V1__WatchEvent *ev = (const void *)m;
+        int64_t t = now_ns();
+        if (ev->kind == DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING) {
+            atomic_store(&w->ready, true);
+        } else if (ev->kind == DREY__CACHE__V1__WATCH_EVENT__KIND__SET) {
+            atomic_store(&w->last_at, t);
+            atomic_store(&w->last_version, ev->version);
+            if (atomic_fetch_add(&arrived, 1) + 1 == n_watching) {
+                pthread_mutex_lock(&arrived_mu);
+                pthread_cond_signal(&arrived_cond);
+                pthread_mutex_unlock(&arrived_mu);
+            }
+        } else if (ev->kind == DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED) {
+            fprintf(stderr, "RESYNC_REQUIRED: the bench should never overflow\n");
+            exit(1);
+        }
+        drey_arena_reset(&a);
+    }
+    drey_client_stream_finish(w->stream, &a, &st);
+    drey_arena_destroy(&a);
+    return NULL;
+}
+
+static int run_server(size_t n_watchers, size_t writes) {
+    char err[256];
+    drey_client *writer = drey_client_open(&(drey_client_options){.target = target}, err, sizeof err);
+    if (writer == NULL) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    watcher *ws = calloc(n_watchers ? n_watchers : 1, sizeof *ws);
+    n_watching = n_watchers;
+    for (size_t i = 0; i < n_watchers; i++) {
+        ws[i].client = drey_client_open(&(drey_client_options){.target = target}, err, sizeof err);
+        pthread_create(&ws[i].thread, NULL, watch_main, &ws[i]);
+    }
+    int64_t end = now_ns() + 30 * 1000000000LL;
+    for (size_t i = 0; i < n_watchers; i++) {
+        while (!atomic_load(&ws[i].ready)) {
+            if (now_ns() > end) {
+                fprintf(stderr, "watcher %zu never said WATCHING\n", i);
+                return 1;
+            }
+            sched_yield();
+        }
+    }
+    int64_t *delay = malloc((writes * (n_watchers ? n_watchers : 1)) * sizeof *delay);
+    int64_t *set_ns = malloc(writes * sizeof *set_ns);
+    size_t nd = 0;
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_INT64_VALUE;
+    for (size_t i = 0; i < writes + writes / 10; i++) { /* the first tenth warms up */
+        Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
+        req.key = (char *)key;
+        v.int64_value = (int64_t)i;
+        req.value = &v;
+        ProtobufCMessage *resp;
+        drey_client_status st;
+        atomic_store(&arrived, 0);
+        int64_t t0 = now_ns();
+        if (drey_client_unary(writer, DREY_CLIENT_CACHE("Set"), &req.base, &drey__cache__v1__set_response__descriptor,
+                              10000, &a, &resp, &st) != GRPC_STATUS_OK) {
+            fprintf(stderr, "Set: %s\n", st.message);
+            return 1;
+        }
+        int64_t acked = now_ns();
+        uint64_t version = ((Drey__Cache__V1__SetResponse *)resp)->version;
+        bool counted = i >= writes / 10;
+        if (counted)
+            set_ns[i - writes / 10] = acked - t0;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 10;
+        pthread_mutex_lock(&arrived_mu);
+        while (atomic_load(&arrived) < n_watchers) {
+            if (pthread_cond_timedwait(&arrived_cond, &arrived_mu, &until) != 0) {
+                fprintf(stderr, "%zu of %zu watchers had version %llu after 10 s\n", atomic_load(&arrived),
+                        n_watchers, (unsigned long long)version);
+                return 1;
+            }
+        }
+        pthread_mutex_unlock(&arrived_mu);
+        for (size_t j = 0; j < n_watchers; j++) {
+            if (atomic_load(&ws[j].last_version) != version) {
+                fprintf(stderr, "watcher %zu: an event out of step\n", j);
+                return 1;
+            }
+            if (counted)
+                delay[nd++] = atomic_load(&ws[j].last_at) - acked;
+        }
+        drey_arena_reset(&a);
+    }
+    printf("watchers=%zu writes=%zu filter=%s\n", n_watchers, writes, whole_cache ? "whole cache" : "one key");
+    report("Set latency", set_ns, writes);
+    if (n_watchers > 0)
+        report("ack -> event delay", delay, nd);
+    for (size_t i = 0; i < n_watchers; i++)
+        drey_client_stream_cancel(ws[i].stream);
+    for (size_t i = 0; i < n_watchers; i++) {
+        pthread_join(ws[i].thread, NULL);
+        drey_client_close(ws[i].client);
+    }
+    drey_arena_destroy(&a);
+    drey_client_close(writer);
+    free(ws);
+    free(delay);
+    free(set_ns);
+    return 0;
+}
+
+/* --- store mode ---------------------------------------------------------- */
+
+static double put_ns(drey_store *s, size_t writes) {
+    static uint8_t value[100];
+    drey_value v = {.kind = DREY_VALUE_BYTES, .data = value, .len = sizeof value};
+    char buf[32];
+    int64_t t0 = now_ns();
+    for (size_t i = 0; i < writes; i++) {
+        snprintf(buf, sizeof buf, "key-%012zu", i % 100000);
+        drey_key k;
+        drey_store_key(s, &k, "", 0, buf, 16);
+        drey_store_txn t;
+        drey_store_txn_begin(s, &t, &k, 1);
+        drey_store_txn_put(&t, &k, &v, 0, drey_store_next_version(s));
+        drey_store_txn_end(&t);
+    }
+    return (double)(now_ns() - t0) / (double)writes;
+}
+
+static int run_store(size_t writes) {
+    drey_store *plain = drey_store_create(), *hubbed = drey_store_create();
+    drey_watch *w = drey_watch_create(&(drey_watch_options){.store = hubbed, .max_per_principal = 1,
+                                                            .buffer_bytes = 1 << 20, .history_bytes = 1 << 24});
+    drey_watch_start(w);
+    put_ns(plain, writes / 10); /* warm both tables */
+    put_ns(hubbed, writes / 10);
+    double a[5], b[5];
+    for (int r = 0; r < 5; r++) { /* alternating rounds */
+        a[r] = put_ns(plain, writes);
+        b[r] = put_ns(hubbed, writes);
+    }
+    printf("store put, ns/op over %zu writes, 5 alternating rounds\n", writes);
+    double sa = 0, sb = 0;
+    for (int r = 0; r < 5; r++) {
+        printf("  round %d: no observer %.1f, idle hub %.1f (ratio %.3f)\n", r + 1, a[r], b[r], b[r] / a[r]);
+        sa += a[r];
+        sb += b[r];
+    }
+    printf("  mean: no observer %.1f, idle hub %.1f, ratio %.3f\n", sa / 5, sb / 5, sb / sa);
+    drey_watch_destroy(w);
+    drey_store_destroy(plain);
+    drey_store_destroy(hubbed);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    size_t watchers = 1, writes = 2000;
+    bool store = false;
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], "--target=", 9) == 0)
+            target = argv[i] + 9;
+        else if (strncmp(argv[i], "--watchers=", 11) == 0)
+            watchers = strtoul(argv[i] + 11, NULL, 10);
+        else if (strncmp(argv[i], "--writes=", 9) == 0)
+            writes = strtoul(argv[i] + 9, NULL, 10);
+        else if (strcmp(argv[i], "--keys=all") == 0)
+            whole_cache = true;
+        else if (strcmp(argv[i], "--store") == 0)
+            store = true;
+        else {
+            fprintf(stderr, "usage: %s --target=HOST:PORT [--watchers=N] [--writes=M] [--keys=all] | --store\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (store)
+        return run_store(writes);
+    if (target == NULL || writes == 0) {
+        fprintf(stderr, "--target is required\n");
+        return 2;
+    }
+    return run_server(watchers, writes);
+}
