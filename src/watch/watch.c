@@ -14,7 +14,8 @@
  * not yet heard (on_sent) that they left; then its next messages go from
  * that completion. An idle stream that gets an event is put on the kick
  * list for the delivery thread. At most one thread builds a stream's
- * messages at a time (its mutex), so they leave in buffer order.
+ * messages at a time (`busy`, outside its mutex so publishers never wait
+ * for an encoding), so they leave in buffer order.
  */
 #include "drey/watch.h"
 
@@ -121,7 +122,10 @@ struct stream {
     bool resync_pending;
     uint64_t resync_seq;
     const char *resync_reason;
-    bool sending, kicked;
+    bool sending;       /* handed messages the transport has not reported gone */
+    bool busy;          /* a thread builds and sends messages outside mu */
+    bool drained;       /* on_sent came while busy */
+    bool kicked;
 
     stream *prev, *next;  /* the hub's attached streams */
     stream *kick_next;
@@ -213,7 +217,7 @@ static bool stream_wants(const stream *s, const wevent *e) {
 /* Under w->mu and s->mu: queues the stream for the delivery
  * thread if nothing will send its buffer otherwise. */
 static void kick_locked(drey_watch *w, stream *s) {
-    if (s->sending || s->kicked || s->done)
+    if (s->sending || s->busy || s->kicked || s->done)
         return;
     s->kicked = true;
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
@@ -402,45 +406,83 @@ static void marker_msg(const stream *s, Drey__Cache__V1__WatchEvent__Kind kind, 
     m->reason = (char *)(reason != NULL ? reason : "");
 }
 
+/* One message to send, taken from the buffer under the stream's mutex. */
+typedef struct pending {
+    Drey__Cache__V1__WatchEvent__Kind marker; /* WATCHING or RESYNC_REQUIRED; 0: the event */
+    uint64_t seq;
+    const char *reason;
+    wevent *event;
+} pending;
+
+/* Under s->mu: up to SEND_BATCH messages, in order, out of the buffer. */
+static size_t take(stream *s, pending *out) {
+    size_t n = 0;
+    while (n < SEND_BATCH && (s->hello_pending || s->resync_pending || s->ring_n > 0)) {
+        pending *p = &out[n++];
+        memset(p, 0, sizeof *p);
+        if (s->hello_pending) {
+            p->marker = DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING;
+            p->seq = s->hello_seq;
+            s->hello_pending = false;
+        } else if (s->resync_pending) {
+            p->marker = DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED;
+            p->seq = s->resync_seq;
+            p->reason = s->resync_reason;
+            s->resync_pending = false;
+        } else {
+            p->event = s->ring[s->ring_head];
+            s->ring_head = (s->ring_head + 1) % s->ring_cap;
+            s->ring_n--;
+            s->ring_bytes -= p->event->bytes;
+        }
+    }
+    return n;
+}
+
 /* Hands the stream's next messages to the transport, unless it is sending
- * already. Any thread but the store's observer. */
+ * already. Any thread but the store's observer. Messages are built and
+ * sent outside the stream's mutex, so a writer publishing to the stream
+ * (with a shard locked) never waits for their encoding; `busy` keeps a
+ * second thread out meanwhile, so they leave in order. */
 static void flush(stream *s) {
     char scratch[2048];
     drey_arena a;
     drey_arena_init(&a, scratch, sizeof scratch);
+    pending batch[SEND_BATCH];
     pthread_mutex_lock(&s->mu);
-    if (s->done || s->sending || s->state != S_ATTACHED) {
+    if (s->done || s->busy || s->sending || s->state != S_ATTACHED) {
         pthread_mutex_unlock(&s->mu);
         drey_arena_destroy(&a);
         return;
     }
-    size_t sent = 0;
-    while (sent < SEND_BATCH && (s->hello_pending || s->resync_pending || s->ring_n > 0)) {
-        Drey__Cache__V1__WatchEvent m;
-        if (s->hello_pending) {
-            marker_msg(s, DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING, s->hello_seq, NULL, &a, &m);
-            s->hello_pending = false;
-        } else if (s->resync_pending) {
-            marker_msg(s, DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED, s->resync_seq, s->resync_reason, &a,
-                       &m);
-            s->resync_pending = false;
-        } else {
-            wevent *e = s->ring[s->ring_head];
-            s->ring_head = (s->ring_head + 1) % s->ring_cap;
-            s->ring_n--;
-            s->ring_bytes -= e->bytes;
-            event_msg(s, e, &a, &m);
-            drey_call_send(s->call, &m.base);
+    s->busy = true;
+    for (;;) {
+        size_t n = take(s, batch);
+        if (n == 0)
+            break;
+        s->sending = true;
+        s->drained = false;
+        pthread_mutex_unlock(&s->mu);
+        for (size_t i = 0; i < n; i++) {
+            Drey__Cache__V1__WatchEvent m;
+            if (batch[i].event != NULL) {
+                event_msg(s, batch[i].event, &a, &m);
+                drey_call_send(s->call, &m.base);
+                event_unref(batch[i].event);
+            } else {
+                marker_msg(s, batch[i].marker, batch[i].seq, batch[i].reason, &a, &m);
+                drey_call_send(s->call, &m.base);
+            }
             drey_arena_reset(&a);
-            event_unref(e);
-            sent++;
-            continue;
         }
-        drey_call_send(s->call, &m.base);
-        drey_arena_reset(&a);
-        sent++;
+        pthread_mutex_lock(&s->mu);
+        /* Everything sent left while we were sending: no other on_sent
+         * will come for it, so go on here. */
+        if (!s->drained || s->done)
+            break;
+        s->sending = false;
     }
-    s->sending = sent > 0;
+    s->busy = false;
     pthread_mutex_unlock(&s->mu);
     drey_arena_destroy(&a);
 }
@@ -689,6 +731,11 @@ static void on_sent(void *ctx, drey_call *call) {
     if (s == NULL)
         return;
     pthread_mutex_lock(&s->mu);
+    if (s->busy) {
+        s->drained = true; /* the sending thread goes on */
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     s->sending = false;
     pthread_mutex_unlock(&s->mu);
     flush(s);
