@@ -14,7 +14,8 @@ import time
 
 import grpc
 
-from drey_harness import DreyTestCase, RpcFailure, ServiceClient, CACHE_SERVICE, main, make_value, value_of
+from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, DreyTestCase, RpcFailure, ServiceClient, main,
+                          value_of)
 
 DEADLINE = 20.0
 
@@ -231,6 +232,40 @@ class WatchLimitTest(DreyTestCase):
                 return
             self.assertEqual(ev.kind, kind(self.pb, "WATCHING"))  # recording was still on
         self.fail("a position from before the pause still resumed")
+
+
+class WatchDurableTest(DreyTestCase):
+    """Events follow durability: a write the journal refuses (its disk
+    quota) is never reported, and consumes no version."""
+    SERVER_FLAGS = ("--segment-bytes=1MiB", "--journal-max-bytes=4MiB", "--snapshot-every-bytes=0",
+                    "--snapshot-every=0")
+
+    def test_a_write_refused_by_the_journal_sends_nothing(self):
+        k = self.key()
+        w, _ = self.watch_key(k)
+        acked = []
+        refused = None
+        for _ in range(100):
+            try:
+                acked.append(self.set(k, b"v" * (200 * 1024)).version)
+            except grpc.RpcError as e:
+                refused = RpcFailure(e)
+                break
+        self.assertIsNotNone(refused, "the quota never refused a write")
+        self.assertRpcFailure(refused, grpc.StatusCode.RESOURCE_EXHAUSTED, "JOURNAL_DISK_QUOTA")
+        admin = ServiceClient(self.channel, self.pb.admin, ADMIN_SERVICE)
+        admin.Snapshot(self.pb.admin.SnapshotRequest(), timeout=60)  # frees the journal
+        sentinel = self.set(k, "after").version
+        got = []
+        while not got or got[-1] != sentinel:
+            got.append(w.next().version)
+        self.assertEqual(got, acked + [sentinel])
+        self.assertEqual(sentinel, acked[-1] + 1, "the refused write consumed a version")
+
+    def watch_key(self, k):
+        w = Watcher(self.cache, keys=[k])
+        self.addCleanup(w.cancel)
+        return w, w.next()
 
 
 if __name__ == "__main__":
