@@ -37,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "drey/pipeline.h"
 #include "drey/server.h"
@@ -78,5 +79,10 @@ typedef struct drey_watch_stats {
     bool recording;
 } drey_watch_stats;
 void drey_watch_get_stats(drey_watch *w, drey_watch_stats *out);
+
+/* A metrics collector (drey_metrics_add_collector): drey_watch_streams,
+ * drey_watch_events_total, drey_watch_resyncs_total,
+ * drey_watch_history_events, drey_watch_history_bytes, drey_watch_recording. */
+void drey_watch_collect_metrics(void *ctx, FILE *out);
 
 #endif

@@ -31,6 +31,7 @@
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/metrics.h"
 
 #define WATCH_PATH "/drey.cache.v1.Cache/Watch"
 /* Messages handed to the transport at once: enough to keep a stream busy
@@ -884,4 +885,25 @@ void drey_watch_get_stats(drey_watch *w, drey_watch_stats *out) {
     out->history_bytes = w->hbytes;
     out->recording = atomic_load(&w->recording);
     pthread_mutex_unlock(&w->mu);
+}
+
+void drey_watch_collect_metrics(void *ctx, FILE *out) {
+    drey_watch_stats st;
+    drey_watch_get_stats(ctx, &st);
+    static const struct {
+        const char *name, *type, *help;
+    } rows[] = {
+        {"drey_watch_streams", "gauge", "Watch streams open."},
+        {"drey_watch_events_total", "counter", "Changes numbered in the change feed."},
+        {"drey_watch_resyncs_total", "counter", "RESYNC_REQUIRED owed to readers whose buffer overflowed."},
+        {"drey_watch_history_events", "gauge", "Events kept for resuming watches."},
+        {"drey_watch_history_bytes", "gauge", "Bytes of the events kept for resuming watches."},
+        {"drey_watch_recording", "gauge", "1 while the feed records changes (a watch is open, or was lately)."},
+    };
+    const double values[] = {(double)st.streams,        (double)st.events,        (double)st.resyncs,
+                             (double)st.history_events, (double)st.history_bytes, st.recording ? 1.0 : 0.0};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        drey_metrics_header(out, rows[i].name, rows[i].type, rows[i].help);
+        drey_metrics_sample(out, rows[i].name, "", values[i]);
+    }
 }

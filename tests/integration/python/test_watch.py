@@ -144,7 +144,15 @@ class WatchTest(DreyTestCase):
 class WatchOverflowTest(DreyTestCase):
     # 15 events of 64 KiB fit, a 16th does not: after an overflow there is
     # always room for the small write that ends the test.
-    SERVER_FLAGS = ("--ephemeral", "--watch-buffer-bytes=1MiB")
+    SERVER_FLAGS = ("--ephemeral", "--watch-buffer-bytes=1MiB", "--ops-listen=127.0.0.1:0")
+
+    def metric(self, name):
+        status, body = self.server.ops_get("/metrics")
+        self.assertEqual(status, 200)
+        for line in body.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        self.fail("no %s in /metrics" % name)
 
     def test_a_stuck_reader_gets_one_resync_and_goes_on(self):
         k = self.key()
@@ -165,6 +173,10 @@ class WatchOverflowTest(DreyTestCase):
             events.append(ev)
             if ev.kind == kind(self.pb, "SET") and ev.version == after:
                 break
+        self.assertEqual(self.metric("drey_watch_streams"), 1)
+        self.assertEqual(self.metric("drey_watch_resyncs_total"), 1)
+        self.assertEqual(self.metric("drey_watch_recording"), 1)
+        self.assertGreaterEqual(self.metric("drey_watch_events_total"), len(versions) + 1)
         call.cancel()
         resyncs = [i for i, e in enumerate(events) if e.kind == kind(self.pb, "RESYNC_REQUIRED")]
         self.assertEqual(len(resyncs), 1, "exactly one RESYNC_REQUIRED: %r" % [e.kind for e in events])
