@@ -14,7 +14,8 @@
  * - Durable before visible: the store reports a write as it is applied,
  *   which on a durable node is after the journal made it durable, so a
  *   watcher never hears of a write that could be lost. Recovery replays
- *   before the hub is attached (drey_watch_start): replay is never reported.
+ *   before any watch is admitted (drey_watch_start), and the hub observes
+ *   the store only while watched: replay is never reported.
  * - Per-key order: one key's events come in the order its changes were
  *   applied (its versions' order).
  * - Bounded memory: a stream's buffer holds at most buffer_bytes of events
@@ -26,10 +27,10 @@
  *   set up, not for the stream's life), then a principal may hold at most
  *   max_per_principal watches at once (PRINCIPAL_WATCH_LIMIT).
  *
- * Cost when nobody watches: the hub records only while a stream is open
- * and for history_linger_ms after the last one closed (so a client that
- * reconnects can resume); otherwise a change costs the store one atomic load
- * and the hub one more.
+ * Cost when nobody watches: the hub is the store's observer only while a
+ * stream is open and for history_linger_ms after the last one closed (so a
+ * client that reconnects can resume); otherwise a change costs the store
+ * one atomic load of a NULL observer.
  */
 #ifndef DREY_WATCH_H
 #define DREY_WATCH_H
@@ -63,8 +64,10 @@ void drey_watch_destroy(drey_watch *w);
 /* Serves /drey.cache.v1.Cache/Watch on the server (before it starts). */
 bool drey_watch_register(drey_watch *w, drey_server *s);
 
-/* Attaches the hub to the store: call after recovery, before the node is
- * ready. */
+/* Starts the delivery thread; until then every watch is refused
+ * (RECOVERING). Call after recovery, before the node is ready: the hub
+ * becomes the store's observer only when a watch is admitted, so replayed
+ * writes are never reported. */
 void drey_watch_start(drey_watch *w);
 /* Ends every stream with OK and refuses new ones (the node is stopping), so
  * server shutdown does not wait for them. Detaches from the store. */

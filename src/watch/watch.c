@@ -76,7 +76,7 @@ struct drey_watch {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     _Atomic bool recording;
-    bool stopping, thread_running;
+    bool started, stopping, thread_running;
     pthread_t thread;
     uint64_t seq;          /* the last number given */
     uint64_t history_from; /* every event after it is in the history */
@@ -343,9 +343,15 @@ static void recording_begin_locked(drey_watch *w) {
         return;
     w->history_from = ++w->seq;
     atomic_store(&w->recording, true);
+    /* Attached only now: an unwatched node's writes see a NULL observer.
+     * A write that still saw none is complete in the store before this
+     * watch's WATCHING can reach anyone (it held the key's shard lock), so
+     * whatever a watcher reads after WATCHING already shows it. */
+    drey_store_set_observer(w->opts.store, &w->observer);
 }
 
 static void recording_end_locked(drey_watch *w) {
+    drey_store_set_observer(w->opts.store, NULL);
     atomic_store(&w->recording, false);
     history_trim(w, 0);
 }
@@ -638,9 +644,9 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
     }
     set_filter(s);
     pthread_mutex_lock(&w->mu);
-    if (w->stopping) {
+    if (w->stopping || !w->started) {
         pthread_mutex_unlock(&w->mu);
-        refuse(r, DREY_ERR_CANCELLED, NULL);
+        refuse(r, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING, NULL);
         return;
     }
     if (!principal_take(w, r->principal)) {
@@ -829,12 +835,11 @@ void drey_watch_start(drey_watch *w) {
             abort();
         w->thread_running = true;
     }
+    w->started = true;
     pthread_mutex_unlock(&w->mu);
-    drey_store_set_observer(w->opts.store, &w->observer);
 }
 
 void drey_watch_stop(drey_watch *w) {
-    drey_store_set_observer(w->opts.store, NULL);
     pthread_mutex_lock(&w->mu);
     w->stopping = true;
     recording_end_locked(w); /* an observer call already under way records nothing */

@@ -28,6 +28,7 @@ start() {
   echo "dreyd did not start" >&2; cat "$tmp/log" >&2; exit 1
 }
 stop() { kill "$pid"; wait "$pid" || true; pid=; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }  # dreyd's utime + stime
 
 for mode in durable ephemeral; do
   flags=(); [[ $mode == ephemeral ]] && flags=(--ephemeral)
@@ -35,6 +36,34 @@ for mode in durable ephemeral; do
     start "${flags[@]}"
     echo "== $mode dreyd, $n watchers"
     "$bin/tests/bench/watch_latency" --target="127.0.0.1:$port" --watchers="$n" --writes="$writes"
+    stop
+  done
+done
+# Write throughput beside 0, 1 and 100 whole-cache watchers (every write
+# is an event for each): what watching costs the write path.
+bazel build -c opt //:drey-bench >/dev/null 2>&1
+for mode in durable ephemeral; do
+  flags=(); [[ $mode == ephemeral ]] && flags=(--ephemeral)
+  for n in 0 1 100; do
+    start "${flags[@]}"
+    hold_pid=
+    if [[ $n -gt 0 ]]; then
+      mkfifo "$tmp/in-$n-$mode"
+      "$bin/tests/bench/watch_latency" --target="127.0.0.1:$port" --watchers="$n" --hold <"$tmp/in-$n-$mode" >"$tmp/hold" &
+      hold_pid=$!
+      exec 7>"$tmp/in-$n-$mode"
+      for _ in $(seq 1 600); do grep -q ready "$tmp/hold" && break; sleep 0.05; done
+    fi
+    echo "== $mode dreyd, drey-bench Set 4x16 beside $n whole-cache watchers"
+    t0=$(cpu_ticks)
+    out=$("$bin/drey-bench" --target="127.0.0.1:$port" --connections=4 --streams=16 --mix=set:1 --duration=4s \
+      --warmup=1s)
+    t1=$(cpu_ticks)
+    echo "$out" | grep -E "throughput|^calls"
+    calls=$(echo "$out" | awk '/^calls/ {print $2}')
+    hz=$(getconf CLK_TCK)
+    awk -v t="$((t1 - t0))" -v hz="$hz" -v c="$calls" 'BEGIN { printf "dreyd CPU    %.1f µs per Set (warmup included in the CPU, not in the calls)\n", t / hz * 1e6 / c }'
+    if [[ -n "$hold_pid" ]]; then exec 7>&-; wait "$hold_pid" || true; cat "$tmp/hold" | tail -1; fi
     stop
   done
 done
