@@ -112,6 +112,7 @@ struct stream {
     bool values;
 
     pthread_mutex_t mu;
+    pthread_cond_t idle; /* busy went false */
     stream_state state;
     bool done;          /* on_done ran: never touch the call again */
     void (*cancel_fn)(void *arg);
@@ -139,6 +140,7 @@ static void stream_unref(stream *s) {
         event_unref(s->ring[(s->ring_head + i) % s->ring_cap]);
     free(s->ring);
     free(s->principal);
+    pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
     drey_arena_destroy(&s->arena);
     free(s);
@@ -490,6 +492,7 @@ static void flush(stream *s) {
         s->sending = false;
     }
     s->busy = false;
+    pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
     drey_arena_destroy(&a);
 }
@@ -709,6 +712,7 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
     atomic_init(&s->refs, 2); /* the call's and the chain's */
     drey_arena_init(&s->arena, NULL, 0);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
     s->state = S_ADMITTING;
     drey_call_set_user(call, s);
     if (w->opts.clustered) {
@@ -754,9 +758,15 @@ static void on_done(void *ctx, drey_call *call) {
     if (s == NULL)
         return;
     drey_call_set_user(call, NULL);
-    pthread_mutex_lock(&w->mu);
+    /* The call may be freed once this returns: a thread sending outside the
+     * stream's mutex finishes first, and none starts after done. */
     pthread_mutex_lock(&s->mu);
     s->done = true;
+    while (s->busy)
+        pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&s->mu);
     bool attached = s->state == S_ATTACHED;
     void (*cancel)(void *) = s->cancel_fn;
     void *cancel_arg = s->cancel_arg;
