@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Change feeds: the delay from a Set's acknowledgement to its Watch event at
 # 0 (Set alone), 1 and 100 watchers, on a durable (fsync always) and an
-# ephemeral dreyd, and what an idle hub costs a store write. Builds with -c
-# opt, starts its own dreyd on a free loopback port per shape and stops it.
+# ephemeral dreyd, and Set throughput and dreyd CPU per Set beside 0, 1 and
+# 100 whole-cache watchers. Builds with -c opt, starts its own dreyd on a
+# free loopback port per shape and stops it.
 # Prints numbers; never fails on them.
 #
 #   tests/bench/watch.sh [writes]     (default 2000)
@@ -67,5 +68,3 @@ for mode in durable ephemeral; do
     stop
   done
 done
-echo "== store"
-"$bin/tests/bench/watch_latency" --store --writes=1000000

@@ -3,7 +3,6 @@
  *
  *   watch_latency --target=HOST:PORT [--watchers=N] [--writes=M] [--keys=all]
  *   watch_latency --target=HOST:PORT --watchers=N --hold
- *   watch_latency --store [--writes=M]
  *
  * Server mode: N watcher threads, each on a connection of its own, watch
  * one key (or the whole default cache); one writer sets the key M times,
@@ -17,9 +16,10 @@
  * until stdin closes, then print how many events they had: load for a
  * throughput run beside it.
  *
- * Store mode: what the hub costs a write when nobody watches: the store's
- * put, no observer against a started (attached, not recording) hub, in one
- * process, no gRPC. A benchmark: it prints numbers, never fails on them.
+ * What the feed costs a write when nobody watches is measured end to end
+ * instead (tests/bench/results/2026-12-01/watch_idle_ab.sh): an idle hub is
+ * not the store's observer, so no in-process A/B would differ. A benchmark:
+ * it prints numbers, never fails on them.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -32,8 +32,6 @@
 
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/client.h"
-#include "drey/store.h"
-#include "drey/watch.h"
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -228,57 +226,9 @@ static int run_server(size_t n_watchers, size_t writes, bool hold) {
     return 0;
 }
 
-/* --- store mode ---------------------------------------------------------- */
-
-static double put_ns(drey_store *s, size_t writes) {
-    static uint8_t value[100];
-    drey_value v = {.kind = DREY_VALUE_BYTES, .data = value, .len = sizeof value};
-    char buf[32];
-    int64_t t0 = now_ns();
-    for (size_t i = 0; i < writes; i++) {
-        snprintf(buf, sizeof buf, "key-%012zu", i % 100000);
-        drey_key k;
-        drey_store_key(s, &k, "", 0, buf, 16);
-        drey_store_txn t;
-        drey_store_txn_begin(s, &t, &k, 1);
-        drey_store_txn_put(&t, &k, &v, 0, drey_store_next_version(s));
-        drey_store_txn_end(&t);
-    }
-    return (double)(now_ns() - t0) / (double)writes;
-}
-
-static int run_store(size_t writes) {
-    drey_store *plain = drey_store_create(), *hubbed = drey_store_create();
-    drey_watch *w = drey_watch_create(&(drey_watch_options){.store = hubbed, .max_per_principal = 1,
-                                                            .buffer_bytes = 1 << 20, .history_bytes = 1 << 24});
-    drey_watch_start(w);
-    put_ns(plain, writes / 10); /* warm both tables */
-    put_ns(hubbed, writes / 10);
-    enum { ROUNDS = 11 };
-    double a[ROUNDS], b[ROUNDS];
-    for (int r = 0; r < ROUNDS; r++) { /* alternating rounds */
-        a[r] = put_ns(plain, writes);
-        b[r] = put_ns(hubbed, writes);
-    }
-    printf("store put, ns/op over %zu writes, %d alternating rounds\n", writes, ROUNDS);
-    for (int r = 0; r < ROUNDS; r++)
-        printf("  round %2d: no observer %.1f, idle hub %.1f (ratio %.3f)\n", r + 1, a[r], b[r], b[r] / a[r]);
-    /* The machine is shared: the fastest round of each is the least disturbed. */
-    double ma = a[0], mb = b[0];
-    for (int r = 1; r < ROUNDS; r++) {
-        ma = a[r] < ma ? a[r] : ma;
-        mb = b[r] < mb ? b[r] : mb;
-    }
-    printf("  fastest round: no observer %.1f, idle hub %.1f, ratio %.3f\n", ma, mb, mb / ma);
-    drey_watch_destroy(w);
-    drey_store_destroy(plain);
-    drey_store_destroy(hubbed);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     size_t watchers = 1, writes = 2000;
-    bool store = false, hold = false;
+    bool hold = false;
     for (int i = 1; i < argc; i++) {
         if (strncmp(argv[i], "--target=", 9) == 0)
             target = argv[i] + 9;
@@ -288,18 +238,14 @@ int main(int argc, char **argv) {
             writes = strtoul(argv[i] + 9, NULL, 10);
         else if (strcmp(argv[i], "--keys=all") == 0)
             whole_cache = true;
-        else if (strcmp(argv[i], "--store") == 0)
-            store = true;
         else if (strcmp(argv[i], "--hold") == 0)
             hold = holding = whole_cache = true;
         else {
-            fprintf(stderr, "usage: %s --target=HOST:PORT [--watchers=N] [--writes=M] [--keys=all] | --store\n",
+            fprintf(stderr, "usage: %s --target=HOST:PORT [--watchers=N] [--writes=M] [--keys=all] [--hold]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (store)
-        return run_store(writes);
     if (target == NULL || writes == 0) {
         fprintf(stderr, "--target is required\n");
         return 2;
