@@ -246,6 +246,23 @@ class WatchLimitTest(DreyTestCase):
         self.fail("a position from before the pause still resumed")
 
 
+class WatchShutdownTest(DreyTestCase):
+    SERVER_FLAGS = None
+
+    def test_stopping_ends_open_watches_with_ok(self):
+        # A long shutdown timeout: a stream the node did not end itself would
+        # hold the exit back for a minute, past the stop deadline.
+        srv = self.start_server("--ephemeral", "--shutdown-timeout=60s")
+        client = ServiceClient(srv.channel(), self.pb.cache, CACHE_SERVICE)
+        w = Watcher(client)
+        self.assertEqual(w.next().kind, kind(self.pb, "WATCHING"))
+        srv.signal()
+        self.assertIsNone(w.events.get(timeout=DEADLINE), "an event instead of the end")
+        self.assertIsNone(w.error, "the stream ended with %r, not OK" % (w.error,))
+        srv.wait(timeout=20)
+        self.assertEqual(srv.returncode, 0)
+
+
 class WatchDurableTest(DreyTestCase):
     """Events follow durability: a write the journal refuses (its disk
     quota) is never reported, and consumes no version."""
