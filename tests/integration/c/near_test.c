@@ -188,3 +188,60 @@ Test(near, a_resync_empties_it) {
     cr_assert_eq(after.misses, before.misses + 1, "a was served from memory after the resync");
     drey_near_close(n);
 }
+
+/* A near cache of its own node: the node goes away, the watch ends, and the
+ * near cache empties rather than serve what it can no longer keep fresh. */
+Test(near, without_its_watch_it_serves_nothing_from_memory) {
+    harness_server other;
+    static const char *const other_flags[] = {"--ephemeral", NULL};
+    harness_start(&other, other_flags);
+    drey_near_options o = {.server = {.target = other.addr}, .cache = "gone"};
+    char err[256];
+    drey_near_cache *n = drey_near_open(&o, HARNESS_DEADLINE_MS, err, sizeof err);
+    cr_assert_not_null(n, "%s", err);
+    drey_client *c = harness_client(&other);
+    Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
+    req.cache = "gone";
+    req.key = "k";
+    req.value = harness_string(&env, "v");
+    ProtobufCMessage *resp;
+    drey_client_status st;
+    cr_assert_eq(drey_client_unary(c, DREY_CLIENT_CACHE("Set"), &req.base, &drey__cache__v1__set_response__descriptor,
+                                   10000, &env.arena, &resp, &st),
+                 GRPC_STATUS_OK);
+    drey_client_close(c);
+    bool found;
+    drey_near_stats s;
+    int64_t until = drey_mono_ms() + HARNESS_DEADLINE_MS;
+    do { /* the Set's event may come after a first read and drop what it kept */
+        cr_assert_lt(drey_mono_ms(), until, "never a hit");
+        near_get(n, "k", &found);
+        cr_assert(found);
+        drey_near_get_stats(n, &s);
+    } while (s.hits == 0);
+    cr_assert_eq(s.entries, 1);
+    uint64_t hits = s.hits;
+
+    harness_stop(&other);
+    int64_t end = drey_mono_ms() + HARNESS_DEADLINE_MS;
+    do { /* the watch ends once the thread sees the stream go */
+        cr_assert_lt(drey_mono_ms(), end, "the near cache still holds its entry");
+        drey_near_get_stats(n, &s);
+    } while (s.entries > 0);
+    Drey__Cache__V1__Value *v;
+    uint64_t version;
+    cr_assert_not(drey_near_get(n, "k", 2000, &env.arena, &found, &v, &version, &st),
+                  "served k with its node gone");
+    drey_near_get_stats(n, &s);
+    cr_assert_eq(s.hits, hits, "a hit without a watch");
+    drey_near_close(n);
+}
+
+Test(near, open_fails_when_the_watch_does_not_start) {
+    drey_near_options o = {.server = {.target = "127.0.0.1:1"}}; /* nothing listens on port 1 */
+    char err[256] = "";
+    int64_t t0 = drey_mono_ms();
+    cr_assert_null(drey_near_open(&o, 300, err, sizeof err));
+    cr_assert(strstr(err, "did not start") != NULL, "%s", err);
+    cr_assert_lt(drey_mono_ms() - t0, 10000, "open did not give up near its timeout");
+}
