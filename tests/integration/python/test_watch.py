@@ -246,6 +246,31 @@ class WatchLimitTest(DreyTestCase):
         self.fail("a position from before the pause still resumed")
 
 
+class WatchNoHistoryTest(DreyTestCase):
+    SERVER_FLAGS = ("--ephemeral", "--watch-history-bytes=0")
+
+    def test_only_the_newest_position_resumes(self):
+        k = self.key()
+        w = Watcher(self.cache, keys=[k])
+        self.addCleanup(w.cancel)
+        first = w.next()
+        self.set(k, 1)
+        one = w.next()
+        self.set(k, 2)
+        two = w.next()
+        # Nothing is kept: after the newest event there is nothing to miss,
+        # after an older one there is.
+        r = Watcher(self.cache, keys=[k], resume_feed=first.feed, resume_after=two.sequence)
+        self.addCleanup(r.cancel)
+        self.assertEqual((r.next().kind), kind(self.pb, "WATCHING"))
+        old = Watcher(self.cache, keys=[k], resume_feed=first.feed, resume_after=one.sequence)
+        self.addCleanup(old.cancel)
+        ev = old.next()
+        self.assertEqual((ev.kind, ev.reason), (kind(self.pb, "RESYNC_REQUIRED"), "HISTORY_UNAVAILABLE"))
+        self.set(k, 3)
+        self.assertEqual(r.next().sequence, old.next().sequence, "both go on with the live events")
+
+
 class WatchShutdownTest(DreyTestCase):
     SERVER_FLAGS = None
 
