@@ -12,8 +12,9 @@
  *
  * Guarantees, per stream:
  * - Durable before visible: the store reports a write as it is applied,
- *   which on a durable node is after the journal made it durable, so a
- *   watcher never hears of a write that could be lost. Recovery replays
+ *   which on a durable node (--fsync=always) is after the journal made it
+ *   durable, so a watcher never hears of a write that could be lost (with a
+ *   relaxed --fsync, what a read would see). Recovery replays
  *   before any watch is admitted (drey_watch_start), and the hub observes
  *   the store only while watched: replay is never reported.
  * - Per-key order: one key's events come in the order its changes were
