@@ -78,6 +78,7 @@ typedef enum drey_error {
     /* New errors go last: remembered outcomes store the number. */
     DREY_ERR_INVALID_CURSOR,
     DREY_ERR_PRINCIPAL_WATCH_LIMIT,
+    DREY_ERR_NODE_WATCH_LIMIT,
     DREY_ERR_COUNT_
 } drey_error;
 

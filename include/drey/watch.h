@@ -25,8 +25,9 @@
  *   on with the events after it. Nothing is dropped without saying so.
  * - Admission: a Watch passes the request chain like any call (ready,
  *   validation, principal, backpressure: the slot is held while the watch is
- *   set up, not for the stream's life), then a principal may hold at most
- *   max_per_principal watches at once (PRINCIPAL_WATCH_LIMIT).
+ *   set up, not for the stream's life), then the node holds at most
+ *   max_streams (NODE_WATCH_LIMIT) and a principal at most max_per_principal
+ *   watches at once (PRINCIPAL_WATCH_LIMIT).
  *
  * Cost when nobody watches: the hub is the store's observer only while a
  * stream is open and for history_linger_ms after the last one closed (so a
@@ -50,6 +51,7 @@ typedef struct drey_watch drey_watch;
 typedef struct drey_watch_options {
     drey_store *store;
     drey_pipeline *pipeline;    /* admits new watches */
+    uint32_t max_streams;       /* concurrent watches on the node; 0: no limit */
     uint32_t max_per_principal; /* concurrent watches per principal */
     size_t buffer_bytes;        /* per stream, of events not yet sent */
     size_t history_bytes;       /* events kept for resuming; 0: none */

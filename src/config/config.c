@@ -198,6 +198,10 @@ static const option options[] = {
      "Per-principal token bucket size (0: one second of --principal-rate)."},
     {"max-principals", OPT_INT, FIELD(max_principals), "10000", 16, 10000000,
      "Principals tracked at once; idle ones are forgotten first, so a flood of new names cannot exhaust memory."},
+    {"max-watches", OPT_INT, FIELD(max_watches), "10000", 1, 10000000,
+     "Watch streams open on the node at once; beyond: RESOURCE_EXHAUSTED NODE_WATCH_LIMIT. Each may pin up to "
+     "--watch-buffer-bytes for a reader that is behind, so this bounds that memory with connection principals "
+     "(anyone may open connections)."},
     {"principal-max-watches", OPT_INT, FIELD(principal_max_watches), "64", 1, 1000000,
      "Watch streams one principal may have open at once; beyond: RESOURCE_EXHAUSTED PRINCIPAL_WATCH_LIMIT. A "
      "watch takes a --max-inflight slot only while it is set up."},

@@ -309,6 +309,7 @@ int main(int argc, char **argv, char **envp) {
     drey_watch_options wo = {
         .store = store,
         .pipeline = pipeline,
+        .max_streams = (uint32_t)cfg.max_watches,
         .max_per_principal = (uint32_t)cfg.principal_max_watches,
         .buffer_bytes = (size_t)cfg.watch_buffer_bytes,
         .history_bytes = (size_t)cfg.watch_history_bytes,

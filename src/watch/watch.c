@@ -652,6 +652,18 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
         refuse(r, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING, NULL);
         return;
     }
+    if (w->opts.max_streams > 0 && w->n_streams >= w->opts.max_streams) {
+        pthread_mutex_unlock(&w->mu);
+        drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+        drey_status_init(st);
+        drey_status_set(st, DREY_ERR_NODE_WATCH_LIMIT);
+        drey_status_add_metadata(st, "limitWatches", "%u", w->opts.max_streams);
+        snprintf(st->quota_subject, sizeof st->quota_subject, "node:%s", w->opts.node_id ? w->opts.node_id : "");
+        st->quota_description = "the node has --max-watches watches open";
+        st->retry_delay_ms = 1000;
+        drey_request_fail(r, st);
+        return;
+    }
     if (!principal_take(w, r->principal)) {
         pthread_mutex_unlock(&w->mu);
         drey_status *st = drey_arena_alloc(r->arena, sizeof *st);

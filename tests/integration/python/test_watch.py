@@ -193,7 +193,46 @@ class WatchOverflowTest(DreyTestCase):
 
 
 class WatchLimitTest(DreyTestCase):
-    SERVER_FLAGS = ("--ephemeral", "--principal-max-watches=2", "--watch-history-linger=0s")
+    SERVER_FLAGS = ("--ephemeral", "--principal-max-watches=2", "--max-watches=3", "--watch-history-linger=0s",
+                    "--node-id=wl", "--ops-listen=127.0.0.1:0")
+
+    def setUp(self):
+        # Streams of an earlier test leave asynchronously: start from none.
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            status, body = self.server.ops_get("/metrics")
+            self.assertEqual(status, 200)
+            if "\ndrey_watch_streams 0\n" in body:
+                return
+            self.assertLess(time.monotonic(), deadline, "watches of an earlier test are still open")
+
+    def test_watches_per_node(self):
+        channels = [self.server.channel(options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(4)]
+        clients = [ServiceClient(ch, self.pb.cache, CACHE_SERVICE) for ch in channels]
+        held = []
+        for c in clients[:3]:  # three principals, one watch each
+            w = Watcher(c)
+            self.addCleanup(w.cancel)
+            held.append(w)
+            self.assertEqual(w.next().kind, kind(self.pb, "WATCHING"))
+        with self.assertRaises(grpc.RpcError) as cm:
+            next(clients[3].Watch(clients[3].request("Watch"), timeout=DEADLINE))
+        f = self.assertRpcFailure(RpcFailure(cm.exception), grpc.StatusCode.RESOURCE_EXHAUSTED, "NODE_WATCH_LIMIT")
+        self.assertEqual(f.metadata.get("limitWatches"), "3")
+        self.assertEqual(f.quota_failure.violations[0].subject, "node:wl")
+        self.assertIsNotNone(f.retry_info)
+        for w in held:
+            w.cancel()
+        deadline = time.monotonic() + DEADLINE
+        while True:  # the node sees them go asynchronously
+            w = Watcher(clients[3])
+            self.addCleanup(w.cancel)
+            ev = w.events.get(timeout=DEADLINE)
+            if ev is not None:
+                break
+            self.assertEqual(RpcFailure(w.error).reason, "NODE_WATCH_LIMIT")
+            self.assertLess(time.monotonic(), deadline, "cancelled watches kept their places")
+        self.assertEqual(ev.kind, kind(self.pb, "WATCHING"))
 
     def test_watches_per_principal(self):
         ch = self.server.channel(options=[("grpc.use_local_subchannel_pool", 1)])
