@@ -256,6 +256,60 @@ void drey_client_pipeline_cancel(drey_client_pipeline *p);
  * Returns st->code. */
 grpc_status_code drey_client_pipeline_finish(drey_client_pipeline *p, drey_arena *arena, drey_client_status *st);
 
+/* --- change feeds and a near cache ---------------------------------------- */
+
+/* drey.cache.v1.Cache/Watch: a server stream of WatchEvents (see
+ * proto/drey/cache/v1/cache.proto). Read it with drey_client_stream_read
+ * (type &drey__cache__v1__watch_event__descriptor); the first event is
+ * WATCHING or RESYNC_REQUIRED. */
+drey_client_stream *drey_client_watch(drey_client *c, const Drey__Cache__V1__WatchRequest *request,
+                                      int64_t timeout_ms, drey_client_status *st);
+
+/* A near cache: values of one cache kept in this process, invalidated by a
+ * Watch of the whole cache on a connection (and a thread) of its own.
+ *
+ * Once the event of a change has arrived, no get serves a value older than
+ * that change: a miss reads from the node with a placeholder in the table,
+ * and an event for the key (or a RESYNC_REQUIRED, which empties the table)
+ * that arrives before the read returns drops the placeholder, so the read's
+ * answer is not kept. Entries also go at their expiry, and the oldest go
+ * when max_entries is reached. When the watch ends (the node went away),
+ * the near cache empties and serves nothing from memory until it has
+ * watched again (it reopens the stream, backing off 50 ms doubling to 2 s).
+ * Any number of threads may call drey_near_get. */
+typedef struct drey_near_cache drey_near_cache;
+
+typedef struct drey_near_options {
+    drey_client_options server; /* where to read and watch */
+    const char *cache;          /* "" or "default": the default cache */
+    size_t max_entries;         /* 0: 10,000 */
+    /* Called on the watch thread after each event has been applied (tests,
+     * metrics); NULL: none. */
+    void (*on_event)(void *ctx, const Drey__Cache__V1__WatchEvent *ev);
+    void *on_event_ctx;
+} drey_near_options;
+
+/* Opens both connections and waits up to timeout_ms for the watch to say
+ * WATCHING; NULL with a message in err otherwise. */
+drey_near_cache *drey_near_open(const drey_near_options *opts, int64_t timeout_ms, char *err, size_t err_cap);
+void drey_near_close(drey_near_cache *n);
+
+/* The key's value: from memory, or read from the node (timeout_ms) and
+ * kept. Returns true with *found and, when found, *value (in arena) and
+ * *version; false with st set when the read failed. */
+bool drey_near_get(drey_near_cache *n, const char *key, int64_t timeout_ms, drey_arena *arena, bool *found,
+                   Drey__Cache__V1__Value **value, uint64_t *version, drey_client_status *st);
+
+typedef struct drey_near_stats {
+    uint64_t hits, misses;
+    uint64_t events;        /* applied, WATCHING and RESYNC_REQUIRED included */
+    uint64_t invalidations; /* entries dropped by events */
+    uint64_t resyncs;       /* RESYNC_REQUIRED received (each emptied the table) */
+    uint64_t entries;       /* held now */
+    uint64_t watches;       /* times the watch said WATCHING */
+} drey_near_stats;
+void drey_near_get_stats(drey_near_cache *n, drey_near_stats *out);
+
 /* --- clusters: routing by key --------------------------------------------- */
 
 /* A drey cluster accepts any call on any node (a node that does not own the

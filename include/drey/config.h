@@ -62,6 +62,7 @@ typedef struct drey_config {
     int64_t principal_max_inflight, principal_max_queued;
     int64_t principal_rate, principal_burst;
     int64_t max_principals;
+    int64_t max_watches, principal_max_watches, watch_buffer_bytes, watch_history_bytes, watch_history_linger_ms;
     int64_t memory_limit_bytes;
     char *eviction;                 /* none, allkeys-lru, allkeys-lfu, volatile-lru, volatile-ttl */
     char *ops_listen;               /* the HTTP listener: health, details, metrics */

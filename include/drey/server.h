@@ -50,9 +50,11 @@ typedef struct drey_server_method {
     void (*unary)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *request);
     void (*on_done)(void *ctx, drey_call *call);
-    /* Streaming, optional: a message queued with drey_call_send() has been
-     * handed to the transport (so the queue is one shorter). Runs on the
-     * call's completion-queue thread, never after on_done. */
+    /* Streaming, optional: every message queued so far has been handed to
+     * the transport (HTTP/2 flow control let it go). A handler that must
+     * not queue without bound for a client that does not read sends a few
+     * messages, then more from here. Runs on a completion-queue thread,
+     * never after on_done. */
     void (*on_sent)(void *ctx, drey_call *call);
     void *ctx;
 } drey_server_method;

@@ -270,6 +270,46 @@ void drey_store_capture_shard(drey_store *s, size_t shard);
 /* Ends the capture once every shard was delivered. */
 void drey_store_capture_end(drey_store *s);
 
+/* --- changes ----------------------------------------------------------------
+ *
+ * An observer hears of every change to an entry of a client cache (internal
+ * '#' caches never): a value stored, a key removed, an entry expired and
+ * freed (by the sweep or by a write finding it), evicted, a cache cleared.
+ * It is called with the key's shard write-locked (every shard for a clear),
+ * so one key's changes reach it in the order they were applied, and it must
+ * not call into the store. Snapshot loads, drey_store_clear() and changes
+ * of expiry (Touch, Persist) are not reported, nor are the entries of a
+ * cleared cache as the sweep frees them (the clear said it). */
+
+typedef enum drey_store_change_kind {
+    DREY_STORE_CHANGE_SET = 1,
+    DREY_STORE_CHANGE_REMOVE,
+    DREY_STORE_CHANGE_EXPIRE,
+    DREY_STORE_CHANGE_EVICT,
+    DREY_STORE_CHANGE_CLEAR,
+} drey_store_change_kind;
+
+typedef struct drey_store_change {
+    drey_store_change_kind kind;
+    const char *cache; /* normalized: "" is the default cache */
+    size_t cache_len;
+    const char *key;   /* CLEAR: NULL */
+    size_t key_len;
+    drey_value value;  /* SET; valid during the call */
+    uint64_t version;  /* SET: the new one; else the version that went */
+    int64_t expires_at_ms;
+} drey_store_change;
+
+typedef struct drey_store_observer {
+    void (*fn)(void *ctx, const drey_store_change *c);
+    void *ctx;
+} drey_store_observer;
+
+/* Installs (o) or removes (NULL) the observer; o must outlive its use. A
+ * durable node installs it after recovery, so replayed writes are never
+ * reported. With none, a change costs one atomic load. */
+void drey_store_set_observer(drey_store *s, const drey_store_observer *o);
+
 /* Removes every entry (recovery starting over from an older snapshot). */
 void drey_store_clear(drey_store *s);
 

@@ -760,6 +760,10 @@ void drey_cache_destroy(drey_cache *c) {
     free(c);
 }
 
+Drey__Cache__V1__Value *drey_cache_value_out(drey_arena *a, const drey_value *v) {
+    return drey_cache__value_out(a, v);
+}
+
 bool drey_cache_register(drey_cache *c, drey_method_table *t) {
     return drey_method_table_add_service(t, &drey__cache__v1__cache__descriptor, methods,
                                          sizeof methods / sizeof methods[0], c);

@@ -922,3 +922,10 @@ void drey_client_close(drey_client *c) {
     free(c);
     grpc_shutdown();
 }
+
+/* --- change feeds --------------------------------------------------------- */
+
+drey_client_stream *drey_client_watch(drey_client *c, const Drey__Cache__V1__WatchRequest *request,
+                                      int64_t timeout_ms, drey_client_status *st) {
+    return drey_client_stream_start(c, DREY_CLIENT_CACHE("Watch"), &request->base, timeout_ms, st);
+}

@@ -209,6 +209,23 @@ static const option options[] = {
      "Per-principal token bucket size (0: one second of --principal-rate)."},
     {"max-principals", OPT_INT, FIELD(max_principals), "10000", 16, 10000000,
      "Principals tracked at once; idle ones are forgotten first, so a flood of new names cannot exhaust memory."},
+    {"max-watches", OPT_INT, FIELD(max_watches), "10000", 1, 10000000,
+     "Watch streams open on the node at once; beyond: RESOURCE_EXHAUSTED NODE_WATCH_LIMIT. Each may pin up to "
+     "--watch-buffer-bytes for a reader that is behind, so this bounds that memory with connection principals "
+     "(anyone may open connections)."},
+    {"principal-max-watches", OPT_INT, FIELD(principal_max_watches), "64", 1, 1000000,
+     "Watch streams one principal may have open at once; beyond: RESOURCE_EXHAUSTED PRINCIPAL_WATCH_LIMIT. A "
+     "watch takes a --max-inflight slot only while it is set up."},
+    {"watch-buffer-bytes", OPT_BYTES, FIELD(watch_buffer_bytes), "1MiB", 1024, (int64_t)1 << 34,
+     "Events one Watch stream may hold for a reader that is behind (at least one is always held); past it the "
+     "buffer is emptied and the reader gets one RESYNC_REQUIRED. More absorbs longer stalls at that memory per "
+     "stream."},
+    {"watch-history-bytes", OPT_BYTES, FIELD(watch_history_bytes), "16MiB", 0, (int64_t)1 << 40,
+     "Recent change events kept so a Watch can resume after the last event it saw (resume_after); older "
+     "positions get RESYNC_REQUIRED HISTORY_UNAVAILABLE. 0: no resuming."},
+    {"watch-history-linger", OPT_DURATION, FIELD(watch_history_linger_ms), "60s", 0, 24 * 3600 * 1000,
+     "How long changes are still recorded after the last Watch closed, so a client that reconnects within it "
+     "resumes; after it, recording stops (writes then cost nothing extra) and older positions cannot resume."},
     {"ops-listen", OPT_STRING, FIELD(ops_listen), "127.0.0.1:9090", 0, 0,
      "Address of the operators' HTTP listener: /health/live, /health/ready, /health/ready/details, /metrics "
      "(details and metrics need a JWT from outside loopback); empty: none."},

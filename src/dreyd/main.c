@@ -44,6 +44,7 @@
 #include "drey/storage.h"
 #include "drey/store.h"
 #include "drey/timer.h"
+#include "drey/watch.h"
 
 /* jemalloc's options, read before main runs (MALLOC_CONF in the environment
  * overrides any of them; a build without jemalloc never reads this).
@@ -308,6 +309,18 @@ int main(int argc, char **argv, char **envp) {
         .pipeline_window = (size_t)cfg.pipeline_window,
     };
     drey_pipeline *pipeline = drey_pipeline_create(&popts);
+    drey_watch_options wo = {
+        .store = store,
+        .pipeline = pipeline,
+        .max_streams = (uint32_t)cfg.max_watches,
+        .max_per_principal = (uint32_t)cfg.principal_max_watches,
+        .buffer_bytes = (size_t)cfg.watch_buffer_bytes,
+        .history_bytes = (size_t)cfg.watch_history_bytes,
+        .history_linger_ms = cfg.watch_history_linger_ms,
+        .clustered = clustered,
+        .node_id = node_id,
+    };
+    drey_watch *watch = drey_watch_create(&wo);
     drey_storage *storage = NULL;
     drey_server *internal = NULL;
     drey_cluster *cluster = NULL;
@@ -357,6 +370,7 @@ int main(int argc, char **argv, char **envp) {
     if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
         !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
+        !drey_watch_register(watch, server) ||
         !drey_reflect_register(server) ||
         (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
         DREY_LOG_ERROR("service registration failed");
@@ -369,6 +383,7 @@ int main(int argc, char **argv, char **envp) {
         method_names[i] = drey_server_method_path(server, i);
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
+    drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
     drey_server_set_call_observer(server, observe_call, metrics);
     /* Health answers from the start; the node is SERVING once recovered. */
     drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
@@ -453,6 +468,8 @@ int main(int argc, char **argv, char **envp) {
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
         drey_admin_set_cluster(admin, cluster);
     }
+    /* After recovery: replayed writes are never reported to watchers. */
+    drey_watch_start(watch);
     drey_pipeline_set_ready(pipeline, true);
     drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);
     drey_health_set(health, "", DREY_HEALTH_SERVING);
@@ -488,6 +505,8 @@ int main(int argc, char **argv, char **envp) {
     /* Out of the membership first, so peers stop forwarding here; calls in
      * flight still finish. */
     drey_cluster_leave(cluster);
+    /* Streams end now, or the server would wait for them until its timeout. */
+    drey_watch_stop(watch);
     drey_server_shutdown(server, cfg.shutdown_timeout_ms);
     if (internal != NULL) {
         drey_pipeline_drain_peers(pipeline);
@@ -501,6 +520,7 @@ out:
     drey_storage_close(storage);
     drey_server_destroy(server);
     drey_server_destroy(internal);
+    drey_watch_destroy(watch); /* after the server: its streams are over */
     drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);

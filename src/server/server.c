@@ -485,18 +485,14 @@ static void on_send(tag *t, bool ok) {
     (void)ok; /* a failed send means the call is gone; RECV_CLOSE tells us */
     if (is_streaming(c)) {
         pthread_mutex_lock(&c->mu);
-        /* Once the status batch has started no message batch can follow,
-         * and none can be in flight beside it: this was the status. */
-        bool message = !c->status_sent;
         c->sending = false;
         if (ok)
             pump_locked(c);
+        bool drained = ok && !c->sending && !c->finish_wanted && !atomic_load(&c->closed);
         pthread_mutex_unlock(&c->mu);
-        /* on_close runs on this same queue's thread: not closed yet means
-         * on_done has not run. */
-        const drey_server_method *m = &c->method->spec;
-        if (message && m->on_sent != NULL && !atomic_load(&c->closed))
-            m->on_sent(m->ctx, c);
+        /* Outside the lock: the handler sends its next messages from here. */
+        if (drained && c->method->spec.on_sent != NULL)
+            c->method->spec.on_sent(c->method->spec.ctx, c);
     }
     call_unref(c);
 }

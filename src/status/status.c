@@ -89,6 +89,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(JOURNAL_DISK_QUOTA, "JOURNAL_DISK_QUOTA",
           "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
     QUOTA(TOO_MANY_CACHES, "TOO_MANY_CACHES", "the write would open a cache past the node's limit on caches"),
+    QUOTA(PRINCIPAL_WATCH_LIMIT, "PRINCIPAL_WATCH_LIMIT",
+          "the caller has as many Watch streams open as it may (--principal-max-watches)"),
+    QUOTA(NODE_WATCH_LIMIT, "NODE_WATCH_LIMIT", "the node has as many Watch streams open as it may (--max-watches)"),
     QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
           "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
 #undef QUOTA

@@ -116,6 +116,8 @@ struct drey_store {
     pthread_mutex_t pool_mu;
     pool_entry pool[EVICT_POOL];
     size_t pool_len;            /* sorted by score, ascending */
+    /* Hears of changes (drey_store_set_observer); NULL: nobody. */
+    _Atomic(const drey_store_observer *) observer;
 };
 
 cache_slot *drey_store__slot(drey_store *s, uint32_t id);

@@ -458,6 +458,28 @@ static void unlink_free(drey_store *s, shard *sh, entry **slot) {
         resize(sh, (sh->mask + 1) / 2);
 }
 
+void drey_store_set_observer(drey_store *s, const drey_store_observer *o) {
+    atomic_store_explicit(&s->observer, o, memory_order_release);
+}
+
+/* Tells the observer, if any, of a change to e (still linked). */
+static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) {
+    const drey_store_observer *o = atomic_load_explicit(&s->observer, memory_order_acquire);
+    if (o == NULL || internal(e))
+        return;
+    drey_store_change c = {
+        .kind = kind,
+        .cache = (const char *)e->data,
+        .cache_len = e->cache_len,
+        .key = (const char *)e->data + e->cache_len,
+        .key_len = e->key_len,
+        .value = {.kind = (drey_value_kind)e->kind, .data = e->data + e->cache_len + e->key_len, .len = e->value_len},
+        .version = e->version,
+        .expires_at_ms = e->expires_at_ms,
+    };
+    o->fn(o->ctx, &c);
+}
+
 bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
                      void (*fn)(void *arg, const drey_entry_view *e), void *arg) {
     shard *sh = shard_of(s, k->hash);
@@ -621,6 +643,8 @@ bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, dr
     if (*slot == NULL)
         return false;
     if (!is_live(t->store, *slot, now_ms)) {
+        if (!retired(t->store, *slot))
+            observe(t->store, DREY_STORE_CHANGE_EXPIRE, *slot);
         unlink_free(t->store, sh, slot);
         return false;
     }
@@ -646,6 +670,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
         track_expiry(s, sh, e, old->expires_at_ms, expires_at_ms);
         account(s, sh, e, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
         free(old); /* after the copy: v may point into it */
+        observe(s, DREY_STORE_CHANGE_SET, e);
         return;
     }
     if (old != NULL) /* a cleared cache's entry: it goes, the new one counts afresh */
@@ -660,6 +685,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
     account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
+    observe(s, DREY_STORE_CHANGE_SET, e);
 }
 
 bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t expires_at_ms) {
@@ -677,6 +703,8 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k) {
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
+    if (!retired(t->store, *slot))
+        observe(t->store, DREY_STORE_CHANGE_REMOVE, *slot);
     unlink_free(t->store, sh, slot);
     return true;
 }
@@ -693,6 +721,7 @@ size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t versi
     atomic_fetch_add_explicit(&c->evicted_bytes, bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->evicted_bytes, bytes, memory_order_relaxed);
+    observe(s, DREY_STORE_CHANGE_EVICT, *slot);
     unlink_free(s, sh, slot);
     return bytes;
 }
@@ -719,6 +748,8 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
                 continue;
             }
             bool orphan = retired(s, *slot);
+            if (!orphan)
+                observe(s, DREY_STORE_CHANGE_EXPIRE, *slot);
             size_t before = sh->mask;
             unlink_free(s, sh, slot);
             freed++;
@@ -848,6 +879,11 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
         }
     }
     pthread_mutex_unlock(&r->mu);
+    const drey_store_observer *o = atomic_load_explicit(&s->observer, memory_order_acquire);
+    if (o != NULL && !(cache_len > 0 && cache[0] == '#')) {
+        drey_store_change c = {.kind = DREY_STORE_CHANGE_CLEAR, .cache = cache, .cache_len = cache_len};
+        o->fn(o->ctx, &c); /* every shard still locked: after each key's earlier changes */
+    }
     for (size_t j = DREY_STORE_SHARDS; j-- > 0;)
         pthread_rwlock_unlock(&s->shards[j].lock);
     return cleared;

@@ -215,7 +215,8 @@ class ReflectionMixin:
         methods = {m.name: m for m in svc.methods}
         self.assertEqual(set(methods), {"Get", "GetMany", "Set", "SetMany", "Add", "Update", "GetOrAdd", "Remove",
                                         "Touch", "Persist", "GetExpiration", "Increment", "RemoveMany", "Scan",
-                                        "Clear", "ListCaches", "GetCacheStats", "Pipeline"})
+                                        "Clear", "ListCaches", "GetCacheStats", "Pipeline", "Watch"})
+        self.assertTrue(methods["Watch"].server_streaming)
         set_m, get_m = methods["Set"], methods["Get"]
         self.assertEqual(set_m.input_type.full_name, "drey.cache.v1.SetRequest")
         SetRequest = prototype(pool, set_m.input_type.full_name)

@@ -1786,6 +1786,96 @@ void   drey__cache__v1__pipeline_result__free_unpacked
   assert(message->base.descriptor == &drey__cache__v1__pipeline_result__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__cache__v1__watch_request__init
+                     (Drey__Cache__V1__WatchRequest         *message)
+{
+  static const Drey__Cache__V1__WatchRequest init_value = DREY__CACHE__V1__WATCH_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__watch_request__get_packed_size
+                     (const Drey__Cache__V1__WatchRequest *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__watch_request__pack
+                     (const Drey__Cache__V1__WatchRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__watch_request__pack_to_buffer
+                     (const Drey__Cache__V1__WatchRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__WatchRequest *
+       drey__cache__v1__watch_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__WatchRequest *)
+     protobuf_c_message_unpack (&drey__cache__v1__watch_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__watch_request__free_unpacked
+                     (Drey__Cache__V1__WatchRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__watch_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__cache__v1__watch_event__init
+                     (Drey__Cache__V1__WatchEvent         *message)
+{
+  static const Drey__Cache__V1__WatchEvent init_value = DREY__CACHE__V1__WATCH_EVENT__INIT;
+  *message = init_value;
+}
+size_t drey__cache__v1__watch_event__get_packed_size
+                     (const Drey__Cache__V1__WatchEvent *message)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_event__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__cache__v1__watch_event__pack
+                     (const Drey__Cache__V1__WatchEvent *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_event__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__cache__v1__watch_event__pack_to_buffer
+                     (const Drey__Cache__V1__WatchEvent *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__cache__v1__watch_event__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Cache__V1__WatchEvent *
+       drey__cache__v1__watch_event__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Cache__V1__WatchEvent *)
+     protobuf_c_message_unpack (&drey__cache__v1__watch_event__descriptor,
+                                allocator, len, data);
+}
+void   drey__cache__v1__watch_event__free_unpacked
+                     (Drey__Cache__V1__WatchEvent *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__cache__v1__watch_event__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor drey__cache__v1__value__field_descriptors[7] =
 {
   {
@@ -5096,7 +5186,292 @@ const ProtobufCMessageDescriptor drey__cache__v1__pipeline_result__descriptor =
   (ProtobufCMessageInit) drey__cache__v1__pipeline_result__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[18] =
+static const ProtobufCFieldDescriptor drey__cache__v1__watch_request__field_descriptors[6] =
+{
+  {
+    "cache",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "keys",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Drey__Cache__V1__WatchRequest, n_keys),
+    offsetof(Drey__Cache__V1__WatchRequest, keys),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "prefix",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchRequest, prefix),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "include_values",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchRequest, include_values),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "resume_feed",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchRequest, resume_feed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "resume_after",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchRequest, resume_after),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__watch_request__field_indices_by_name[] = {
+  0,   /* field[0] = cache */
+  3,   /* field[3] = include_values */
+  1,   /* field[1] = keys */
+  2,   /* field[2] = prefix */
+  5,   /* field[5] = resume_after */
+  4,   /* field[4] = resume_feed */
+};
+static const ProtobufCIntRange drey__cache__v1__watch_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__watch_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.WatchRequest",
+  "WatchRequest",
+  "Drey__Cache__V1__WatchRequest",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__WatchRequest),
+  6,
+  drey__cache__v1__watch_request__field_descriptors,
+  drey__cache__v1__watch_request__field_indices_by_name,
+  1,  drey__cache__v1__watch_request__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__watch_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCEnumValue drey__cache__v1__watch_event__kind__enum_values_by_number[8] =
+{
+  { "KIND_UNSPECIFIED", "DREY__CACHE__V1__WATCH_EVENT__KIND__KIND_UNSPECIFIED", 0 },
+  { "WATCHING", "DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING", 1 },
+  { "SET", "DREY__CACHE__V1__WATCH_EVENT__KIND__SET", 2 },
+  { "REMOVE", "DREY__CACHE__V1__WATCH_EVENT__KIND__REMOVE", 3 },
+  { "EXPIRE", "DREY__CACHE__V1__WATCH_EVENT__KIND__EXPIRE", 4 },
+  { "EVICT", "DREY__CACHE__V1__WATCH_EVENT__KIND__EVICT", 5 },
+  { "CLEAR", "DREY__CACHE__V1__WATCH_EVENT__KIND__CLEAR", 6 },
+  { "RESYNC_REQUIRED", "DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED", 7 },
+};
+static const ProtobufCIntRange drey__cache__v1__watch_event__kind__value_ranges[] = {
+{0, 0},{0, 8}
+};
+static const ProtobufCEnumValueIndex drey__cache__v1__watch_event__kind__enum_values_by_name[8] =
+{
+  { "CLEAR", 6 },
+  { "EVICT", 5 },
+  { "EXPIRE", 4 },
+  { "KIND_UNSPECIFIED", 0 },
+  { "REMOVE", 3 },
+  { "RESYNC_REQUIRED", 7 },
+  { "SET", 2 },
+  { "WATCHING", 1 },
+};
+const ProtobufCEnumDescriptor drey__cache__v1__watch_event__kind__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.WatchEvent.Kind",
+  "Kind",
+  "Drey__Cache__V1__WatchEvent__Kind",
+  "drey.cache.v1",
+  8,
+  drey__cache__v1__watch_event__kind__enum_values_by_number,
+  8,
+  drey__cache__v1__watch_event__kind__enum_values_by_name,
+  1,
+  drey__cache__v1__watch_event__kind__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCFieldDescriptor drey__cache__v1__watch_event__field_descriptors[9] =
+{
+  {
+    "kind",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, kind),
+    &drey__cache__v1__watch_event__kind__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cache",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "key",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, key),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "value",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, value),
+    &drey__cache__v1__value__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "expires_at",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, expires_at),
+    &google__protobuf__timestamp__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "feed",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, feed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reason",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__WatchEvent, reason),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__cache__v1__watch_event__field_indices_by_name[] = {
+  1,   /* field[1] = cache */
+  5,   /* field[5] = expires_at */
+  7,   /* field[7] = feed */
+  2,   /* field[2] = key */
+  0,   /* field[0] = kind */
+  8,   /* field[8] = reason */
+  6,   /* field[6] = sequence */
+  4,   /* field[4] = value */
+  3,   /* field[3] = version */
+};
+static const ProtobufCIntRange drey__cache__v1__watch_event__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 9 }
+};
+const ProtobufCMessageDescriptor drey__cache__v1__watch_event__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.cache.v1.WatchEvent",
+  "WatchEvent",
+  "Drey__Cache__V1__WatchEvent",
+  "drey.cache.v1",
+  sizeof(Drey__Cache__V1__WatchEvent),
+  9,
+  drey__cache__v1__watch_event__field_descriptors,
+  drey__cache__v1__watch_event__field_indices_by_name,
+  1,  drey__cache__v1__watch_event__number_ranges,
+  (ProtobufCMessageInit) drey__cache__v1__watch_event__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptors[19] =
 {
   { "Get", &drey__cache__v1__get_request__descriptor, &drey__cache__v1__get_response__descriptor },
   { "GetMany", &drey__cache__v1__get_many_request__descriptor, &drey__cache__v1__get_many_response__descriptor },
@@ -5116,6 +5491,7 @@ static const ProtobufCMethodDescriptor drey__cache__v1__cache__method_descriptor
   { "ListCaches", &drey__cache__v1__list_caches_request__descriptor, &drey__cache__v1__list_caches_response__descriptor },
   { "GetCacheStats", &drey__cache__v1__get_cache_stats_request__descriptor, &drey__cache__v1__cache_stats__descriptor },
   { "Pipeline", &drey__cache__v1__pipeline_request__descriptor, &drey__cache__v1__pipeline_response__descriptor },
+  { "Watch", &drey__cache__v1__watch_request__descriptor, &drey__cache__v1__watch_event__descriptor },
 };
 const unsigned drey__cache__v1__cache__method_indices_by_name[] = {
   4,        /* Add */
@@ -5135,7 +5511,8 @@ const unsigned drey__cache__v1__cache__method_indices_by_name[] = {
   2,        /* Set */
   3,        /* SetMany */
   8,        /* Touch */
-  5         /* Update */
+  5,        /* Update */
+  18         /* Watch */
 };
 const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor =
 {
@@ -5144,7 +5521,7 @@ const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor =
   "Cache",
   "Drey__Cache__V1__Cache",
   "drey.cache.v1",
-  18,
+  19,
   drey__cache__v1__cache__method_descriptors,
   drey__cache__v1__cache__method_indices_by_name
 };
@@ -5291,6 +5668,14 @@ void drey__cache__v1__cache__pipeline(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__cache__v1__cache__descriptor);
   service->invoke(service, 17, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__cache__v1__cache__watch(ProtobufCService *service,
+                                   const Drey__Cache__V1__WatchRequest *input,
+                                   Drey__Cache__V1__WatchEvent_Closure closure,
+                                   void *closure_data)
+{
+  assert(service->descriptor == &drey__cache__v1__cache__descriptor);
+  service->invoke(service, 18, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
                                    Drey__Cache__V1__Cache_ServiceDestroy destroy)

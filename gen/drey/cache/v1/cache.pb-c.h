@@ -62,10 +62,46 @@ typedef struct Drey__Cache__V1__PipelineRequest Drey__Cache__V1__PipelineRequest
 typedef struct Drey__Cache__V1__PipelineOperation Drey__Cache__V1__PipelineOperation;
 typedef struct Drey__Cache__V1__PipelineResponse Drey__Cache__V1__PipelineResponse;
 typedef struct Drey__Cache__V1__PipelineResult Drey__Cache__V1__PipelineResult;
+typedef struct Drey__Cache__V1__WatchRequest Drey__Cache__V1__WatchRequest;
+typedef struct Drey__Cache__V1__WatchEvent Drey__Cache__V1__WatchEvent;
 
 
 /* --- enums --- */
 
+typedef enum _Drey__Cache__V1__WatchEvent__Kind {
+  DREY__CACHE__V1__WATCH_EVENT__KIND__KIND_UNSPECIFIED = 0,
+  /*
+   * The first event: every change after `sequence` will be reported.
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING = 1,
+  /*
+   * A value was stored (Set, SetMany, Add, Update, GetOrAdd, Increment).
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__SET = 2,
+  /*
+   * The key was removed (Remove, RemoveMany).
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__REMOVE = 3,
+  /*
+   * The entry expired and the node freed it.
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__EXPIRE = 4,
+  /*
+   * Memory pressure evicted the entry (--eviction).
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__EVICT = 5,
+  /*
+   * Every entry of the cache was removed (Clear); key is "".
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__CLEAR = 6,
+  /*
+   * Events were lost (the reader was too slow, or the resume position is
+   * no longer known): forget what you know of the watched keys. Every
+   * change after `sequence` will be reported.
+   */
+  DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED = 7
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(DREY__CACHE__V1__WATCH_EVENT__KIND)
+} Drey__Cache__V1__WatchEvent__Kind;
 
 /* --- messages --- */
 
@@ -891,6 +927,74 @@ struct  Drey__Cache__V1__PipelineResult
     , 0, NULL, DREY__CACHE__V1__PIPELINE_RESULT__RESPONSE__NOT_SET, {0} }
 
 
+struct  Drey__Cache__V1__WatchRequest
+{
+  ProtobufCMessage base;
+  char *cache;
+  /*
+   * At most one of keys and prefix; neither: every key of the cache.
+   * Keys: at most --max-batch, each a valid key.
+   */
+  size_t n_keys;
+  char **keys;
+  char *prefix;
+  /*
+   * SET events carry the value and expiry too.
+   */
+  protobuf_c_boolean include_values;
+  /*
+   * Resume: the feed and sequence of the last event an earlier watch of
+   * this node received. Events after it come first, if the node still
+   * keeps them; otherwise the stream starts with RESYNC_REQUIRED.
+   * feed 0: start from now.
+   */
+  uint64_t resume_feed;
+  uint64_t resume_after;
+};
+#define DREY__CACHE__V1__WATCH_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__watch_request__descriptor) \
+    , (char *)protobuf_c_empty_string, 0,NULL, (char *)protobuf_c_empty_string, 0, 0, 0 }
+
+
+struct  Drey__Cache__V1__WatchEvent
+{
+  ProtobufCMessage base;
+  Drey__Cache__V1__WatchEvent__Kind kind;
+  /*
+   * "default" for the default cache.
+   */
+  char *cache;
+  char *key;
+  /*
+   * SET: the new version; REMOVE, EXPIRE, EVICT: the version of the entry
+   * that went.
+   */
+  uint64_t version;
+  /*
+   * SET with include_values.
+   */
+  Drey__Cache__V1__Value *value;
+  Google__Protobuf__Timestamp *expires_at;
+  /*
+   * The event's place in this node's feed: increasing, never reused within
+   * one feed. A resume names the last one received.
+   */
+  uint64_t sequence;
+  /*
+   * This node's feed (a random number per process start): a resume is
+   * exact only within one feed.
+   */
+  uint64_t feed;
+  /*
+   * RESYNC_REQUIRED: why ("BUFFER_OVERFLOW", "HISTORY_UNAVAILABLE").
+   */
+  char *reason;
+};
+#define DREY__CACHE__V1__WATCH_EVENT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__watch_event__descriptor) \
+    , DREY__CACHE__V1__WATCH_EVENT__KIND__KIND_UNSPECIFIED, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, NULL, NULL, 0, 0, (char *)protobuf_c_empty_string }
+
+
 /* Drey__Cache__V1__Value methods */
 void   drey__cache__v1__value__init
                      (Drey__Cache__V1__Value         *message);
@@ -1644,6 +1748,44 @@ Drey__Cache__V1__PipelineResult *
 void   drey__cache__v1__pipeline_result__free_unpacked
                      (Drey__Cache__V1__PipelineResult *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__WatchRequest methods */
+void   drey__cache__v1__watch_request__init
+                     (Drey__Cache__V1__WatchRequest         *message);
+size_t drey__cache__v1__watch_request__get_packed_size
+                     (const Drey__Cache__V1__WatchRequest   *message);
+size_t drey__cache__v1__watch_request__pack
+                     (const Drey__Cache__V1__WatchRequest   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__watch_request__pack_to_buffer
+                     (const Drey__Cache__V1__WatchRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__WatchRequest *
+       drey__cache__v1__watch_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__watch_request__free_unpacked
+                     (Drey__Cache__V1__WatchRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Cache__V1__WatchEvent methods */
+void   drey__cache__v1__watch_event__init
+                     (Drey__Cache__V1__WatchEvent         *message);
+size_t drey__cache__v1__watch_event__get_packed_size
+                     (const Drey__Cache__V1__WatchEvent   *message);
+size_t drey__cache__v1__watch_event__pack
+                     (const Drey__Cache__V1__WatchEvent   *message,
+                      uint8_t             *out);
+size_t drey__cache__v1__watch_event__pack_to_buffer
+                     (const Drey__Cache__V1__WatchEvent   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Cache__V1__WatchEvent *
+       drey__cache__v1__watch_event__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__cache__v1__watch_event__free_unpacked
+                     (Drey__Cache__V1__WatchEvent *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Drey__Cache__V1__Value_Closure)
@@ -1775,6 +1917,12 @@ typedef void (*Drey__Cache__V1__PipelineResponse_Closure)
 typedef void (*Drey__Cache__V1__PipelineResult_Closure)
                  (const Drey__Cache__V1__PipelineResult *message,
                   void *closure_data);
+typedef void (*Drey__Cache__V1__WatchRequest_Closure)
+                 (const Drey__Cache__V1__WatchRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Cache__V1__WatchEvent_Closure)
+                 (const Drey__Cache__V1__WatchEvent *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1854,6 +2002,10 @@ struct Drey__Cache__V1__Cache_Service
                    const Drey__Cache__V1__PipelineRequest *input,
                    Drey__Cache__V1__PipelineResponse_Closure closure,
                    void *closure_data);
+  void (*watch)(Drey__Cache__V1__Cache_Service *service,
+                const Drey__Cache__V1__WatchRequest *input,
+                Drey__Cache__V1__WatchEvent_Closure closure,
+                void *closure_data);
 };
 typedef void (*Drey__Cache__V1__Cache_ServiceDestroy)(Drey__Cache__V1__Cache_Service *);
 void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
@@ -1879,7 +2031,8 @@ void drey__cache__v1__cache__init (Drey__Cache__V1__Cache_Service *service,
       function_prefix__ ## clear,\
       function_prefix__ ## list_caches,\
       function_prefix__ ## get_cache_stats,\
-      function_prefix__ ## pipeline  }
+      function_prefix__ ## pipeline,\
+      function_prefix__ ## watch  }
 void drey__cache__v1__cache__get(ProtobufCService *service,
                                  const Drey__Cache__V1__GetRequest *input,
                                  Drey__Cache__V1__GetResponse_Closure closure,
@@ -1952,6 +2105,10 @@ void drey__cache__v1__cache__pipeline(ProtobufCService *service,
                                       const Drey__Cache__V1__PipelineRequest *input,
                                       Drey__Cache__V1__PipelineResponse_Closure closure,
                                       void *closure_data);
+void drey__cache__v1__cache__watch(ProtobufCService *service,
+                                   const Drey__Cache__V1__WatchRequest *input,
+                                   Drey__Cache__V1__WatchEvent_Closure closure,
+                                   void *closure_data);
 
 /* --- descriptors --- */
 
@@ -1998,6 +2155,9 @@ extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_request__descr
 extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_operation__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__cache__v1__pipeline_result__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__watch_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__cache__v1__watch_event__descriptor;
+extern const ProtobufCEnumDescriptor    drey__cache__v1__watch_event__kind__descriptor;
 extern const ProtobufCServiceDescriptor drey__cache__v1__cache__descriptor;
 
 PROTOBUF_C__END_DECLS

@@ -1,0 +1,94 @@
+/*
+ * watch — change feeds: drey.cache.v1.Cache/Watch.
+ *
+ * The store reports every change to a client cache's entries to one
+ * observer (drey_store_set_observer), with the key's shard locked. The
+ * watch hub is that observer: it numbers each change in the node's feed (a
+ * sequence, increasing, per process start a new random feed id), keeps the
+ * most recent ones for resuming watches (the history, bounded in bytes) and
+ * puts each into the buffer of every stream whose filter it matches. A
+ * delivery thread and the streams' send completions move buffered events to
+ * the transport; nothing is sent from under a shard lock.
+ *
+ * Guarantees, per stream:
+ * - Durable before visible: the store reports a write as it is applied,
+ *   which on a durable node (--fsync=always) is after the journal made it
+ *   durable, so a watcher never hears of a write that could be lost (with a
+ *   relaxed --fsync, what a read would see). Recovery replays
+ *   before any watch is admitted (drey_watch_start), and the hub observes
+ *   the store only while watched: replay is never reported.
+ * - Per-key order: one key's events come in the order its changes were
+ *   applied (its versions' order).
+ * - Bounded memory: a stream's buffer holds at most buffer_bytes of events
+ *   (and always at least one). An event that does not fit empties the buffer
+ *   and makes the next message exactly one RESYNC_REQUIRED; the stream goes
+ *   on with the events after it. Nothing is dropped without saying so.
+ * - Admission: a Watch passes the request chain like any call (ready,
+ *   validation, principal, backpressure: the slot is held while the watch is
+ *   set up, not for the stream's life), then the node holds at most
+ *   max_streams (NODE_WATCH_LIMIT) and a principal at most max_per_principal
+ *   watches at once (PRINCIPAL_WATCH_LIMIT).
+ *
+ * Cost when nobody watches: the hub is the store's observer only while a
+ * stream is open and for history_linger_ms after the last one closed (so a
+ * client that reconnects can resume); otherwise a change costs the store
+ * one atomic load of a NULL observer.
+ */
+#ifndef DREY_WATCH_H
+#define DREY_WATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "drey/pipeline.h"
+#include "drey/server.h"
+#include "drey/store.h"
+
+typedef struct drey_watch drey_watch;
+
+typedef struct drey_watch_options {
+    drey_store *store;
+    drey_pipeline *pipeline;    /* admits new watches */
+    uint32_t max_streams;       /* concurrent watches on the node; 0: no limit */
+    uint32_t max_per_principal; /* concurrent watches per principal */
+    size_t buffer_bytes;        /* per stream, of events not yet sent */
+    size_t history_bytes;       /* events kept for resuming; 0: none */
+    int64_t history_linger_ms;  /* recording goes on this long after the last stream */
+    bool clustered;             /* refuse every watch: NOT_CLUSTER_WIDE */
+    const char *node_id;        /* QuotaFailure subject */
+} drey_watch_options;
+
+drey_watch *drey_watch_create(const drey_watch_options *opts);
+/* Ends every stream first (drey_watch_stop). */
+void drey_watch_destroy(drey_watch *w);
+
+/* Serves /drey.cache.v1.Cache/Watch on the server (before it starts). */
+bool drey_watch_register(drey_watch *w, drey_server *s);
+
+/* Starts the delivery thread; until then every watch is refused
+ * (RECOVERING). Call after recovery, before the node is ready: the hub
+ * becomes the store's observer only when a watch is admitted, so replayed
+ * writes are never reported. */
+void drey_watch_start(drey_watch *w);
+/* Ends every stream with OK and refuses new ones (the node is stopping), so
+ * server shutdown does not wait for them. Detaches from the store. */
+void drey_watch_stop(drey_watch *w);
+
+typedef struct drey_watch_stats {
+    uint64_t streams;         /* open now */
+    uint64_t events;          /* changes numbered in the feed, ever */
+    uint64_t resyncs;         /* RESYNC_REQUIRED sent for overflow, ever */
+    uint64_t history_events;  /* kept now */
+    uint64_t history_bytes;
+    bool recording;
+} drey_watch_stats;
+void drey_watch_get_stats(drey_watch *w, drey_watch_stats *out);
+
+/* A metrics collector (drey_metrics_add_collector): drey_watch_streams,
+ * drey_watch_events_total, drey_watch_resyncs_total,
+ * drey_watch_history_events, drey_watch_history_bytes, drey_watch_recording. */
+void drey_watch_collect_metrics(void *ctx, FILE *out);
+
+#endif
