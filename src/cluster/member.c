@@ -551,6 +551,37 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static void put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
+                      const char *primary, const char *joining) {
+    Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
+    e.primary = (char *)primary;
+    char *j[1] = {(char *)joining};
+    if (joining != NULL) {
+        e.joining = j;
+        e.n_joining = 1;
+    }
+    size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
+    uint8_t *buf = drey_arena_alloc(a, len ? len : 1);
+    drey__internal__v1__partition_entry__pack(&e, buf);
+    const char *key = partition_key(c, a, p);
+    drey_etcd_txn_if_mod_revision(t, key, DREY_ETCD_EQUAL, epoch);
+    drey_etcd_txn_put(t, DREY_ETCD_THEN, key, buf, len, 0);
+}
+
+/* One transaction of the controller's compared writes (none: nothing to
+ * do). False when etcd refused or failed: the controller looks again. */
+static bool commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops) {
+    if (ops == 0)
+        return true;
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    bool ok = drey_etcd_txn_commit(c->etcd, t, CALL_MS, a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+    if (!ok)
+        DREY_LOG_WARN("a partition table write did not apply (the table moved on, or etcd failed); the controller "
+                      "will look again", DREY_LOG_STR("error", st.message));
+    return ok;
+}
+
 /* The first assignment: every partition without an owner gets the node
  * rendezvous hashing ranks first among the members, once there are enough
  * of them. Returns false when etcd refused or failed (retried later). */
@@ -590,25 +621,11 @@ static bool assign_unowned(drey_cluster *c) {
         for (; p < c->n_parts && ops < TXN_OPS; p++) {
             if (!want[p])
                 continue;
-            Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
-            e.primary = ids[assign[p]];
-            size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
-            uint8_t *buf = drey_arena_alloc(&a, len ? len : 1);
-            drey__internal__v1__partition_entry__pack(&e, buf);
-            const char *key = partition_key(c, &a, p);
-            drey_etcd_txn_if_mod_revision(&t, key, DREY_ETCD_EQUAL, epochs[p]);
-            drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, 0);
+            put_entry(c, &t, &a, p, epochs[p], ids[assign[p]], NULL);
             ops++;
         }
         p0 = p;
-        if (ops > 0) {
-            Etcdserverpb__TxnResponse *resp;
-            drey_etcd_status st;
-            ok = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-            if (!ok)
-                DREY_LOG_WARN("a partition table write did not apply; the controller will look again",
-                              DREY_LOG_STR("error", st.message));
-        }
+        ok = commit_table_writes(c, &t, &a, ops);
         drey_arena_destroy(&a);
     }
     if (ok)
@@ -638,23 +655,6 @@ static int planned_index(const planned *pl, const char *id) {
             return (int)i;
     }
     return -1;
-}
-
-static void put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
-                      const char *primary, const char *joining) {
-    Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
-    e.primary = (char *)primary;
-    char *j[1] = {(char *)joining};
-    if (joining != NULL) {
-        e.joining = j;
-        e.n_joining = 1;
-    }
-    size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
-    uint8_t *buf = drey_arena_alloc(a, len ? len : 1);
-    drey__internal__v1__partition_entry__pack(&e, buf);
-    const char *key = partition_key(c, a, p);
-    drey_etcd_txn_if_mod_revision(t, key, DREY_ETCD_EQUAL, epoch);
-    drey_etcd_txn_put(t, DREY_ETCD_THEN, key, buf, len, 0);
 }
 
 /* Plans moves toward the placement of the nodes that should hold data: a
@@ -752,14 +752,7 @@ static bool rebalance(drey_cluster *c) {
                 pl.moving_out[k]++;
         }
         p0 = p;
-        if (ops > 0) {
-            Etcdserverpb__TxnResponse *resp;
-            drey_etcd_status st;
-            ok = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-            if (!ok)
-                DREY_LOG_DEBUG("a move plan did not apply (the table moved on); the controller looks again",
-                               DREY_LOG_STR("error", st.message));
-        }
+        ok = commit_table_writes(c, &t, &a, ops);
         drey_arena_destroy(&a);
     }
     if (ok && (planned_now > 0 || cancelled > 0))
