@@ -309,12 +309,14 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
         *h = *c->headers[i];
         h->key = drey_arena_strndup(&d->arena, c->headers[i]->key, strlen(c->headers[i]->key));
         h->value.data = drey_arena_alloc(&d->arena, h->value.len ? h->value.len : 1);
-        memcpy(h->value.data, c->headers[i]->value.data, h->value.len);
+        if (h->value.len > 0) /* empty bytes decode as NULL */
+            memcpy(h->value.data, c->headers[i]->value.data, h->value.len);
         d->headers[i] = h;
     }
     size_t len = c->request.len;
     uint8_t *bytes = drey_arena_alloc(&d->arena, len ? len : 1);
-    memcpy(bytes, c->request.data, len);
+    if (len > 0) /* an empty request (ListCaches) decodes as NULL */
+        memcpy(bytes, c->request.data, len);
     /* The forwarding node decoded it first, with the public listener's
      * nesting guard, and a peer is an authenticated node of this cluster. */
     ProtobufCMessage *msg =

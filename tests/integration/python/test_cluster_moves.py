@@ -25,6 +25,7 @@ import time
 
 import grpc
 
+from drey_checkers import History, check_register
 from drey_cluster import Cluster, partition, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
 from drey_tokens import http_get, ops_port, poll
@@ -59,6 +60,10 @@ class Writers:
         self.failed = 0
         self.value_bytes = value_bytes
         self.threads = [threading.Thread(target=self.run, args=(t,), daemon=True) for t in range(threads)]
+        # Registers every writer reads and compare-and-sets, checked as a history.
+        self.history, self.initial = History(), {}
+        self.registers = ["cas-%d" % i for i in range(2)]
+        self.threads += [threading.Thread(target=self.run_cas, args=(t,), daemon=True) for t in range(2)]
 
     def nodes(self):
         return [n for n in self.cluster.nodes.values() if n.server.proc.poll() is None]
@@ -114,7 +119,37 @@ class Writers:
                 else:
                     self.acked[key] = (value, r.version, rid)
 
+    def run_cas(self, t):
+        i = 0
+        while not self.stop_flag.is_set():
+            i += 1
+            key = self.registers[i % len(self.registers)]
+            h = self.history
+            read = h.invoke("read", key)
+            r = self.call("Get", cache="cas", key=key)
+            if r is None:
+                h.unknown(read)
+                continue
+            h.ok(read, value=value_of(r.value), version=r.version)
+            value = "c%d-%d" % (t, i)
+            cas = h.invoke("cas", key, value=value, expected=r.version)
+            try:
+                w = self.call("Set", cache="cas", key=key, value=make_value(value), if_version=r.version,
+                              request_id="cas-%d-%d" % (t, i))
+            except grpc.RpcError as e:
+                if RpcFailure(e).reason != "VERSION_MISMATCH":
+                    raise
+                h.fail(cas)
+                continue
+            if w is None:
+                h.unknown(cas)
+            else:
+                h.ok(cas, version=w.version)
+
     def start(self):
+        for key in self.registers:
+            r = self.call("Set", cache="cas", key=key, value=make_value("init"))
+            self.initial[key] = ("init", r.version)
         for th in self.threads:
             th.start()
         return self
@@ -146,6 +181,9 @@ class Moves(DreyTestCase):
         nodes = [n for n in cl.nodes.values() if n.server.proc.poll() is None]
         self.assertGreater(len(w.acked), 0)
         self.assertEqual(w.regressions, [], "versions only grow per key, across moves")
+        self.assertEqual(check_register(w.history, w.initial), [], "the registers' history is consistent")
+        cas_ok = sum(1 for o in w.history.ops if o.kind == "cas" and o.outcome == "ok")
+        self.assertGreater(cas_ok, 0)
         for key, (value, version, rid) in sorted(w.acked.items()):
             for n in nodes:
                 get, greq, _ = n.cache.methods["Get"]
