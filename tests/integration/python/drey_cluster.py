@@ -11,6 +11,7 @@
 Nothing waits by sleeping: every readiness is polled with a deadline.
 """
 import http.client
+import sys
 import json
 import os
 import shutil
@@ -267,10 +268,25 @@ class Cluster:
 
     def __exit__(self, *exc):
         for n in list(self.nodes.values()):
-            if n.server.returncode is None and n.server.proc.poll() is None:
-                n.server.kill()
+            if n.server.returncode is None and n.server.proc.poll() is not None:
+                # died by itself: say how, for the failure this will cause
+                print("%s exited with %s:\n%s" % (n.id, n.server.proc.returncode, n.server.log_text()[-6000:]),
+                      file=sys.stderr)
+            else:
+                self.report_trouble(n)
+                if n.server.returncode is None:
+                    n.server.kill()
         self.etcd.stop()
         self.ca.cleanup()
+
+    @staticmethod
+    def report_trouble(node):
+        """Warnings and errors a node logged (a lost lease, a failed move):
+        on stderr, where a failing test's log shows them."""
+        lines = [l for l in node.server.log_text().splitlines()
+                 if '"level":"warn"' in l or '"level":"error"' in l or "Sanitizer" in l or "runtime error" in l]
+        if lines:
+            print("%s logged:\n%s" % (node.id, "\n".join(lines[-20:])), file=sys.stderr)
 
     def cli(self, *args, timeout=60):
         return subprocess.run([drey_cli()] + list(args), capture_output=True, text=True, timeout=timeout)
