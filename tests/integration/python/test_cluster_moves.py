@@ -170,11 +170,14 @@ class Moves(DreyTestCase):
         d = dirs.setdefault(node_id, tempfile.mkdtemp(prefix="drey-move-"))
         return cl.start_node(node_id, data_dir=d, flags=flags)
 
-    def settled(self, cl, members):
-        """Every partition owned by a member, no move left."""
+    def settled(self, cl, members, owner=None):
+        """Every partition owned by a member, no move left, and (a join)
+        the new node owning some: before the controller has planned, the
+        table is complete and has no moves too."""
         def done(s):
             return (s["unassignedPartitions"] == 0 and not s["moves"] and len(s["nodes"]) == members and
-                    sum(n["partitions"] for n in s["nodes"]) == PARTS)
+                    sum(n["partitions"] for n in s["nodes"]) == PARTS and
+                    (owner is None or any(n["id"] == owner and n["partitions"] > 0 for n in s["nodes"])))
         return poll(cl.status, done, timeout=120, what="a settled table of %d members" % members, interval=0.05)
 
     def check(self, cl, w):
@@ -217,7 +220,7 @@ class Moves(DreyTestCase):
                 scan, sreq, _ = cl.nodes["n1"].cache.methods["Scan"]
                 page = scan(sreq(limit=5), timeout=RPC)
                 self.durable_node(cl, "n4", dirs)
-                s = self.settled(cl, 4)
+                s = self.settled(cl, 4, owner="n4")
                 # a scan begun before the moves cannot vouch for every key: refused
                 with self.assertRaises(grpc.RpcError) as e:
                     scan(sreq(limit=5, cursor=page.next_cursor), timeout=RPC)
@@ -315,7 +318,7 @@ class Moves(DreyTestCase):
                      what="another controller")
                 # the dead node's own moves wait for it; it returns with its journal
                 self.durable_node(cl, victim, dirs, flags=flags)
-                self.settled(cl, 4)
+                self.settled(cl, 4, owner="n4")
                 n_acked = len(w.acked)
                 w.wait_acked(n_acked + 50)
             finally:
