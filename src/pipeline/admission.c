@@ -133,16 +133,18 @@ drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r)
     r->ticket.arg = r;
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     /* Before admitting: a parked request can be resumed, run to its end and
-     * answered on another thread before drey_bp_admit has returned here,
-     * and its answer must release the slot it got. */
+     * answered on another thread (its door then frees it) before
+     * drey_bp_admit has returned here, so nothing of r may be touched after
+     * a PARKED; and its answer must release the slot it got. The cancel
+     * hook is harmless on a request that is admitted at once: drey_bp_cancel
+     * frees only a waiting ticket, and a later stage's hook replaces it. */
     r->has_ticket = true;
+    if (r->ops->on_cancel != NULL)
+        r->ops->on_cancel(r->door, on_cancel, r);
     switch (drey_bp_admit(bp, &r->ticket, st)) {
     case DREY_BP_ADMITTED:
         return DREY_STAGE_NEXT;
     case DREY_BP_PARKED:
-        /* (It may be answered already: doors take a hook that comes late.) */
-        if (r->ops->on_cancel != NULL)
-            r->ops->on_cancel(r->door, on_cancel, r);
         return DREY_STAGE_PARKED;
     case DREY_BP_REJECTED:
         break;
