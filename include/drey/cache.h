@@ -43,6 +43,8 @@ uint32_t drey_cache_value_bytes(const Drey__Cache__V1__Value *v);
 /* A stored value as the API carries it, in arena memory (the change feed
  * sends values it did not read through a Cache method). */
 Drey__Cache__V1__Value *drey_cache_value_out(drey_arena *a, const drey_value *v);
+/* An expiry (ms since the epoch) as the API carries it; NULL for 0 (never). */
+Google__Protobuf__Timestamp *drey_cache_timestamp(drey_arena *a, int64_t ms);
 
 /* One expiry cycle at now_ms within budget_ns; returns entries freed. */
 uint64_t drey_cache_expire_cycle(drey_cache *c, int64_t now_ms, int64_t budget_ns);

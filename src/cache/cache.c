@@ -764,6 +764,10 @@ Drey__Cache__V1__Value *drey_cache_value_out(drey_arena *a, const drey_value *v)
     return drey_cache__value_out(a, v);
 }
 
+Google__Protobuf__Timestamp *drey_cache_timestamp(drey_arena *a, int64_t ms) {
+    return drey_cache__timestamp(a, ms);
+}
+
 bool drey_cache_register(drey_cache *c, drey_method_table *t) {
     return drey_method_table_add_service(t, &drey__cache__v1__cache__descriptor, methods,
                                          sizeof methods / sizeof methods[0], c);

@@ -114,6 +114,13 @@ void *drey_cluster__mover_main(void *arg);
 void drey_cluster__apply_own_write(drey_cluster *c, const char *key, const uint8_t *value, size_t len,
                                    int64_t revision);
 
+/* <prefix>partitions/<p>, in a (member.c). */
+char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t p);
+
+/* A pause between retries against etcd, or a rate cap's: never a
+ * synchronisation (member.c). */
+void drey_cluster__nap_ms(int64_t ms);
+
 /* --- the cluster ----------------------------------------------------------- */
 
 typedef struct topo_watcher topo_watcher;

@@ -46,11 +46,13 @@ static char *key_of(const drey_cluster *c, drey_arena *a, const char *suffix) {
     return drey_arena_sprintf(a, "%s%s", c->prefix, suffix);
 }
 
-static char *partition_key(const drey_cluster *c, drey_arena *a, uint32_t p) {
+char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t p) {
     return drey_arena_sprintf(a, "%spartitions/%05" PRIu32, c->prefix, p);
 }
 
-static void nap_ms(int64_t ms) {
+void drey_cluster__nap_ms(int64_t ms) {
+    if (ms <= 0)
+        return;
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
 }
@@ -212,6 +214,25 @@ static size_t pack_member(drey_cluster *c, uint8_t *buf, size_t cap) {
 
 /* Takes a lease and puts nodes/<id> under it, waiting up to wait_ms for an
  * earlier registration of the id to go. 0, or -1 with err. */
+/* Puts nodes/<id> under the node's lease if its create_revision compares
+ * with 0 as cmp says (EQUAL: nobody holds it; NOT_EQUAL: this node does).
+ * *applied: the put happened. */
+static grpc_status_code put_member(drey_cluster *c, drey_etcd_cmp cmp, const uint8_t *buf, size_t len, bool *applied,
+                                   drey_etcd_status *st) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    drey_etcd_txn_if_create_revision(&t, key, cmp, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, c->lease.id);
+    Etcdserverpb__TxnResponse *resp;
+    grpc_status_code code = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, st);
+    *applied = code == GRPC_STATUS_OK && resp->succeeded;
+    drey_arena_destroy(&a);
+    return code;
+}
+
 /* A lease nothing keeps alive yet: a fresh one while the wait for an
  * earlier registration goes on longer than half its TTL. */
 static int fresh_lease(drey_cluster *c, int64_t *granted_ms, char *err, size_t cap) {
@@ -244,17 +265,8 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
     for (;;) {
         if (fresh_lease(c, &granted_ms, err, cap) != 0)
             return -1;
-        drey_arena a;
-        drey_arena_init(&a, NULL, 0);
-        const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
-        drey_etcd_txn t;
-        drey_etcd_txn_init(&t, &a);
-        drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
-        drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, c->lease.id);
-        Etcdserverpb__TxnResponse *resp;
-        grpc_status_code code = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st);
-        bool ok = code == GRPC_STATUS_OK && resp->succeeded;
-        drey_arena_destroy(&a);
+        bool ok;
+        grpc_status_code code = put_member(c, DREY_ETCD_EQUAL, buf, len, &ok, &st);
         if (ok)
             return 0;
         if (code != GRPC_STATUS_OK && !st.may_have_applied) {
@@ -272,7 +284,7 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
             DREY_LOG_INFO("waiting for an earlier registration of this node id to expire",
                           DREY_LOG_STR("node_id", c->opts.node_id));
         told = true;
-        nap_ms(100); /* a retry interval against etcd, not a synchronisation */
+        drey_cluster__nap_ms(100);
     }
 }
 
@@ -449,18 +461,10 @@ uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms) {
     }
     uint8_t buf[1024];
     size_t len = pack_member(c, buf, sizeof buf);
-    drey_arena a;
-    drey_arena_init(&a, NULL, 0);
-    const char *key = drey_arena_sprintf(&a, "%snodes/%s", c->prefix, c->opts.node_id);
-    drey_etcd_txn t;
-    drey_etcd_txn_init(&t, &a);
-    /* Only over this node's own registration, under its lease. */
-    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_NOT_EQUAL, 0);
-    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, c->lease.id);
-    Etcdserverpb__TxnResponse *resp;
     drey_etcd_status st;
-    bool marked = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-    drey_arena_destroy(&a);
+    bool marked;
+    /* Only over this node's own registration. */
+    put_member(c, DREY_ETCD_NOT_EQUAL, buf, len, &marked, &st);
     if (!marked) {
         DREY_LOG_WARN("could not mark this node draining in etcd; its partitions stay here",
                       DREY_LOG_STR("error", st.message));
@@ -563,7 +567,7 @@ static void put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t
     size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
     uint8_t *buf = drey_arena_alloc(a, len ? len : 1);
     drey__internal__v1__partition_entry__pack(&e, buf);
-    const char *key = partition_key(c, a, p);
+    const char *key = drey_cluster__partition_key(c, a, p);
     drey_etcd_txn_if_mod_revision(t, key, DREY_ETCD_EQUAL, epoch);
     drey_etcd_txn_put(t, DREY_ETCD_THEN, key, buf, len, 0);
 }

@@ -34,7 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
@@ -50,13 +49,6 @@
 #define PEER_CALL_MS 10000
 #define ETCD_CALL_MS 2000
 #define RETRY_MS 1000
-
-static void nap_ms(int64_t ms) {
-    if (ms <= 0)
-        return;
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* --- one call to the new owner, waited for --------------------------------------- */
 
@@ -101,7 +93,7 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
          * node's disk and network from its clients. */
         int64_t now = drey_mono_ns();
         if (mv->next_send_ns > now)
-            nap_ms((mv->next_send_ns - now) / 1000000);
+            drey_cluster__nap_ms((mv->next_send_ns - now) / 1000000);
         int64_t start = mv->next_send_ns > now ? mv->next_send_ns : now;
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
@@ -350,7 +342,7 @@ static handover hand_over(mover *mv) {
     drey_cluster *c = mv->c;
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
-    const char *key = drey_arena_sprintf(&a, "%spartitions/%05" PRIu32, c->prefix, mv->partition);
+    const char *key = drey_cluster__partition_key(c, &a, mv->partition);
     Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
     e.primary = (char *)mv->target;
     size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
@@ -383,7 +375,7 @@ static handover hand_over(mover *mv) {
             pthread_mutex_unlock(&c->mu);
             if (leaving)
                 break;
-            nap_ms(100); /* a retry interval against etcd */
+            drey_cluster__nap_ms(100);
         } while ((h = read_back(mv, key)) == UNKNOWN);
     }
     drey_arena_destroy(&a);

@@ -364,21 +364,6 @@ static const char *cache_out(const char *cache, size_t len, drey_arena *a) {
     return len == 0 ? "default" : drey_arena_strndup(a, cache, len);
 }
 
-static Google__Protobuf__Timestamp *timestamp(drey_arena *a, int64_t ms) {
-    if (ms == 0)
-        return NULL;
-    Google__Protobuf__Timestamp *t = drey_arena_alloc(a, sizeof *t);
-    google__protobuf__timestamp__init(t);
-    int64_t sec = ms / 1000, rem = ms % 1000;
-    if (rem < 0) {
-        sec--;
-        rem += 1000;
-    }
-    t->seconds = sec;
-    t->nanos = (int32_t)(rem * 1000000);
-    return t;
-}
-
 static const Drey__Cache__V1__WatchEvent__Kind kinds[] = {
     [DREY_STORE_CHANGE_SET] = DREY__CACHE__V1__WATCH_EVENT__KIND__SET,
     [DREY_STORE_CHANGE_REMOVE] = DREY__CACHE__V1__WATCH_EVENT__KIND__REMOVE,
@@ -395,7 +380,7 @@ static void event_msg(const stream *s, const wevent *e, drey_arena *a, Drey__Cac
     m->version = e->version;
     m->sequence = e->seq;
     if (e->kind == DREY_STORE_CHANGE_SET) {
-        m->expires_at = timestamp(a, e->expires_at_ms);
+        m->expires_at = drey_cache_timestamp(a, e->expires_at_ms);
         if (s->values) {
             drey_value v = {.kind = (drey_value_kind)e->value_kind,
                             .data = (const uint8_t *)e->data + e->cache_len + e->key_len,
