@@ -55,8 +55,11 @@ def main():
     ap.add_argument("--move-rate", default="64MiB")
     args = ap.parse_args()
     flags = ("--cluster-move-rate=" + args.move_rate,)
-    with Cluster(partitions=256, initial_nodes=3, ephemeral=False, extra_flags=flags) as cl:
-        dirs = [tempfile.mkdtemp(prefix="drey-bench-move-") for _ in range(4)]
+    with Cluster(partitions=256, initial_nodes=3, ephemeral=False, extra_flags=flags) as cl, \
+            tempfile.TemporaryDirectory(prefix="drey-bench-move-") as top:
+        dirs = [os.path.join(top, "n%d" % (i + 1)) for i in range(4)]
+        for d in dirs:
+            os.mkdir(d)
         nodes = [cl.start_node("n%d" % (i + 1), data_dir=dirs[i]) for i in range(3)]
         cl.wait_assigned(3)
         addr = nodes[0].server.address

@@ -343,6 +343,15 @@ class Cluster:
         return poll(self.status, lambda s: s["unassignedPartitions"] == 0 and len(s["nodes"]) == members,
                     timeout=timeout, what="%d members owning every partition" % members)
 
+    def agreed_owners(self, nodes, timeout=30):
+        """Partition -> owner once every node's own table has every
+        partition's owner, the same in all: the nodes route alike."""
+        def tables():
+            return [self.owners(n) for n in nodes]
+        ts = poll(tables, lambda ts: all(all(t.values()) for t in ts) and all(t == ts[0] for t in ts),
+                  timeout=timeout, what="every node's table complete and the same")
+        return ts[0]
+
     def owners(self, node):
         """Partition -> owner id, from a node's own table."""
         t = self.topology(node)

@@ -16,6 +16,7 @@ is replaced.
 """
 import json
 import os
+import shutil
 import re
 import subprocess
 import tempfile
@@ -70,8 +71,7 @@ class ThreeNodes(DreyTestCase):
                                            "--slowdown-at=0", "--slowdown-max-delay=200ms")).__enter__()
         cls.nodes = cls.cluster.start(3)
         cls.cluster.wait_assigned(3)
-        cls.owners = poll(lambda: cls.cluster.owners(cls.nodes[0]), lambda o: all(o.values()),
-                          what="a full table at n1")
+        cls.owners = cls.cluster.agreed_owners(cls.nodes)
 
     @classmethod
     def tearDownClass(cls):
@@ -391,7 +391,7 @@ class TokensAndQuotas(DreyTestCase):
                                            "--journal-max-bytes=128KiB", "--snapshot-every-bytes=0")).__enter__()
         cls.nodes = cls.cluster.start(3)
         cls.cluster.wait_assigned(3)
-        cls.owners = poll(lambda: cls.cluster.owners(cls.nodes[0]), lambda o: all(o.values()), what="table")
+        cls.owners = cls.cluster.agreed_owners(cls.nodes)
 
     @classmethod
     def tearDownClass(cls):
@@ -451,7 +451,9 @@ class Faults(unittest.TestCase):
 
     def test_a_dead_owner_is_unavailable_until_it_returns_with_its_data(self):
         with Cluster(partitions=16, initial_nodes=3, ephemeral=False) as cl:
-            dirs = {i: tempfile.mkdtemp(prefix="drey-node-") for i in (1, 2, 3)}
+            dirs = {i: tempfile.mkdtemp(prefix="drey-node-", dir=os.environ.get("TEST_TMPDIR")) for i in (1, 2, 3)}
+            for d in dirs.values():
+                self.addCleanup(shutil.rmtree, d, True)
             nodes = [cl.start_node("n%d" % i, data_dir=dirs[i]) for i in (1, 2, 3)]
             cl.wait_assigned(3)
             owners = poll(lambda: cl.owners(nodes[0]), lambda o: all(o.values()), what="table")
@@ -519,7 +521,6 @@ class Faults(unittest.TestCase):
         NOT_PRIMARY; n3 waits for its own table, routes once more (still
         stale: n1 again) and passes NOT_PRIMARY on. Once the link is back,
         n3 learns the owner and the write goes to n2."""
-        import shutil
         from drey_cluster import Proxy
         # No moves: the controller would hand the partition back to n1.
         with Cluster(partitions=8, initial_nodes=3, lease_ttl="10s", extra_flags=("--cluster-max-moves=0",)) as cl:

@@ -18,6 +18,7 @@ never to clients, and refuses to overwrite a partition its node owns.
 """
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -167,8 +168,12 @@ class Moves(DreyTestCase):
     SERVER_FLAGS = None
 
     def durable_node(self, cl, node_id, dirs, flags=()):
-        d = dirs.setdefault(node_id, tempfile.mkdtemp(prefix="drey-move-"))
-        return cl.start_node(node_id, data_dir=d, flags=flags)
+        """A node with a data directory of its own, kept across restarts
+        and removed after the test (each preallocates a journal segment)."""
+        if node_id not in dirs:
+            dirs[node_id] = tempfile.mkdtemp(prefix="drey-move-", dir=os.environ.get("TEST_TMPDIR"))
+            self.addCleanup(shutil.rmtree, dirs[node_id], True)
+        return cl.start_node(node_id, data_dir=dirs[node_id], flags=flags)
 
     def settled(self, cl, members, owner=None):
         """Every partition owned by a member, no move left, and (a join)
