@@ -70,6 +70,10 @@ typedef struct drey_cluster_options {
     /* Peers: this node's certificate and key (its SAN or CN is its node id)
      * and the CA that signs every node's, pinned. */
     const char *tls_cert, *tls_key, *tls_ca;
+    /* "id=host:port,...": peers dialled there instead of where they
+     * advertise (the certificate is still checked against the id); NULL or
+     * "": none. */
+    const char *peer_addresses;
     const char *build;     /* this binary's version, for the member entry */
     drey_timers *timers;   /* a NOT_PRIMARY retry waits for the table on them */
     /* Moves: the data they copy, the chain that journals this node's Drop

@@ -73,6 +73,7 @@ typedef struct drey_config {
     int64_t cluster_move_rate;      /* bytes per second a move sends */
     int64_t cluster_max_moves;      /* per source node, when controller */
     int64_t cluster_drain_timeout_ms;
+    char *cluster_peer_address;     /* id=host:port,... dialled instead of the advertised */
     char *internal_listen, *advertise, *internal_advertise;
     char *internal_tls_cert, *internal_tls_key, *internal_tls_ca;
 } drey_config;

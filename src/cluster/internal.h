@@ -45,6 +45,10 @@ typedef struct drey_cluster__peers drey_cluster__peers;
 drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *key, const char *ca, char *err,
                                                 size_t err_cap);
 void drey_cluster__peers_destroy(drey_cluster__peers *p);
+/* --cluster-peer-address: "id=host:port[,id=host:port...]", each peer id
+ * dialled at its address instead of the one it advertises; before the
+ * first call. false with a message in err if spec is malformed. */
+bool drey_cluster__peers_dial_via(drey_cluster__peers *p, const char *spec, char *err, size_t err_cap);
 
 typedef struct drey_cluster__header {
     const char *key;

@@ -28,6 +28,11 @@
  * wakes at least every SWEEP_NS while calls are in flight; the peer is told
  * with a Cancel frame.
  *
+ * A peer is dialled at the internal address its member entry advertises,
+ * unless --cluster-peer-address names another for its id (a sidecar, a NAT,
+ * a test's proxy on that one link): the certificate is still checked
+ * against the id, so the detour cannot change who answers.
+ *
  * Certificates rotate without a restart: the files are checked (at most once
  * a second) before a call, and when one changed every channel is dropped
  * and made again with the new files on next use.
@@ -107,8 +112,15 @@ struct pstream {
     pstream *prev, *next; /* in p->streams */
 };
 
+/* --cluster-peer-address: dial peer id at address instead. */
+typedef struct dial_override {
+    char *id, *address;
+} dial_override;
+
 struct drey_cluster__peers {
     drey_pem_files files; /* cert, key, ca */
+    dial_override *dial;
+    size_t n_dial;
     int64_t checked_ns;
     grpc_channel_credentials *creds;
     pthread_mutex_t mu;
@@ -614,9 +626,44 @@ void drey_cluster__peers_destroy(drey_cluster__peers *p) {
     grpc_completion_queue_destroy(p->cq);
     grpc_channel_credentials_release(p->creds);
     drey_pem_files_free(&p->files);
+    for (size_t i = 0; i < p->n_dial; i++) {
+        free(p->dial[i].id);
+        free(p->dial[i].address);
+    }
+    free(p->dial);
     pthread_mutex_destroy(&p->mu);
     free(p);
     grpc_shutdown();
+}
+
+bool drey_cluster__peers_dial_via(drey_cluster__peers *p, const char *spec, char *err, size_t err_cap) {
+    for (const char *s = spec; *s != '\0';) {
+        const char *end = strchr(s, ',');
+        size_t len = end != NULL ? (size_t)(end - s) : strlen(s);
+        const char *eq = memchr(s, '=', len);
+        const char *colon = eq != NULL ? memrchr(eq, ':', len - (size_t)(eq - s)) : NULL;
+        size_t id_len = eq != NULL ? (size_t)(eq - s) : 0;
+        /* id=host:port, each part non-empty */
+        if (eq == NULL || id_len == 0 || id_len >= DREY_CLUSTER_MAX_ID || colon == NULL || colon == eq + 1 ||
+            colon == s + len - 1) {
+            snprintf(err, err_cap, "--cluster-peer-address: '%.*s' is not ID=HOST:PORT", (int)len, s);
+            return false;
+        }
+        p->dial = drey_xrealloc(p->dial, p->n_dial + 1, sizeof *p->dial);
+        p->dial[p->n_dial].id = drey_xstrndup(s, id_len);
+        p->dial[p->n_dial].address = drey_xstrndup(eq + 1, len - id_len - 1);
+        p->n_dial++;
+        s += len + (end != NULL);
+    }
+    return true;
+}
+
+static const char *dial_address(const drey_cluster__peers *p, const char *id, const char *advertised) {
+    for (size_t i = 0; i < p->n_dial; i++) {
+        if (strcmp(p->dial[i].id, id) == 0)
+            return p->dial[i].address;
+    }
+    return advertised;
 }
 
 /* Reloads the credentials when a file changed; needs p->mu. */
@@ -643,6 +690,7 @@ static void check_files_locked(drey_cluster__peers *p) {
 
 static peer *peer_locked(drey_cluster__peers *p, const char *id, const char *address) {
     check_files_locked(p);
+    address = dial_address(p, id, address);
     for (size_t i = 0; i < p->n; i++) {
         if (strcmp(p->peers[i]->id, id) == 0) {
             if (strcmp(p->peers[i]->address, address) == 0)

@@ -172,6 +172,9 @@ static const option options[] = {
     {"cluster-drain-timeout", OPT_DURATION, FIELD(cluster_drain_timeout_ms), "60s", 0, 3600 * 1000,
      "On SIGTERM a cluster node first moves its partitions to the others, for up to this long (fit it in the "
      "pod's terminationGracePeriodSeconds with --drain-grace), then drains and leaves. 0: leave at once."},
+    {"cluster-peer-address", OPT_STRING, FIELD(cluster_peer_address), "", 0, 0,
+     "ID=HOST:PORT[,...]: dial these peers there instead of at the internal address they advertise (a sidecar, "
+     "a NAT); their certificate is still checked against the id."},
     {"internal-listen", OPT_STRING, FIELD(internal_listen), "", 0, 0,
      "host:port of the internal listener peers forward calls to (mutual TLS only; required with --cluster-etcd)."},
     {"advertise", OPT_STRING, FIELD(advertise), "", 0, 0,

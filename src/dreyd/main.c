@@ -363,6 +363,7 @@ int main(int argc, char **argv, char **envp) {
             .tls_cert = cfg.internal_tls_cert,
             .tls_key = cfg.internal_tls_key,
             .tls_ca = cfg.internal_tls_ca,
+            .peer_addresses = cfg.cluster_peer_address,
             .build = "drey",
             .timers = timers,
             .store = store,

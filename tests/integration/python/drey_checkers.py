@@ -13,14 +13,33 @@ Register (one key, compare-and-set): reads and CAS writes.
     has the smaller version (a read may equal the write it follows);
   - two successful CAS never start from the same version, and acknowledged
     versions of one key are distinct.
+
+Set (unique keys added with Add): every acknowledged key is present at the
+end; a key present was acknowledged or its outcome is unknown (a key
+definitively refused, or never tried, is a phantom).
+
+Counter (Increment with request_id retries): the final value lies between
+the acknowledged increments and the acknowledged plus unknown ones (below:
+an acknowledged increment lost; above: one applied twice, or a refused one
+applied).
+
+The workloads below make such histories: threads calling random live nodes,
+each failed attempt retried through another node with the same request_id
+(as a client wanting exactly-once effects does), recording when each
+operation was invoked and completed and what it learnt.
 """
 import bisect
+import random
 import threading
 import time
 
+import grpc
+
+from drey_harness import RpcFailure, make_value, value_of
+
 
 class Op:
-    __slots__ = ("kind", "key", "value", "expected", "invoked", "completed", "outcome", "version")
+    __slots__ = ("kind", "key", "value", "expected", "invoked", "completed", "outcome", "version", "delta")
 
     def __init__(self, kind, key, value=None, expected=None):
         self.kind, self.key, self.value, self.expected = kind, key, value, expected
@@ -28,6 +47,7 @@ class Op:
         self.completed = None
         self.outcome = None  # "ok", "fail" (definitive) or "unknown"
         self.version = None
+        self.delta = None
 
 
 class History:
@@ -108,3 +128,253 @@ def check_register(history, initial):
                 problems.append("%s: %s at version %d began after %s at version %d had completed" %
                                 (key, b.kind, b.version, a.kind, a.version))
     return problems
+
+
+def check_set(acked, unknown, final_present):
+    """Violations of the set checks: acked, unknown and final_present are
+    sets of keys (acknowledged Adds, Adds of unknown outcome, keys found at
+    the end)."""
+    problems = []
+    lost = sorted(set(acked) - set(final_present))
+    if lost:
+        problems.append("%d acknowledged keys lost: %s" % (len(lost), ", ".join(lost[:10])))
+    phantom = sorted(set(final_present) - set(acked) - set(unknown))
+    if phantom:
+        problems.append("%d keys present that were refused or never added: %s" %
+                        (len(phantom), ", ".join(phantom[:10])))
+    return problems
+
+
+def check_counter(acked_total, attempted_total, final):
+    """Violations of one counter's check: acked_total is the sum of the
+    acknowledged deltas, attempted_total that plus the deltas of unknown
+    outcome (definitively refused ones took no effect)."""
+    if final < acked_total:
+        return ["final value %d is below the %d acknowledged: an acknowledged increment was lost" %
+                (final, acked_total)]
+    if final > attempted_total:
+        return ["final value %d is above the %d attempted: an increment was applied twice (or a refused one "
+                "applied)" % (final, attempted_total)]
+    return []
+
+
+def set_outcomes(history):
+    """(acked, unknown) keys of the history's adds."""
+    adds = [o for o in history.ops if o.kind == "add"]
+    return ({o.key for o in adds if o.outcome == "ok"}, {o.key for o in adds if o.outcome == "unknown"})
+
+
+def counter_totals(history):
+    """counter -> (acked total, acked + unknown total) of the history's
+    increments."""
+    out = {}
+    for o in history.ops:
+        if o.kind != "incr":
+            continue
+        acked, tried = out.get(o.key, (0, 0))
+        if o.outcome == "ok":
+            acked += o.delta
+        if o.outcome in ("ok", "unknown"):
+            tried += o.delta
+        out[o.key] = (acked, tried)
+    return out
+
+
+# --- clients and workloads --------------------------------------------------------
+
+# A failed attempt worth retrying through another node. UNAVAILABLE,
+# DEADLINE_EXCEEDED and CANCELLED may have taken effect (a forwarded call
+# whose connection broke, a commit that did not answer in time);
+# RESOURCE_EXHAUSTED is an admission refusal, which leaves no trace.
+AMBIGUOUS = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+RETRYABLE = AMBIGUOUS | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class Client:
+    """Calls through a random live node (nodes(): Node objects), retrying a
+    failed attempt through another with the same request, as a client that
+    wants exactly-once effects does (with a request_id, a retry of a write
+    that took effect answers with its first outcome)."""
+
+    def __init__(self, nodes, rpc_timeout=10, attempts=40, backoff=0.05, seed=None):
+        self.nodes = nodes
+        self.rpc_timeout = rpc_timeout
+        self.attempts = attempts
+        self.backoff = backoff
+        self.random = random.Random(seed)
+
+    def call(self, method, **fields):
+        """(response, None) on success; (None, "fail", RpcFailure) when
+        every attempt was refused definitively; (None, "unknown", last
+        RpcFailure or None) when some attempt may have taken effect (or no
+        node was up). A failure not worth retrying (VERSION_MISMATCH, a bad
+        request) is raised as grpc.RpcError."""
+        ambiguous, last = False, None
+        for _ in range(self.attempts):
+            live = self.nodes()
+            if not live:
+                ambiguous = True
+            else:
+                node = self.random.choice(live)
+                fn, req_cls, _ = node.cache.methods[method]
+                try:
+                    return fn(req_cls(**fields), timeout=self.rpc_timeout), None, None
+                except grpc.RpcError as e:
+                    if e.code() not in RETRYABLE:
+                        raise
+                    last = RpcFailure(e)
+                    ambiguous = ambiguous or e.code() in AMBIGUOUS
+            time.sleep(self.backoff)  # a client's retry backoff
+        return None, ("unknown" if ambiguous else "fail"), last
+
+
+class Workload:
+    """Threads running step(thread, i) until stop(), recording into
+    self.history."""
+
+    def __init__(self, client, threads=2, name="w"):
+        self.client = client
+        self.name = name
+        self.history = History()
+        self.stop_flag = threading.Event()
+        self.errors = []  # exceptions a thread died of
+        self.threads = [threading.Thread(target=self._run, args=(t,), daemon=True) for t in range(threads)]
+
+    def setup(self):
+        pass
+
+    def _run(self, t):
+        i = 0
+        try:
+            while not self.stop_flag.is_set():
+                i += 1
+                self.step(t, i)
+        except Exception as e:  # noqa: BLE001  (reported by stop())
+            self.errors.append(e)
+
+    def start(self):
+        self.setup()
+        for th in self.threads:
+            th.start()
+        return self
+
+    def count(self, outcome="ok"):
+        return sum(1 for o in self.history.ops if o.outcome == outcome)
+
+    def stop(self):
+        self.stop_flag.set()
+        for th in self.threads:
+            th.join(timeout=120)
+        if self.errors:
+            raise self.errors[0]
+
+    def record(self, op, r, outcome, version=None, value=None):
+        h = self.history
+        if r is not None:
+            h.ok(op, value=value, version=version)
+        elif outcome == "fail":
+            h.fail(op)
+        else:
+            h.unknown(op)
+
+
+class RegisterWorkload(Workload):
+    """Per-key registers in cache "cas": read, then compare-and-set from the
+    version read (a unique value each), checked by check_register against
+    self.initial."""
+
+    def __init__(self, client, threads=2, keys=2, name="reg"):
+        super().__init__(client, threads, name)
+        self.keys = ["%s-%d" % (name, k) for k in range(keys)]
+        self.initial = {}
+
+    def setup(self):
+        for key in self.keys:
+            r, outcome, f = self.client.call("Set", cache="cas", key=key, value=make_value("init"))
+            assert r is not None, "the register %s could not be set up: %s %r" % (key, outcome, f)
+            self.initial[key] = ("init", r.version)
+
+    def step(self, t, i):
+        key = self.keys[i % len(self.keys)]
+        h = self.history
+        read = h.invoke("read", key)
+        r, outcome, _ = self.client.call("Get", cache="cas", key=key)
+        if r is None:
+            self.record(read, None, outcome)
+            return
+        h.ok(read, value=value_of(r.value) if r.found else None, version=r.version)
+        value = "%s-%d-%d" % (self.name, t, i)
+        cas = h.invoke("cas", key, value=value, expected=r.version)
+        try:
+            w, outcome, _ = self.client.call("Set", cache="cas", key=key, value=make_value(value),
+                                             if_version=r.version, request_id="%s-%d-%d" % (self.name, t, i))
+        except grpc.RpcError as e:
+            if RpcFailure(e).reason != "VERSION_MISMATCH":
+                raise
+            h.fail(cas)
+            return
+        self.record(cas, w, outcome, version=w.version if w is not None else None)
+
+    def check(self):
+        return check_register(self.history, self.initial)
+
+
+class SetWorkload(Workload):
+    """Unique keys added with Add (request_id retries) to cache "set"."""
+
+    def step(self, t, i):
+        key = "%s-%d-%d" % (self.name, t, i)
+        op = self.history.invoke("add", key, value=key)
+        r, outcome, _ = self.client.call("Add", cache="set", key=key, value=make_value(key),
+                                         request_id="%s-add-%d-%d" % (self.name, t, i))
+        if r is not None and not r.added:
+            # a retry of an Add that took effect answers with its outcome:
+            # added. Not added means someone else's key: a bug here.
+            raise AssertionError("Add of the unique key %s found it present" % key)
+        self.record(op, r, outcome, version=r.version if r is not None else None)
+
+    def final_present(self, node, chunk=500):
+        """Keys of the history present now, read through node by GetMany."""
+        keys = sorted({o.key for o in self.history.ops if o.kind == "add"})
+        present = set()
+        fn, req_cls, _ = node.cache.methods["GetMany"]
+        for k in range(0, len(keys), chunk):
+            resp = fn(req_cls(cache="set", keys=keys[k:k + chunk]), timeout=30)
+            present.update(res.key for res in resp.results if res.found)
+        return present
+
+    def check(self, node):
+        acked, unknown = set_outcomes(self.history)
+        return check_set(acked, unknown, self.final_present(node))
+
+
+class CounterWorkload(Workload):
+    """Counters in cache "ctr" incremented by 1 with request_id retries
+    through random nodes."""
+
+    def __init__(self, client, threads=2, counters=3, name="ctr"):
+        super().__init__(client, threads, name)
+        self.counters = ["%s-%d" % (name, c) for c in range(counters)]
+
+    def step(self, t, i):
+        key = self.counters[(t + i) % len(self.counters)]
+        op = self.history.invoke("incr", key)
+        op.delta = 1
+        r, outcome, _ = self.client.call("Increment", cache="ctr", key=key, delta=1,
+                                         request_id="%s-%d-%d" % (self.name, t, i))
+        self.record(op, r, outcome)
+
+    def final(self, node):
+        out = {}
+        fn, req_cls, _ = node.cache.methods["Get"]
+        for key in self.counters:
+            r = fn(req_cls(cache="ctr", key=key), timeout=30)
+            out[key] = value_of(r.value) if r.found else 0
+        return out
+
+    def check(self, node):
+        final = self.final(node)
+        problems = []
+        for key, (acked, tried) in counter_totals(self.history).items():
+            problems += ["%s: %s" % (key, p) for p in check_counter(acked, tried, final[key])]
+        return problems

@@ -14,6 +14,7 @@ import http.client
 import sys
 import json
 import os
+import select
 import shutil
 import socket
 import struct
@@ -121,26 +122,50 @@ class Etcd:
 # --- a link we can cut --------------------------------------------------------------
 
 class Proxy:
-    """A TCP proxy on a free loopback port to target_port. block() drops
-    every connection and refuses new ones (a partition of this link only);
-    unblock() lets them through again."""
+    """A TCP proxy on a free loopback port to target_port (None: not known
+    yet, set_target() later; connections are refused meanwhile), one link
+    whose faults a test chooses, per direction ("up": from the connecting
+    side to the target, "down": back):
+    - pass: bytes flow;
+    - blackhole: connections are accepted and held, nothing is forwarded
+      (what was read waits, and flows on a later pass, as TCP would deliver
+      it after a partition heals): the other side sees a stall, not a reset;
+    - reset: every connection is closed and new ones are refused (both
+      directions: a TCP connection cannot be reset one way).
+    block()/unblock() are reset/pass both ways."""
 
-    def __init__(self, target_port):
+    MODES = ("pass", "blackhole", "reset")
+
+    def __init__(self, target_port=None):
         self.target = target_port
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
-        self.blocked = False
+        self.modes = {"up": "pass", "down": "pass"}
         self.conns = []
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self):
         return "http://127.0.0.1:%d" % self.port
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
+
+    @property
+    def blocked(self):
+        return "reset" in self.modes.values()
+
+    def set_target(self, port):
+        """Where new connections go (a restarted node's new port)."""
+        with self.lock:
+            self.target = port
 
     def _accept(self):
         while not self.closed:
@@ -149,47 +174,82 @@ class Proxy:
             except OSError:
                 return
             with self.lock:
-                if self.blocked:
+                target = self.target
+                refuse = self.blocked or target is None
+            if refuse:
+                c.close()
+                continue
+            try:
+                u = socket.create_connection(("127.0.0.1", target), timeout=5)
+                u.settimeout(None)
+            except OSError:
+                c.close()
+                continue
+            with self.lock:
+                if self.blocked or self.closed:
                     c.close()
-                    continue
-                try:
-                    u = socket.create_connection(("127.0.0.1", self.target))
-                except OSError:
-                    c.close()
+                    u.close()
                     continue
                 self.conns += [c, u]
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, direction in ((c, u, "up"), (u, c, "down")):
+                threading.Thread(target=self._pump, args=(a, b, direction), daemon=True).start()
 
-    def _pump(self, a, b):
+    def _wait_passing(self, direction):
+        """True once bytes may flow this way; False if the link was reset."""
+        with self.lock:
+            while self.modes[direction] == "blackhole" and not self.closed:
+                self.changed.wait(1.0)
+            return self.modes[direction] == "pass" and not self.closed
+
+    def _pump(self, a, b, direction):
         try:
-            while True:
+            while self._wait_passing(direction):
+                # select: a blackhole set now must stop the next read, so the
+                # read cannot block for ever with the mode unseen
+                r, _, _ = select.select([a], [], [], 0.2)
+                if not r:
+                    continue
                 data = a.recv(65536)
                 if not data:
                     break
+                if not self._wait_passing(direction):
+                    break
                 b.sendall(data)
-        except OSError:
+        except (OSError, ValueError):
             pass
         for s in (a, b):
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-    def block(self):
         with self.lock:
-            self.blocked = True
-            conns, self.conns = self.conns, []
+            for s in (a, b):
+                if s in self.conns:
+                    self.conns.remove(s)
+                    s.close()
+
+    def set_mode(self, mode, direction=None):
+        """mode for both directions, or only "up" or "down"."""
+        assert mode in self.MODES, mode
+        with self.lock:
+            for d in ((direction,) if direction else ("up", "down")):
+                self.modes[d] = mode
+            conns = []
+            if self.blocked:
+                conns, self.conns = self.conns, []
+            self.changed.notify_all()
         for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
-                c.close()
             except OSError:
                 pass
+            c.close()
+
+    def block(self):
+        self.set_mode("reset")
 
     def unblock(self):
-        with self.lock:
-            self.blocked = False
+        self.set_mode("pass")
 
     def close(self):
         self.closed = True
@@ -304,12 +364,14 @@ class Cluster:
             flags.append("--ephemeral")
         return flags + list(self.extra_flags)
 
-    def start_node(self, node_id, flags=(), data_dir=None, wait=True, etcd_url=None):
+    def start_node(self, node_id, flags=(), data_dir=None, wait=True, etcd_url=None, env=None, binary=None):
         cert, key = self.ca.issue(node_id)
         f = self.node_flags(node_id, cert, key, etcd_url=etcd_url) + list(flags)
         if data_dir is not None:
             f.append("--data-dir=" + data_dir)
-        srv = DreyServer(*f, name=node_id)
+        srv = DreyServer(*f, name=node_id, env=env)
+        if binary is not None:
+            srv.binary = binary
         srv.start(wait_ready=wait)
         node = Node(self, node_id, srv, cert, key)
         self.nodes[node_id] = node

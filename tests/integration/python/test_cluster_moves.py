@@ -22,19 +22,16 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 
 import grpc
 
-from drey_checkers import History, check_register
+from drey_checkers import Client, RegisterWorkload, check_register
 from drey_cluster import Cluster, partition, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
 from drey_tokens import http_get, ops_port, poll
 
 RPC = 10
 PARTS = 32
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-             grpc.StatusCode.CANCELLED}
 
 
 def metric(node, name):
@@ -48,10 +45,12 @@ def metric(node, name):
 
 class Writers:
     """Threads writing through random nodes until stopped; what was
-    acknowledged and what was attempted."""
+    acknowledged and what was attempted. The registers are a
+    RegisterWorkload (drey_checkers) through the same client."""
 
     def __init__(self, cluster, threads=3, value_bytes=64):
         self.cluster = cluster
+        self.client = Client(self.nodes, rpc_timeout=RPC)
         self.stop_flag = threading.Event()
         self.lock = threading.Lock()
         self.acked = {}      # key -> (value, version, request_id)
@@ -62,29 +61,16 @@ class Writers:
         self.value_bytes = value_bytes
         self.threads = [threading.Thread(target=self.run, args=(t,), daemon=True) for t in range(threads)]
         # Registers every writer reads and compare-and-sets, checked as a history.
-        self.history, self.initial = History(), {}
-        self.registers = ["cas-%d" % i for i in range(2)]
-        self.threads += [threading.Thread(target=self.run_cas, args=(t,), daemon=True) for t in range(2)]
+        self.registers = RegisterWorkload(self.client, threads=2, keys=2, name="cas")
+        self.history, self.initial = self.registers.history, self.registers.initial
 
     def nodes(self):
         return [n for n in self.cluster.nodes.values() if n.server.proc.poll() is None]
 
-    def call(self, method, attempts=40, **fields):
+    def call(self, method, **fields):
         """Retries a failed attempt through another node with the same
         request; None if it never succeeded."""
-        for _ in range(attempts):
-            live = self.nodes()
-            if not live:
-                return None
-            node = random.choice(live)
-            fn, req_cls, _ = node.cache.methods[method]
-            try:
-                return fn(req_cls(**fields), timeout=RPC)
-            except grpc.RpcError as e:
-                if e.code() not in RETRYABLE:
-                    raise
-                time.sleep(0.05)  # a client's retry backoff
-        return None
+        return self.client.call(method, **fields)[0]
 
     def run(self, t):
         i = 0
@@ -120,37 +106,8 @@ class Writers:
                 else:
                     self.acked[key] = (value, r.version, rid)
 
-    def run_cas(self, t):
-        i = 0
-        while not self.stop_flag.is_set():
-            i += 1
-            key = self.registers[i % len(self.registers)]
-            h = self.history
-            read = h.invoke("read", key)
-            r = self.call("Get", cache="cas", key=key)
-            if r is None:
-                h.unknown(read)
-                continue
-            h.ok(read, value=value_of(r.value), version=r.version)
-            value = "c%d-%d" % (t, i)
-            cas = h.invoke("cas", key, value=value, expected=r.version)
-            try:
-                w = self.call("Set", cache="cas", key=key, value=make_value(value), if_version=r.version,
-                              request_id="cas-%d-%d" % (t, i))
-            except grpc.RpcError as e:
-                if RpcFailure(e).reason != "VERSION_MISMATCH":
-                    raise
-                h.fail(cas)
-                continue
-            if w is None:
-                h.unknown(cas)
-            else:
-                h.ok(cas, version=w.version)
-
     def start(self):
-        for key in self.registers:
-            r = self.call("Set", cache="cas", key=key, value=make_value("init"))
-            self.initial[key] = ("init", r.version)
+        self.registers.start()
         for th in self.threads:
             th.start()
         return self
@@ -162,6 +119,7 @@ class Writers:
         self.stop_flag.set()
         for th in self.threads:
             th.join(timeout=120)
+        self.registers.stop()
 
 
 class Moves(DreyTestCase):
