@@ -145,6 +145,7 @@ class Proxy:
         self.port = self.sock.getsockname()[1]
         self.modes = {"up": "pass", "down": "pass"}
         self.conns = []
+        self.forwarded = 0  # connections passed on to the target
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.closed = False
@@ -191,6 +192,7 @@ class Proxy:
                     u.close()
                     continue
                 self.conns += [c, u]
+                self.forwarded += 1
             for a, b, direction in ((c, u, "up"), (u, c, "down")):
                 threading.Thread(target=self._pump, args=(a, b, direction), daemon=True).start()
 

@@ -13,7 +13,7 @@ needing no root. The nemeses: kill (SIGKILL), restart (same data directory),
 pause/resume (SIGSTOP/SIGCONT), isolate a node from etcd, from its peers or
 both, split the nodes into groups (etcd stays with the largest), heal, a
 node's wall clock offset (libfaketime, the monotonic clock left alone), and
-a node restarted with a journal quota it has already used up.
+a node's journal quota filled up.
 
 Nothing waits by sleeping: readiness is polled with deadlines.
 """
@@ -22,8 +22,11 @@ import shutil
 import signal
 import tempfile
 
-from drey_cluster import Cluster, Proxy
-from drey_harness import find_dreyd
+import grpc
+
+from drey_cluster import Cluster, Proxy, partition
+from drey_harness import RpcFailure, find_dreyd, make_value
+from drey_tokens import details, poll
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -185,13 +188,35 @@ class NemesisCluster(Cluster):
         faketime_env), on //:dreyd_system_malloc."""
         return self.restart(node_id, flags=flags, env=faketime_env(offset_s), binary=dreyd_system_malloc())
 
-    def restart_with_full_quota(self, node_id, max_bytes=64 * 1024):
-        """Restarts node_id with a journal quota (--journal-max-bytes) below
-        what its journal already holds, and no snapshot that would free it:
-        every write it would journal is refused JOURNAL_DISK_QUOTA (a
-        definitive refusal) while reads go on."""
+    def fill_journal_quota(self, node_id, limit=2000):
+        """Restarts node_id with a journal quota (--journal-max-bytes) of
+        what its journal holds on disk now, no snapshot that would free it,
+        then writes to its own partitions until the quota refuses even an
+        empty value (big values first, then smaller): a full journal quota,
+        reached as a client would. From then on every write it would journal
+        is refused RESOURCE_EXHAUSTED JOURNAL_DISK_QUOTA (a definitive
+        refusal, no trace left) while reads go on. Returns the node and how
+        many writes fitted."""
         assert self.durable, "a quota needs a journal"
+        used = details(self.nodes[node_id].server)["journalDisk"]["usedBytes"]
         f0 = [f for f in self.launched[node_id][0]
               if not f.startswith(("--journal-max-bytes=", "--snapshot-every"))]
-        return self.restart(node_id, flags=f0 + ["--journal-max-bytes=%d" % max_bytes, "--snapshot-every=0",
+        node = self.restart(node_id, flags=f0 + ["--journal-max-bytes=%d" % int(used), "--snapshot-every=0",
                                                  "--snapshot-every-bytes=0"])
+        owners = poll(lambda: self.owners(node), lambda o: all(o.values()), what="%s's table" % node_id)
+        # short keys of the default cache: no write a test makes is smaller
+        mine = iter([k for k in ("~%d" % i for i in range(20 * limit))
+                     if owners[partition("", k, self.partitions)] == node_id])
+        fn, req_cls, _ = node.cache.methods["Set"]
+        fitted = 0
+        for size in (8192, 512, 32, 0):
+            while True:
+                assert fitted < limit, "%s took %d writes under a quota of %d" % (node_id, fitted, used)
+                try:
+                    fn(req_cls(key=next(mine), value=make_value(b"f" * size)), timeout=30)
+                    fitted += 1
+                except grpc.RpcError as e:
+                    if RpcFailure(e).reason != "JOURNAL_DISK_QUOTA":
+                        raise
+                    break
+        return node, fitted
