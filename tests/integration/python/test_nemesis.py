@@ -96,17 +96,18 @@ class Nemesis(DreyTestCase):
     def test_a_node_cut_from_etcd_leaves_and_heal_brings_it_back(self):
         cl, owners = self.cluster()
         n3 = cl.nodes["n3"]
-        cl.isolate_from_etcd("n3")
-        # the others see it leave once its lease lapses (TTL 2 s)
-        poll(lambda: members(cl), lambda m: m == {"n1", "n2"}, timeout=TTL + 15, what="n3 leaving")
-        poll(lambda: details(n3.server)["cluster"], lambda c: not c["etcdReachable"], timeout=15,
-             what="n3's readiness saying etcd is unreachable")
-        # it goes on serving its own partitions with the table it has
-        set_through(n3, key_on(owners, "n3"), "alone")
-        cl.heal()
-        poll(lambda: members(cl), lambda m: m == {"n1", "n2", "n3"}, timeout=30, what="n3 back")
-        poll(lambda: details(n3.server)["cluster"], lambda c: c["etcdReachable"], timeout=30,
-             what="n3's readiness saying etcd is reachable")
+        for mode in ("reset", "blackhole"):
+            cl.isolate_from_etcd("n3", mode)
+            # the others see it leave once its lease lapses (TTL 2 s)
+            poll(lambda: members(cl), lambda m: m == {"n1", "n2"}, timeout=TTL + 15, what="n3 leaving (%s)" % mode)
+            poll(lambda: details(n3.server)["cluster"], lambda c: not c["etcdReachable"], timeout=15,
+                 what="n3's readiness saying etcd is unreachable (%s)" % mode)
+            # it goes on serving its own partitions with the table it has
+            set_through(n3, key_on(owners, "n3"), "alone")
+            cl.heal()
+            poll(lambda: members(cl), lambda m: m == {"n1", "n2", "n3"}, timeout=30, what="n3 back (%s)" % mode)
+            poll(lambda: details(n3.server)["cluster"], lambda c: c["etcdReachable"], timeout=30,
+                 what="n3's readiness saying etcd is reachable (%s)" % mode)
         self.stop_all(cl)
 
     def test_a_one_way_cut_fails_calls_that_way_by_their_deadline(self):
