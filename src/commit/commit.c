@@ -57,6 +57,7 @@ void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufC
     w->request_id = "";
     w->evicted = NULL;
     w->n_evicted = 0;
+    w->first_version = 0;
     const ProtobufCFieldDescriptor *fd =
         protobuf_c_message_descriptor_get_field_by_name(request->descriptor, "request_id");
     if (fd != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
@@ -200,6 +201,8 @@ static void evict(drey_commit *c, const drey_write *w) {
 
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
     void *ctx = w->method->ctx;
+    ax->next_version = w->first_version;
+    ax->n_versions = w->first_version != 0 ? drey_apply_versions_needed(w->request) : 0;
     if (w->request_id[0] == '\0') {
         ProtobufCMessage *resp = w->method->apply(ctx, ax, w->request);
         if (resp != NULL)
@@ -240,6 +243,15 @@ size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w) {
                                   FINGERPRINT + 1 + RESPONSE_ESTIMATE);
 }
 
+void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
+    size_t n = drey_apply_versions_needed(w->request);
+    if (n == 0) {
+        w->first_version = 0; /* hands out none: nothing to carry */
+        return;
+    }
+    w->first_version = drey_store_reserve_versions(c->opts.store, n);
+}
+
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
     Drey__Journal__V1__JournalRecord rec = DREY__JOURNAL__V1__JOURNAL_RECORD__INIT;
     rec.method = (char *)w->method->path + 1; /* without the leading '/' */
@@ -247,6 +259,7 @@ void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_
     rec.request.len = w->request_len;
     rec.principal = (char *)w->principal;
     rec.request_id = (char *)w->request_id;
+    rec.first_version = w->first_version;
     if (w->n_evicted > 0) {
         rec.n_evicted = w->n_evicted;
         rec.evicted = drey_arena_alloc(a, w->n_evicted * sizeof *rec.evicted);
@@ -291,6 +304,7 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         .request_len = jr->request.len,
         .principal = jr->principal,
         .request_id = jr->request_id,
+        .first_version = jr->first_version,
     };
     drey_store_victim *ev = NULL;
     if (jr->n_evicted > 0) {

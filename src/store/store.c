@@ -500,6 +500,10 @@ uint64_t drey_store_next_version(drey_store *s) {
     return atomic_fetch_add_explicit(&s->version, 1, memory_order_relaxed) + 1;
 }
 
+uint64_t drey_store_reserve_versions(drey_store *s, size_t n) {
+    return atomic_fetch_add_explicit(&s->version, n, memory_order_relaxed) + 1;
+}
+
 uint64_t drey_store_last_version(const drey_store *s) {
     return atomic_load_explicit(&s->version, memory_order_relaxed);
 }
