@@ -97,6 +97,9 @@ size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w);
  * reserves and journals each under one lock, so that journal order is
  * version order (src/pipeline/journal.c). */
 void drey_commit_reserve_versions(drey_commit *c, drey_write *w);
+/* Undoes the reservation of a write that was refused before it was queued
+ * (when nothing was reserved since), and clears w->first_version. */
+void drey_commit_unreserve_versions(drey_commit *c, drey_write *w);
 
 /* The journal payload of a write (a drey.journal.v1.JournalRecord). */
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);

@@ -252,6 +252,12 @@ void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
     w->first_version = drey_store_reserve_versions(c->opts.store, n);
 }
 
+void drey_commit_unreserve_versions(drey_commit *c, drey_write *w) {
+    if (w->first_version != 0)
+        drey_store_unreserve_versions(c->opts.store, w->first_version, drey_apply_versions_needed(w->request));
+    w->first_version = 0;
+}
+
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
     Drey__Journal__V1__JournalRecord rec = DREY__JOURNAL__V1__JOURNAL_RECORD__INIT;
     rec.method = (char *)w->method->path + 1; /* without the leading '/' */

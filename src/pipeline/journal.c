@@ -73,7 +73,7 @@ static void quota_failure(drey_pipeline *p, drey_status *st, const char *descrip
  * queue first. Whatever else must follow that order (a replication
  * sequence, queueing to backups) belongs in here too; keep it small, every
  * durable write passes through it. Returns drey_journal_append's result;
- * versions of a refused append are simply never used. */
+ * a refused append gives its versions back. */
 static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, size_t *len) {
     uint8_t *payload;
     pthread_mutex_t *order = drey_pipeline__order_lock(p);
@@ -85,6 +85,8 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
     r->entry.done = on_durable;
     r->entry.arg = r;
     int rc = drey_journal_append(j, &r->entry);
+    if (rc != 0) /* refused: no record, so no version either */
+        drey_commit_unreserve_versions(drey_pipeline__commit(p), &r->write);
     pthread_mutex_unlock(order);
     return rc;
 }
