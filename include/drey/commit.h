@@ -93,7 +93,8 @@ void drey_commit_outcome_key(drey_commit *c, const drey_write *w, drey_arena *a,
 size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w);
 
 /* Reserves w's versions (drey_apply_versions_needed of its request) from the
- * store's counter and sets w->first_version. The caller orders writes: it
+ * store's counter, after raising it past the versions w brings
+ * (drey_method_spec.versions_brought), and sets w->first_version. The caller orders writes: it
  * reserves and journals each under one lock, so that journal order is
  * version order (src/pipeline/journal.c). */
 void drey_commit_reserve_versions(drey_commit *c, drey_write *w);

@@ -89,6 +89,11 @@ typedef struct drey_method_spec {
     /* Writes that can grow memory: the bytes the write would add to the
      * store's accounting (new size - old size) if applied now. */
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    /* Writes that bring versions of their own (entries moving in): the
+     * highest. The store's counter is raised to it as the write is ordered,
+     * not only as it applies, so that a write ordered after it (whose
+     * versions are reserved then) gets versions above the ones it brings. */
+    uint64_t (*versions_brought)(const ProtobufCMessage *request);
     /* Methods without apply: runs once with the decoded request at the end
      * of the chain and must eventually answer it (drey_request_reply or
      * drey_request_fail in include/drey/pipeline.h), from any thread. */
@@ -101,6 +106,7 @@ typedef struct drey_method {
     unsigned flags;
     ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    uint64_t (*versions_brought)(const ProtobufCMessage *request);
     void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
     void *ctx;                             /* given to drey_method_table_add_service */
 } drey_method;

@@ -244,6 +244,8 @@ size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w) {
 }
 
 void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
+    if (w->method->versions_brought != NULL)
+        drey_store_raise_version(c->opts.store, w->method->versions_brought(w->request));
     size_t n = drey_apply_versions_needed(w->request);
     if (n == 0) {
         w->first_version = 0; /* hands out none: nothing to carry */

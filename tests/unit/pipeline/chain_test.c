@@ -1030,3 +1030,38 @@ Test(chain, concurrent_writes_to_one_key_get_versions_in_journal_order_and_repla
     drey_cache_destroy(rr.cache);
     drey_store_destroy(rr.store);
 }
+
+/* A write ordered behind an Import that has not applied yet still gets a
+ * version above every version the import brings: the counter is raised as
+ * the import is ordered, since the write's versions are reserved then. */
+Test(chain, a_write_ordered_after_an_import_gets_versions_above_the_imported_ones) {
+    fixture_open(&(fixture_opts){.durable = true});
+    Drey__Internal__V1__MovedEntry e = DREY__INTERNAL__V1__MOVED_ENTRY__INIT;
+    e.cache = (ProtobufCBinaryData){.data = (uint8_t *)"c", .len = 1};
+    e.key = (ProtobufCBinaryData){.data = (uint8_t *)"moved", .len = 5};
+    e.kind = DREY_VALUE_BYTES;
+    e.value = (ProtobufCBinaryData){.data = (uint8_t *)"x", .len = 1};
+    e.version = 4000;
+    Drey__Internal__V1__MovedEntry *ep = &e;
+    Drey__Internal__V1__ImportRequest imp = DREY__INTERNAL__V1__IMPORT_REQUEST__INIT;
+    imp.partitions = 4;
+    imp.partition = drey_partition_of_entry("c", 1, "moved", 5, 4);
+    imp.entries = &ep;
+    imp.n_entries = 1;
+    imp.min_version = 5000;
+    block_writer();
+    door *i = submit_via(DREY_PARTITION_IMPORT_PATH, &imp.base,
+                         (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    door *d = set((set_args){.key = "moved", .value = "after"});
+    cr_assert(!door_answered(i), "the import waits for the disk: %s", drey_error_lookup(i->st.error)->reason);
+    cr_assert(!door_answered(d), "the write waits for the disk: %s", drey_error_lookup(d->st.error)->reason);
+    release_writer();
+    expect_ok(i);
+    expect_ok(d);
+    Drey__Cache__V1__SetResponse *r = drey__cache__v1__set_response__unpack(NULL, d->resp_len, d->resp);
+    cr_assert_not_null(r);
+    cr_assert_gt(r->version, 5000, "got %llu", (unsigned long long)r->version);
+    drey__cache__v1__set_response__free_unpacked(r, NULL);
+    door_free(i);
+    door_free(d);
+}
