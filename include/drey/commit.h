@@ -105,6 +105,16 @@ void drey_commit_unreserve_versions(drey_commit *c, drey_write *w);
 /* The journal payload of a write (a drey.journal.v1.JournalRecord). */
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
 
+/* The same record in two steps, so that the part that depends on the
+ * write's order is tiny: everything but first_version, in a buffer with
+ * DREY_COMMIT_ORDER_ROOM bytes to spare, and then (once the versions are
+ * reserved) first_version appended at end, the buffer's first spare byte;
+ * returns the bytes appended. A field after the others is valid protobuf
+ * and decodes as if it were in its place. */
+#define DREY_COMMIT_ORDER_ROOM 11 /* a tag byte and a 64-bit varint */
+void drey_commit_encode_unordered(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
+size_t drey_commit_encode_order(const drey_write *w, uint8_t *end);
+
 /* Decodes and applies a journal record; -EINVAL for one that names no
  * write method of the table or does not decode (recovery stops there). */
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);

@@ -475,6 +475,39 @@ Test(commit, encode_carries_the_first_version_and_zero_stays_absent) {
     cr_assert(memcmp(plain.payload, old.payload, old.len) == 0);
 }
 
+/* The journal stage's two steps make a record that decodes as the one-step
+ * encoding does, for every width of varint. */
+Test(commit, a_record_completed_with_its_order_decodes_as_the_whole_one) {
+    static const uint64_t versions[] = {0, 1, 127, 128, 16384, 1ull << 32, UINT64_MAX};
+    drey_write w;
+    make_set(&s, &w, &arena, "c", "k", "v", 0, -1, "rid", "bob");
+    drey_store_victim ev = {.cache = "c", .cache_len = 1, .key = "old", .key_len = 3, .version = 5};
+    w.evicted = &ev;
+    w.n_evicted = 1;
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        w.first_version = versions[i];
+        uint8_t *buf;
+        size_t len;
+        drey_commit_encode_unordered(&w, &arena, &buf, &len);
+        size_t n = drey_commit_encode_order(&w, buf + len);
+        cr_assert_leq(n, DREY_COMMIT_ORDER_ROOM);
+        Drey__Journal__V1__JournalRecord *jr = drey__journal__v1__journal_record__unpack(NULL, len + n, buf);
+        cr_assert_not_null(jr, "version %llu", (unsigned long long)versions[i]);
+        cr_assert_eq(jr->first_version, versions[i]);
+        cr_assert_str_eq(jr->request_id, "rid");
+        cr_assert_eq(jr->n_evicted, 1);
+        cr_assert_eq(jr->evicted[0]->version, 5);
+        /* Same fields as the one-step record: it re-packs to those bytes. */
+        size_t plen = protobuf_c_message_get_packed_size(&jr->base);
+        uint8_t *packed = drey_arena_alloc(&arena, plen);
+        protobuf_c_message_pack(&jr->base, packed);
+        drey__journal__v1__journal_record__free_unpacked(jr, NULL);
+        drey_journal_record whole = encode(&w, 1, T0);
+        cr_assert_eq(plen, whole.len);
+        cr_assert(memcmp(packed, whole.payload, plen) == 0);
+    }
+}
+
 Test(commit, replay_gives_a_key_the_records_version_on_a_counter_behind) {
     drey_write w;
     make_set(&s, &w, &arena, "", "k", "v", 0, -1, "rid", "");
