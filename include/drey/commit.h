@@ -55,6 +55,11 @@ typedef struct drey_write {
      * chose them; the journal record carries them). */
     const drey_store_victim *evicted;
     size_t n_evicted;
+    /* The first of the versions its apply hands out (one per key it names),
+     * reserved where the write was ordered (drey_commit_reserve_versions)
+     * and carried in its journal record; 0: taken from the store's counter
+     * as it applies. */
+    uint64_t first_version;
 } drey_write;
 
 /* Fills w, taking request_id from the request's field of that name. */
@@ -72,7 +77,9 @@ typedef enum drey_commit_known {
 drey_commit_known drey_commit_lookup(drey_commit *c, const drey_write *w, drey_apply *ax,
                                      ProtobufCMessage **response);
 
-/* Applies w at ax->now_ms (or answers it from its remembered outcome) and
+/* Applies w at ax->now_ms with w's versions (ax->next_version and
+ * n_versions are set from w->first_version) (or answers it from its
+ * remembered outcome) and
  * remembers the outcome when it has a request_id. NULL with ax->status set
  * when the write failed. A write applied now (not answered from an outcome)
  * that succeeded then evicts w->evicted: live and on replay alike. */
@@ -85,10 +92,31 @@ void drey_commit_outcome_key(drey_commit *c, const drey_write *w, drey_arena *a,
  * request_id); an estimate, for memory admission. */
 size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w);
 
+/* Reserves w's versions (drey_apply_versions_needed of its request) from the
+ * store's counter, after raising it past the versions w brings
+ * (drey_method_spec.versions_brought), and sets w->first_version. The caller orders writes: it
+ * reserves and journals each under one lock, so that journal order is
+ * version order (src/pipeline/journal.c). */
+void drey_commit_reserve_versions(drey_commit *c, drey_write *w);
+/* Undoes the reservation of a write that was refused before it was queued
+ * (when nothing was reserved since), and clears w->first_version. */
+void drey_commit_unreserve_versions(drey_commit *c, drey_write *w);
+
 /* The journal payload of a write (a drey.journal.v1.JournalRecord). */
 void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
 
-/* Decodes and applies a journal record; -EINVAL for one that names no
+/* The same record in two steps, so that the part that depends on the
+ * write's order is tiny: everything but first_version, in a buffer with
+ * DREY_COMMIT_ORDER_ROOM bytes to spare, and then (once the versions are
+ * reserved) first_version appended at end, the buffer's first spare byte;
+ * returns the bytes appended. A field after the others is valid protobuf
+ * and decodes as if it were in its place. */
+#define DREY_COMMIT_ORDER_ROOM 11 /* a tag byte and a 64-bit varint */
+void drey_commit_encode_unordered(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
+size_t drey_commit_encode_order(const drey_write *w, uint8_t *end);
+
+/* Decodes and applies a journal record, giving its keys the versions it
+ * carries (first_version; 0: the store's counter); -EINVAL for one that names no
  * write method of the table or does not decode (recovery stops there). */
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);
 

@@ -26,6 +26,7 @@
 
 #include "drey/arena.h"
 #include "drey/status.h"
+#include "drey/store.h"
 
 /* The request the chain carries (include/drey/pipeline.h). */
 typedef struct drey_request drey_request;
@@ -43,16 +44,37 @@ enum {
 };
 
 /* What `apply` gets: the time it happens at (for a write, the journal
- * record's, also on replay) and where its response is built. */
+ * record's, also on replay), the versions it hands out, and where its
+ * response is built. */
 typedef struct drey_apply {
     int64_t now_ms;      /* wall-clock milliseconds */
     drey_arena *arena;   /* response memory */
     drey_status *status; /* set when the transition fails */
+    /* A write's versions, chosen where it was ordered (the journal stage
+     * reserved them; a replayed or replicated record carries them), so that
+     * every replica gives each key the version its client was told. The
+     * write takes at most n_versions, in order, through drey_apply_version.
+     * next_version 0: the store's counter (ephemeral nodes, records from
+     * before versions were carried). */
+    uint64_t next_version;
+    size_t n_versions;
     /* Reads that walk many entries (Scan) skip those keep says no to: a
      * cluster node's copy of a partition it does not own. NULL: all. */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *keep_ctx;
 } drey_apply;
+
+/* The next version for a write to give a key: ax's next reserved one, with
+ * the store's counter raised past it so the node's later versions stay
+ * above it; or, without a reservation, the store's next. Every write apply
+ * takes its versions here, never from drey_store_next_version. Taking more
+ * than ax->n_versions is a programming error (another write owns the next
+ * ones): it aborts. */
+uint64_t drey_apply_version(drey_apply *ax, drey_store *s);
+
+/* How many versions a write of this request may hand out, one per key it
+ * names: what the journal stage reserves for it. */
+size_t drey_apply_versions_needed(const ProtobufCMessage *request);
 
 /* How a service describes one of its methods. */
 typedef struct drey_method_spec {
@@ -67,6 +89,11 @@ typedef struct drey_method_spec {
     /* Writes that can grow memory: the bytes the write would add to the
      * store's accounting (new size - old size) if applied now. */
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    /* Writes that bring versions of their own (entries moving in): the
+     * highest. The store's counter is raised to it as the write is ordered,
+     * not only as it applies, so that a write ordered after it (whose
+     * versions are reserved then) gets versions above the ones it brings. */
+    uint64_t (*versions_brought)(const ProtobufCMessage *request);
     /* Methods without apply: runs once with the decoded request at the end
      * of the chain and must eventually answer it (drey_request_reply or
      * drey_request_fail in include/drey/pipeline.h), from any thread. */
@@ -79,6 +106,7 @@ typedef struct drey_method {
     unsigned flags;
     ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    uint64_t (*versions_brought)(const ProtobufCMessage *request);
     void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
     void *ctx;                             /* given to drey_method_table_add_service */
 } drey_method;

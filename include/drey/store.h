@@ -118,6 +118,12 @@ bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
 uint64_t drey_store_next_version(drey_store *s);
 uint64_t drey_store_last_version(const drey_store *s);
 void drey_store_raise_version(drey_store *s, uint64_t at_least);
+/* Takes n consecutive versions at once (n > 0); returns the first. */
+uint64_t drey_store_reserve_versions(drey_store *s, size_t n);
+/* Gives back the reservation (first, n) if nothing was taken since, so a
+ * write refused before anyone saw its versions leaves no trace; false (a
+ * gap, harmless) otherwise. */
+bool drey_store_unreserve_versions(drey_store *s, uint64_t first, size_t n);
 
 typedef struct drey_store_txn {
     drey_store *store;

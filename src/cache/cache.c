@@ -91,7 +91,7 @@ static bool one_key_condition(one_key *o, drey_apply *ax, bool has_condition, ui
 static uint64_t one_key_put(one_key *o, drey_apply *ax, const Drey__Cache__V1__Value *value, int64_t expires_at_ms) {
     drey_value v;
     drey_cache__value_in(value, ax->arena, &v);
-    uint64_t version = drey_store_next_version(o->store);
+    uint64_t version = drey_apply_version(ax, o->store);
     drey_store_txn_put(&o->txn, &o->key, &v, expires_at_ms, version);
     return version;
 }
@@ -238,7 +238,7 @@ static ProtobufCMessage *apply_set_many(void *ctx, drey_apply *ax, const Protobu
         drey_cache__value_in(en->value, ax->arena, &v);
         Drey__Cache__V1__SetResponse *r = drey_arena_alloc(ax->arena, sizeof *r);
         drey__cache__v1__set_response__init(r);
-        r->version = drey_store_next_version(s);
+        r->version = drey_apply_version(ax, s);
         drey_store_txn_put(&t, &keys[i], &v, expires, r->version);
         r->expires_at = drey_cache__timestamp(ax->arena, expires);
         resp->results[i] = r;
@@ -393,7 +393,7 @@ static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const Protob
     drey__cache__v1__increment_response__init(resp);
     resp->value = result;
     resp->created = !o.live;
-    resp->version = drey_store_next_version(o.store);
+    resp->version = drey_apply_version(ax, o.store);
     drey_store_txn_put(&o.txn, &o.key, &v, expires, resp->version);
     one_key_end(&o);
     return &resp->base;

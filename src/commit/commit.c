@@ -57,6 +57,7 @@ void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufC
     w->request_id = "";
     w->evicted = NULL;
     w->n_evicted = 0;
+    w->first_version = 0;
     const ProtobufCFieldDescriptor *fd =
         protobuf_c_message_descriptor_get_field_by_name(request->descriptor, "request_id");
     if (fd != NULL && fd->type == PROTOBUF_C_TYPE_STRING)
@@ -200,6 +201,8 @@ static void evict(drey_commit *c, const drey_write *w) {
 
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
     void *ctx = w->method->ctx;
+    ax->next_version = w->first_version;
+    ax->n_versions = w->first_version != 0 ? drey_apply_versions_needed(w->request) : 0;
     if (w->request_id[0] == '\0') {
         ProtobufCMessage *resp = w->method->apply(ctx, ax, w->request);
         if (resp != NULL)
@@ -240,13 +243,33 @@ size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w) {
                                   FINGERPRINT + 1 + RESPONSE_ESTIMATE);
 }
 
-void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
+void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
+    if (w->method->versions_brought != NULL)
+        drey_store_raise_version(c->opts.store, w->method->versions_brought(w->request));
+    size_t n = drey_apply_versions_needed(w->request);
+    if (n == 0) {
+        w->first_version = 0; /* hands out none: nothing to carry */
+        return;
+    }
+    w->first_version = drey_store_reserve_versions(c->opts.store, n);
+}
+
+void drey_commit_unreserve_versions(drey_commit *c, drey_write *w) {
+    if (w->first_version != 0)
+        drey_store_unreserve_versions(c->opts.store, w->first_version, drey_apply_versions_needed(w->request));
+    w->first_version = 0;
+}
+
+/* The record, with first_version unless with_version is false, in a buffer
+ * with room bytes to spare after it. */
+static void encode(const drey_write *w, bool with_version, size_t room, drey_arena *a, uint8_t **out, size_t *len) {
     Drey__Journal__V1__JournalRecord rec = DREY__JOURNAL__V1__JOURNAL_RECORD__INIT;
     rec.method = (char *)w->method->path + 1; /* without the leading '/' */
     rec.request.data = (uint8_t *)w->request_bytes;
     rec.request.len = w->request_len;
     rec.principal = (char *)w->principal;
     rec.request_id = (char *)w->request_id;
+    rec.first_version = with_version ? w->first_version : 0;
     if (w->n_evicted > 0) {
         rec.n_evicted = w->n_evicted;
         rec.evicted = drey_arena_alloc(a, w->n_evicted * sizeof *rec.evicted);
@@ -262,9 +285,36 @@ void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_
         }
     }
     *len = protobuf_c_message_get_packed_size(&rec.base);
-    *out = drey_arena_alloc(a, *len);
+    *out = drey_arena_alloc(a, *len + room);
     protobuf_c_message_pack(&rec.base, *out);
 }
+
+void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
+    encode(w, true, 0, a, out, len);
+}
+
+/* Field 6, varint: the tag, then the value 7 bits at a time. */
+#define FIRST_VERSION_TAG ((6u << 3) | 0u)
+
+void drey_commit_encode_unordered(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
+    encode(w, false, DREY_COMMIT_ORDER_ROOM, a, out, len);
+}
+
+size_t drey_commit_encode_order(const drey_write *w, uint8_t *end) {
+    uint64_t v = w->first_version;
+    if (v == 0)
+        return 0; /* proto3 leaves a zero out */
+    size_t n = 0;
+    end[n++] = FIRST_VERSION_TAG;
+    while (v >= 0x80) {
+        end[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    end[n++] = (uint8_t)v;
+    return n;
+}
+
+
 
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
     char scratch[4096];
@@ -291,6 +341,7 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         .request_len = jr->request.len,
         .principal = jr->principal,
         .request_id = jr->request_id,
+        .first_version = jr->first_version,
     };
     drey_store_victim *ev = NULL;
     if (jr->n_evicted > 0) {

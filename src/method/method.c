@@ -110,6 +110,7 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
             .flags = spec->flags,
             .apply = spec->apply,
             .growth = spec->growth,
+            .versions_brought = spec->versions_brought,
             .handle = spec->handle,
             .ctx = ctx,
         };
@@ -179,4 +180,22 @@ const char *drey_method_request_key(const ProtobufCMessage *m, size_t i) {
         return k != NULL && fd->type == PROTOBUF_C_TYPE_STRING ? *(char *const *)k : NULL;
     }
     return NULL;
+}
+
+uint64_t drey_apply_version(drey_apply *ax, drey_store *s) {
+    if (ax->next_version == 0)
+        return drey_store_next_version(s);
+    if (ax->n_versions == 0) {
+        /* The next number belongs to the write ordered after this one. */
+        DREY_LOG_ERROR("a write took more versions than it reserved", DREY_LOG_UINT("next", ax->next_version));
+        abort();
+    }
+    uint64_t v = ax->next_version++;
+    ax->n_versions--;
+    drey_store_raise_version(s, v);
+    return v;
+}
+
+size_t drey_apply_versions_needed(const ProtobufCMessage *request) {
+    return drey_method_request_key_count(request);
 }

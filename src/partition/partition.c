@@ -143,6 +143,10 @@ static int64_t import_growth(void *ctx, const ProtobufCMessage *msg, int64_t now
     return bytes;
 }
 
+static uint64_t import_versions(const ProtobufCMessage *msg) {
+    return ((const Drey__Internal__V1__ImportRequest *)msg)->min_version;
+}
+
 static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Internal__V1__DropRequest *req = (const void *)msg;
     if (!well_formed(ax, req->partition, req->partitions))
@@ -156,7 +160,7 @@ static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMe
 bool drey_partition_register(drey_method_table *t, drey_store *s) {
     const drey_method_spec specs[] = {
         {.name = "Import", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
-         .growth = import_growth},
+         .growth = import_growth, .versions_brought = import_versions},
         {.name = "Drop", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,

@@ -5,7 +5,8 @@
  * A retry whose first attempt already has an outcome is answered from it and
  * goes no further (commit applies under the request_id's lock and checks
  * again, so two attempts racing past this stage still apply once).
- * Otherwise the write is encoded as a journal record and appended; the chain is parked and resumed on the journal's writer thread
+ * Otherwise the write is given its versions, encoded as a journal record
+ * and appended; the chain is parked and resumed on the journal's writer thread
  * once the record is durable, at the record's time, so the write is applied
  * (and becomes visible) only after it can no longer be lost. An ephemeral
  * node has no journal: the write goes straight on.
@@ -18,6 +19,7 @@
  * that no pattern of callers can make it hold unbounded memory.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 
 #include "drey/clock.h"
@@ -62,18 +64,42 @@ static void quota_failure(drey_pipeline *p, drey_status *st, const char *descrip
     st->retry_delay_ms = QUOTA_RETRY_MS;
 }
 
+/* Orders the write: reserves its versions, completes its record and
+ * queues it, all under the pipeline's order lock. Why one lock around the
+ * three: the journal applies records in LSN order (queue order), so
+ * versions taken in that same order make two writes to one key apply with
+ * increasing versions, live, on replay and on any replica that applies the
+ * records in order; reserving outside the lock would let a later version
+ * reach the queue first. Whatever else must follow that order (a
+ * replication sequence, queueing to backups) belongs in here too. Keep it
+ * small, every durable write passes through it: the record is encoded
+ * before, only its first_version is appended inside. Returns
+ * drey_journal_append's result; a refused append gives its versions back. */
+static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, size_t *len) {
+    uint8_t *payload;
+    drey_commit_encode_unordered(&r->write, r->arena, &payload, len);
+    r->entry.payload = payload;
+    r->entry.done = on_durable;
+    r->entry.arg = r;
+    drey_commit *c = drey_pipeline__commit(p);
+    pthread_mutex_t *order = drey_pipeline__order_lock(p);
+    pthread_mutex_lock(order);
+    drey_commit_reserve_versions(c, &r->write);
+    r->entry.len = *len + drey_commit_encode_order(&r->write, payload + *len);
+    int rc = drey_journal_append(j, &r->entry);
+    if (rc != 0) /* refused: no record, so no version either */
+        drey_commit_unreserve_versions(c, &r->write);
+    pthread_mutex_unlock(order);
+    *len = r->entry.len;
+    return rc;
+}
+
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r) {
     drey_journal *j = drey_pipeline__journal_of(p);
     if (j == NULL)
-        return DREY_STAGE_NEXT;
-    uint8_t *payload;
+        return DREY_STAGE_NEXT; /* ephemeral: applied now, versions from the counter */
     size_t len;
-    drey_commit_encode(&r->write, r->arena, &payload, &len);
-    r->entry.payload = payload;
-    r->entry.len = len;
-    r->entry.done = on_durable;
-    r->entry.arg = r;
-    int rc = drey_journal_append(j, &r->entry);
+    int rc = order_and_append(p, j, r, &len);
     if (rc == 0)
         return DREY_STAGE_PARKED;
     /* Refused before it reached the journal: no record, no trace. */

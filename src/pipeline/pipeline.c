@@ -41,6 +41,7 @@ static const stage chain[] = {
 struct drey_pipeline {
     drey_pipeline_options opts;
     drey_journal *journal;
+    pthread_mutex_t order; /* see order_and_append in journal.c */
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
     struct peer_streams *peers;  /* the peer stream door's (peer.c) */
@@ -50,6 +51,7 @@ struct drey_pipeline {
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts) {
     drey_pipeline *p = drey_xcalloc(1, sizeof *p);
     p->opts = *opts;
+    pthread_mutex_init(&p->order, NULL);
     return p;
 }
 
@@ -60,6 +62,7 @@ void drey_pipeline_destroy(drey_pipeline *p) {
     free(p->bindings[1]);
     drey_pipeline__free_peers(p->peers);
     free(p->stream);
+    pthread_mutex_destroy(&p->order);
     free(p);
 }
 
@@ -86,6 +89,10 @@ const drey_pipeline_options *drey_pipeline__options(const drey_pipeline *p) {
 
 drey_journal *drey_pipeline__journal_of(const drey_pipeline *p) {
     return p->journal;
+}
+
+pthread_mutex_t *drey_pipeline__order_lock(drey_pipeline *p) {
+    return &p->order;
 }
 
 drey_commit *drey_pipeline__commit(const drey_pipeline *p) {

@@ -2,6 +2,8 @@
 #ifndef DREY_PIPELINE_STAGES_H
 #define DREY_PIPELINE_STAGES_H
 
+#include <pthread.h>
+
 #include "drey/pipeline.h"
 
 const drey_limits *drey_pipeline__limits(const drey_pipeline *p);
@@ -18,6 +20,8 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r);
 
 drey_journal *drey_pipeline__journal_of(const drey_pipeline *p);
+/* Held while a durable write is ordered (journal.c). */
+pthread_mutex_t *drey_pipeline__order_lock(drey_pipeline *p);
 drey_commit *drey_pipeline__commit(const drey_pipeline *p);
 
 /* The gRPC door's bindings, freed with the pipeline. */

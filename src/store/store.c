@@ -500,6 +500,16 @@ uint64_t drey_store_next_version(drey_store *s) {
     return atomic_fetch_add_explicit(&s->version, 1, memory_order_relaxed) + 1;
 }
 
+uint64_t drey_store_reserve_versions(drey_store *s, size_t n) {
+    return atomic_fetch_add_explicit(&s->version, n, memory_order_relaxed) + 1;
+}
+
+bool drey_store_unreserve_versions(drey_store *s, uint64_t first, size_t n) {
+    uint64_t last = first + n - 1;
+    return atomic_compare_exchange_strong_explicit(&s->version, &last, first - 1, memory_order_relaxed,
+                                                   memory_order_relaxed);
+}
+
 uint64_t drey_store_last_version(const drey_store *s) {
     return atomic_load_explicit(&s->version, memory_order_relaxed);
 }

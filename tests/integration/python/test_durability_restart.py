@@ -1,12 +1,15 @@
 """Restarts of the real binary on one data directory: values, versions and
 expiries survive (a key written with a 2 s ttl before a restart expires on
 time after it), new writes get higher versions than any before, every fsync
-policy survives a clean SIGTERM restart, and a second dreyd on a data
-directory in use refuses to start while the first keeps serving."""
+policy survives a clean SIGTERM restart, keys written by concurrent clients
+come back with exactly the versions they were acknowledged with (journal
+order is version order), and a second dreyd on a data directory in use
+refuses to start while the first keeps serving."""
 
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -195,6 +198,89 @@ class FsyncPolicyTest(RestartTestCase):
 
     def test_fsync_always(self):
         self.check_policy("always", "always")
+
+
+class ConcurrentWritersTest(RestartTestCase):
+    WRITERS = 6
+    ROUNDS = 40
+    HOT = ["hot%d" % i for i in range(3)]
+
+    def write_phase(self, cache, acked, phase):
+        """WRITERS threads racing on a few keys with Set, SetMany, Increment
+        and Add; acked[key] collects (version, value) of every acknowledged
+        write."""
+        pb = self.pb.cache
+        lock = threading.Lock()
+        errors = []
+
+        def note(key, version, value):
+            with lock:
+                acked.setdefault(key, []).append((version, value))
+
+        def writer(w):
+            try:
+                for n in range(self.ROUNDS):
+                    tag = "p%d-w%d-%d" % (phase, w, n)
+                    hot = self.HOT[(w + n) % len(self.HOT)]
+                    op = n % 4
+                    if op == 0:
+                        r = cache.Set(pb.SetRequest(key=hot, value=make_value(tag)), timeout=WAIT)
+                        note(hot, r.version, tag)
+                    elif op == 1:
+                        other = self.HOT[(w + n + 1) % len(self.HOT)]
+                        r = cache.SetMany(pb.SetManyRequest(entries=[
+                            pb.SetManyRequest.Entry(key=hot, value=make_value(tag + "a")),
+                            pb.SetManyRequest.Entry(key=other, value=make_value(tag + "b"))]), timeout=WAIT)
+                        note(hot, r.results[0].version, tag + "a")
+                        note(other, r.results[1].version, tag + "b")
+                    elif op == 2:
+                        r = cache.Increment(pb.IncrementRequest(key="ctr", delta=1), timeout=WAIT)
+                        note("ctr", r.version, r.value)
+                    else:
+                        key = "add-" + tag
+                        r = cache.Add(pb.AddRequest(key=key, value=make_value(tag)), timeout=WAIT)
+                        self.assertTrue(r.added)
+                        note(key, r.version, tag)
+            except Exception as e:  # surfaced by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(self.WRITERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=WAIT * 4)
+            self.assertFalse(t.is_alive(), "a writer did not finish")
+        if errors:
+            raise errors[0]
+
+    def check(self, cache, acked, what):
+        pb = self.pb.cache
+        for key, writes in acked.items():
+            version, value = max(writes)
+            r = cache.Get(pb.GetRequest(key=key), timeout=WAIT)
+            self.assertTrue(r.found, "%s: %s" % (what, key))
+            self.assertEqual((r.version, value_of(r.value)), (version, value),
+                             "%s: %s is not its last acknowledged write" % (what, key))
+
+    def test_every_key_has_the_version_it_was_acknowledged_with_after_a_kill(self):
+        srv, cache, admin, _ = self.boot("--fsync=always")
+        acked = {}
+        self.write_phase(cache, acked, 0)
+        # recovery then loads a snapshot and replays the tail after it
+        admin.Snapshot(self.pb.admin.SnapshotRequest(), timeout=WAIT)
+        self.write_phase(cache, acked, 1)
+        versions = [v for writes in acked.values() for v, _ in writes]
+        self.assertEqual(len(versions), len(set(versions)), "a version was handed out twice")
+        self.check(cache, acked, "live")
+        srv.kill()
+
+        srv, cache, admin, _ = self.boot("--fsync=always", name="dreyd after the kill")
+        self.check(cache, acked, "after the kill")
+        self.assertEqual(value_of(cache.Get(self.pb.cache.GetRequest(key="ctr"), timeout=WAIT).value),
+                         len(acked["ctr"]))
+        r = cache.Set(self.pb.cache.SetRequest(key=self.HOT[0], value=make_value("later")), timeout=WAIT)
+        self.assertGreater(r.version, max(versions))
+        srv.stop()
 
 
 class DataDirLockTest(RestartTestCase):

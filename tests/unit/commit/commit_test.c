@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "drey/journal/v1/journal.pb-c.h"
 #include "tests/unit/write_stack.h"
@@ -408,6 +409,227 @@ Test(commit, replay_refuses_unknown_methods_and_garbage) {
     rec = raw_record("drey.cache.v1.Cache/Set", w.request_bytes, w.request_len);
     cr_assert_eq(drey_commit_replay(s.commit, &rec), 0);
     cr_assert_eq(drey_store_last_version(s.store), 1);
+}
+
+/* --- versions carried in the record ------------------------------------------------ */
+
+/* A SetMany of n string entries keyed keys[i], value "v". */
+static void make_set_many(write_stack *st, drey_write *w, const char *const *keys, size_t n) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_STRING_VALUE;
+    v.string_value = "v";
+    Drey__Cache__V1__SetManyRequest__Entry es[8], *ep[8];
+    cr_assert_leq(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        drey__cache__v1__set_many_request__entry__init(&es[i]);
+        es[i].key = (char *)keys[i];
+        es[i].value = &v;
+        ep[i] = &es[i];
+    }
+    Drey__Cache__V1__SetManyRequest req = DREY__CACHE__V1__SET_MANY_REQUEST__INIT;
+    req.cache = "";
+    req.entries = ep;
+    req.n_entries = n;
+    make_write(st, w, &arena, "SetMany", &req.base, "");
+}
+
+static void make_add(write_stack *st, drey_write *w, const char *key, const char *request_id) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_STRING_VALUE;
+    v.string_value = "added";
+    Drey__Cache__V1__AddRequest req = DREY__CACHE__V1__ADD_REQUEST__INIT;
+    req.cache = "";
+    req.key = (char *)key;
+    req.value = &v;
+    req.request_id = (char *)request_id;
+    make_write(st, w, &arena, "Add", &req.base, "");
+}
+
+static uint64_t version_of(drey_store *st, const char *key) {
+    entry_copy e;
+    cr_assert(read_entry(st, "", key, T0 + 100, &e), "%s is there", key);
+    return e.version;
+}
+
+static uint64_t replayed(drey_commit *c, drey_write *w, uint64_t first_version, uint64_t lsn) {
+    w->first_version = first_version;
+    drey_journal_record rec = encode(w, lsn, T0 + (int64_t)lsn);
+    cr_assert_eq(drey_commit_replay(c, &rec), 0);
+    return first_version;
+}
+
+Test(commit, encode_carries_the_first_version_and_zero_stays_absent) {
+    drey_write w;
+    make_set(&s, &w, &arena, "", "k", "v", 0, -1, "", "");
+    w.first_version = 123456789;
+    drey_journal_record rec = encode(&w, 1, T0);
+    Drey__Journal__V1__JournalRecord *jr = drey__journal__v1__journal_record__unpack(NULL, rec.len, rec.payload);
+    cr_assert_not_null(jr);
+    cr_assert_eq(jr->first_version, 123456789);
+    drey__journal__v1__journal_record__free_unpacked(jr, NULL);
+    /* An unreserved write's record is byte for byte what older code wrote. */
+    w.first_version = 0;
+    drey_journal_record plain = encode(&w, 1, T0);
+    drey_journal_record old = raw_record("drey.cache.v1.Cache/Set", w.request_bytes, w.request_len);
+    cr_assert_eq(plain.len, old.len);
+    cr_assert(memcmp(plain.payload, old.payload, old.len) == 0);
+}
+
+/* The journal stage's two steps make a record that decodes as the one-step
+ * encoding does, for every width of varint. */
+Test(commit, a_record_completed_with_its_order_decodes_as_the_whole_one) {
+    static const uint64_t versions[] = {0, 1, 127, 128, 16384, 1ull << 32, UINT64_MAX};
+    drey_write w;
+    make_set(&s, &w, &arena, "c", "k", "v", 0, -1, "rid", "bob");
+    drey_store_victim ev = {.cache = "c", .cache_len = 1, .key = "old", .key_len = 3, .version = 5};
+    w.evicted = &ev;
+    w.n_evicted = 1;
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        w.first_version = versions[i];
+        uint8_t *buf;
+        size_t len;
+        drey_commit_encode_unordered(&w, &arena, &buf, &len);
+        size_t n = drey_commit_encode_order(&w, buf + len);
+        cr_assert_leq(n, DREY_COMMIT_ORDER_ROOM);
+        Drey__Journal__V1__JournalRecord *jr = drey__journal__v1__journal_record__unpack(NULL, len + n, buf);
+        cr_assert_not_null(jr, "version %llu", (unsigned long long)versions[i]);
+        cr_assert_eq(jr->first_version, versions[i]);
+        cr_assert_str_eq(jr->request_id, "rid");
+        cr_assert_eq(jr->n_evicted, 1);
+        cr_assert_eq(jr->evicted[0]->version, 5);
+        /* Same fields as the one-step record: it re-packs to those bytes. */
+        size_t plen = protobuf_c_message_get_packed_size(&jr->base);
+        uint8_t *packed = drey_arena_alloc(&arena, plen);
+        protobuf_c_message_pack(&jr->base, packed);
+        drey__journal__v1__journal_record__free_unpacked(jr, NULL);
+        drey_journal_record whole = encode(&w, 1, T0);
+        cr_assert_eq(plen, whole.len);
+        cr_assert(memcmp(packed, whole.payload, plen) == 0);
+    }
+}
+
+Test(commit, replay_gives_a_key_the_records_version_on_a_counter_behind) {
+    drey_write w;
+    make_set(&s, &w, &arena, "", "k", "v", 0, -1, "rid", "");
+    replayed(s.commit, &w, 1000, 1);
+    cr_assert_eq(version_of(s.store, "k"), 1000);
+    cr_assert_eq(drey_store_last_version(s.store), 1000, "the counter is raised past it");
+    /* The remembered outcome names the same version. */
+    outcome o;
+    cr_assert_eq(lookup_at(s.commit, &w, T0 + 10, &o), DREY_COMMIT_ANSWERED);
+    cr_assert_eq(((Drey__Cache__V1__SetResponse *)o.resp)->version, 1000);
+    outcome_free(&o);
+    /* A later write of this node's own goes on above it. */
+    drey_write next;
+    make_set(&s, &next, &arena, "", "k2", "v", 0, -1, "", "");
+    apply_at(s.commit, &next, T0 + 20, &o);
+    cr_assert_eq(((Drey__Cache__V1__SetResponse *)o.resp)->version, 1001);
+    outcome_free(&o);
+}
+
+Test(commit, replay_gives_a_key_the_records_version_on_a_counter_far_ahead) {
+    drey_store_raise_version(s.store, 5000000);
+    drey_write w;
+    make_set(&s, &w, &arena, "", "k", "v", 0, -1, "", "");
+    replayed(s.commit, &w, 17, 1);
+    cr_assert_eq(version_of(s.store, "k"), 17, "the record's, not the counter's");
+    cr_assert_eq(drey_store_last_version(s.store), 5000000, "never lowered");
+    /* A conditional write on the replica checks against the carried version. */
+    drey_write cas;
+    make_set(&s, &cas, &arena, "", "k", "w", 0, 17, "", "");
+    replayed(s.commit, &cas, 18, 2);
+    entry_copy e;
+    cr_assert(read_entry(s.store, "", "k", T0 + 100, &e));
+    cr_assert_eq(e.version, 18);
+    cr_assert(e.len == 1 && e.data[0] == 'w', "the if_version matched the carried version");
+}
+
+Test(commit, a_record_without_first_version_takes_the_counter_as_before) {
+    drey_store_raise_version(s.store, 41);
+    drey_write w;
+    make_set(&s, &w, &arena, "", "k", "v", 0, -1, "", "");
+    drey_journal_record rec = raw_record("drey.cache.v1.Cache/Set", w.request_bytes, w.request_len);
+    cr_assert_eq(drey_commit_replay(s.commit, &rec), 0);
+    cr_assert_eq(version_of(s.store, "k"), 42);
+    cr_assert_eq(drey_store_last_version(s.store), 42);
+}
+
+Test(commit, set_many_increment_and_add_records_replay_with_their_versions) {
+    write_stack r;
+    stack_create(&r, RETENTION);
+    drey_store_raise_version(r.store, 250); /* between the records' versions */
+    const char *keys[] = {"a", "b", "c"};
+    drey_write sm, inc, inc2, add, add_again;
+    make_set_many(&s, &sm, keys, 3);
+    make_increment(&s, &inc, &arena, "", "n", 5, "", "");
+    make_increment(&s, &inc2, &arena, "", "n", 1, "", "");
+    make_add(&s, &add, "fresh", "add-1");
+    make_add(&s, &add_again, "a", ""); /* a is there: adds nothing */
+    replayed(r.commit, &sm, 200, 1);
+    replayed(r.commit, &inc, 300, 2);
+    replayed(r.commit, &inc2, 301, 3);
+    replayed(r.commit, &add, 400, 4);
+    replayed(r.commit, &add_again, 500, 5);
+    cr_assert_eq(version_of(r.store, "a"), 200);
+    cr_assert_eq(version_of(r.store, "b"), 201);
+    cr_assert_eq(version_of(r.store, "c"), 202);
+    cr_assert_eq(version_of(r.store, "n"), 301);
+    cr_assert_eq(version_of(r.store, "fresh"), 400);
+    entry_copy e;
+    cr_assert(read_entry(r.store, "", "n", T0 + 100, &e));
+    cr_assert_eq(e.kind, DREY_VALUE_INT64);
+    cr_assert_eq(drey_store_last_version(r.store), 400, "an unused version leaves a gap, no counter bump");
+    outcome o;
+    cr_assert_eq(lookup_at(r.commit, &add, T0 + 100, &o), DREY_COMMIT_ANSWERED);
+    cr_assert_eq(((Drey__Cache__V1__AddResponse *)o.resp)->version, 400);
+    outcome_free(&o);
+    stack_destroy(&r);
+}
+
+Test(commit, reserving_takes_one_version_per_key_and_a_refusal_gives_them_back) {
+    drey_store_raise_version(s.store, 9);
+    const char *keys[] = {"a", "b", "c"};
+    drey_write sm, set1;
+    make_set_many(&s, &sm, keys, 3);
+    make_set(&s, &set1, &arena, "", "k", "v", 0, -1, "", "");
+    drey_commit_reserve_versions(s.commit, &sm);
+    cr_assert_eq(sm.first_version, 10);
+    drey_commit_reserve_versions(s.commit, &set1);
+    cr_assert_eq(set1.first_version, 13);
+    cr_assert_eq(drey_store_last_version(s.store), 13);
+    /* The last reservation goes back whole; an earlier one cannot (someone
+     * took versions after it) and stays a gap. */
+    drey_commit_unreserve_versions(s.commit, &set1);
+    cr_assert_eq(set1.first_version, 0);
+    cr_assert_eq(drey_store_last_version(s.store), 12);
+    drey_commit_unreserve_versions(s.commit, &sm);
+    cr_assert_eq(drey_store_last_version(s.store), 9);
+    drey_commit_reserve_versions(s.commit, &sm);
+    drey_commit_reserve_versions(s.commit, &set1);
+    drey_commit_unreserve_versions(s.commit, &sm);
+    cr_assert_eq(drey_store_last_version(s.store), 13, "a gap, never a reuse");
+    /* Live, the apply hands out exactly the reserved ones. */
+    outcome o;
+    apply_at(s.commit, &set1, T0, &o);
+    cr_assert_eq(((Drey__Cache__V1__SetResponse *)o.resp)->version, 13);
+    outcome_free(&o);
+    /* A write that names no key reserves nothing. */
+    Drey__Cache__V1__ClearRequest clr = DREY__CACHE__V1__CLEAR_REQUEST__INIT;
+    clr.cache = "";
+    drey_write cw;
+    make_write(&s, &cw, &arena, "Clear", &clr.base, "");
+    drey_commit_reserve_versions(s.commit, &cw);
+    cr_assert_eq(cw.first_version, 0);
+    cr_assert_eq(drey_store_last_version(s.store), 13);
+}
+
+Test(commit, taking_more_versions_than_reserved_aborts, .signal = SIGABRT) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply ax = {.now_ms = T0, .arena = &arena, .status = &st, .next_version = 7, .n_versions = 1};
+    cr_assert_eq(drey_apply_version(&ax, s.store), 7);
+    cr_assert_eq(drey_store_last_version(s.store), 7);
+    drey_apply_version(&ax, s.store); /* the next write's: a programming error */
 }
 
 /* --- racing retries ---------------------------------------------------------------- */

@@ -30,6 +30,7 @@
 #include "drey/memory.h"
 #include "drey/method.h"
 #include "drey/internal/v1/move.pb-c.h"
+#include "drey/journal/v1/journal.pb-c.h"
 #include "drey/partition.h"
 #include "drey/pipeline.h"
 #include "drey/store.h"
@@ -609,8 +610,11 @@ Test(chain, a_full_journal_queue_refuses_before_anything_is_queued) {
     drey_journal_get_stats(f.journal, &js);
     cr_assert_eq(js.queued_records, 2);
     cr_assert_eq(js.queue_rejections, 1);
-    /* Nothing of the queued writes is visible yet, and c left nothing. */
-    expect_no_trace(&t, "queue full");
+    /* Nothing of the queued writes is visible yet (they hold the versions
+     * they were ordered with, one each), and c left nothing. */
+    trace queued = t;
+    queued.version += 2;
+    expect_no_trace(&queued, "queue full");
     release_writer();
     expect_ok(a);
     expect_ok(b);
@@ -889,4 +893,175 @@ Test(chain, peer_methods_serve_only_an_authenticated_peer) {
     door_free(d);
     trace after = take_trace();
     cr_assert_eq(after.lsn, before.lsn + 1, "journaled like any write");
+}
+
+/* --- versions follow the journal's order ------------------------------------ */
+
+#define WRITERS 4
+#define WRITES_PER_WRITER 60
+
+typedef struct writer {
+    int id;
+    uint64_t versions[WRITES_PER_WRITER];
+} writer;
+
+static void *write_one_key(void *arg) {
+    writer *w = arg;
+    for (int i = 0; i < WRITES_PER_WRITER; i++) {
+        char value[32];
+        snprintf(value, sizeof value, "w%d-%d", w->id, i);
+        door *d = set((set_args){.key = "hot", .value = value});
+        expect_ok(d);
+        Drey__Cache__V1__SetResponse *r = drey__cache__v1__set_response__unpack(NULL, d->resp_len, d->resp);
+        cr_assert_not_null(r);
+        w->versions[i] = r->version;
+        drey__cache__v1__set_response__free_unpacked(r, NULL);
+        door_free(d);
+    }
+    return NULL;
+}
+
+/* The journal read back: each record's first version, in LSN order, and a
+ * fresh stack the records are replayed into, checked record by record. */
+typedef struct reread {
+    drey_store *store;
+    drey_commit *commit;
+    drey_method_table *methods;
+    drey_cache *cache;
+    uint64_t versions[WRITERS * WRITES_PER_WRITER + 1];
+    size_t n;
+    uint64_t last_lsn;
+} reread;
+
+static int reread_record(void *ctx, const drey_journal_record *rec) {
+    reread *rr = ctx;
+    Drey__Journal__V1__JournalRecord *jr = drey__journal__v1__journal_record__unpack(NULL, rec->len, rec->payload);
+    cr_assert_not_null(jr);
+    cr_assert_str_eq(jr->method, "drey.cache.v1.Cache/Set");
+    cr_assert_gt(rec->lsn, rr->last_lsn);
+    rr->last_lsn = rec->lsn;
+    cr_assert_lt(rr->n, sizeof rr->versions / sizeof rr->versions[0]);
+    rr->versions[rr->n++] = jr->first_version;
+    drey__journal__v1__journal_record__free_unpacked(jr, NULL);
+    cr_assert_eq(drey_commit_replay(rr->commit, rec), 0);
+    /* The replayed key has exactly the record's version. */
+    drey_key k;
+    drey_store_key(rr->store, &k, "c", 1, "hot", 3);
+    drey_entry_view e;
+    drey_store_txn t;
+    drey_store_txn_begin(rr->store, &t, &k, 1);
+    cr_assert(drey_store_txn_get(&t, &k, drey_wall_ms(), &e));
+    uint64_t got = e.version;
+    drey_store_txn_end(&t);
+    cr_assert_eq(got, rr->versions[rr->n - 1], "lsn %llu", (unsigned long long)rec->lsn);
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+Test(chain, concurrent_writes_to_one_key_get_versions_in_journal_order_and_replay_reproduces_them) {
+    fixture_open(&(fixture_opts){.durable = true});
+    /* Versions from elsewhere on the node (another partition's writes, a
+     * snapshot) must not matter to a replay. */
+    drey_store_raise_version(f.store, 1000);
+    static writer ws[WRITERS];
+    pthread_t th[WRITERS];
+    for (int i = 0; i < WRITERS; i++) {
+        ws[i].id = i;
+        cr_assert_eq(pthread_create(&th[i], NULL, write_one_key, &ws[i]), 0);
+    }
+    for (int i = 0; i < WRITERS; i++)
+        pthread_join(th[i], NULL);
+
+    /* Each writer saw its own versions increase. */
+    uint64_t all[WRITERS * WRITES_PER_WRITER];
+    size_t n = 0;
+    for (int i = 0; i < WRITERS; i++)
+        for (int j = 0; j < WRITES_PER_WRITER; j++) {
+            if (j > 0)
+                cr_assert_gt(ws[i].versions[j], ws[i].versions[j - 1]);
+            all[n++] = ws[i].versions[j];
+        }
+
+    static reread rr;
+    memset(&rr, 0, sizeof rr);
+    rr.store = drey_store_create();
+    rr.cache = drey_cache_create(rr.store);
+    rr.methods = drey_method_table_create();
+    cr_assert(drey_cache_register(rr.cache, rr.methods));
+    drey_commit_options co = {.store = rr.store, .methods = rr.methods, .idempotency_retention_ms = 60000};
+    rr.commit = drey_commit_create(&co);
+    drey_journal_scan scan;
+    cr_assert_eq(drey_journal_scan_dir(drey_io_fault_io(f.fs), "/d", 0, reread_record, &rr, &scan), 0);
+    drey_journal_scan_free(&scan);
+
+    /* Strictly increasing in LSN order, and exactly the acknowledged ones. */
+    cr_assert_eq(rr.n, n);
+    for (size_t i = 1; i < rr.n; i++)
+        cr_assert_gt(rr.versions[i], rr.versions[i - 1], "record %zu", i);
+    qsort(all, n, sizeof all[0], cmp_u64);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(rr.versions[i], all[i], "acknowledged version %zu", i);
+    cr_assert_gt(all[0], 1000);
+
+    /* Live and replayed stores agree on the key. */
+    drey_key lk, rk;
+    drey_store_key(f.store, &lk, "c", 1, "hot", 3);
+    drey_store_key(rr.store, &rk, "c", 1, "hot", 3);
+    drey_entry_view le, re;
+    drey_store_txn lt, rt;
+    drey_store_txn_begin(f.store, &lt, &lk, 1);
+    drey_store_txn_begin(rr.store, &rt, &rk, 1);
+    cr_assert(drey_store_txn_get(&lt, &lk, drey_wall_ms(), &le));
+    cr_assert(drey_store_txn_get(&rt, &rk, drey_wall_ms(), &re));
+    cr_assert_eq(le.version, re.version);
+    cr_assert_eq(le.version, all[n - 1], "the last journaled is the last applied");
+    cr_assert_eq(le.value.len, re.value.len);
+    cr_assert(memcmp(le.value.data, re.value.data, le.value.len) == 0);
+    drey_store_txn_end(&rt);
+    drey_store_txn_end(&lt);
+    cr_assert_geq(drey_store_last_version(rr.store), all[n - 1]);
+
+    drey_commit_destroy(rr.commit);
+    drey_method_table_destroy(rr.methods);
+    drey_cache_destroy(rr.cache);
+    drey_store_destroy(rr.store);
+}
+
+/* A write ordered behind an Import that has not applied yet still gets a
+ * version above every version the import brings: the counter is raised as
+ * the import is ordered, since the write's versions are reserved then. */
+Test(chain, a_write_ordered_after_an_import_gets_versions_above_the_imported_ones) {
+    fixture_open(&(fixture_opts){.durable = true});
+    Drey__Internal__V1__MovedEntry e = DREY__INTERNAL__V1__MOVED_ENTRY__INIT;
+    e.cache = (ProtobufCBinaryData){.data = (uint8_t *)"c", .len = 1};
+    e.key = (ProtobufCBinaryData){.data = (uint8_t *)"moved", .len = 5};
+    e.kind = DREY_VALUE_BYTES;
+    e.value = (ProtobufCBinaryData){.data = (uint8_t *)"x", .len = 1};
+    e.version = 4000;
+    Drey__Internal__V1__MovedEntry *ep = &e;
+    Drey__Internal__V1__ImportRequest imp = DREY__INTERNAL__V1__IMPORT_REQUEST__INIT;
+    imp.partitions = 4;
+    imp.partition = drey_partition_of_entry("c", 1, "moved", 5, 4);
+    imp.entries = &ep;
+    imp.n_entries = 1;
+    imp.min_version = 5000;
+    block_writer();
+    door *i = submit_via(DREY_PARTITION_IMPORT_PATH, &imp.base,
+                         (via){.internal = true, .forwarded_by = "node-a", .peer_id = "node-a"});
+    door *d = set((set_args){.key = "moved", .value = "after"});
+    cr_assert(!door_answered(i), "the import waits for the disk: %s", drey_error_lookup(i->st.error)->reason);
+    cr_assert(!door_answered(d), "the write waits for the disk: %s", drey_error_lookup(d->st.error)->reason);
+    release_writer();
+    expect_ok(i);
+    expect_ok(d);
+    Drey__Cache__V1__SetResponse *r = drey__cache__v1__set_response__unpack(NULL, d->resp_len, d->resp);
+    cr_assert_not_null(r);
+    cr_assert_gt(r->version, 5000, "got %llu", (unsigned long long)r->version);
+    drey__cache__v1__set_response__free_unpacked(r, NULL);
+    door_free(i);
+    door_free(d);
 }

@@ -55,10 +55,20 @@ struct  Drey__Journal__V1__JournalRecord
    */
   size_t n_evicted;
   Drey__Journal__V1__Evicted **evicted;
+  /*
+   * The first of the versions the write hands out, in order: the node that
+   * ordered the write reserved one per key the request names, so that every
+   * replay (recovery, a backup applying it) gives each key exactly the
+   * version the client was told, whatever else its node's counter served.
+   * Unused ones are gaps. 0: a record written before versions were carried
+   * (or by an ephemeral node's code path); its apply takes them from the
+   * node's counter.
+   */
+  uint64_t first_version;
 };
 #define DREY__JOURNAL__V1__JOURNAL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__journal__v1__journal_record__descriptor) \
-    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL }
+    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0 }
 
 
 struct  Drey__Journal__V1__Evicted
