@@ -85,6 +85,12 @@ typedef struct drey_cluster_options {
     drey_commit *commit;
     int64_t move_rate;     /* bytes per second a move sends; 0: unlimited */
     uint32_t max_moves;    /* as controller: partitions moving off one node at a time; 0: none */
+    /* Replication (a cluster whose replication factor is above 1): a
+     * backup that does not acknowledge a record within this is taken out
+     * of the partition's in-sync set; a write of a partition with fewer
+     * in-sync copies (the primary included) than min_in_sync is refused. */
+    int64_t replication_timeout_ms;
+    uint32_t min_in_sync;
 } drey_cluster_options;
 
 /* Loads the peer certificates; no etcd yet. Until joined, the node routes
@@ -115,6 +121,15 @@ uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms);
 /* The pipeline's route row (drey_pipeline_options.route; ctx: the cluster). */
 drey_stage_result drey_cluster_route(void *cluster, drey_request *r);
 
+/* The cluster's (once joined): copies of each partition. */
+uint32_t drey_cluster_replication_factor(const drey_cluster *c);
+
+/* The pipeline's replication (drey_pipeline_options.replicator; ctx: the
+ * cluster): a write this node leads, ordered, goes to the partition's
+ * in-sync backups and is applied once every copy has it (replicate.c). */
+drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r);
+void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc);
+
 /* drey.cluster.v1.Cluster/WatchTopology on the public server. */
 bool drey_cluster_register(drey_cluster *c, drey_server *s);
 
@@ -134,6 +149,10 @@ typedef struct drey_cluster_status {
     int64_t moving_now;             /* the partition being copied out now, or -1 */
     uint64_t moves_done, moves_failed, moved_entries, moved_bytes;
     uint64_t pause_last_us, pause_max_us; /* writes paused for a handover */
+    uint32_t rf, backup_of, under_replicated;
+    bool lease_valid;
+    uint64_t replication_pending, replicated, replica_failures, isr_shrinks, backups_added, records_taken,
+        records_refused, failovers;
 } drey_cluster_status;
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);

@@ -115,6 +115,9 @@ void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_
 void drey_commit_encode_unordered(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len);
 size_t drey_commit_encode_order(const drey_write *w, uint8_t *end);
 
+/* The store the commit applies to. */
+drey_store *drey_commit_store(const drey_commit *c);
+
 /* Decodes and applies a journal record, giving its keys the versions it
  * carries (first_version; 0: the store's counter); -EINVAL for one that names no
  * write method of the table or does not decode (recovery stops there). */

@@ -72,6 +72,8 @@ typedef struct drey_config {
     int64_t cluster_partitions;     /* expected; 0 = the cluster's */
     int64_t cluster_move_rate;      /* bytes per second a move sends */
     int64_t cluster_max_moves;      /* per source node, when controller */
+    int64_t replication_timeout_ms;
+    int64_t min_in_sync;
     int64_t cluster_drain_timeout_ms;
     char *cluster_peer_address;     /* id=host:port,... dialled instead of the advertised */
     char *internal_listen, *advertise, *internal_advertise;

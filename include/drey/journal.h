@@ -134,6 +134,9 @@ typedef void (*drey_journal_done_fn)(void *arg, const drey_journal_record *rec, 
 typedef struct drey_journal_entry {
     const uint8_t *payload;
     size_t len;
+    /* The time the record applies at; 0: the journal's (the batch's). A
+     * record a primary ordered for its backups too has its own. */
+    int64_t time_ms;
     drey_journal_done_fn done; /* err 0: durable (per policy); else -errno, not written */
     void *arg;
     struct drey_journal_entry *next_; /* the journal's */

@@ -41,6 +41,9 @@ enum {
      * internal listener, to a caller that proved it is a node (mutual TLS);
      * no token. */
     DREY_METHOD_PEER = 1u << 4,
+    /* Taken in the order it arrives (a backup's records): no stage may park
+     * it, so backpressure does not apply. */
+    DREY_METHOD_ORDERED = 1u << 5,
 };
 
 /* What `apply` gets: the time it happens at (for a write, the journal

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drey/commit.h"
 #include "drey/method.h"
 #include "drey/store.h"
 
@@ -34,6 +35,11 @@ uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char
 /* Adds drey.internal.v1.Partitions (Import, Drop) to the table, applying to
  * the store. */
 bool drey_partition_register(drey_method_table *t, drey_store *s);
+
+/* Adds drey.internal.v1.Replica (Apply: a primary's record on a backup),
+ * applying the record's write through commit with its own time and
+ * versions. */
+bool drey_partition_register_replica(drey_method_table *t, drey_commit *commit);
 
 #define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
 #define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"

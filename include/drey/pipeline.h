@@ -138,10 +138,34 @@ struct drey_request {
      * writes a partition has in flight with it. */
     void (*on_release)(void *arg);
     void *release_arg;
+    bool failed;           /* answered with drey_request_fail (on_release may look) */
+    /* What the route row noted of a write it runs here (its partition), for
+     * the replicator; and the replicator's own note. */
+    void *route_note;
+    void *replica_note;
+    /* Set by the replicator: the write is applied but answered with this
+     * error (its outcome unknown to the caller); 0: answered as applied. */
+    drey_error answer_unknown;
     /* Given to the method as drey_apply.keep (the route row's). */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *keep_ctx;
 };
+
+/* A cluster's replication of the writes this node leads. Both run under
+ * the chain's order lock, around the journal append: prepare once the
+ * write has its versions, time (r->entry.time_ms) and record (r->entry
+ * payload), before it is journaled; appended with the append's result (0,
+ * or the refusal: the record went nowhere) — on an ephemeral node right
+ * after prepare, with 0.
+ * prepare returns NEXT (not replicated: the chain goes on as without it),
+ * REJECT (r->status, nothing happened) or PARKED: then the replicator owns
+ * the write's completion (it takes r->entry.done) and resumes it with
+ * drey_pipeline_resume once it may apply. */
+typedef struct drey_replicator {
+    drey_stage_result (*prepare)(void *ctx, drey_request *r);
+    void (*appended)(void *ctx, drey_request *r, int rc);
+    void *ctx;
+} drey_replicator;
 
 drey_pipeline *drey_pipeline_create(const drey_pipeline_options *opts);
 void drey_pipeline_destroy(drey_pipeline *p);
@@ -152,6 +176,10 @@ void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
 /* Clusters: the route row's function (see drey_pipeline_options.route).
  * Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx);
+/* Clusters whose partitions have backups. Set before drey_pipeline_set_ready. */
+void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep);
+/* Whether writes go through a journal (a durable node). */
+bool drey_pipeline_journaled(const drey_request *r);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);

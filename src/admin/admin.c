@@ -214,6 +214,18 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->moved_bytes = cs.moved_bytes;
         c->pause_last_us = cs.pause_last_us;
         c->pause_max_us = cs.pause_max_us;
+        c->replication_factor = cs.rf;
+        c->backup_partitions = cs.backup_of;
+        c->under_replicated_partitions = cs.under_replicated;
+        c->lease_valid = cs.lease_valid;
+        c->replication_pending = cs.replication_pending;
+        c->replicated_records = cs.replicated;
+        c->replica_failures = cs.replica_failures;
+        c->in_sync_shrinks = cs.isr_shrinks;
+        c->backups_added = cs.backups_added;
+        c->records_taken = cs.records_taken;
+        c->records_refused = cs.records_refused;
+        c->failovers = cs.failovers;
         d->cluster = c;
     }
 
@@ -378,6 +390,28 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
               "The longest pause of a partition's writes for a handover since start.", (double)c->pause_max_us / 1e6);
         gauge(out, "drey_cluster_move_pause_last_seconds", "The last handover's pause of its partition's writes.",
               (double)c->pause_last_us / 1e6);
+        gauge(out, "drey_cluster_partitions_backup", "Partitions this node is an in-sync backup of.",
+              c->backup_partitions);
+        gauge(out, "drey_cluster_partitions_under_replicated",
+              "Partitions with fewer in-sync copies than the replication factor.", c->under_replicated_partitions);
+        gauge(out, "drey_cluster_lease_valid", "1 while this node's lease is valid by its own clock (it leads only then).",
+              c->lease_valid);
+        gauge(out, "drey_cluster_replication_pending", "Writes waiting here for their backups' acknowledgements.",
+              (double)c->replication_pending);
+        counter(out, "drey_cluster_replicated_records_total", "Records a backup acknowledged.",
+                (double)c->replicated_records);
+        counter(out, "drey_cluster_replica_failures_total", "Records a backup refused or did not acknowledge in time.",
+                (double)c->replica_failures);
+        counter(out, "drey_cluster_in_sync_shrinks_total", "Backups this node took out of an in-sync set.",
+                (double)c->in_sync_shrinks);
+        counter(out, "drey_cluster_backups_added_total", "Copies to new backups this node completed.",
+                (double)c->backups_added);
+        counter(out, "drey_cluster_records_taken_total", "Records this node took as a backup.",
+                (double)c->records_taken);
+        counter(out, "drey_cluster_records_refused_total", "Records this node refused as a backup.",
+                (double)c->records_refused);
+        counter(out, "drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.",
+                (double)c->failovers);
     }
     gauge(out, "drey_data_disk_available_bytes",
           "Bytes the data directory's file system still has (0 when unknown or ephemeral).",

@@ -1,7 +1,7 @@
 /*
  * drey cluster — the operator's view of a cluster, straight from etcd.
  *
- *   drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] [--replication-factor=1]
+ *   drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] [--replication-factor=2]
  *                     [--initial-nodes=1]
  *   drey cluster status --etcd=URLS [--prefix=drey/]
  *
@@ -63,8 +63,8 @@ static int init_config(const char *etcd, const char *prefix, uint32_t partitions
         snprintf(err, cap, "--partitions must be 1 to 65536");
         return -1;
     }
-    if (replication_factor != 1) {
-        snprintf(err, cap, "--replication-factor: this build replicates nothing yet (1 only)");
+    if (replication_factor < 1 || replication_factor > 3) {
+        snprintf(err, cap, "--replication-factor must be 1 to 3");
         return -1;
     }
     drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, cap);
@@ -220,7 +220,7 @@ int drey_cli_cluster(int argc, char **argv) {
     static const char *const status_flags[] = {"etcd", "prefix", NULL};
     if (argc < 1 || (strcmp(argv[0], "init") != 0 && strcmp(argv[0], "status") != 0)) {
         fprintf(stderr, "usage: drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] "
-                        "[--replication-factor=1] [--initial-nodes=1]\n"
+                        "[--replication-factor=2] [--initial-nodes=1]\n"
                         "       drey cluster status --etcd=URLS [--prefix=drey/]\n");
         return 2;
     }
@@ -240,7 +240,7 @@ int drey_cli_cluster(int argc, char **argv) {
         return status(etcd, prefix);
     uint32_t partitions, rf, initial;
     if (!parse_u32(flag_value(argc - 1, argv + 1, "partitions", "256"), &partitions) ||
-        !parse_u32(flag_value(argc - 1, argv + 1, "replication-factor", "1"), &rf) ||
+        !parse_u32(flag_value(argc - 1, argv + 1, "replication-factor", "2"), &rf) ||
         !parse_u32(flag_value(argc - 1, argv + 1, "initial-nodes", "1"), &initial)) {
         fprintf(stderr, "drey cluster: --partitions, --replication-factor and --initial-nodes take numbers\n");
         return 2;

@@ -17,9 +17,15 @@ typedef struct drey_cluster__node {
     bool member; /* registered now (its lease alive) */
 } drey_cluster__node;
 
+#define DREY_CLUSTER_MAX_RF 3
+/* Room for an entry's backups while a partition changes hands. */
+#define DREY_CLUSTER_MAX_REPLICAS 4
+
 typedef struct drey_cluster__part {
     int64_t epoch;   /* mod_revision of the entry; 0: no entry */
     int32_t primary; /* index into nodes; -1: none */
+    uint8_t n_replicas;
+    int32_t replicas[DREY_CLUSTER_MAX_REPLICAS]; /* in-sync backups, indexes into nodes */
 } drey_cluster__part;
 
 /* An immutable table, shared by reference: routing acquires the current
@@ -76,7 +82,15 @@ void drey_cluster__pcall_release(drey_cluster__pcall *c);
 /* --- moves ------------------------------------------------------------------ */
 
 /* Per partition, read on the request path without a lock. */
+/* A backup's sequence after a record it took failed: it takes no more
+ * until a fresh copy. */
+#define DREY_CLUSTER_SEQ_BROKEN (UINT64_MAX - 1)
+
 typedef struct drey_cluster__pstate {
+    /* The sequence number of the partition's last write: assigned by its
+     * primary (under the chain's order lock), taken in order by a backup,
+     * carried by a copy's last chunk. */
+    _Atomic uint64_t seq;
     _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
     _Atomic bool moving;       /* being copied out: answered writes record their keys */
     _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
@@ -125,6 +139,69 @@ char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t
  * synchronisation (member.c). */
 void drey_cluster__nap_ms(int64_t ms);
 
+/* --- replication (replicate.c) ------------------------------------------------ */
+
+typedef struct drey_cluster__rec drey_cluster__rec;
+
+/* A partition's writes on this primary, in sequence, until they applied. */
+typedef struct drey_cluster__line {
+    pthread_mutex_t mu;
+    drey_cluster__rec *head, *tail;
+    size_t queued;
+    bool draining; /* a thread is applying its complete head */
+} drey_cluster__line;
+
+/* A backup to take out of a partition's in-sync set. */
+typedef struct drey_cluster__shrink {
+    struct drey_cluster__shrink *next;
+    uint32_t partition;
+    int64_t epoch;
+    char backup[DREY_CLUSTER_MAX_ID];
+    char why[200];
+} drey_cluster__shrink;
+
+void *drey_cluster__shrinker_main(void *arg);
+/* This node may lead partitions now: its lease is valid by its own clock. */
+bool drey_cluster__lease_valid(drey_cluster *c);
+/* The partition of a write the route row held for this node (router.c). */
+uint32_t drey_cluster__held_partition(const drey_request *r);
+/* Answers every write still waiting for its backups (this node stops),
+ * as commit unknown. */
+void drey_cluster__abandon_lines(drey_cluster *c);
+
+/* --- partition entries ------------------------------------------------------ */
+
+/* An entry as the controller and the primary edit it. */
+typedef struct drey_cluster__entry {
+    char primary[DREY_CLUSTER_MAX_ID];
+    char replicas[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
+    char syncing[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
+    char joining[DREY_CLUSTER_MAX_ID]; /* "": no move */
+    size_t n_replicas, n_syncing;
+} drey_cluster__entry;
+
+/* e NULL: the empty entry. */
+void drey_cluster__entry_of(const Drey__Internal__V1__PartitionEntry *e, drey_cluster__entry *out);
+bool drey_cluster__entry_has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id);
+/* Removes id from the list (if there); returns whether it was there. */
+bool drey_cluster__entry_remove(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
+void drey_cluster__entry_add(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
+
+/* Adds to t: if p's entry is still at epoch, put e (in a). */
+void drey_cluster__txn_put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
+                                 const drey_cluster__entry *e);
+
+typedef enum drey_cluster__cas {
+    DREY_CLUSTER_CAS_APPLIED, /* written, and applied to this node's table */
+    DREY_CLUSTER_CAS_REFUSED, /* the entry moved on, or etcd refused: nothing written */
+    DREY_CLUSTER_CAS_UNKNOWN, /* etcd did not say (it may have applied) */
+} drey_cluster__cas;
+
+/* Writes p's entry if it is still at epoch, applying it to this node's
+ * table at once when it did; err says why not. */
+drey_cluster__cas drey_cluster__cas_entry(drey_cluster *c, uint32_t p, int64_t epoch, const drey_cluster__entry *e,
+                                          char *err, size_t err_cap);
+
 /* --- the cluster ----------------------------------------------------------- */
 
 typedef struct topo_watcher topo_watcher;
@@ -168,6 +245,18 @@ struct drey_cluster {
     _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
+    drey_cluster__line *lines; /* n_parts */
+    int64_t lease_margin_ns;
+    pthread_t shrinker_thread;
+    bool shrinker_running;
+    pthread_mutex_t shrink_mu;
+    pthread_cond_t shrink_cond;
+    drey_cluster__shrink *shrinks; /* under shrink_mu */
+    bool shrink_stop;
+    _Atomic uint64_t replicated, replica_failures, isr_shrinks, records_taken, records_refused;
+
+    _Atomic uint64_t failovers;     /* as controller: partitions given a new primary */
+    _Atomic uint64_t backups_added; /* as primary: copies that joined the in-sync set */
 };
 
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c);
@@ -176,6 +265,12 @@ void drey_cluster__publish_locked(drey_cluster *c);
 /* WatchTopology streams get the new topology; needs c->mu. */
 void drey_cluster__notify_watchers_locked(drey_cluster *c);
 void drey_cluster__close_watchers(drey_cluster *c);
+
+/* The controller's repairs: failover, dropped and new backups (repair.c).
+ * False when etcd refused or failed; *changed when it wrote. */
+bool drey_cluster__repair(drey_cluster *c, bool *changed);
+/* A restarted node leaves the entries that name it (repair.c). */
+int drey_cluster__step_down(drey_cluster *c, char *err, size_t cap);
 
 /* The controller's loop (member.c). */
 void *drey_cluster__controller_main(void *arg);

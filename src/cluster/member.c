@@ -321,9 +321,9 @@ static bool check_config(drey_cluster *c, char *err, size_t cap) {
                  cfg->replication_factor);
         goto out;
     }
-    if (cfg->replication_factor != 1) {
-        snprintf(err, cap, "the cluster asks for %u replicas; this build replicates nothing (factor 1 only)",
-                 cfg->replication_factor);
+    if (cfg->replication_factor > DREY_CLUSTER_MAX_RF) {
+        snprintf(err, cap, "the cluster asks for %u replicas; this build keeps at most %d", cfg->replication_factor,
+                 DREY_CLUSTER_MAX_RF);
         goto out;
     }
     c->n_parts = cfg->partitions;
@@ -350,6 +350,15 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     pthread_cond_init(&c->cond, NULL);
     pthread_mutex_init(&c->move_mu, NULL);
     pthread_cond_init(&c->move_cond, NULL);
+    pthread_mutex_init(&c->shrink_mu, NULL);
+    pthread_cond_init(&c->shrink_cond, NULL);
+    if (c->opts.replication_timeout_ms <= 0)
+        c->opts.replication_timeout_ms = 1000;
+    if (c->opts.min_in_sync == 0)
+        c->opts.min_in_sync = 1;
+    /* Room for a clock running a little fast against etcd's, and for the
+     * time etcd takes to act on an expiry it decided. */
+    c->lease_margin_ns = 200 * 1000000LL;
     atomic_store(&c->moving, -1);
     pthread_mutex_lock(&c->mu);
     drey_cluster__publish_locked(c); /* an empty table until joined */
@@ -377,6 +386,9 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
     c->pstate = drey_xcalloc(c->n_parts, sizeof *c->pstate);
+    c->lines = drey_xcalloc(c->n_parts, sizeof *c->lines);
+    for (uint32_t p = 0; p < c->n_parts; p++)
+        pthread_mutex_init(&c->lines[p].mu, NULL);
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
     c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
@@ -392,6 +404,8 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
         .user = c,
     };
     c->watch = drey_etcd_watch_start(c->etcd, &wo);
+    if (c->rf > 1 && drey_cluster__step_down(c, err, cap) != 0)
+        return -1;
     if (pthread_create(&c->controller_thread, NULL, drey_cluster__controller_main, c) != 0)
         abort();
     c->controller_running = true;
@@ -400,10 +414,34 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
             abort();
         c->mover_running = true;
     }
+    if (pthread_create(&c->shrinker_thread, NULL, drey_cluster__shrinker_main, c) != 0)
+        abort();
+    c->shrinker_running = true;
     DREY_LOG_INFO("joined the cluster", DREY_LOG_STR("node_id", c->opts.node_id),
                   DREY_LOG_UINT("partitions", c->n_parts), DREY_LOG_INT("revision", rev),
                   DREY_LOG_INT("lease_ttl_s", c->lease.ttl_s));
     return 0;
+}
+
+static size_t pending_writes(drey_cluster *c) {
+    size_t n = 0;
+    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++) {
+        pthread_mutex_lock(&c->lines[p].mu);
+        n += c->lines[p].queued;
+        pthread_mutex_unlock(&c->lines[p].mu);
+    }
+    return n;
+}
+
+static void stop_shrinker(drey_cluster *c) {
+    if (!c->shrinker_running)
+        return;
+    pthread_mutex_lock(&c->shrink_mu);
+    c->shrink_stop = true;
+    pthread_cond_broadcast(&c->shrink_cond);
+    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_join(c->shrinker_thread, NULL);
+    c->shrinker_running = false;
 }
 
 void drey_cluster_leave(drey_cluster *c) {
@@ -425,6 +463,15 @@ void drey_cluster_leave(drey_cluster *c) {
         pthread_join(c->mover_thread, NULL);
         c->mover_running = false;
     }
+    /* Writes waiting for their backups finish while the lease still says
+     * this node leads (bounded: a backup that does not answer is dropped
+     * within the replication timeout); what is left is answered as of
+     * unknown outcome. */
+    int64_t until = drey_mono_ms() + c->opts.replication_timeout_ms + 1000;
+    while (pending_writes(c) > 0 && drey_mono_ms() < until)
+        drey_cluster__nap_ms(10);
+    stop_shrinker(c);
+    drey_cluster__abandon_lines(c);
     drey_etcd_keepalive_stop(c->keepalive);
     c->keepalive = NULL;
     if (c->lease.id != 0) {
@@ -501,10 +548,21 @@ void drey_cluster_destroy(drey_cluster *c) {
         pthread_join(c->controller_thread, NULL);
     if (c->mover_running)
         pthread_join(c->mover_thread, NULL);
+    stop_shrinker(c);
+    drey_cluster__abandon_lines(c);
     drey_etcd_keepalive_stop(c->keepalive);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
     drey_cluster__peers_destroy(c->peers);
+    for (drey_cluster__shrink *s = c->shrinks, *next; s != NULL; s = next) {
+        next = s->next;
+        free(s);
+    }
+    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
+        pthread_mutex_destroy(&c->lines[p].mu);
+    free(c->lines);
+    pthread_mutex_destroy(&c->shrink_mu);
+    pthread_cond_destroy(&c->shrink_cond);
     for (size_t i = 0; i < c->n_members; i++)
         drey__internal__v1__member__free_unpacked(c->members[i], NULL);
     free(c->members);
@@ -556,23 +614,6 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static void put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
-                      const char *primary, const char *joining) {
-    Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
-    e.primary = (char *)primary;
-    char *j[1] = {(char *)joining};
-    if (joining != NULL) {
-        e.joining = j;
-        e.n_joining = 1;
-    }
-    size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
-    uint8_t *buf = drey_arena_alloc(a, len ? len : 1);
-    drey__internal__v1__partition_entry__pack(&e, buf);
-    const char *key = drey_cluster__partition_key(c, a, p);
-    drey_etcd_txn_if_mod_revision(t, key, DREY_ETCD_EQUAL, epoch);
-    drey_etcd_txn_put(t, DREY_ETCD_THEN, key, buf, len, 0);
-}
-
 /* One transaction of the controller's compared writes (none: nothing to
  * do). False when etcd refused or failed: the controller looks again. */
 static bool commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops) {
@@ -613,8 +654,10 @@ static bool assign_unowned(drey_cluster *c) {
     pthread_mutex_unlock(&c->mu);
 
     qsort(ids, n, sizeof *ids, cmp_str);
-    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * sizeof *assign);
-    drey_placement_assign((const char *const *)ids, n, c->n_parts, 1, assign);
+    /* Every copy starts empty, so the backups are in sync from the start. */
+    uint32_t r = drey_placement_replicas(c->rf, n);
+    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * r * sizeof *assign);
+    drey_placement_assign((const char *const *)ids, n, c->n_parts, c->rf, assign);
     bool ok = true;
     for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {
         drey_arena a;
@@ -626,7 +669,12 @@ static bool assign_unowned(drey_cluster *c) {
         for (; p < c->n_parts && ops < TXN_OPS; p++) {
             if (!want[p])
                 continue;
-            put_entry(c, &t, &a, p, epochs[p], ids[assign[p]], NULL);
+            drey_cluster__entry e;
+            drey_cluster__entry_of(NULL, &e);
+            snprintf(e.primary, sizeof e.primary, "%s", ids[assign[p * r]]);
+            for (uint32_t k = 1; k < r; k++)
+                drey_cluster__entry_add(e.replicas, &e.n_replicas, ids[assign[p * r + k]]);
+            drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], &e);
             ops++;
         }
         p0 = p;
@@ -701,27 +749,28 @@ static bool rebalance(drey_cluster *c) {
             pl.member[k] = true;
     }
     /* What the table says, copied out of the lock. */
-    char **primary = drey_xcalloc(c->n_parts, sizeof *primary), **joining = drey_xcalloc(c->n_parts, sizeof *joining);
+    drey_cluster__entry *ent = drey_xcalloc(c->n_parts, sizeof *ent);
     int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
     bool *owner_member = drey_xcalloc(c->n_parts, sizeof *owner_member);
     for (uint32_t p = 0; p < c->n_parts; p++) {
-        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
-        primary[p] = xstrdup(e->primary);
-        joining[p] = e->n_joining > 0 ? xstrdup(e->joining[0]) : NULL;
+        drey_cluster__entry_of(c->entries[p], &ent[p]);
         epochs[p] = c->epochs[p];
         for (size_t i = 0; i < c->n_members && !owner_member[p]; i++)
-            owner_member[p] = strcmp(c->members[i]->id, e->primary) == 0;
+            owner_member[p] = strcmp(c->members[i]->id, ent[p].primary) == 0;
     }
     pthread_mutex_unlock(&c->mu);
 
     bool ok = true;
     if (pl.n == 0)
         goto out;
-    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * sizeof *assign);
-    drey_placement_assign((const char *const *)pl.ids, pl.n, c->n_parts, 1, assign);
+    /* The same placement as the first assignment's, so that a cluster
+     * that did not change plans nothing. */
+    uint32_t r = drey_placement_replicas(c->rf, pl.n);
+    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * r * sizeof *assign);
+    drey_placement_assign((const char *const *)pl.ids, pl.n, c->n_parts, c->rf, assign);
     for (uint32_t p = 0; p < c->n_parts; p++) {
-        int k = planned_index(&pl, primary[p]);
-        if (joining[p] != NULL && k >= 0)
+        int k = planned_index(&pl, ent[p].primary);
+        if (ent[p].joining[0] != '\0' && k >= 0)
             pl.moving_out[k]++;
     }
     uint32_t planned_now = 0, cancelled = 0;
@@ -733,24 +782,27 @@ static bool rebalance(drey_cluster *c) {
         size_t ops = 0;
         uint32_t p = p0;
         for (; p < c->n_parts && ops < TXN_OPS; p++) {
-            int k = planned_index(&pl, primary[p]);
-            if (joining[p] != NULL) {
-                int j = planned_index(&pl, joining[p]);
+            drey_cluster__entry *e = &ent[p];
+            int k = planned_index(&pl, e->primary);
+            if (e->joining[0] != '\0') {
+                int j = planned_index(&pl, e->joining);
                 if (j < 0 || !pl.member[j]) { /* gone, or leaving itself */
-                    put_entry(c, &t, &a, p, epochs[p], primary[p], NULL);
+                    e->joining[0] = '\0';
+                    drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], e);
                     ops++;
                     cancelled++;
                 }
                 continue;
             }
-            const char *want = pl.ids[assign[p]];
-            if (strcmp(want, primary[p]) == 0 || !owner_member[p] || !pl.member[assign[p]])
+            const char *want = pl.ids[assign[p * r]];
+            if (strcmp(want, e->primary) == 0 || !owner_member[p] || !pl.member[assign[p * r]])
                 continue;
             if (k >= 0 && pl.moving_out[k] >= c->opts.max_moves)
                 continue;
             if (k < 0 && planned_now >= c->opts.max_moves)
                 continue; /* a draining owner: not in the list, counted together */
-            put_entry(c, &t, &a, p, epochs[p], primary[p], want);
+            snprintf(e->joining, sizeof e->joining, "%s", want);
+            drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], e);
             ops++;
             planned_now++;
             if (k >= 0)
@@ -765,12 +817,7 @@ static bool rebalance(drey_cluster *c) {
                       DREY_LOG_UINT("cancelled", cancelled), DREY_LOG_UINT("nodes", n_live));
     free(assign);
 out:
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        free(primary[p]);
-        free(joining[p]);
-    }
-    free(primary);
-    free(joining);
+    free(ent);
     free(epochs);
     free(owner_member);
     for (size_t i = 0; i < pl.n; i++)
@@ -803,7 +850,9 @@ void *drey_cluster__controller_main(void *arg) {
         } else if (vacant) {
             leader = campaign(c);
         }
-        if (leader && !lost && assign_unowned(c))
+        bool repaired = false;
+        /* Moves are planned on a table the repairs are in: the next look. */
+        if (leader && !lost && assign_unowned(c) && drey_cluster__repair(c, &repaired) && !repaired)
             rebalance(c);
         pthread_mutex_lock(&c->mu);
         if (c->leaving)

@@ -76,6 +76,7 @@ static void sync_done(void *arg, const drey_answer *a) {
 typedef struct mover {
     drey_cluster *c;
     uint32_t partition;
+    bool sync; /* a new backup's copy: it joins the in-sync set, this node stays primary */
     const char *target, *address;
     int64_t epoch;
     uint64_t entries, bytes;
@@ -189,7 +190,10 @@ static void chunk_destroy(chunk *ch) {
     drey_arena_destroy(&ch->arena);
 }
 
-static bool send_chunk(mover *mv, chunk *ch, bool replace, uint64_t min_version) {
+/* The last chunk goes while the partition is frozen: it carries this
+ * node's version counter (versions keep increasing per key on the new
+ * copy) and the partition's sequence (its next record follows it). */
+static bool send_chunk(mover *mv, chunk *ch, bool replace, bool last) {
     Drey__Internal__V1__ImportRequest req = DREY__INTERNAL__V1__IMPORT_REQUEST__INIT;
     req.partition = ch->partition;
     req.partitions = ch->n_parts;
@@ -198,8 +202,12 @@ static bool send_chunk(mover *mv, chunk *ch, bool replace, uint64_t min_version)
     req.n_entries = ch->n_entries;
     req.removed = ch->removed;
     req.n_removed = ch->n_removed;
-    req.min_version = min_version;
     req.epoch = mv->epoch;
+    if (last) {
+        req.last = true;
+        req.min_version = drey_store_last_version(mv->c->opts.store);
+        req.sequence = atomic_load(&mv->c->pstate[ch->partition].seq);
+    }
     bool ok = call_import(mv, &req);
     chunk_reset(ch);
     return ok;
@@ -220,7 +228,7 @@ static bool copy(mover *mv) {
     for (size_t sh = 0; sh < DREY_STORE_SHARDS && ok; sh++) {
         drey_store_walk_shard(c->opts.store, sh, drey_wall_ms(), export_item, &ch);
         if (ch.bytes >= CHUNK_BYTES || (sh == DREY_STORE_SHARDS - 1 && (ch.n_entries > 0 || first))) {
-            ok = send_chunk(mv, &ch, first, 0);
+            ok = send_chunk(mv, &ch, first, false);
             first = false;
         }
     }
@@ -281,10 +289,10 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
         if (!drey_store_read(c->opts.store, &k, drey_wall_ms(), read_dirty, &ri))
             push(&ch, true, d->data, d->cache_len, d->data + d->cache_len, d->key_len);
         if (ch.bytes >= CHUNK_BYTES && d->next != NULL)
-            ok = send_chunk(mv, &ch, false, 0);
+            ok = send_chunk(mv, &ch, false, false);
     }
     if (ok && (last || ch.n_entries + ch.n_removed > 0))
-        ok = send_chunk(mv, &ch, false, last ? drey_store_last_version(c->opts.store) : 0);
+        ok = send_chunk(mv, &ch, false, last);
     chunk_destroy(&ch);
     return ok;
 }
@@ -315,6 +323,17 @@ static bool freeze(drey_cluster *c, uint32_t p) {
 
 typedef enum handover { HANDED_OVER, KEPT, UNKNOWN } handover;
 
+/* Whether the entry says the handover (or the new backup) happened. */
+static bool done_in(const mover *mv, const Drey__Internal__V1__PartitionEntry *e) {
+    if (!mv->sync)
+        return strcmp(e->primary, mv->target) == 0;
+    for (size_t i = 0; i < e->n_replicas; i++) {
+        if (strcmp(e->replicas[i], mv->target) == 0)
+            return true;
+    }
+    return false;
+}
+
 static handover read_back(mover *mv, const char *key) {
     drey_cluster *c = mv->c;
     drey_arena a;
@@ -327,7 +346,7 @@ static handover read_back(mover *mv, const char *key) {
         if (resp->n_kvs == 1) {
             Drey__Internal__V1__PartitionEntry *e = drey__internal__v1__partition_entry__unpack(
                 drey_arena_protobuf_allocator(&a), resp->kvs[0]->value.len, resp->kvs[0]->value.data);
-            if (e != NULL && strcmp(e->primary, mv->target) == 0) {
+            if (e != NULL && done_in(mv, e)) {
                 h = HANDED_OVER;
                 drey_cluster__apply_own_write(c, key, resp->kvs[0]->value.data, resp->kvs[0]->value.len,
                                               resp->kvs[0]->mod_revision);
@@ -338,46 +357,67 @@ static handover read_back(mover *mv, const char *key) {
     return h;
 }
 
-static handover hand_over(mover *mv) {
+/* The entry after the handover: the new node primary; the backups stay
+ * (they have every write up to the freeze, and the new primary continues
+ * the partition's sequence), and so does this node as one while the
+ * partition would have fewer copies than the replication factor without
+ * it. For a new backup: this node stays primary, the backup joins the set.
+ * False when the entry is no longer the one planned. */
+static bool next_entry(mover *mv, drey_cluster__entry *e, bool *keep_copy) {
     drey_cluster *c = mv->c;
+    pthread_mutex_lock(&c->mu);
+    bool same = c->epochs[mv->partition] == mv->epoch;
+    if (same)
+        drey_cluster__entry_of(c->entries[mv->partition], e);
+    pthread_mutex_unlock(&c->mu);
+    if (!same)
+        return false;
+    *keep_copy = true;
+    if (mv->sync) {
+        drey_cluster__entry_remove(e->syncing, &e->n_syncing, mv->target);
+        drey_cluster__entry_add(e->replicas, &e->n_replicas, mv->target);
+        return true;
+    }
+    drey_cluster__entry_remove(e->replicas, &e->n_replicas, mv->target);
+    snprintf(e->primary, sizeof e->primary, "%s", mv->target);
+    e->joining[0] = '\0';
+    e->n_syncing = 0; /* copies from this node: the new primary plans its own */
+    *keep_copy = 1 + e->n_replicas < c->rf;
+    if (*keep_copy)
+        drey_cluster__entry_add(e->replicas, &e->n_replicas, c->opts.node_id);
+    return true;
+}
+
+static handover hand_over(mover *mv, bool *keep_copy) {
+    drey_cluster *c = mv->c;
+    drey_cluster__entry e;
+    if (!next_entry(mv, &e, keep_copy)) {
+        snprintf(mv->err, sizeof mv->err, "the partition's entry changed since the move was planned");
+        return KEPT;
+    }
+    switch (drey_cluster__cas_entry(c, mv->partition, mv->epoch, &e, mv->err, sizeof mv->err)) {
+    case DREY_CLUSTER_CAS_APPLIED: return HANDED_OVER;
+    case DREY_CLUSTER_CAS_REFUSED: return KEPT;
+    case DREY_CLUSTER_CAS_UNKNOWN: break;
+    }
+    /* Frozen until etcd says which: both answers are safe, guessing is
+     * not. */
+    DREY_LOG_WARN("a handover's outcome is unknown; the partition stays paused until etcd answers",
+                  DREY_LOG_UINT("partition", mv->partition), DREY_LOG_STR("error", mv->err));
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
     const char *key = drey_cluster__partition_key(c, &a, mv->partition);
-    Drey__Internal__V1__PartitionEntry e = DREY__INTERNAL__V1__PARTITION_ENTRY__INIT;
-    e.primary = (char *)mv->target;
-    size_t len = drey__internal__v1__partition_entry__get_packed_size(&e);
-    uint8_t *buf = drey_arena_alloc(&a, len ? len : 1);
-    drey__internal__v1__partition_entry__pack(&e, buf);
-    drey_etcd_txn t;
-    drey_etcd_txn_init(&t, &a);
-    drey_etcd_txn_if_mod_revision(&t, key, DREY_ETCD_EQUAL, mv->epoch);
-    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, buf, len, 0);
-    Etcdserverpb__TxnResponse *resp;
-    drey_etcd_status st;
     handover h;
-    if (drey_etcd_txn_commit(c->etcd, &t, ETCD_CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK) {
-        h = resp->succeeded ? HANDED_OVER : KEPT;
-        if (h == HANDED_OVER && resp->header != NULL)
-            drey_cluster__apply_own_write(c, key, buf, len, resp->header->revision);
-        if (h == KEPT)
-            snprintf(mv->err, sizeof mv->err, "the partition's entry changed since the move was planned");
-    } else if (!st.may_have_applied) {
-        h = KEPT;
-        snprintf(mv->err, sizeof mv->err, "etcd refused the handover: %s", st.message);
-    } else {
-        /* Frozen until etcd says which: both answers are safe, guessing is
-         * not. */
-        DREY_LOG_WARN("a handover's outcome is unknown; the partition stays paused until etcd answers",
-                      DREY_LOG_UINT("partition", mv->partition), DREY_LOG_STR("error", st.message));
-        do {
-            pthread_mutex_lock(&c->mu);
-            bool leaving = c->leaving;
-            pthread_mutex_unlock(&c->mu);
-            if (leaving)
-                break;
-            drey_cluster__nap_ms(100);
-        } while ((h = read_back(mv, key)) == UNKNOWN);
-    }
+    do {
+        pthread_mutex_lock(&c->mu);
+        bool leaving = c->leaving;
+        pthread_mutex_unlock(&c->mu);
+        if (leaving) {
+            h = UNKNOWN;
+            break;
+        }
+        drey_cluster__nap_ms(100);
+    } while ((h = read_back(mv, key)) == UNKNOWN);
     drey_arena_destroy(&a);
     return h;
 }
@@ -517,6 +557,7 @@ static bool move_partition(mover *mv) {
         free_dirty(d);
     }
     handover h = KEPT;
+    bool keep_copy = true;
     int64_t paused = drey_mono_ns();
     bool froze = ok;
     if (ok && !freeze(c, p)) {
@@ -531,7 +572,7 @@ static bool move_partition(mover *mv) {
         free_dirty(d);
     }
     if (ok)
-        h = hand_over(mv);
+        h = hand_over(mv, &keep_copy);
     atomic_store(&ps->moving, false);
     if (h == UNKNOWN)
         return false; /* stopping with the handover unconfirmed: stay paused */
@@ -549,16 +590,19 @@ static bool move_partition(mover *mv) {
     atomic_fetch_add(&c->moved_bytes, mv->bytes);
     if (h != HANDED_OVER) {
         atomic_fetch_add(&c->moves_failed, 1);
-        DREY_LOG_WARN("a partition move did not complete; this node keeps the partition",
+        DREY_LOG_WARN(mv->sync ? "a copy to a new backup did not complete" :
+                                 "a partition move did not complete; this node keeps the partition",
                       DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
         return false;
     }
-    atomic_fetch_add(&c->moves_done, 1);
-    DREY_LOG_INFO("partition handed over", DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target),
+    atomic_fetch_add(mv->sync ? &c->backups_added : &c->moves_done, 1);
+    DREY_LOG_INFO(mv->sync ? "partition copied to a new backup" : "partition handed over",
+                  DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target),
                   DREY_LOG_UINT("entries", mv->entries), DREY_LOG_UINT("bytes", mv->bytes),
                   DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
                   DREY_LOG_UINT("took_ms", elapsed_us(started) / 1000));
-    drop(c, p);
+    if (!keep_copy)
+        drop(c, p);
     return true;
 }
 
@@ -584,12 +628,15 @@ void *drey_cluster__mover_main(void *arg) {
         int64_t now = drey_mono_ms();
         for (uint32_t p = 0; p < c->n_parts && !found; p++) {
             const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
-            if (e == NULL || e->n_joining == 0 || strcmp(e->primary, c->opts.node_id) != 0 ||
-                strcmp(e->joining[0], c->opts.node_id) == 0 || retry_at[p] > now)
+            if (e == NULL || (e->n_joining == 0 && e->n_syncing == 0) || strcmp(e->primary, c->opts.node_id) != 0 ||
+                retry_at[p] > now)
                 continue;
-            const Drey__Internal__V1__Member *to = member_locked(c, e->joining[0]);
-            if (to == NULL || to->internal[0] == '\0')
+            /* A move first: the new primary restores the backups it wants. */
+            const char *target = e->n_joining > 0 ? e->joining[0] : e->syncing[0];
+            const Drey__Internal__V1__Member *to = member_locked(c, target);
+            if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
                 continue; /* the controller replans it */
+            mv.sync = e->n_joining == 0;
             mv.partition = p;
             mv.target = drey_xstrdup(to->id);
             mv.address = drey_xstrdup(to->internal);

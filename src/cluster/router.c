@@ -108,6 +108,17 @@ static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t 
     return DREY_STAGE_REJECT;
 }
 
+static drey_stage_result lease_expired(drey_cluster *c, drey_request *r, uint32_t p) {
+    atomic_fetch_add(&c->unavailable, 1);
+    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+    drey_status_init(st);
+    drey_status_set(st, DREY_ERR_LEASE_EXPIRED);
+    drey_status_add_metadata(st, "partition", "%u", p);
+    st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
+    r->status = st;
+    return DREY_STAGE_REJECT;
+}
+
 /* The epoch the forwarding node's table had for the partition; 0: none. */
 static int64_t forwarded_epoch(drey_request *r) {
     size_t len;
@@ -127,8 +138,15 @@ static int64_t forwarded_epoch(drey_request *r) {
 static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
                  const drey_cluster__node **node, drey_stage_result *refusal, bool may_await) {
     int32_t o = t->parts[p].primary;
-    if (o >= 0 && o == t->self)
+    if (o >= 0 && o == t->self) {
+        /* Another node may lead it once etcd expired the lease: not before
+         * it lapsed by this node's clock. */
+        if (c->rf > 1 && !drey_cluster__lease_valid(c)) {
+            *refusal = lease_expired(c, r, p);
+            return -1;
+        }
         return 1;
+    }
     if (r->forwarded_by != NULL) {
         if (may_await && c->opts.timers != NULL && forwarded_epoch(r) > t->revision)
             return OWNER_AWAIT;
@@ -515,6 +533,14 @@ static void write_done(void *arg) {
     }
 }
 
+/* A record that failed after it was taken (this node's journal refused
+ * it) is a gap in the partition's sequence: nothing after it may apply. */
+static void record_done(void *arg) {
+    hold *h = arg;
+    if (h->r->failed)
+        atomic_store(&h->c->pstate[h->partition].seq, DREY_CLUSTER_SEQ_BROKEN);
+}
+
 static void waiter_wake(drey_cluster__waiter *w) {
     fwd *f = (fwd *)((char *)w - offsetof(fwd, waiter));
     reroute(f);
@@ -532,6 +558,7 @@ static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, 
         *h = (hold){.c = c, .r = r, .partition = p};
         r->on_release = write_done;
         r->release_arg = h;
+        r->route_note = h;
         return DREY_STAGE_NEXT;
     }
     if (atomic_fetch_sub(&ps->inflight, 1) == 1) {
@@ -551,6 +578,10 @@ static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, 
     if (!still)
         return hold_write(c, r, fp, p);
     return DREY_STAGE_PARKED;
+}
+
+uint32_t drey_cluster__held_partition(const drey_request *r) {
+    return ((const hold *)r->route_note)->partition;
 }
 
 void drey_cluster__thaw(drey_cluster *c, uint32_t p) {
@@ -577,6 +608,58 @@ void drey_cluster__thaw(drey_cluster *c, uint32_t p) {
     }
 }
 
+/* --- a backup taking its primary's records ------------------------------------------ */
+
+static drey_stage_result refuse_record(drey_cluster *c, drey_request *r, drey_error e, uint32_t p, uint64_t expected) {
+    atomic_fetch_add(&c->records_refused, 1);
+    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+    drey_status_init(r->status);
+    drey_status_set(r->status, e);
+    drey_status_add_metadata(r->status, "partition", "%u", p);
+    if (e == DREY_ERR_OUT_OF_SEQUENCE)
+        drey_status_add_metadata(r->status, "expected", "%llu", (unsigned long long)expected);
+    return DREY_STAGE_REJECT;
+}
+
+static bool is_replica(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; i < t->parts[p].n_replicas; i++) {
+        if (t->parts[p].replicas[i] == node)
+            return true;
+    }
+    return false;
+}
+
+/* A record from a partition's primary: taken only in sequence, and only
+ * from the primary of an epoch no older than this node's (a newer one is
+ * the primary that just named this node a backup, or was just promoted,
+ * before this node's watch said so). A refused record leaves a gap: every
+ * later one is refused too until a fresh copy (move.c) sets the sequence
+ * again. */
+static drey_stage_result accept_record(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    const Drey__Internal__V1__ReplicateRequest *req = (const void *)r->msg;
+    uint32_t p = req->partition;
+    if (p >= t->n_parts || req->partitions != t->n_parts)
+        return refuse_record(c, r, DREY_ERR_MALFORMED_REQUEST, p, 0);
+    const drey_cluster__part *part = &t->parts[p];
+    if (req->epoch < part->epoch)
+        return refuse_record(c, r, DREY_ERR_STALE_EPOCH, p, 0);
+    if (req->epoch == part->epoch) {
+        int32_t o = part->primary;
+        const char *from = r->forwarded_by;
+        if (o < 0 || from == NULL || strcmp(t->nodes[o].id, from) != 0 || !is_replica(t, p, t->self))
+            return refuse_record(c, r, DREY_ERR_NOT_REPLICA, p, 0);
+    }
+    uint64_t last = atomic_load(&c->pstate[p].seq);
+    if (req->sequence != last + 1 || !atomic_compare_exchange_strong(&c->pstate[p].seq, &last, req->sequence))
+        return refuse_record(c, r, DREY_ERR_OUT_OF_SEQUENCE, p, last + 1);
+    atomic_fetch_add(&c->records_taken, 1);
+    hold *h = drey_arena_alloc(r->arena, sizeof *h);
+    *h = (hold){.c = c, .r = r, .partition = p};
+    r->on_release = record_done;
+    r->release_arg = h;
+    return DREY_STAGE_NEXT;
+}
+
 /* --- the row, continued ------------------------------------------------------------ */
 
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f) {
@@ -593,15 +676,22 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         res = drey_cluster__route_cache_wide(c, r, t);
         goto out;
     }
+    if (d == &drey__internal__v1__replicate_request__descriptor && t->n_parts > 0) {
+        res = accept_record(c, r, t);
+        goto out;
+    }
     if (d == &drey__internal__v1__import_request__descriptor && t->n_parts > 0) {
         /* Only a partition's primary moves it, and only to another node. */
-        p = ((const Drey__Internal__V1__ImportRequest *)(const void *)r->msg)->partition;
+        const Drey__Internal__V1__ImportRequest *imp = (const void *)r->msg;
+        p = imp->partition;
         if (p < t->n_parts && t->parts[p].primary >= 0 && t->parts[p].primary == t->self) {
             r->status = drey_arena_alloc(r->arena, sizeof *r->status);
             drey_status_init(r->status);
             drey_status_set(r->status, DREY_ERR_PARTITION_OWNED);
             drey_status_add_metadata(r->status, "partition", "%u", p);
             res = DREY_STAGE_REJECT;
+        } else if (p < t->n_parts && imp->last) {
+            atomic_store(&c->pstate[p].seq, imp->sequence); /* the primary's next record follows it */
         }
         goto out;
     }
@@ -656,9 +746,12 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     out->is_controller = strcmp(t->controller, c->opts.node_id) == 0;
     out->partitions = t->n_parts;
     out->revision = t->revision;
+    out->rf = t->rf;
     for (uint32_t p = 0; p < t->n_parts; p++) {
         out->owned += t->parts[p].primary >= 0 && t->parts[p].primary == t->self;
         out->unassigned += t->parts[p].primary < 0;
+        out->backup_of += t->self >= 0 && is_replica(t, p, t->self);
+        out->under_replicated += t->parts[p].primary >= 0 && 1u + t->parts[p].n_replicas < t->rf;
     }
     for (size_t i = 0; i < t->n_nodes; i++)
         out->members += t->nodes[i].member;
@@ -685,4 +778,17 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     out->not_primary = atomic_load(&c->not_primary);
     out->retried = atomic_load(&c->retried);
     out->unavailable = atomic_load(&c->unavailable);
+    out->lease_valid = drey_cluster__lease_valid(c);
+    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++) {
+        pthread_mutex_lock(&c->lines[p].mu);
+        out->replication_pending += c->lines[p].queued;
+        pthread_mutex_unlock(&c->lines[p].mu);
+    }
+    out->replicated = atomic_load(&c->replicated);
+    out->replica_failures = atomic_load(&c->replica_failures);
+    out->isr_shrinks = atomic_load(&c->isr_shrinks);
+    out->backups_added = atomic_load(&c->backups_added);
+    out->records_taken = atomic_load(&c->records_taken);
+    out->records_refused = atomic_load(&c->records_refused);
+    out->failovers = atomic_load(&c->failovers);
 }

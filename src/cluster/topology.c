@@ -85,6 +85,8 @@ void drey_cluster__publish_locked(drey_cluster *c) {
         const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
         t->parts[p].epoch = c->epochs[p];
         t->parts[p].primary = e != NULL && e->primary[0] != '\0' ? node_index(t, &cap, e->primary) : -1;
+        for (size_t i = 0; e != NULL && i < e->n_replicas && i < DREY_CLUSTER_MAX_REPLICAS; i++)
+            t->parts[p].replicas[t->parts[p].n_replicas++] = node_index(t, &cap, e->replicas[i]);
     }
     t->self = -1;
     for (size_t i = 0; i < t->n_nodes; i++) {
@@ -127,6 +129,10 @@ static void send_topology(drey_call *call, const drey_cluster__topology *t) {
         pp->id = p;
         pp->epoch = t->parts[p].epoch;
         pp->primary = t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "";
+        pp->n_replicas = t->parts[p].n_replicas;
+        pp->replicas = drey_arena_alloc(&a, (pp->n_replicas ? pp->n_replicas : 1) * sizeof *pp->replicas);
+        for (size_t i = 0; i < pp->n_replicas; i++)
+            pp->replicas[i] = t->nodes[t->parts[p].replicas[i]].id;
         msg.partitions[p] = pp;
     }
     drey_call_send(call, &msg.base);

@@ -316,6 +316,10 @@ size_t drey_commit_encode_order(const drey_write *w, uint8_t *end) {
 
 
 
+drey_store *drey_commit_store(const drey_commit *c) {
+    return c->opts.store;
+}
+
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
     char scratch[4096];
     drey_arena a;

@@ -175,6 +175,12 @@ static const option options[] = {
     {"cluster-peer-address", OPT_STRING, FIELD(cluster_peer_address), "", 0, 0,
      "ID=HOST:PORT[,...]: dial these peers there instead of at the internal address they advertise (a sidecar, "
      "a NAT); their certificate is still checked against the id."},
+    {"replication-timeout", OPT_DURATION, FIELD(replication_timeout_ms), "1s", 10, 60 * 1000,
+     "A partition's primary takes a backup that has not acknowledged a write within this out of the "
+     "partition's in-sync set (an etcd write), and the write completes without it."},
+    {"min-in-sync", OPT_INT, FIELD(min_in_sync), "1", 1, 3,
+     "Copies of a partition (its primary included) that must be in sync for it to take writes; below, writes "
+     "are refused UNAVAILABLE NOT_ENOUGH_REPLICAS. 1: availability first (a primary alone takes writes)."},
     {"internal-listen", OPT_STRING, FIELD(internal_listen), "", 0, 0,
      "host:port of the internal listener peers forward calls to (mutual TLS only; required with --cluster-etcd)."},
     {"advertise", OPT_STRING, FIELD(advertise), "", 0, 0,

@@ -372,6 +372,8 @@ int main(int argc, char **argv, char **envp) {
             .commit = commit,
             .move_rate = cfg.cluster_move_rate,
             .max_moves = (uint32_t)cfg.cluster_max_moves,
+            .replication_timeout_ms = cfg.replication_timeout_ms,
+            .min_in_sync = (uint32_t)cfg.min_in_sync,
         };
         cluster = drey_cluster_create(&co, err, sizeof err);
         if (cluster == NULL) {
@@ -382,6 +384,7 @@ int main(int argc, char **argv, char **envp) {
     }
     /* Always: a journal written as a cluster node replays anywhere. */
     if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
+        !drey_partition_register_replica(methods, commit) ||
         !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_watch_register(watch, server) ||
@@ -480,6 +483,10 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
+        if (drey_cluster_replication_factor(cluster) > 1)
+            drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
+                                                                      .appended = drey_cluster_replicate_appended,
+                                                                      .ctx = cluster});
         drey_admin_set_cluster(admin, cluster);
     }
     /* After recovery: replayed writes are never reported to watchers. */

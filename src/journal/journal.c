@@ -236,7 +236,8 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
     size_t pos = 0;
     uint64_t lsn = first;
     for (drey_journal_entry *e = run; e != NULL; e = e->next_, lsn++) {
-        drey_frame f = {.lsn = lsn, .batch_lsn = epoch, .time_ms = time_ms, .length = (uint32_t)e->len};
+        drey_frame f = {.lsn = lsn, .batch_lsn = epoch, .time_ms = e->time_ms != 0 ? e->time_ms : time_ms,
+                        .length = (uint32_t)e->len};
         drey_frame_encode(&f, e->payload, j->buf + pos);
         pos += drey_frame_size(e->len);
     }
@@ -277,7 +278,8 @@ static void write_run(drey_journal *j, drey_journal_entry *run, int64_t time_ms,
     lsn = first;
     for (drey_journal_entry *e = run; e != NULL; lsn++) {
         drey_journal_entry *next = e->next_; /* done may free e */
-        drey_journal_record rec = {.lsn = lsn, .time_ms = time_ms, .payload = e->payload, .len = e->len};
+        drey_journal_record rec = {
+            .lsn = lsn, .time_ms = e->time_ms != 0 ? e->time_ms : time_ms, .payload = e->payload, .len = e->len};
         e->done(e->arg, &rec, 0);
         e = next;
     }

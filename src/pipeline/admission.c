@@ -124,7 +124,9 @@ static void on_fail(void *arg, const drey_status *st) {
 
 drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r) {
     drey_bp *bp = drey_pipeline__options(p)->backpressure;
-    if (bp == NULL)
+    /* An ordered request parked here would let a later one pass it; its
+     * sender bounds its own window instead. */
+    if (bp == NULL || (r->method->flags & DREY_METHOD_ORDERED) != 0)
         return DREY_STAGE_NEXT;
     r->ticket.principal = r->principal;
     r->ticket.deadline_ns = r->ops->deadline_mono_ns(r->door);

@@ -75,20 +75,37 @@ static void quota_failure(drey_pipeline *p, drey_status *st, const char *descrip
  * small, every durable write passes through it: the record is encoded
  * before, only its first_version is appended inside. Returns
  * drey_journal_append's result; a refused append gives its versions back. */
-static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, size_t *len) {
+static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, size_t *len,
+                            drey_stage_result *replicated) {
     uint8_t *payload;
     drey_commit_encode_unordered(&r->write, r->arena, &payload, len);
     r->entry.payload = payload;
     r->entry.done = on_durable;
     r->entry.arg = r;
     drey_commit *c = drey_pipeline__commit(p);
+    const drey_replicator *rep = drey_pipeline__replicator(p);
+    *replicated = DREY_STAGE_NEXT;
     pthread_mutex_t *order = drey_pipeline__order_lock(p);
     pthread_mutex_lock(order);
     drey_commit_reserve_versions(c, &r->write);
     r->entry.len = *len + drey_commit_encode_order(&r->write, payload + *len);
-    int rc = drey_journal_append(j, &r->entry);
+    int rc = 0;
+    if (rep != NULL) {
+        /* Backups apply the record at the primary's time: it is chosen
+         * here, with the order, not when a batch is written. */
+        r->entry.time_ms = drey_pipeline__order_time(p);
+        *replicated = rep->prepare(rep->ctx, r);
+    }
+    if (*replicated == DREY_STAGE_REJECT)
+        rc = -ECANCELED;
+    else if (j != NULL)
+        rc = drey_journal_append(j, &r->entry);
+    else if (*replicated == DREY_STAGE_NEXT)
+        rc = -ENOENT; /* nothing to order it with: applied as it comes */
     if (rc != 0) /* refused: no record, so no version either */
         drey_commit_unreserve_versions(c, &r->write);
+    if (*replicated == DREY_STAGE_PARKED)
+        rep->appended(rep->ctx, r, rc);
     pthread_mutex_unlock(order);
     *len = r->entry.len;
     return rc;
@@ -96,10 +113,15 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
 
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r) {
     drey_journal *j = drey_pipeline__journal_of(p);
-    if (j == NULL)
+    if (j == NULL && drey_pipeline__replicator(p) == NULL)
         return DREY_STAGE_NEXT; /* ephemeral: applied now, versions from the counter */
     size_t len;
-    int rc = order_and_append(p, j, r, &len);
+    drey_stage_result replicated;
+    int rc = order_and_append(p, j, r, &len, &replicated);
+    if (replicated == DREY_STAGE_REJECT)
+        return DREY_STAGE_REJECT; /* r->status: the replicator's */
+    if (rc == -ENOENT)
+        return DREY_STAGE_NEXT; /* ephemeral and not replicated */
     if (rc == 0)
         return DREY_STAGE_PARKED;
     /* Refused before it reached the journal: no record, no trace. */

@@ -42,6 +42,8 @@ struct drey_pipeline {
     drey_pipeline_options opts;
     drey_journal *journal;
     pthread_mutex_t order; /* see order_and_append in journal.c */
+    int64_t order_time;         /* under order: the last write's time */
+    drey_replicator replicator; /* prepare NULL: none */
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
     struct peer_streams *peers;  /* the peer stream door's (peer.c) */
@@ -68,6 +70,25 @@ void drey_pipeline_destroy(drey_pipeline *p) {
 
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j) {
     p->journal = j;
+}
+
+void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep) {
+    p->replicator = *rep;
+}
+
+const drey_replicator *drey_pipeline__replicator(const drey_pipeline *p) {
+    return p->replicator.prepare != NULL ? &p->replicator : NULL;
+}
+
+int64_t drey_pipeline__order_time(drey_pipeline *p) {
+    int64_t now = drey_wall_ms();
+    if (now > p->order_time)
+        p->order_time = now;
+    return p->order_time;
+}
+
+bool drey_pipeline_journaled(const drey_request *r) {
+    return r->pipeline->journal != NULL;
 }
 
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
@@ -148,6 +169,7 @@ void drey_request_reply(drey_request *r, const ProtobufCMessage *response) {
 }
 
 void drey_request_fail(drey_request *r, const drey_status *st) {
+    r->failed = true;
     release(r);
     r->ops->fail(r->door, st);
 }
@@ -192,7 +214,11 @@ static void apply(drey_pipeline *p, drey_request *r) {
     };
     ProtobufCMessage *resp = (m->flags & DREY_METHOD_WRITE) != 0 ? drey_commit_apply(p->opts.commit, &r->write, &ax)
                                                                  : m->apply(m->ctx, &ax, r->msg);
-    if (resp != NULL)
+    if (r->answer_unknown != DREY_ERR_NONE) {
+        drey_status_init(&st);
+        drey_status_set(&st, r->answer_unknown);
+        drey_request_fail(r, &st);
+    } else if (resp != NULL)
         drey_request_reply(r, resp);
     else
         drey_request_fail(r, &st);

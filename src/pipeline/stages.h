@@ -23,6 +23,11 @@ drey_journal *drey_pipeline__journal_of(const drey_pipeline *p);
 /* Held while a durable write is ordered (journal.c). */
 pthread_mutex_t *drey_pipeline__order_lock(drey_pipeline *p);
 drey_commit *drey_pipeline__commit(const drey_pipeline *p);
+/* Under the order lock: the time the write being ordered applies at, never
+ * below the last one's. */
+int64_t drey_pipeline__order_time(drey_pipeline *p);
+/* NULL: this node replicates nothing. */
+const drey_replicator *drey_pipeline__replicator(const drey_pipeline *p);
 
 /* The gRPC door's bindings, freed with the pipeline. */
 struct binding;

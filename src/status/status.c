@@ -118,6 +118,21 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     [DREY_ERR_PARTITION_MOVING] = {DREY_ERR_PARTITION_MOVING, GRPC_STATUS_UNAVAILABLE, "PARTITION_MOVING",
                                    "a node is moving a partition of this cache to another: retry the cache-wide "
                                    "call once the move is over"},
+    [DREY_ERR_LEASE_EXPIRED] = {DREY_ERR_LEASE_EXPIRED, GRPC_STATUS_UNAVAILABLE, "LEASE_EXPIRED",
+                                "this node's cluster lease is not confirmed (etcd unreachable or the node paused): "
+                                "it neither serves nor commits its partitions until it is; a write answered so "
+                                "may have been applied: retry it with the same request_id"},
+    [DREY_ERR_NOT_ENOUGH_REPLICAS] = {DREY_ERR_NOT_ENOUGH_REPLICAS, GRPC_STATUS_UNAVAILABLE, "NOT_ENOUGH_REPLICAS",
+                                      "the partition has fewer in-sync copies than --min-in-sync: writes are "
+                                      "refused until a backup has caught up"},
+    [DREY_ERR_STALE_EPOCH] = {DREY_ERR_STALE_EPOCH, GRPC_STATUS_FAILED_PRECONDITION, "STALE_EPOCH",
+                              "the record's epoch is older than this node's table: its sender no longer leads the "
+                              "partition"},
+    [DREY_ERR_OUT_OF_SEQUENCE] = {DREY_ERR_OUT_OF_SEQUENCE, GRPC_STATUS_FAILED_PRECONDITION, "OUT_OF_SEQUENCE",
+                                  "the record does not follow the last one this node took of the partition: it "
+                                  "needs a fresh copy"},
+    [DREY_ERR_NOT_REPLICA] = {DREY_ERR_NOT_REPLICA, GRPC_STATUS_FAILED_PRECONDITION, "NOT_REPLICA",
+                              "this node is not an in-sync backup of the partition, or the sender not its primary"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

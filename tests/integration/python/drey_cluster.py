@@ -309,8 +309,10 @@ class Node:
 class Cluster:
     """etcd + `drey cluster init` + nodes. Use as a context manager."""
 
-    def __init__(self, partitions=16, initial_nodes=1, ephemeral=True, lease_ttl="2s", extra_flags=()):
+    def __init__(self, partitions=16, initial_nodes=1, ephemeral=True, lease_ttl="2s", extra_flags=(),
+                 replication_factor=1):
         self.pb = protos()
+        self.replication_factor = replication_factor
         self.partitions = partitions
         self.initial_nodes = initial_nodes
         self.ephemeral = ephemeral
@@ -324,7 +326,8 @@ class Cluster:
     def __enter__(self):
         self.etcd.start()
         out = self.cli("cluster", "init", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix,
-                       "--partitions=%d" % self.partitions, "--initial-nodes=%d" % self.initial_nodes)
+                       "--partitions=%d" % self.partitions, "--initial-nodes=%d" % self.initial_nodes,
+                       "--replication-factor=%d" % self.replication_factor)
         assert out.returncode == 0, out.stderr
         return self
 

@@ -65,9 +65,10 @@ class NemesisCluster(Cluster):
     kept across restarts and removed at exit). Use as a context manager,
     then start() (or launch() each node)."""
 
-    def __init__(self, ids=("n1", "n2", "n3"), partitions=16, durable=True, lease_ttl="2s", extra_flags=()):
+    def __init__(self, ids=("n1", "n2", "n3"), partitions=16, durable=True, lease_ttl="2s", extra_flags=(),
+                 replication_factor=1):
         super().__init__(partitions=partitions, initial_nodes=len(ids), ephemeral=not durable,
-                         lease_ttl=lease_ttl, extra_flags=extra_flags)
+                         lease_ttl=lease_ttl, extra_flags=extra_flags, replication_factor=replication_factor)
         self.ids = list(ids)
         self.durable = durable
         self.etcd_links = {}  # id -> Proxy to etcd

@@ -338,10 +338,32 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
   uint64_t moved_bytes;
   uint64_t pause_last_us;
   uint64_t pause_max_us;
+  /*
+   * Replication: the cluster's factor; partitions this node is an
+   * in-sync backup of; partitions (of all) with fewer in-sync copies than
+   * the factor; whether this node's lease is valid by its own clock (it
+   * leads its partitions only then); writes waiting here for their
+   * backups; records sent and acknowledged, refused or timed out;
+   * backups this node took out of an in-sync set and copies it completed
+   * to new ones; records taken and refused as a backup; failovers made
+   * as controller.
+   */
+  uint32_t replication_factor;
+  uint32_t backup_partitions;
+  uint32_t under_replicated_partitions;
+  protobuf_c_boolean lease_valid;
+  uint64_t replication_pending;
+  uint64_t replicated_records;
+  uint64_t replica_failures;
+  uint64_t in_sync_shrinks;
+  uint64_t backups_added;
+  uint64_t records_taken;
+  uint64_t records_refused;
+  uint64_t failovers;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Drey__Admin__V1__ReadinessDetails

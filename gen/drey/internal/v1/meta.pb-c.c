@@ -350,7 +350,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__member__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__member__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field_descriptors[3] =
+static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field_descriptors[4] =
 {
   {
     "primary",
@@ -388,16 +388,29 @@ static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "syncing",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Drey__Internal__V1__PartitionEntry, n_syncing),
+    offsetof(Drey__Internal__V1__PartitionEntry, syncing),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__partition_entry__field_indices_by_name[] = {
   2,   /* field[2] = joining */
   0,   /* field[0] = primary */
   1,   /* field[1] = replicas */
+  3,   /* field[3] = syncing */
 };
 static const ProtobufCIntRange drey__internal__v1__partition_entry__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__partition_entry__descriptor =
 {
@@ -407,7 +420,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__partition_entry__descriptor
   "Drey__Internal__V1__PartitionEntry",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__PartitionEntry),
-  3,
+  4,
   drey__internal__v1__partition_entry__field_descriptors,
   drey__internal__v1__partition_entry__field_indices_by_name,
   1,  drey__internal__v1__partition_entry__number_ranges,

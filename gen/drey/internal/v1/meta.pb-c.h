@@ -90,19 +90,25 @@ struct  Drey__Internal__V1__PartitionEntry
    */
   char *primary;
   /*
-   * in-sync backups
+   * in-sync backups: every write is durable on them before it is answered
    */
   size_t n_replicas;
   char **replicas;
   /*
-   * replicas catching up
+   * a move's target: it becomes the primary once it has caught up
    */
   size_t n_joining;
   char **joining;
+  /*
+   * Backups being copied to (restoring the replication factor): they
+   * become in-sync replicas once they have caught up.
+   */
+  size_t n_syncing;
+  char **syncing;
 };
 #define DREY__INTERNAL__V1__PARTITION_ENTRY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__partition_entry__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL }
 
 
 /* Drey__Internal__V1__ClusterConfig methods */

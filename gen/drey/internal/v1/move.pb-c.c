@@ -232,6 +232,231 @@ void   drey__internal__v1__drop_response__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__drop_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__internal__v1__replicate_request__init
+                     (Drey__Internal__V1__ReplicateRequest         *message)
+{
+  static const Drey__Internal__V1__ReplicateRequest init_value = DREY__INTERNAL__V1__REPLICATE_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__replicate_request__get_packed_size
+                     (const Drey__Internal__V1__ReplicateRequest *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__replicate_request__pack
+                     (const Drey__Internal__V1__ReplicateRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__replicate_request__pack_to_buffer
+                     (const Drey__Internal__V1__ReplicateRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__ReplicateRequest *
+       drey__internal__v1__replicate_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__ReplicateRequest *)
+     protobuf_c_message_unpack (&drey__internal__v1__replicate_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__replicate_request__free_unpacked
+                     (Drey__Internal__V1__ReplicateRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__replicate_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__replicate_response__init
+                     (Drey__Internal__V1__ReplicateResponse         *message)
+{
+  static const Drey__Internal__V1__ReplicateResponse init_value = DREY__INTERNAL__V1__REPLICATE_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__replicate_response__get_packed_size
+                     (const Drey__Internal__V1__ReplicateResponse *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__replicate_response__pack
+                     (const Drey__Internal__V1__ReplicateResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__replicate_response__pack_to_buffer
+                     (const Drey__Internal__V1__ReplicateResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__replicate_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__ReplicateResponse *
+       drey__internal__v1__replicate_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__ReplicateResponse *)
+     protobuf_c_message_unpack (&drey__internal__v1__replicate_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__replicate_response__free_unpacked
+                     (Drey__Internal__V1__ReplicateResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__replicate_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__hash_request__init
+                     (Drey__Internal__V1__HashRequest         *message)
+{
+  static const Drey__Internal__V1__HashRequest init_value = DREY__INTERNAL__V1__HASH_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__hash_request__get_packed_size
+                     (const Drey__Internal__V1__HashRequest *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__hash_request__pack
+                     (const Drey__Internal__V1__HashRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__hash_request__pack_to_buffer
+                     (const Drey__Internal__V1__HashRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__HashRequest *
+       drey__internal__v1__hash_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__HashRequest *)
+     protobuf_c_message_unpack (&drey__internal__v1__hash_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__hash_request__free_unpacked
+                     (Drey__Internal__V1__HashRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__hash_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__partition_hash__init
+                     (Drey__Internal__V1__PartitionHash         *message)
+{
+  static const Drey__Internal__V1__PartitionHash init_value = DREY__INTERNAL__V1__PARTITION_HASH__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__partition_hash__get_packed_size
+                     (const Drey__Internal__V1__PartitionHash *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_hash__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__partition_hash__pack
+                     (const Drey__Internal__V1__PartitionHash *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_hash__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__partition_hash__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionHash *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_hash__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__PartitionHash *
+       drey__internal__v1__partition_hash__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__PartitionHash *)
+     protobuf_c_message_unpack (&drey__internal__v1__partition_hash__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__partition_hash__free_unpacked
+                     (Drey__Internal__V1__PartitionHash *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__partition_hash__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__hash_response__init
+                     (Drey__Internal__V1__HashResponse         *message)
+{
+  static const Drey__Internal__V1__HashResponse init_value = DREY__INTERNAL__V1__HASH_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__hash_response__get_packed_size
+                     (const Drey__Internal__V1__HashResponse *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__hash_response__pack
+                     (const Drey__Internal__V1__HashResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__hash_response__pack_to_buffer
+                     (const Drey__Internal__V1__HashResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__HashResponse *
+       drey__internal__v1__hash_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__HashResponse *)
+     protobuf_c_message_unpack (&drey__internal__v1__hash_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__hash_response__free_unpacked
+                     (Drey__Internal__V1__HashResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_descriptors[6] =
 {
   {
@@ -335,7 +560,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__moved_entry__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__moved_entry__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__import_request__field_descriptors[7] =
+static const ProtobufCFieldDescriptor drey__internal__v1__import_request__field_descriptors[9] =
 {
   {
     "partition",
@@ -421,20 +646,46 @@ static const ProtobufCFieldDescriptor drey__internal__v1__import_request__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sequence",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ImportRequest, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ImportRequest, last),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__import_request__field_indices_by_name[] = {
   3,   /* field[3] = entries */
   6,   /* field[6] = epoch */
+  8,   /* field[8] = last */
   5,   /* field[5] = min_version */
   0,   /* field[0] = partition */
   1,   /* field[1] = partitions */
   4,   /* field[4] = removed */
   2,   /* field[2] = replace */
+  7,   /* field[7] = sequence */
 };
 static const ProtobufCIntRange drey__internal__v1__import_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__import_request__descriptor =
 {
@@ -444,7 +695,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__import_request__descriptor 
   "Drey__Internal__V1__ImportRequest",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__ImportRequest),
-  7,
+  9,
   drey__internal__v1__import_request__field_descriptors,
   drey__internal__v1__import_request__field_indices_by_name,
   1,  drey__internal__v1__import_request__number_ranges,
@@ -578,6 +829,280 @@ const ProtobufCMessageDescriptor drey__internal__v1__drop_response__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__drop_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor drey__internal__v1__replicate_request__field_descriptors[6] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "partitions",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "epoch",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "record",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, record),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "time_ms",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateRequest, time_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__replicate_request__field_indices_by_name[] = {
+  2,   /* field[2] = epoch */
+  0,   /* field[0] = partition */
+  1,   /* field[1] = partitions */
+  4,   /* field[4] = record */
+  3,   /* field[3] = sequence */
+  5,   /* field[5] = time_ms */
+};
+static const ProtobufCIntRange drey__internal__v1__replicate_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.ReplicateRequest",
+  "ReplicateRequest",
+  "Drey__Internal__V1__ReplicateRequest",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__ReplicateRequest),
+  6,
+  drey__internal__v1__replicate_request__field_descriptors,
+  drey__internal__v1__replicate_request__field_indices_by_name,
+  1,  drey__internal__v1__replicate_request__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__replicate_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define drey__internal__v1__replicate_response__field_descriptors NULL
+#define drey__internal__v1__replicate_response__field_indices_by_name NULL
+#define drey__internal__v1__replicate_response__number_ranges NULL
+const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.ReplicateResponse",
+  "ReplicateResponse",
+  "Drey__Internal__V1__ReplicateResponse",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__ReplicateResponse),
+  0,
+  drey__internal__v1__replicate_response__field_descriptors,
+  drey__internal__v1__replicate_response__field_indices_by_name,
+  0,  drey__internal__v1__replicate_response__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__replicate_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__hash_request__field_descriptors[2] =
+{
+  {
+    "partitions",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__HashRequest, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "partition",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Drey__Internal__V1__HashRequest, n_partition),
+    offsetof(Drey__Internal__V1__HashRequest, partition),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__hash_request__field_indices_by_name[] = {
+  1,   /* field[1] = partition */
+  0,   /* field[0] = partitions */
+};
+static const ProtobufCIntRange drey__internal__v1__hash_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__hash_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.HashRequest",
+  "HashRequest",
+  "Drey__Internal__V1__HashRequest",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__HashRequest),
+  2,
+  drey__internal__v1__hash_request__field_descriptors,
+  drey__internal__v1__hash_request__field_indices_by_name,
+  1,  drey__internal__v1__hash_request__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__hash_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__partition_hash__field_descriptors[3] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionHash, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "entries",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionHash, entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "hash",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_FIXED64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionHash, hash),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__partition_hash__field_indices_by_name[] = {
+  1,   /* field[1] = entries */
+  2,   /* field[2] = hash */
+  0,   /* field[0] = partition */
+};
+static const ProtobufCIntRange drey__internal__v1__partition_hash__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__partition_hash__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.PartitionHash",
+  "PartitionHash",
+  "Drey__Internal__V1__PartitionHash",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__PartitionHash),
+  3,
+  drey__internal__v1__partition_hash__field_descriptors,
+  drey__internal__v1__partition_hash__field_indices_by_name,
+  1,  drey__internal__v1__partition_hash__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__partition_hash__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__hash_response__field_descriptors[1] =
+{
+  {
+    "partitions",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Internal__V1__HashResponse, n_partitions),
+    offsetof(Drey__Internal__V1__HashResponse, partitions),
+    &drey__internal__v1__partition_hash__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__hash_response__field_indices_by_name[] = {
+  0,   /* field[0] = partitions */
+};
+static const ProtobufCIntRange drey__internal__v1__hash_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__hash_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.HashResponse",
+  "HashResponse",
+  "Drey__Internal__V1__HashResponse",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__HashResponse),
+  1,
+  drey__internal__v1__hash_response__field_descriptors,
+  drey__internal__v1__hash_response__field_indices_by_name,
+  1,  drey__internal__v1__hash_response__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__hash_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCMethodDescriptor drey__internal__v1__partitions__method_descriptors[2] =
 {
   { "Import", &drey__internal__v1__import_request__descriptor, &drey__internal__v1__import_response__descriptor },
@@ -619,5 +1144,48 @@ void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Servic
 {
   protobuf_c_service_generated_init (&service->base,
                                      &drey__internal__v1__partitions__descriptor,
+                                     (ProtobufCServiceDestroy) destroy);
+}
+static const ProtobufCMethodDescriptor drey__internal__v1__replica__method_descriptors[2] =
+{
+  { "Apply", &drey__internal__v1__replicate_request__descriptor, &drey__internal__v1__replicate_response__descriptor },
+  { "Hash", &drey__internal__v1__hash_request__descriptor, &drey__internal__v1__hash_response__descriptor },
+};
+const unsigned drey__internal__v1__replica__method_indices_by_name[] = {
+  0,        /* Apply */
+  1         /* Hash */
+};
+const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor =
+{
+  PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.Replica",
+  "Replica",
+  "Drey__Internal__V1__Replica",
+  "drey.internal.v1",
+  2,
+  drey__internal__v1__replica__method_descriptors,
+  drey__internal__v1__replica__method_indices_by_name
+};
+void drey__internal__v1__replica__apply(ProtobufCService *service,
+                                        const Drey__Internal__V1__ReplicateRequest *input,
+                                        Drey__Internal__V1__ReplicateResponse_Closure closure,
+                                        void *closure_data)
+{
+  assert(service->descriptor == &drey__internal__v1__replica__descriptor);
+  service->invoke(service, 0, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__internal__v1__replica__hash(ProtobufCService *service,
+                                       const Drey__Internal__V1__HashRequest *input,
+                                       Drey__Internal__V1__HashResponse_Closure closure,
+                                       void *closure_data)
+{
+  assert(service->descriptor == &drey__internal__v1__replica__descriptor);
+  service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
+                                        Drey__Internal__V1__Replica_ServiceDestroy destroy)
+{
+  protobuf_c_service_generated_init (&service->base,
+                                     &drey__internal__v1__replica__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }

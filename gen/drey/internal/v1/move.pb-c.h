@@ -20,6 +20,11 @@ typedef struct Drey__Internal__V1__ImportRequest Drey__Internal__V1__ImportReque
 typedef struct Drey__Internal__V1__ImportResponse Drey__Internal__V1__ImportResponse;
 typedef struct Drey__Internal__V1__DropRequest Drey__Internal__V1__DropRequest;
 typedef struct Drey__Internal__V1__DropResponse Drey__Internal__V1__DropResponse;
+typedef struct Drey__Internal__V1__ReplicateRequest Drey__Internal__V1__ReplicateRequest;
+typedef struct Drey__Internal__V1__ReplicateResponse Drey__Internal__V1__ReplicateResponse;
+typedef struct Drey__Internal__V1__HashRequest Drey__Internal__V1__HashRequest;
+typedef struct Drey__Internal__V1__PartitionHash Drey__Internal__V1__PartitionHash;
+typedef struct Drey__Internal__V1__HashResponse Drey__Internal__V1__HashResponse;
 
 
 /* --- enums --- */
@@ -86,10 +91,18 @@ struct  Drey__Internal__V1__ImportRequest
    * of a partition it owns.
    */
   int64_t epoch;
+  /*
+   * The last chunk of a copy (the partition's writes are paused for it):
+   * with the sequence number of the partition's last write it holds. A
+   * backup expects the primary's next record to follow it; a new primary
+   * continues from it.
+   */
+  protobuf_c_boolean last;
+  uint64_t sequence;
 };
 #define DREY__INTERNAL__V1__IMPORT_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__import_request__descriptor) \
-    , 0, 0, 0, 0,NULL, 0,NULL, 0, 0 }
+    , 0, 0, 0, 0,NULL, 0,NULL, 0, 0, 0, 0 }
 
 
 struct  Drey__Internal__V1__ImportResponse
@@ -127,6 +140,89 @@ struct  Drey__Internal__V1__DropResponse
 #define DREY__INTERNAL__V1__DROP_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__drop_response__descriptor) \
     , 0 }
+
+
+struct  Drey__Internal__V1__ReplicateRequest
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  uint32_t partitions;
+  /*
+   * The primary's epoch for the partition: a backup refuses a record of an
+   * epoch older than the one it knows (the sender was deposed).
+   */
+  int64_t epoch;
+  /*
+   * 1, 2, 3, ... per partition: a backup takes only the record after the
+   * last it took, so it never applies a write without the ones before it.
+   */
+  uint64_t sequence;
+  /*
+   * A drey.journal.v1.JournalRecord, with the versions and time it applies with.
+   */
+  ProtobufCBinaryData record;
+  /*
+   * Wall-clock ms the write applies at (the primary's record's time).
+   */
+  int64_t time_ms;
+};
+#define DREY__INTERNAL__V1__REPLICATE_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__replicate_request__descriptor) \
+    , 0, 0, 0, 0, {0,NULL}, 0 }
+
+
+struct  Drey__Internal__V1__ReplicateResponse
+{
+  ProtobufCMessage base;
+};
+#define DREY__INTERNAL__V1__REPLICATE_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__replicate_response__descriptor) \
+     }
+
+
+struct  Drey__Internal__V1__HashRequest
+{
+  ProtobufCMessage base;
+  /*
+   * the cluster's count
+   */
+  uint32_t partitions;
+  /*
+   * empty: all
+   */
+  size_t n_partition;
+  uint32_t *partition;
+};
+#define DREY__INTERNAL__V1__HASH_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__hash_request__descriptor) \
+    , 0, 0,NULL }
+
+
+struct  Drey__Internal__V1__PartitionHash
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  uint64_t entries;
+  /*
+   * The sum of an FNV-1a 64 hash of each live entry's cache, key, kind,
+   * value, version and expiry: independent of the order entries are found in.
+   */
+  uint64_t hash;
+};
+#define DREY__INTERNAL__V1__PARTITION_HASH__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__partition_hash__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Drey__Internal__V1__HashResponse
+{
+  ProtobufCMessage base;
+  size_t n_partitions;
+  Drey__Internal__V1__PartitionHash **partitions;
+};
+#define DREY__INTERNAL__V1__HASH_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__hash_response__descriptor) \
+    , 0,NULL }
 
 
 /* Drey__Internal__V1__MovedEntry methods */
@@ -224,6 +320,101 @@ Drey__Internal__V1__DropResponse *
 void   drey__internal__v1__drop_response__free_unpacked
                      (Drey__Internal__V1__DropResponse *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__ReplicateRequest methods */
+void   drey__internal__v1__replicate_request__init
+                     (Drey__Internal__V1__ReplicateRequest         *message);
+size_t drey__internal__v1__replicate_request__get_packed_size
+                     (const Drey__Internal__V1__ReplicateRequest   *message);
+size_t drey__internal__v1__replicate_request__pack
+                     (const Drey__Internal__V1__ReplicateRequest   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__replicate_request__pack_to_buffer
+                     (const Drey__Internal__V1__ReplicateRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__ReplicateRequest *
+       drey__internal__v1__replicate_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__replicate_request__free_unpacked
+                     (Drey__Internal__V1__ReplicateRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__ReplicateResponse methods */
+void   drey__internal__v1__replicate_response__init
+                     (Drey__Internal__V1__ReplicateResponse         *message);
+size_t drey__internal__v1__replicate_response__get_packed_size
+                     (const Drey__Internal__V1__ReplicateResponse   *message);
+size_t drey__internal__v1__replicate_response__pack
+                     (const Drey__Internal__V1__ReplicateResponse   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__replicate_response__pack_to_buffer
+                     (const Drey__Internal__V1__ReplicateResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__ReplicateResponse *
+       drey__internal__v1__replicate_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__replicate_response__free_unpacked
+                     (Drey__Internal__V1__ReplicateResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__HashRequest methods */
+void   drey__internal__v1__hash_request__init
+                     (Drey__Internal__V1__HashRequest         *message);
+size_t drey__internal__v1__hash_request__get_packed_size
+                     (const Drey__Internal__V1__HashRequest   *message);
+size_t drey__internal__v1__hash_request__pack
+                     (const Drey__Internal__V1__HashRequest   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__hash_request__pack_to_buffer
+                     (const Drey__Internal__V1__HashRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__HashRequest *
+       drey__internal__v1__hash_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__hash_request__free_unpacked
+                     (Drey__Internal__V1__HashRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__PartitionHash methods */
+void   drey__internal__v1__partition_hash__init
+                     (Drey__Internal__V1__PartitionHash         *message);
+size_t drey__internal__v1__partition_hash__get_packed_size
+                     (const Drey__Internal__V1__PartitionHash   *message);
+size_t drey__internal__v1__partition_hash__pack
+                     (const Drey__Internal__V1__PartitionHash   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__partition_hash__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionHash   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__PartitionHash *
+       drey__internal__v1__partition_hash__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__partition_hash__free_unpacked
+                     (Drey__Internal__V1__PartitionHash *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__HashResponse methods */
+void   drey__internal__v1__hash_response__init
+                     (Drey__Internal__V1__HashResponse         *message);
+size_t drey__internal__v1__hash_response__get_packed_size
+                     (const Drey__Internal__V1__HashResponse   *message);
+size_t drey__internal__v1__hash_response__pack
+                     (const Drey__Internal__V1__HashResponse   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__hash_response__pack_to_buffer
+                     (const Drey__Internal__V1__HashResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__HashResponse *
+       drey__internal__v1__hash_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__hash_response__free_unpacked
+                     (Drey__Internal__V1__HashResponse *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Drey__Internal__V1__MovedEntry_Closure)
@@ -240,6 +431,21 @@ typedef void (*Drey__Internal__V1__DropRequest_Closure)
                   void *closure_data);
 typedef void (*Drey__Internal__V1__DropResponse_Closure)
                  (const Drey__Internal__V1__DropResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__ReplicateRequest_Closure)
+                 (const Drey__Internal__V1__ReplicateRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__ReplicateResponse_Closure)
+                 (const Drey__Internal__V1__ReplicateResponse *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__HashRequest_Closure)
+                 (const Drey__Internal__V1__HashRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__PartitionHash_Closure)
+                 (const Drey__Internal__V1__PartitionHash *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__HashResponse_Closure)
+                 (const Drey__Internal__V1__HashResponse *message,
                   void *closure_data);
 
 /* --- services --- */
@@ -274,6 +480,36 @@ void drey__internal__v1__partitions__drop(ProtobufCService *service,
                                           const Drey__Internal__V1__DropRequest *input,
                                           Drey__Internal__V1__DropResponse_Closure closure,
                                           void *closure_data);
+typedef struct Drey__Internal__V1__Replica_Service Drey__Internal__V1__Replica_Service;
+struct Drey__Internal__V1__Replica_Service
+{
+  ProtobufCService base;
+  void (*apply)(Drey__Internal__V1__Replica_Service *service,
+                const Drey__Internal__V1__ReplicateRequest *input,
+                Drey__Internal__V1__ReplicateResponse_Closure closure,
+                void *closure_data);
+  void (*hash)(Drey__Internal__V1__Replica_Service *service,
+               const Drey__Internal__V1__HashRequest *input,
+               Drey__Internal__V1__HashResponse_Closure closure,
+               void *closure_data);
+};
+typedef void (*Drey__Internal__V1__Replica_ServiceDestroy)(Drey__Internal__V1__Replica_Service *);
+void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
+                                        Drey__Internal__V1__Replica_ServiceDestroy destroy);
+#define DREY__INTERNAL__V1__REPLICA__BASE_INIT \
+    { &drey__internal__v1__replica__descriptor, protobuf_c_service_invoke_internal, NULL }
+#define DREY__INTERNAL__V1__REPLICA__INIT(function_prefix__) \
+    { DREY__INTERNAL__V1__REPLICA__BASE_INIT,\
+      function_prefix__ ## apply,\
+      function_prefix__ ## hash  }
+void drey__internal__v1__replica__apply(ProtobufCService *service,
+                                        const Drey__Internal__V1__ReplicateRequest *input,
+                                        Drey__Internal__V1__ReplicateResponse_Closure closure,
+                                        void *closure_data);
+void drey__internal__v1__replica__hash(ProtobufCService *service,
+                                       const Drey__Internal__V1__HashRequest *input,
+                                       Drey__Internal__V1__HashResponse_Closure closure,
+                                       void *closure_data);
 
 /* --- descriptors --- */
 
@@ -282,7 +518,13 @@ extern const ProtobufCMessageDescriptor drey__internal__v1__import_request__desc
 extern const ProtobufCMessageDescriptor drey__internal__v1__import_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__drop_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__drop_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__hash_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__partition_hash__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__hash_response__descriptor;
 extern const ProtobufCServiceDescriptor drey__internal__v1__partitions__descriptor;
+extern const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor;
 
 PROTOBUF_C__END_DECLS
 

@@ -1,0 +1,409 @@
+/*
+ * replicate — a partition's writes on its in-sync backups before they are
+ * answered, and the backups' side of it.
+ *
+ * The primary. The chain orders a write (its versions, its time, its
+ * journal record) under one lock; inside it this row gives the record the
+ * partition's next sequence number, queues it in the partition's line and,
+ * once the local append is queued, sends it to every in-sync backup the
+ * table names (drey.internal.v1.Replica/Apply, a frame on the stream to
+ * that node: the records of every partition to one node share one stream,
+ * and frames queued while one is written go together). A write completes
+ * when its record is durable here and acknowledged by every backup it was
+ * sent to; writes complete in the partition's sequence, each applied and
+ * answered in turn, so every copy applies the same writes in the same order
+ * with the same versions.
+ *
+ * A backup that refuses a record, or does not answer within
+ * --replication-timeout, is taken out of the in-sync set by the primary
+ * itself (one etcd write compared on the epoch), and the writes waiting for
+ * it complete without it; the controller later gives the partition a new
+ * backup. A primary that cannot write etcd cannot shrink the set: its
+ * writes wait, and their callers' deadlines pass (commit unknown, resolved
+ * by retrying with the same request_id). This is the primary's to do, not
+ * the controller's: only it knows which acknowledgements are missing, and
+ * the compared write keeps a deposed primary from changing anything.
+ *
+ * The backup (router.c) takes a record only in sequence and only from the
+ * primary of an epoch no older than the one it knows; it journals and
+ * applies it like any write, in arrival order (Apply is never parked).
+ *
+ * Fencing: a primary takes writes and serves reads only while its lease is
+ * valid by its own monotonic clock (the last renewal etcd confirmed, from
+ * the time it was sent, plus the TTL, less a margin): the controller can
+ * name another primary only after etcd expired the lease, which is later.
+ * A write whose lease lapsed while it waited for its backups is still
+ * applied (every copy has it) but answered UNAVAILABLE: its outcome is
+ * unknown to the caller, as a timeout's would be.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/alloc.h"
+#include "drey/clock.h"
+#include "drey/internal/v1/move.pb-c.h"
+#include "drey/log.h"
+#include "internal.h"
+
+#define REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
+
+/* One write in its partition's line. Not in the request's arena: an
+ * acknowledgement may come after the write was answered (abandoned at a
+ * stop), so the line, the sender and each backup's call hold a reference. */
+typedef struct drey_cluster__rec {
+    struct drey_cluster__rec *next;
+    _Atomic int refs;
+    drey_cluster *c;
+    drey_request *r;
+    uint32_t partition;
+    uint64_t seq;
+    int64_t epoch;
+    bool sent;      /* every backup has its call: it may complete */
+    bool local_done;
+    bool unknown;   /* this node stopped leading the partition meanwhile */
+    int local_err;
+    uint8_t n_backups;
+    bool acked[DREY_CLUSTER_MAX_REPLICAS];
+    char backups[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
+    char address[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
+    drey_cluster__pcall *calls[DREY_CLUSTER_MAX_REPLICAS];
+    uint8_t index[DREY_CLUSTER_MAX_REPLICAS]; /* each call's arg: &index[i] */
+    int64_t time_ms;
+} drey_cluster__rec;
+
+static void rec_unref(drey_cluster__rec *rec) {
+    if (atomic_fetch_sub(&rec->refs, 1) != 1)
+        return;
+    for (uint8_t i = 0; i < rec->n_backups; i++) {
+        if (rec->calls[i] != NULL)
+            drey_cluster__pcall_release(rec->calls[i]);
+    }
+    free(rec);
+}
+
+static drey_cluster__rec *rec_of_index(uint8_t *index) {
+    return (drey_cluster__rec *)((char *)(index - *index) - offsetof(drey_cluster__rec, index));
+}
+
+static bool lease_valid(drey_cluster *c) {
+    if (c->keepalive == NULL)
+        return false;
+    int64_t until = drey_etcd_keepalive_valid_until_ns(c->keepalive);
+    return drey_mono_ns() < until - c->lease_margin_ns;
+}
+
+uint32_t drey_cluster_replication_factor(const drey_cluster *c) {
+    return c->rf;
+}
+
+bool drey_cluster__lease_valid(drey_cluster *c) {
+    return lease_valid(c);
+}
+
+static bool complete(const drey_cluster__rec *rec) {
+    if (!rec->sent || !rec->local_done)
+        return false;
+    for (uint8_t i = 0; i < rec->n_backups; i++) {
+        if (!rec->acked[i])
+            return false;
+    }
+    return true;
+}
+
+/* Applies and answers the complete writes at the head of p's line, in
+ * order. One thread at a time drains a line (`draining`); the others only
+ * mark their record (under the line's lock, which the drainer takes before
+ * it looks at the head again) and leave, so applies never run concurrently
+ * or out of order, and none runs under the line's lock. */
+static void drain(drey_cluster *c, uint32_t p) {
+    drey_cluster__line *ln = &c->lines[p];
+    pthread_mutex_lock(&ln->mu);
+    if (ln->draining) {
+        pthread_mutex_unlock(&ln->mu);
+        return;
+    }
+    ln->draining = true;
+    for (;;) {
+        drey_cluster__rec *rec = ln->head;
+        if (rec == NULL || !complete(rec))
+            break;
+        ln->head = rec->next;
+        if (ln->head == NULL)
+            ln->tail = NULL;
+        ln->queued--;
+        pthread_mutex_unlock(&ln->mu);
+        drey_request *r = rec->r;
+        if (rec->local_err != 0) {
+            drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+            drey_status_init(st);
+            drey_status_set(st, DREY_ERR_JOURNAL_WRITE_FAILED);
+            drey_status_add_metadata(st, "errno", "%d", -rec->local_err);
+            drey_request_fail(r, st);
+        } else {
+            r->now_ms = rec->time_ms;
+            /* Applied in any case: every copy that has the record applies it. */
+            if (rec->unknown || !lease_valid(c))
+                r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
+            drey_pipeline_resume(r);
+        }
+        rec_unref(rec);
+        pthread_mutex_lock(&ln->mu);
+    }
+    ln->draining = false;
+    pthread_mutex_unlock(&ln->mu);
+}
+
+/* Marks every record of p's line (all backups done, or its outcome
+ * unknown) and drains it. */
+static void settle(drey_cluster *c, uint32_t p, const char *backup, bool unknown) {
+    drey_cluster__line *ln = &c->lines[p];
+    pthread_mutex_lock(&ln->mu);
+    for (drey_cluster__rec *rec = ln->head; rec != NULL; rec = rec->next) {
+        for (uint8_t i = 0; i < rec->n_backups; i++) {
+            if (backup == NULL || strcmp(rec->backups[i], backup) == 0)
+                rec->acked[i] = true;
+        }
+        rec->unknown |= unknown;
+    }
+    pthread_mutex_unlock(&ln->mu);
+    drain(c, p);
+}
+
+void drey_cluster__abandon_lines(drey_cluster *c) {
+    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
+        settle(c, p, NULL, true);
+}
+
+static void local_durable(void *arg, const drey_journal_record *jr, int err) {
+    (void)jr;
+    drey_cluster__rec *rec = arg;
+    drey_cluster__line *ln = &rec->c->lines[rec->partition];
+    pthread_mutex_lock(&ln->mu);
+    rec->local_done = true;
+    rec->local_err = err;
+    pthread_mutex_unlock(&ln->mu);
+    drain(rec->c, rec->partition);
+}
+
+/* Asks the replication thread to take a backup out of p's in-sync set. */
+static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int64_t epoch, const char *why) {
+    drey_cluster__shrink *s = drey_xcalloc(1, sizeof *s);
+    s->partition = p;
+    s->epoch = epoch;
+    snprintf(s->backup, sizeof s->backup, "%s", backup);
+    snprintf(s->why, sizeof s->why, "%s", why);
+    pthread_mutex_lock(&c->shrink_mu);
+    s->next = c->shrinks;
+    c->shrinks = s;
+    pthread_cond_signal(&c->shrink_cond);
+    pthread_mutex_unlock(&c->shrink_mu);
+}
+
+static void acked(void *arg, const drey_answer *a) {
+    uint8_t *index = arg;
+    drey_cluster__rec *rec = rec_of_index(index);
+    drey_cluster *c = rec->c;
+    drey_cluster__line *ln = &c->lines[rec->partition];
+    if (a->code == 0) {
+        pthread_mutex_lock(&ln->mu);
+        rec->acked[*index] = true;
+        pthread_mutex_unlock(&ln->mu);
+        atomic_fetch_add(&c->replicated, 1);
+        drain(c, rec->partition);
+    } else {
+        /* The record waits until the backup is out of the set. */
+        char why[200];
+        snprintf(why, sizeof why, "%.*s (code %d)", (int)(a->message_len < 150 ? a->message_len : 150),
+                 a->message != NULL ? a->message : "", a->code);
+        atomic_fetch_add(&c->replica_failures, 1);
+        request_shrink(c, rec->partition, rec->backups[*index], rec->epoch, why);
+    }
+    rec_unref(rec);
+}
+
+/* --- the chain's rows ---------------------------------------------------------- */
+
+static drey_stage_result refuse(drey_request *r, drey_error e, uint32_t p) {
+    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+    drey_status_init(r->status);
+    drey_status_set(r->status, e);
+    drey_status_add_metadata(r->status, "partition", "%u", p);
+    r->status->retry_delay_ms = 200;
+    return DREY_STAGE_REJECT;
+}
+
+drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r) {
+    drey_cluster *c = cluster;
+    if (r->route_note == NULL)
+        return DREY_STAGE_NEXT; /* not a partition's write (a peer's Import, a Clear's share) */
+    uint32_t p = drey_cluster__held_partition(r);
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    drey_cluster__part *part = &t->parts[p];
+    drey_stage_result res;
+    if (part->primary < 0 || part->primary != t->self) {
+        res = refuse(r, DREY_ERR_NOT_PRIMARY, p);
+        goto out;
+    }
+    if (!lease_valid(c)) {
+        res = refuse(r, DREY_ERR_LEASE_EXPIRED, p);
+        goto out;
+    }
+    if ((uint32_t)1 + part->n_replicas < c->opts.min_in_sync) {
+        res = refuse(r, DREY_ERR_NOT_ENOUGH_REPLICAS, p);
+        drey_status_add_metadata(r->status, "inSync", "%u", 1u + part->n_replicas);
+        drey_status_add_metadata(r->status, "minInSync", "%u", c->opts.min_in_sync);
+        goto out;
+    }
+    drey_cluster__rec *rec = drey_xcalloc(1, sizeof *rec);
+    atomic_store(&rec->refs, 2 + part->n_replicas); /* the line, the sender, each call */
+    rec->c = c;
+    rec->r = r;
+    rec->partition = p;
+    rec->epoch = part->epoch;
+    rec->time_ms = r->entry.time_ms;
+    for (uint8_t i = 0; i < part->n_replicas; i++) {
+        const drey_cluster__node *n = &t->nodes[part->replicas[i]];
+        snprintf(rec->backups[i], DREY_CLUSTER_MAX_ID, "%s", n->id);
+        snprintf(rec->address[i], DREY_CLUSTER_MAX_ID, "%s", n->internal);
+        rec->index[i] = i;
+    }
+    rec->n_backups = part->n_replicas;
+    rec->seq = atomic_fetch_add(&c->pstate[p].seq, 1) + 1;
+    r->entry.done = local_durable;
+    r->entry.arg = rec;
+    drey_cluster__line *ln = &c->lines[p];
+    pthread_mutex_lock(&ln->mu);
+    if (ln->tail != NULL)
+        ln->tail->next = rec;
+    else
+        ln->head = rec;
+    ln->tail = rec;
+    ln->queued++;
+    pthread_mutex_unlock(&ln->mu);
+    r->replica_note = rec;
+    res = DREY_STAGE_PARKED;
+out:
+    drey_cluster__topology_unref(t);
+    return res;
+}
+
+void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
+    drey_cluster *c = cluster;
+    drey_cluster__rec *rec = r->replica_note;
+    drey_cluster__line *ln = &c->lines[rec->partition];
+    if (rc != 0) {
+        /* Refused before the journal: it goes nowhere, and leaves the
+         * line and the sequence as they were (still under the order lock:
+         * it is the last of both). */
+        pthread_mutex_lock(&ln->mu);
+        drey_cluster__rec **pp = &ln->head, *prev = NULL;
+        while (*pp != rec) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        *pp = NULL;
+        ln->tail = prev;
+        ln->queued--;
+        pthread_mutex_unlock(&ln->mu);
+        atomic_fetch_sub(&c->pstate[rec->partition].seq, 1);
+        r->replica_note = NULL;
+        free(rec);
+        return;
+    }
+    bool journaled = drey_pipeline_journaled(r);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    Drey__Internal__V1__ReplicateRequest req = DREY__INTERNAL__V1__REPLICATE_REQUEST__INIT;
+    req.partition = rec->partition;
+    req.partitions = c->n_parts;
+    req.epoch = rec->epoch;
+    req.sequence = rec->seq;
+    req.record.data = (uint8_t *)r->entry.payload;
+    req.record.len = r->entry.len;
+    req.time_ms = rec->time_ms;
+    if (rec->n_backups > 0) {
+        len = drey__internal__v1__replicate_request__get_packed_size(&req);
+        buf = drey_arena_alloc(r->arena, len ? len : 1);
+        drey__internal__v1__replicate_request__pack(&req, buf);
+    }
+    char *epoch = drey_arena_sprintf(r->arena, "%" PRId64, rec->epoch);
+    drey_cluster__header h[] = {
+        {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)},
+        {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
+    };
+    int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
+    for (uint8_t i = 0; i < rec->n_backups; i++)
+        rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], REPLICA_APPLY_PATH, buf,
+                                                 len, h, 2, deadline, acked, &rec->index[i]);
+    /* Until here nothing may complete it: its memory is the request's. */
+    pthread_mutex_lock(&ln->mu);
+    rec->sent = true;
+    if (!journaled)
+        rec->local_done = true;
+    pthread_mutex_unlock(&ln->mu);
+    uint32_t p = rec->partition;
+    rec_unref(rec);
+    drain(c, p);
+}
+
+/* --- taking a backup out of the set ------------------------------------------------ */
+
+/* 1: the backup is out of the set (by this write or another); 0: try again;
+ * -1: this node no longer leads the partition (it was deposed after its
+ * lease lapsed): its waiting writes are applied here, as every record this
+ * node journaled is, and answered as of unknown outcome: the new primary
+ * may or may not have them. */
+static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
+    drey_cluster__entry e;
+    pthread_mutex_lock(&c->mu);
+    drey_cluster__entry_of(c->entries[s->partition], &e);
+    int64_t epoch = c->epochs[s->partition];
+    pthread_mutex_unlock(&c->mu);
+    if (strcmp(e.primary, c->opts.node_id) != 0)
+        return -1;
+    if (!drey_cluster__entry_has(e.replicas, e.n_replicas, s->backup))
+        return 1;
+    if (!lease_valid(c))
+        return 0; /* etcd may have expired it: another primary may be coming */
+    drey_cluster__entry_remove(e.replicas, &e.n_replicas, s->backup);
+    char err[200];
+    drey_cluster__cas r = drey_cluster__cas_entry(c, s->partition, epoch, &e, err, sizeof err);
+    if (r == DREY_CLUSTER_CAS_APPLIED) {
+        atomic_fetch_add(&c->isr_shrinks, 1);
+        DREY_LOG_WARN("a backup was taken out of a partition's in-sync set", DREY_LOG_UINT("partition", s->partition),
+                      DREY_LOG_STR("backup", s->backup), DREY_LOG_STR("reason", s->why));
+        return 1;
+    }
+    return 0;
+}
+
+void *drey_cluster__shrinker_main(void *arg) {
+    drey_cluster *c = arg;
+    pthread_mutex_lock(&c->shrink_mu);
+    while (!c->shrink_stop) {
+        drey_cluster__shrink *s = c->shrinks;
+        if (s == NULL) {
+            pthread_cond_wait(&c->shrink_cond, &c->shrink_mu);
+            continue;
+        }
+        c->shrinks = s->next;
+        pthread_mutex_unlock(&c->shrink_mu);
+        int done;
+        while ((done = shrink_once(c, s)) == 0) {
+            pthread_mutex_lock(&c->shrink_mu);
+            bool stop = c->shrink_stop;
+            pthread_mutex_unlock(&c->shrink_mu);
+            if (stop)
+                break;
+            drey_cluster__nap_ms(50); /* etcd, or our table, has to move on */
+        }
+        if (done != 0)
+            settle(c, s->partition, done == 1 ? s->backup : NULL, done < 0);
+        free(s);
+        pthread_mutex_lock(&c->shrink_mu);
+    }
+    pthread_mutex_unlock(&c->shrink_mu);
+    return NULL;
+}

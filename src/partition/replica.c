@@ -1,0 +1,107 @@
+/*
+ * replica — drey.internal.v1.Replica/Apply: a partition's write, recorded
+ * by its primary, applied on a backup.
+ *
+ * The backup journals the Apply request (its own journal, its own fsync
+ * policy and quota) and then applies the record inside it exactly as the
+ * primary does: the same method, at the record's time, with the versions
+ * the primary reserved, remembering the same outcome. A write that fails
+ * on the primary (a version mismatch) fails the same way here; the record
+ * is still taken, so Apply answers it as done. Replay after a restart runs
+ * the same function over the journaled Apply.
+ */
+#include <string.h>
+
+#include "drey/internal/v1/move.pb-c.h"
+#include "drey/partition.h"
+
+static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
+    drey_journal_record rec = {.time_ms = req->time_ms, .payload = req->record.data, .len = req->record.len};
+    if (rec.payload == NULL || drey_commit_replay(ctx, &rec) != 0) {
+        drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
+        return NULL;
+    }
+    Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__replicate_response__init(resp);
+    return &resp->base;
+}
+
+/* --- Hash ------------------------------------------------------------------ */
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * FNV_PRIME;
+    return h;
+}
+
+static uint64_t fnv_u64(uint64_t h, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    return fnv(h, b, 8);
+}
+
+typedef struct hashing {
+    uint32_t n;
+    Drey__Internal__V1__PartitionHash **by_partition; /* n; NULL: not asked */
+} hashing;
+
+static void hash_item(void *arg, const drey_store_item *it) {
+    hashing *hs = arg;
+    uint32_t p = drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, hs->n);
+    if (p >= hs->n || hs->by_partition[p] == NULL)
+        return;
+    uint64_t h = fnv_u64(FNV_OFFSET, it->cache_len);
+    h = fnv(h, it->cache, it->cache_len);
+    h = fnv_u64(h, it->key_len);
+    h = fnv(h, it->key, it->key_len);
+    h = fnv_u64(h, it->entry.value.kind);
+    h = fnv_u64(h, it->entry.value.len);
+    h = fnv(h, it->entry.value.data, it->entry.value.len);
+    h = fnv_u64(h, it->entry.version);
+    h = fnv_u64(h, (uint64_t)it->entry.expires_at_ms);
+    hs->by_partition[p]->hash += h;
+    hs->by_partition[p]->entries++;
+}
+
+static ProtobufCMessage *hash_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    const Drey__Internal__V1__HashRequest *req = (const void *)msg;
+    if (req->partitions == 0 || req->partitions > 65536) {
+        drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
+        return NULL;
+    }
+    hashing hs = {.n = req->partitions};
+    hs.by_partition = drey_arena_calloc(ax->arena, hs.n * sizeof *hs.by_partition);
+    Drey__Internal__V1__HashResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__hash_response__init(resp);
+    size_t n = req->n_partition > 0 ? req->n_partition : hs.n;
+    resp->partitions = drey_arena_alloc(ax->arena, n * sizeof *resp->partitions);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t p = req->n_partition > 0 ? req->partition[i] : (uint32_t)i;
+        if (p >= hs.n || hs.by_partition[p] != NULL)
+            continue;
+        Drey__Internal__V1__PartitionHash *ph = drey_arena_alloc(ax->arena, sizeof *ph);
+        drey__internal__v1__partition_hash__init(ph);
+        ph->partition = p;
+        hs.by_partition[p] = ph;
+        resp->partitions[resp->n_partitions++] = ph;
+    }
+    drey_store *s = drey_commit_store(ctx);
+    for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++)
+        drey_store_walk_shard(s, sh, ax->now_ms, hash_item, &hs);
+    return &resp->base;
+}
+
+bool drey_partition_register_replica(drey_method_table *t, drey_commit *commit) {
+    const drey_method_spec specs[] = {
+        {.name = "Apply", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = apply_record},
+        {.name = "Hash", .flags = DREY_METHOD_READ | DREY_METHOD_PEER, .apply = hash_apply},
+    };
+    return drey_method_table_add_service(t, &drey__internal__v1__replica__descriptor, specs,
+                                         sizeof specs / sizeof specs[0], commit);
+}
