@@ -144,7 +144,8 @@ struct drey_request {
     void *route_note;
     void *replica_note;
     /* Set by the replicator: the write is applied but answered with this
-     * error (its outcome unknown to the caller); 0: answered as applied. */
+     * error, with ErrorInfo metadata outcome=unknown (other copies may or
+     * may not have it); 0: answered as applied. */
     drey_error answer_unknown;
     /* Given to the method as drey_apply.keep (the route row's). */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);

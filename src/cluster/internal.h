@@ -24,8 +24,9 @@ typedef struct drey_cluster__node {
 typedef struct drey_cluster__part {
     int64_t epoch;   /* mod_revision of the entry; 0: no entry */
     int32_t primary; /* index into nodes; -1: none */
-    uint8_t n_replicas;
+    uint8_t n_replicas, n_joining;
     int32_t replicas[DREY_CLUSTER_MAX_REPLICAS]; /* in-sync backups, indexes into nodes */
+    int32_t joining[DREY_CLUSTER_MAX_REPLICAS];  /* being copied to: a move's target, new backups */
 } drey_cluster__part;
 
 /* An immutable table, shared by reference: routing acquires the current
@@ -245,6 +246,7 @@ struct drey_cluster {
     _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
+    int64_t registered_revision; /* of this process's first registration */
     drey_cluster__line *lines; /* n_parts */
     int64_t lease_margin_ns;
     pthread_t shrinker_thread;

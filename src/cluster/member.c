@@ -229,6 +229,8 @@ static grpc_status_code put_member(drey_cluster *c, drey_etcd_cmp cmp, const uin
     Etcdserverpb__TxnResponse *resp;
     grpc_status_code code = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, st);
     *applied = code == GRPC_STATUS_OK && resp->succeeded;
+    if (*applied && cmp == DREY_ETCD_EQUAL && resp->header != NULL)
+        c->registered_revision = resp->header->revision;
     drey_arena_destroy(&a);
     return code;
 }

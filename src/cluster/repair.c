@@ -21,10 +21,11 @@
  * etcd expires the lease later than that.
  *
  * A node that restarts does not know which of its records its backups had
- * (its journal may hold writes that were never acknowledged), so before it
- * serves it takes itself out of every entry that names it, handing each
- * partition it led to a live in-sync backup. It keeps a partition only
- * when nobody else has it. It comes back as a backup by the repair above.
+ * (its journal may hold writes that were never acknowledged; an ephemeral
+ * node holds nothing), so before it serves it takes itself out of every
+ * entry that named it before it registered, handing each partition it led
+ * to a live in-sync backup. It keeps a partition only when nobody else has
+ * it. It comes back as a backup by the repair above.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,7 +242,9 @@ int drey_cluster__step_down(drey_cluster *c, char *err, size_t cap) {
         uint32_t left = 0, kept = 0, refused = 0;
         for (uint32_t p = 0; p < v.n_parts; p++) {
             drey_cluster__entry *e = &v.ent[p];
-            if (!holds(e, self))
+            /* Written after this process registered: about it, not about
+             * the one before. */
+            if (!holds(e, self) || v.epochs[p] > c->registered_revision)
                 continue;
             bool changed = drey_cluster__entry_remove(e->replicas, &e->n_replicas, self);
             changed |= drey_cluster__entry_remove(e->syncing, &e->n_syncing, self);

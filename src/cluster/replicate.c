@@ -65,6 +65,7 @@ typedef struct drey_cluster__rec {
     bool unknown;   /* this node stopped leading the partition meanwhile */
     int local_err;
     uint8_t n_backups;
+    uint8_t n_durable; /* backups that acknowledged it (not dropped ones) */
     bool acked[DREY_CLUSTER_MAX_REPLICAS];
     char backups[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
     char address[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
@@ -143,9 +144,14 @@ static void drain(drey_cluster *c, uint32_t p) {
             drey_request_fail(r, st);
         } else {
             r->now_ms = rec->time_ms;
-            /* Applied in any case: every copy that has the record applies it. */
+            /* Applied in any case: every copy that has the record applies
+             * it. Answered as of unknown outcome when this node may no
+             * longer lead the partition, or when backups were dropped and
+             * fewer copies than --min-in-sync have it. */
             if (rec->unknown || !lease_valid(c))
                 r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
+            else if ((uint32_t)1 + rec->n_durable < c->opts.min_in_sync)
+                r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
             drey_pipeline_resume(r);
         }
         rec_unref(rec);
@@ -209,6 +215,7 @@ static void acked(void *arg, const drey_answer *a) {
     if (a->code == 0) {
         pthread_mutex_lock(&ln->mu);
         rec->acked[*index] = true;
+        rec->n_durable++;
         pthread_mutex_unlock(&ln->mu);
         atomic_fetch_add(&c->replicated, 1);
         drain(c, rec->partition);

@@ -630,9 +630,9 @@ static bool is_replica(const drey_cluster__topology *t, uint32_t p, int32_t node
 }
 
 /* A record from a partition's primary: taken only in sequence, and only
- * from the primary of an epoch no older than this node's (a newer one is
- * the primary that just named this node a backup, or was just promoted,
- * before this node's watch said so). A refused record leaves a gap: every
+ * from the primary this node's table names for it, or from the primary of
+ * a newer epoch (the one that just named this node a backup, or was just
+ * promoted, before this node's watch said so). A refused record leaves a gap: every
  * later one is refused too until a fresh copy (move.c) sets the sequence
  * again. */
 static drey_stage_result accept_record(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
@@ -641,14 +641,17 @@ static drey_stage_result accept_record(drey_cluster *c, drey_request *r, const d
     if (p >= t->n_parts || req->partitions != t->n_parts)
         return refuse_record(c, r, DREY_ERR_MALFORMED_REQUEST, p, 0);
     const drey_cluster__part *part = &t->parts[p];
-    if (req->epoch < part->epoch)
+    int32_t o = part->primary;
+    const char *from = r->forwarded_by;
+    bool current = o >= 0 && from != NULL && strcmp(t->nodes[o].id, from) == 0 && is_replica(t, p, t->self);
+    /* An older epoch is fenced only if it was another primary's: the entry
+     * also changes when a move is planned or a backup added, and the
+     * primary's records may name the epoch before that a little longer
+     * than this node's table does. */
+    if (req->epoch < part->epoch && !current)
         return refuse_record(c, r, DREY_ERR_STALE_EPOCH, p, 0);
-    if (req->epoch == part->epoch) {
-        int32_t o = part->primary;
-        const char *from = r->forwarded_by;
-        if (o < 0 || from == NULL || strcmp(t->nodes[o].id, from) != 0 || !is_replica(t, p, t->self))
-            return refuse_record(c, r, DREY_ERR_NOT_REPLICA, p, 0);
-    }
+    if (req->epoch == part->epoch && !current)
+        return refuse_record(c, r, DREY_ERR_NOT_REPLICA, p, 0);
     uint64_t last = atomic_load(&c->pstate[p].seq);
     if (req->sequence != last + 1 || !atomic_compare_exchange_strong(&c->pstate[p].seq, &last, req->sequence))
         return refuse_record(c, r, DREY_ERR_OUT_OF_SEQUENCE, p, last + 1);

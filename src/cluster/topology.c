@@ -85,8 +85,13 @@ void drey_cluster__publish_locked(drey_cluster *c) {
         const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
         t->parts[p].epoch = c->epochs[p];
         t->parts[p].primary = e != NULL && e->primary[0] != '\0' ? node_index(t, &cap, e->primary) : -1;
+        drey_cluster__part *pt = &t->parts[p];
         for (size_t i = 0; e != NULL && i < e->n_replicas && i < DREY_CLUSTER_MAX_REPLICAS; i++)
-            t->parts[p].replicas[t->parts[p].n_replicas++] = node_index(t, &cap, e->replicas[i]);
+            pt->replicas[pt->n_replicas++] = node_index(t, &cap, e->replicas[i]);
+        for (size_t i = 0; e != NULL && i < e->n_joining && pt->n_joining < DREY_CLUSTER_MAX_REPLICAS; i++)
+            pt->joining[pt->n_joining++] = node_index(t, &cap, e->joining[i]);
+        for (size_t i = 0; e != NULL && i < e->n_syncing && pt->n_joining < DREY_CLUSTER_MAX_REPLICAS; i++)
+            pt->joining[pt->n_joining++] = node_index(t, &cap, e->syncing[i]);
     }
     t->self = -1;
     for (size_t i = 0; i < t->n_nodes; i++) {
@@ -133,6 +138,10 @@ static void send_topology(drey_call *call, const drey_cluster__topology *t) {
         pp->replicas = drey_arena_alloc(&a, (pp->n_replicas ? pp->n_replicas : 1) * sizeof *pp->replicas);
         for (size_t i = 0; i < pp->n_replicas; i++)
             pp->replicas[i] = t->nodes[t->parts[p].replicas[i]].id;
+        pp->n_joining = t->parts[p].n_joining;
+        pp->joining = drey_arena_alloc(&a, (pp->n_joining ? pp->n_joining : 1) * sizeof *pp->joining);
+        for (size_t i = 0; i < pp->n_joining; i++)
+            pp->joining[i] = t->nodes[t->parts[p].joining[i]].id;
         msg.partitions[p] = pp;
     }
     drey_call_send(call, &msg.base);

@@ -217,6 +217,7 @@ static void apply(drey_pipeline *p, drey_request *r) {
     if (r->answer_unknown != DREY_ERR_NONE) {
         drey_status_init(&st);
         drey_status_set(&st, r->answer_unknown);
+        drey_status_add_metadata(&st, "outcome", "unknown"); /* it was applied here */
         drey_request_fail(r, &st);
     } else if (resp != NULL)
         drey_request_reply(r, resp);
