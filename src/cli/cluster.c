@@ -137,6 +137,7 @@ static int status(const char *etcd, const char *prefix) {
     uint32_t owners_cap = 0;
     char **owner = NULL;   /* per partition */
     char **joining = NULL; /* per partition: where it is moving, or NULL */
+    Drey__Internal__V1__PartitionEntry **entries = NULL; /* per partition */
     for (size_t i = 0; i < resp->n_kvs; i++) {
         const Mvccpb__KeyValue *kv = resp->kvs[i];
         const char *k = (const char *)kv->key.data + plen;
@@ -148,6 +149,7 @@ static int status(const char *etcd, const char *prefix) {
                 owners_cap = cfg->partitions;
                 owner = drey_arena_calloc(&a, owners_cap * sizeof *owner);
                 joining = drey_arena_calloc(&a, owners_cap * sizeof *joining);
+                entries = drey_arena_calloc(&a, owners_cap * sizeof *entries);
             }
         } else if (kl == 10 && memcmp(k, "controller", 10) == 0) {
             controller = drey_arena_strndup(&a, (const char *)kv->value.data, kv->value.len);
@@ -171,6 +173,7 @@ static int status(const char *etcd, const char *prefix) {
             if (parse_u32(digits, &p) && p < owners_cap && pe != NULL) {
                 owner[p] = pe->primary;
                 joining[p] = pe->n_joining > 0 ? pe->joining[0] : NULL;
+                entries[p] = pe;
             }
         }
     }
@@ -187,18 +190,38 @@ static int status(const char *etcd, const char *prefix) {
             drey__internal__v1__member__unpack(drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
         if (m == NULL)
             continue;
-        uint32_t owned = 0;
-        for (uint32_t p = 0; p < owners_cap; p++)
+        uint32_t owned = 0, backups = 0;
+        for (uint32_t p = 0; p < owners_cap; p++) {
             owned += owner[p] != NULL && strcmp(owner[p], m->id) == 0;
-        printf("%s{\"id\":\"%s\",\"advertise\":\"%s\",\"internal\":\"%s\",\"partitions\":%u,\"draining\":%s}",
-               first ? "" : ",", m->id, m->advertise, m->internal, owned, m->draining ? "true" : "false");
+            for (size_t r = 0; entries[p] != NULL && r < entries[p]->n_replicas; r++)
+                backups += strcmp(entries[p]->replicas[r], m->id) == 0;
+        }
+        printf("%s{\"id\":\"%s\",\"advertise\":\"%s\",\"internal\":\"%s\",\"partitions\":%u,\"backups\":%u,"
+               "\"draining\":%s}",
+               first ? "" : ",", m->id, m->advertise, m->internal, owned, backups, m->draining ? "true" : "false");
         first = false;
     }
-    uint32_t unowned = 0;
-    for (uint32_t p = 0; p < owners_cap; p++)
+    uint32_t unowned = 0, under = 0;
+    for (uint32_t p = 0; p < owners_cap; p++) {
         unowned += owner[p] == NULL || owner[p][0] == '\0';
+        under += entries[p] != NULL && entries[p]->primary[0] != '\0' &&
+                 1 + entries[p]->n_replicas < cfg->replication_factor;
+    }
+    /* Each partition's primary, in-sync backups and the copies under way
+     * (new backups), in id order. */
+    printf("],\"unassignedPartitions\":%u,\"underReplicatedPartitions\":%u,\"table\":[", unowned, under);
+    for (uint32_t p = 0; p < owners_cap; p++) {
+        const Drey__Internal__V1__PartitionEntry *pe = entries[p];
+        printf("%s{\"partition\":%u,\"primary\":\"%s\",\"inSync\":[", p ? "," : "", p, pe != NULL ? pe->primary : "");
+        for (size_t r = 0; pe != NULL && r < pe->n_replicas; r++)
+            printf("%s\"%s\"", r ? "," : "", pe->replicas[r]);
+        printf("],\"syncing\":[");
+        for (size_t r = 0; pe != NULL && r < pe->n_syncing; r++)
+            printf("%s\"%s\"", r ? "," : "", pe->syncing[r]);
+        printf("]}");
+    }
     /* Moves planned or under way: the owner copies, then hands over. */
-    printf("],\"unassignedPartitions\":%u,\"moves\":[", unowned);
+    printf("],\"moves\":[");
     first = true;
     for (uint32_t p = 0; p < owners_cap; p++) {
         if (joining[p] == NULL)

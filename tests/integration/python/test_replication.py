@@ -102,23 +102,34 @@ class Scenario:
         nodes = self.running()
         started = time.time()
 
-        def settled():
+        def sample():
             tables = [self.table(n, joining=True) for n in nodes]
             if any(t != tables[0] for t in tables):
-                return False
+                return None
             ids = {n.id for n in nodes}
             for primary, replicas, joining in tables[0].values():
                 if primary not in ids or len(replicas) != 1 or replicas[0] == primary or replicas[0] not in ids:
-                    return False
+                    return None
                 if joining:
-                    return False
-            return all(details(n)["underReplicatedPartitions"] == 0 and
-                       details(n)["replicationPending"] == 0 for n in nodes)
+                    return None
+            if not all(details(n)["underReplicatedPartitions"] == 0 and details(n)["replicationPending"] == 0
+                       for n in nodes):
+                return None
+            return tables[0]
+
+        def settled():
+            # the same for longer than the controller's period (a second),
+            # so it had its look and planned nothing more
+            first = sample()
+            if first is None:
+                return False
+            time.sleep(1.5)
+            return sample() == first
 
         wait_until(settled, timeout=timeout, what="the replication factor restored on every partition")
         return time.time() - started
 
-    def stop_and_check(self, min_ok=20):
+    def stop_and_check(self, min_ok=10):
         for w in self.workloads:
             w.stop()
         self.cl.heal()
@@ -273,7 +284,7 @@ class Replication(DreyTestCase):
             s.cl.split([["n1"], ["n2", "n3"]], mode="blackhole")
             wait_until(lambda: all(s.table(n2)[p][0] != "n1" for p in led), timeout=30,
                        what="the majority to take n1's partitions")
-            time.sleep(1)
+            time.sleep(3)
             s.stop_and_check()
 
     def test_a_killed_backup_is_replaced(self):
