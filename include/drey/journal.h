@@ -190,6 +190,12 @@ typedef struct drey_journal_stats {
 
 void drey_journal_get_stats(drey_journal *j, drey_journal_stats *out);
 
+/* Frame bytes (drey_frame_size of a payload: its length plus 40, rounded
+ * up to 8) that may still be appended, queued ones counted, before the
+ * quota refuses; UINT64_MAX without a quota, 0 once the journal failed.
+ * A little less than that may fit: a record never straddles segments. */
+uint64_t drey_journal_room(drey_journal *j);
+
 /* Histograms for metrics: called on the writer thread after each batch with
  * its record count and fdatasync duration (0 when not synced). */
 void drey_journal_set_batch_observer(drey_journal *j, void (*fn)(void *ctx, size_t records, int64_t fsync_us),

@@ -75,4 +75,8 @@ typedef struct drey_memory_stats {
 /* Reads jemalloc's figure afresh (a mallctl call: not for every request). */
 void drey_memory_get_stats(drey_memory *m, drey_memory_stats *out);
 
+/* Accounted bytes the store may still grow by before writes are refused
+ * (critical); cheap, for every replicated record's acknowledgement. */
+int64_t drey_memory_room(drey_memory *m);
+
 #endif

@@ -22,6 +22,8 @@
 #include <stdint.h>
 
 #include "drey/commit.h"
+#include "drey/journal.h"
+#include "drey/memory.h"
 #include "drey/method.h"
 #include "drey/store.h"
 
@@ -36,10 +38,17 @@ uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char
  * the store. */
 bool drey_partition_register(drey_method_table *t, drey_store *s);
 
-/* Adds drey.internal.v1.Replica (Apply: a primary's record on a backup),
- * applying the record's write through commit with its own time and
- * versions. */
-bool drey_partition_register_replica(drey_method_table *t, drey_commit *commit);
+/* drey.internal.v1.Replica on this node: Apply (a primary's record on a
+ * backup), applying the record's write through commit with its own time
+ * and versions and answering with this node's room (journal, memory), and
+ * Hash. */
+typedef struct drey_partition_replica drey_partition_replica;
+
+drey_partition_replica *drey_partition_replica_create(drey_commit *commit, drey_memory *memory);
+/* Durable nodes, once the journal is open. */
+void drey_partition_replica_set_journal(drey_partition_replica *rep, drey_journal *j);
+void drey_partition_replica_destroy(drey_partition_replica *rep);
+bool drey_partition_register_replica(drey_method_table *t, drey_partition_replica *rep);
 
 #define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
 #define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"

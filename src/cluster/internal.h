@@ -161,6 +161,19 @@ typedef struct drey_cluster__shrink {
     char why[200];
 } drey_cluster__shrink;
 
+/* What a backup last said it has room for, and what was sent to it since
+ * that it has not acknowledged: its primaries refuse a write that would
+ * not fit on it before anything is journaled anywhere. */
+typedef struct drey_cluster__room {
+    char id[DREY_CLUSTER_MAX_ID];
+    _Atomic uint64_t journal;          /* frame bytes; UINT64_MAX: no quota (or not heard yet) */
+    _Atomic int64_t memory;            /* accounted bytes; INT64_MAX: not heard yet */
+    _Atomic uint64_t sent_journal;     /* in flight */
+    _Atomic int64_t sent_memory;
+} drey_cluster__room;
+
+#define DREY_CLUSTER_MAX_ROOMS 64
+
 void *drey_cluster__shrinker_main(void *arg);
 /* This node may lead partitions now: its lease is valid by its own clock. */
 bool drey_cluster__lease_valid(drey_cluster *c);
@@ -247,6 +260,9 @@ struct drey_cluster {
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
     int64_t registered_revision; /* of this process's first registration */
+    pthread_mutex_t rooms_mu;    /* adding a room; reading one needs no lock */
+    drey_cluster__room rooms[DREY_CLUSTER_MAX_ROOMS];
+    _Atomic size_t n_rooms;
     drey_cluster__line *lines; /* n_parts */
     int64_t lease_margin_ns;
     pthread_t shrinker_thread;

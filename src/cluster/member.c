@@ -353,6 +353,7 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     pthread_mutex_init(&c->move_mu, NULL);
     pthread_cond_init(&c->move_cond, NULL);
     pthread_mutex_init(&c->shrink_mu, NULL);
+    pthread_mutex_init(&c->rooms_mu, NULL);
     pthread_cond_init(&c->shrink_cond, NULL);
     if (c->opts.replication_timeout_ms <= 0)
         c->opts.replication_timeout_ms = 1000;
@@ -564,6 +565,7 @@ void drey_cluster_destroy(drey_cluster *c) {
         pthread_mutex_destroy(&c->lines[p].mu);
     free(c->lines);
     pthread_mutex_destroy(&c->shrink_mu);
+    pthread_mutex_destroy(&c->rooms_mu);
     pthread_cond_destroy(&c->shrink_cond);
     for (size_t i = 0; i < c->n_members; i++)
         drey__internal__v1__member__free_unpacked(c->members[i], NULL);

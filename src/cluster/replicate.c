@@ -71,8 +71,69 @@ typedef struct drey_cluster__rec {
     char address[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
     drey_cluster__pcall *calls[DREY_CLUSTER_MAX_REPLICAS];
     uint8_t index[DREY_CLUSTER_MAX_REPLICAS]; /* each call's arg: &index[i] */
+    drey_cluster__room *room[DREY_CLUSTER_MAX_REPLICAS];
+    uint64_t journal_need; /* what the record takes of each backup's room */
+    int64_t memory_need;
     int64_t time_ms;
 } drey_cluster__rec;
+
+/* --- the backups' room ------------------------------------------------------------ */
+
+static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
+    size_t n = atomic_load(&c->n_rooms);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(c->rooms[i].id, id) == 0)
+            return &c->rooms[i];
+    }
+    pthread_mutex_lock(&c->rooms_mu);
+    drey_cluster__room *r = NULL;
+    n = atomic_load(&c->n_rooms);
+    for (size_t i = 0; i < n && r == NULL; i++) {
+        if (strcmp(c->rooms[i].id, id) == 0)
+            r = &c->rooms[i];
+    }
+    if (r == NULL && n < DREY_CLUSTER_MAX_ROOMS) {
+        r = &c->rooms[n];
+        snprintf(r->id, sizeof r->id, "%s", id);
+        atomic_store(&r->journal, UINT64_MAX);
+        atomic_store(&r->memory, INT64_MAX);
+        atomic_store(&c->n_rooms, n + 1); /* published once filled */
+    }
+    pthread_mutex_unlock(&c->rooms_mu);
+    return r;
+}
+
+/* NULL, or the refusal of a write that would not fit on the backup (what
+ * it last said it has room for, less what was sent to it since). */
+static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_need, int64_t memory_need,
+                               uint64_t *have) {
+    uint64_t j = atomic_load(&room->journal);
+    uint64_t js = atomic_load(&room->sent_journal);
+    if (j != UINT64_MAX && (js >= j || journal_need > j - js)) {
+        *have = js >= j ? 0 : j - js;
+        return DREY_ERR_JOURNAL_DISK_QUOTA;
+    }
+    int64_t m = atomic_load(&room->memory);
+    int64_t ms = atomic_load(&room->sent_memory);
+    if (memory_need > 0 && m != INT64_MAX && (ms >= m || memory_need > m - ms)) {
+        *have = ms >= m ? 0 : (uint64_t)(m - ms);
+        return DREY_ERR_MEMORY_PRESSURE;
+    }
+    return DREY_ERR_NONE;
+}
+
+static void room_sent(drey_cluster__rec *rec, uint8_t i, int sign) {
+    drey_cluster__room *room = rec->room[i];
+    if (room == NULL)
+        return;
+    if (sign > 0) {
+        atomic_fetch_add(&room->sent_journal, rec->journal_need);
+        atomic_fetch_add(&room->sent_memory, rec->memory_need);
+    } else {
+        atomic_fetch_sub(&room->sent_journal, rec->journal_need);
+        atomic_fetch_sub(&room->sent_memory, rec->memory_need);
+    }
+}
 
 static void rec_unref(drey_cluster__rec *rec) {
     if (atomic_fetch_sub(&rec->refs, 1) != 1)
@@ -212,7 +273,17 @@ static void acked(void *arg, const drey_answer *a) {
     drey_cluster__rec *rec = rec_of_index(index);
     drey_cluster *c = rec->c;
     drey_cluster__line *ln = &c->lines[rec->partition];
+    room_sent(rec, *index, -1);
     if (a->code == 0) {
+        Drey__Internal__V1__ReplicateResponse *resp =
+            drey__internal__v1__replicate_response__unpack(NULL, a->response_len, a->response);
+        drey_cluster__room *room = rec->room[*index];
+        if (resp != NULL && room != NULL) {
+            atomic_store(&room->journal, resp->journal_room_bytes);
+            atomic_store(&room->memory, resp->memory_room_bytes);
+        }
+        if (resp != NULL)
+            drey__internal__v1__replicate_response__free_unpacked(resp, NULL);
         pthread_mutex_lock(&ln->mu);
         rec->acked[*index] = true;
         rec->n_durable++;
@@ -263,8 +334,41 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         drey_status_add_metadata(r->status, "minInSync", "%u", c->opts.min_in_sync);
         goto out;
     }
+    /* What the backups journal: this record inside an Apply request. */
+    uint64_t journal_need = ((uint64_t)r->entry.len + 128 + 40 + 7) & ~(uint64_t)7;
+    int64_t memory_need = 0;
+    if (r->method->growth != NULL) {
+        memory_need = r->method->growth(r->method->ctx, r->msg, r->entry.time_ms);
+        if (memory_need < 0)
+            memory_need = 0;
+    }
+    drey_cluster__room *rooms[DREY_CLUSTER_MAX_REPLICAS] = {0};
+    for (uint8_t i = 0; i < part->n_replicas; i++) {
+        const char *id = t->nodes[part->replicas[i]].id;
+        rooms[i] = room_of(c, id);
+        uint64_t have = 0;
+        drey_error e = rooms[i] != NULL ? room_refusal(rooms[i], journal_need, memory_need, &have) : DREY_ERR_NONE;
+        if (e != DREY_ERR_NONE) {
+            /* Definitive, as the primary's own quota would be: nothing was
+             * journaled or sent anywhere. */
+            res = refuse(r, e, p);
+            snprintf(r->status->quota_subject, sizeof r->status->quota_subject, "node:%s", id);
+            r->status->quota_description = e == DREY_ERR_JOURNAL_DISK_QUOTA
+                                               ? "a backup of the partition has no room for the write in its journal"
+                                               : "a backup of the partition has no room for the write in memory";
+            drey_status_add_metadata(r->status, "backup", "%s", id);
+            drey_status_add_metadata(r->status, "roomBytes", "%llu", (unsigned long long)have);
+            drey_status_add_metadata(r->status, "requestBytes", "%llu",
+                                     (unsigned long long)(e == DREY_ERR_JOURNAL_DISK_QUOTA ? journal_need
+                                                                                           : (uint64_t)memory_need));
+            r->status->retry_delay_ms = 1000;
+            goto out;
+        }
+    }
     drey_cluster__rec *rec = drey_xcalloc(1, sizeof *rec);
     atomic_store(&rec->refs, 2 + part->n_replicas); /* the line, the sender, each call */
+    rec->journal_need = journal_need;
+    rec->memory_need = memory_need;
     rec->c = c;
     rec->r = r;
     rec->partition = p;
@@ -275,6 +379,7 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         snprintf(rec->backups[i], DREY_CLUSTER_MAX_ID, "%s", n->id);
         snprintf(rec->address[i], DREY_CLUSTER_MAX_ID, "%s", n->internal);
         rec->index[i] = i;
+        rec->room[i] = rooms[i];
     }
     rec->n_backups = part->n_replicas;
     rec->seq = atomic_fetch_add(&c->pstate[p].seq, 1) + 1;
@@ -341,6 +446,8 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
         {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
     };
     int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
+    for (uint8_t i = 0; i < rec->n_backups; i++)
+        room_sent(rec, i, +1);
     for (uint8_t i = 0; i < rec->n_backups; i++)
         rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], REPLICA_APPLY_PATH, buf,
                                                  len, h, 2, deadline, acked, &rec->index[i]);

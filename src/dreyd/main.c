@@ -304,6 +304,7 @@ int main(int argc, char **argv, char **envp) {
         .partitioned = clustered,
     };
     drey_commit *commit = drey_commit_create(&copts);
+    drey_partition_replica *replica = drey_partition_replica_create(commit, memory);
     drey_pipeline_options popts = {
         .limits = {
             .max_cache_name_bytes = (size_t)cfg.max_cache_name_bytes,
@@ -384,7 +385,7 @@ int main(int argc, char **argv, char **envp) {
     }
     /* Always: a journal written as a cluster node replays anywhere. */
     if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
-        !drey_partition_register_replica(methods, commit) ||
+        !drey_partition_register_replica(methods, replica) ||
         !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_watch_register(watch, server) ||
@@ -466,6 +467,7 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
         drey_pipeline_set_journal(pipeline, drey_storage_journal(storage));
+        drey_partition_replica_set_journal(replica, drey_storage_journal(storage));
         drey_journal_set_batch_observer(drey_storage_journal(storage), observe_batch, metrics);
         drey_cache_set_expiry_horizon(cache, journal_horizon, drey_storage_journal(storage));
         drey_admin_set_storage(admin, storage);
@@ -545,6 +547,7 @@ out:
     drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
+    drey_partition_replica_destroy(replica);
     drey_method_table_destroy(methods);
     drey_admin_destroy(admin);
     drey_health_destroy(health);

@@ -585,6 +585,20 @@ static bool quota_fits(drey_journal *j, uint64_t need, bool reserve) {
     return true;
 }
 
+uint64_t drey_journal_room(drey_journal *j) {
+    pthread_mutex_lock(&j->mu);
+    uint64_t room = UINT64_MAX;
+    if (j->opts.max_bytes > 0 && !j->stats.failed) {
+        uint64_t seg = j->opts.segment_bytes > DREY_SEGMENT_HEADER ? j->opts.segment_bytes : DREY_SEGMENT_HEADER + 1;
+        uint64_t left = j->opts.max_bytes > j->plan_used ? j->opts.max_bytes - j->plan_used : 0;
+        room = j->plan_free + left / seg * (seg - DREY_SEGMENT_HEADER);
+    } else if (j->stats.failed) {
+        room = 0;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return room;
+}
+
 int drey_journal_append(drey_journal *j, drey_journal_entry *e) {
     e->next_ = NULL;
     pthread_mutex_lock(&j->mu);

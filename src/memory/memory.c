@@ -174,6 +174,11 @@ static int64_t jemalloc_allocated(void) {
     return (int64_t)allocated;
 }
 
+int64_t drey_memory_room(drey_memory *m) {
+    int64_t used = drey_store_bytes(m->store);
+    return m->critical > used ? m->critical - used : 0;
+}
+
 void drey_memory_get_stats(drey_memory *m, drey_memory_stats *out) {
     out->limit_bytes = m->limit;
     out->high_bytes = m->high;

@@ -10,20 +10,50 @@
  * is still taken, so Apply answers it as done. Replay after a restart runs
  * the same function over the journaled Apply.
  */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "drey/alloc.h"
 
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/partition.h"
 
+struct drey_partition_replica {
+    drey_commit *commit;
+    drey_memory *memory;
+    _Atomic(drey_journal *) journal;
+};
+
+drey_partition_replica *drey_partition_replica_create(drey_commit *commit, drey_memory *memory) {
+    drey_partition_replica *rep = drey_xcalloc(1, sizeof *rep);
+    rep->commit = commit;
+    rep->memory = memory;
+    return rep;
+}
+
+void drey_partition_replica_set_journal(drey_partition_replica *rep, drey_journal *j) {
+    atomic_store(&rep->journal, j);
+}
+
+void drey_partition_replica_destroy(drey_partition_replica *rep) {
+    free(rep);
+}
+
 static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    drey_partition_replica *rep = ctx;
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
     drey_journal_record rec = {.time_ms = req->time_ms, .payload = req->record.data, .len = req->record.len};
-    if (rec.payload == NULL || drey_commit_replay(ctx, &rec) != 0) {
+    if (rec.payload == NULL || drey_commit_replay(rep->commit, &rec) != 0) {
         drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
         return NULL;
     }
     Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__internal__v1__replicate_response__init(resp);
+    drey_journal *j = atomic_load(&rep->journal);
+    resp->journal_room_bytes = j != NULL ? drey_journal_room(j) : UINT64_MAX;
+    resp->memory_room_bytes = rep->memory != NULL ? drey_memory_room(rep->memory) : INT64_MAX;
     return &resp->base;
 }
 
@@ -91,17 +121,17 @@ static ProtobufCMessage *hash_apply(void *ctx, drey_apply *ax, const ProtobufCMe
         hs.by_partition[p] = ph;
         resp->partitions[resp->n_partitions++] = ph;
     }
-    drey_store *s = drey_commit_store(ctx);
+    drey_store *s = drey_commit_store(((drey_partition_replica *)ctx)->commit);
     for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++)
         drey_store_walk_shard(s, sh, ax->now_ms, hash_item, &hs);
     return &resp->base;
 }
 
-bool drey_partition_register_replica(drey_method_table *t, drey_commit *commit) {
+bool drey_partition_register_replica(drey_method_table *t, drey_partition_replica *rep) {
     const drey_method_spec specs[] = {
         {.name = "Apply", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = apply_record},
         {.name = "Hash", .flags = DREY_METHOD_READ | DREY_METHOD_PEER, .apply = hash_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__replica__descriptor, specs,
-                                         sizeof specs / sizeof specs[0], commit);
+                                         sizeof specs / sizeof specs[0], rep);
 }

@@ -96,6 +96,9 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
         r->entry.time_ms = drey_pipeline__order_time(p);
         *replicated = rep->prepare(rep->ctx, r);
     }
+    /* Once appended, a write not replicated may be answered (and r freed)
+     * on the journal's thread at any moment: nothing below reads r then. */
+    *len = r->entry.len;
     if (*replicated == DREY_STAGE_REJECT)
         rc = -ECANCELED;
     else if (j != NULL)
@@ -107,7 +110,6 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
     if (*replicated == DREY_STAGE_PARKED)
         rep->appended(rep->ctx, r, rc);
     pthread_mutex_unlock(order);
-    *len = r->entry.len;
     return rc;
 }
 

@@ -304,35 +304,50 @@ class Replication(DreyTestCase):
             time.sleep(2)
             s.stop_and_check()
 
-    def test_a_backup_with_a_full_journal_is_dropped_not_waited_for(self):
-        """The backup's journal quota refuses the primary's records: the
-        primary drops it and the client's write succeeds."""
+    def test_a_backup_without_journal_room_refuses_writes_up_front(self):
+        """A backup's journal quota counts before anything is journaled: its
+        primary refuses a write that would not fit on it (JOURNAL_DISK_QUOTA
+        naming the backup, nothing written anywhere); a backup whose quota
+        refuses a record anyway (its room was not known yet) is dropped,
+        never waited for."""
         with Scenario(self, extra_flags=("--segment-bytes=256KiB",)) as s:
             n3 = s.cl.nodes["n3"]
             used = json.loads(http_get("127.0.0.1", ops_port(n3.server), "/health/ready/details")[2])[
                 "journalDisk"]["usedBytes"]
-            flags = list(s.cl.launched["n3"][0]) + ["--journal-max-bytes=%d" % (int(used) + 512 * 1024),
+            flags = list(s.cl.launched["n3"][0]) + ["--journal-max-bytes=%d" % (int(used) + 4 * 1024 * 1024),
                                                     "--snapshot-every=0", "--snapshot-every-bytes=0"]
             n3 = s.cl.restart("n3", flags=flags)
             n1 = s.cl.nodes["n1"]
-            s.settle()  # n3 is a backup again, by fresh copies
+            wait_until(lambda: any("n3" in r for _, r in s.table(n1).values()), timeout=30,
+                       what="n3 to be a backup again (by a fresh copy)")
             shrinks = lambda: sum(details(n)["inSyncShrinks"] for n in (s.cl.nodes["n1"], s.cl.nodes["n2"]))
             before = shrinks()
-            written = 0
-            while quota_refusals(n3) == 0 or shrinks() == before:
-                self.assertLess(written, 400, "n3's journal never refused a record")
+            written, refused = 0, []
+            while not refused:
+                self.assertLess(written, 400, "n3's journal room never refused a write")
                 backed = [(p, e[0]) for p, e in s.table(n1).items() if "n3" in e[1]]
                 if not backed:
-                    backed = list((p, e[0]) for p, e in s.table(n1).items())
+                    break  # dropped everywhere: its room was not known in time
                 p, primary = backed[written % len(backed)]
-                node = s.cl.nodes[primary]
-                set_, sreq, _ = node.cache.methods["Set"]
-                # a client's write never waits for, nor fails because of, a full backup
-                set_(sreq(key=s.key_in(p, "bulk%d" % written), value=make_value(b"b" * 8192)), timeout=10)
-                written += 1
-            print("a primary dropped n3 after %d bulk writes" % written)
-            time.sleep(1)
-            s.cl.restart("n3", flags=list(s.cl.launched["n3"][0])[:-3])  # room again: copies come back
+                set_, sreq, _ = s.cl.nodes[primary].cache.methods["Set"]
+                key = s.key_in(p, "bulk%d" % written)
+                try:
+                    set_(sreq(key=key, value=make_value(b"b" * 65536)), timeout=10)
+                    written += 1
+                except grpc.RpcError as e:
+                    f = RpcFailure(e)
+                    self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, "JOURNAL_DISK_QUOTA")
+                    # n3's own quota when it leads p again (moved back to it)
+                    # meanwhile, else its primary's check of n3's room
+                    self.assertEqual(f.quota_failure.violations[0].subject, "node:n3")
+                    refused.append((key, f.metadata.get("backup")))
+            print("%d bulk writes fitted; refused: %d (%d by a primary for its backup); backups dropped: %d"
+                  % (written, len(refused), sum(1 for _, b in refused if b == "n3"), shrinks() - before))
+            self.assertTrue(refused or shrinks() > before)
+            get, greq, _ = s.cl.nodes["n2"].cache.methods["Get"]
+            for key, _ in refused:  # definitive: written nowhere
+                self.assertFalse(get(greq(key=key), timeout=5).found)
+            s.cl.restart("n3", flags=list(s.cl.launched["n3"][0])[:-3])  # room again
             s.stop_and_check()
 
     def test_a_join_and_a_drain_while_clients_write(self):
@@ -419,8 +434,26 @@ class BackupSide(DreyTestCase):
 
                 refused("STALE_EPOCH", epoch=epoch - 1, sequence=1)
                 refused("NOT_REPLICA", epoch=epoch, sequence=1)  # n9 is not its primary
-                refused("OUT_OF_SEQUENCE", epoch=epoch + 1000, sequence=1 << 30)
-            self.assertEqual(s.hashes(b, [p]), before, "a refused record changed the backup")
+                with self.assertRaises(grpc.RpcError) as e:
+                    apply(req(partition=p, partitions=PARTS, record=jr.SerializeToString(), time_ms=1,
+                              epoch=epoch + 1000, sequence=1 << 30), timeout=5, metadata=md)
+                f = RpcFailure(e.exception)
+                self.assertEqual(f.reason, "OUT_OF_SEQUENCE")
+                self.assertEqual(s.hashes(b, [p]), before, "a refused record changed the backup")
+                # A peer naming a newer epoch is believed (it would be a new
+                # primary): this one takes the backup's next sequence number
+                # from its real primary, whose next record is then refused.
+                apply(req(partition=p, partitions=PARTS, record=jr.SerializeToString(), time_ms=1,
+                          epoch=epoch + 1000, sequence=int(f.metadata["expected"])), timeout=5, metadata=md)
+            self.assertNotEqual(s.hashes(b, [p]), before)
+            prim = s.cl.nodes[primary]
+            shrinks = details(prim)["inSyncShrinks"]
+            set_, sreq, _ = prim.cache.methods["Set"]
+            r = set_(sreq(key=s.key_in(p, "after"), value=make_value("after")), timeout=10)
+            self.assertGreater(r.version, 0)  # the write went on without the refusing backup
+            wait_until(lambda: details(prim)["inSyncShrinks"] > shrinks, timeout=10,
+                       what="the primary to drop the backup that refused its record")
+            s.settle()  # a fresh copy replaces the backup's diverged one
             s.assert_replicas_equal()
 
 

@@ -932,9 +932,42 @@ const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descript
   (ProtobufCMessageInit) drey__internal__v1__replicate_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-#define drey__internal__v1__replicate_response__field_descriptors NULL
-#define drey__internal__v1__replicate_response__field_indices_by_name NULL
-#define drey__internal__v1__replicate_response__number_ranges NULL
+static const ProtobufCFieldDescriptor drey__internal__v1__replicate_response__field_descriptors[2] =
+{
+  {
+    "journal_room_bytes",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateResponse, journal_room_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "memory_room_bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ReplicateResponse, memory_room_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__replicate_response__field_indices_by_name[] = {
+  0,   /* field[0] = journal_room_bytes */
+  1,   /* field[1] = memory_room_bytes */
+};
+static const ProtobufCIntRange drey__internal__v1__replicate_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
 const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
@@ -943,10 +976,10 @@ const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descrip
   "Drey__Internal__V1__ReplicateResponse",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__ReplicateResponse),
-  0,
+  2,
   drey__internal__v1__replicate_response__field_descriptors,
   drey__internal__v1__replicate_response__field_indices_by_name,
-  0,  drey__internal__v1__replicate_response__number_ranges,
+  1,  drey__internal__v1__replicate_response__number_ranges,
   (ProtobufCMessageInit) drey__internal__v1__replicate_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };

@@ -171,13 +171,27 @@ struct  Drey__Internal__V1__ReplicateRequest
     , 0, 0, 0, 0, {0,NULL}, 0 }
 
 
+/*
+ * The backup's room after taking the record, so that its primary refuses a
+ * write that would not fit on it before anything is journaled anywhere.
+ */
 struct  Drey__Internal__V1__ReplicateResponse
 {
   ProtobufCMessage base;
+  /*
+   * Journal frame bytes it may still append before its quota refuses
+   * (drey_journal_room); max uint64: no quota (or an ephemeral node).
+   */
+  uint64_t journal_room_bytes;
+  /*
+   * Accounted bytes it may still grow by before its memory is critical;
+   * max int64: no memory limit.
+   */
+  int64_t memory_room_bytes;
 };
 #define DREY__INTERNAL__V1__REPLICATE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__replicate_response__descriptor) \
-     }
+    , 0, 0 }
 
 
 struct  Drey__Internal__V1__HashRequest
