@@ -56,6 +56,7 @@
 #include "drey/server.h"
 #include "drey/store.h"
 #include "drey/timer.h"
+#include "drey/watch.h"
 
 typedef struct drey_cluster drey_cluster;
 
@@ -110,6 +111,10 @@ uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms);
 
 /* The pipeline's route row (drey_pipeline_options.route; ctx: the cluster). */
 drey_stage_result drey_cluster_route(void *cluster, drey_request *r);
+
+/* After drey_cluster_join: the node's Watch streams follow the partitions
+ * they cover at their owners (src/cluster/subscribe.c; see watch.h). */
+void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w);
 
 /* drey.cluster.v1.Cluster/WatchTopology on the public server. */
 bool drey_cluster_register(drey_cluster *c, drey_server *s);

@@ -64,6 +64,14 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg);
+/* A call of path to node id that its caller runs itself on cq (a watch's
+ * subscription: a server stream of its own, subscribe.c), on the peer's
+ * channel (made if need be): same credentials, same identity check. */
+struct grpc_call;
+struct grpc_completion_queue;
+struct grpc_call *drey_cluster__peers_new_call(drey_cluster__peers *p, const char *id, const char *address,
+                                               const char *path, struct grpc_completion_queue *cq);
+
 /* Cancels the call (its done comes with CANCELLED unless it is over) and
  * drops the handle. */
 void drey_cluster__pcall_cancel(drey_cluster__pcall *c);
@@ -76,6 +84,7 @@ typedef struct drey_cluster__pstate {
     _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
     _Atomic bool moving;       /* being copied out: answered writes record their keys */
     _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
+    _Atomic bool owned;        /* this node is its primary in the published table (watch subscriptions) */
 } drey_cluster__pstate;
 
 /* A key a write changed while its partition was being copied out. */
@@ -121,6 +130,12 @@ char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t
  * synchronisation (member.c). */
 void drey_cluster__nap_ms(int64_t ms);
 
+/* --- watches: clients' Watch streams following their partitions (subscribe.c) --- */
+
+typedef struct drey_cluster__subs drey_cluster__subs;
+/* Ends every subscription; before the peers go. */
+void drey_cluster__subs_destroy(drey_cluster__subs *s);
+
 /* --- the cluster ----------------------------------------------------------- */
 
 typedef struct topo_watcher topo_watcher;
@@ -164,6 +179,8 @@ struct drey_cluster {
     _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
+
+    drey_cluster__subs *subs; /* drey_cluster_attach_watch */
 };
 
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c);

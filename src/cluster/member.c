@@ -503,6 +503,7 @@ void drey_cluster_destroy(drey_cluster *c) {
     drey_etcd_keepalive_stop(c->keepalive);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
+    drey_cluster__subs_destroy(c->subs); /* its calls run on the peers' channels */
     drey_cluster__peers_destroy(c->peers);
     for (size_t i = 0; i < c->n_members; i++)
         drey__internal__v1__member__free_unpacked(c->members[i], NULL);

@@ -764,6 +764,19 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
     return c;
 }
 
+struct grpc_call *drey_cluster__peers_new_call(drey_cluster__peers *p, const char *id, const char *address,
+                                               const char *path, struct grpc_completion_queue *cq) {
+    pthread_mutex_lock(&p->mu);
+    peer *pe = peer_locked(p, id, address);
+    /* The call holds the channel: a rotation that replaces it meanwhile
+     * does not end the call. */
+    grpc_slice method = grpc_slice_from_static_string(path);
+    grpc_call *call = grpc_channel_create_call(pe->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    pthread_mutex_unlock(&p->mu);
+    return call;
+}
+
 void drey_cluster__pcall_cancel(drey_cluster__pcall *c) {
     drey_cluster__peers *p = c->p;
     pthread_mutex_lock(&p->mu);

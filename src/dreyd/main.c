@@ -385,7 +385,8 @@ int main(int argc, char **argv, char **envp) {
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_watch_register(watch, server) ||
         !drey_reflect_register(server) ||
-        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
+        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_watch_register_internal(watch, internal) ||
+                       !drey_cluster_register(cluster, server)))) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;
         goto out;
@@ -479,6 +480,7 @@ int main(int argc, char **argv, char **envp) {
             goto out;
         }
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
+        drey_cluster_attach_watch(cluster, watch);
         drey_admin_set_cluster(admin, cluster);
     }
     /* After recovery: replayed writes are never reported to watchers. */
