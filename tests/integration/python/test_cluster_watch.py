@@ -29,6 +29,21 @@ from drey_tokens import http_get, ops_port
 
 RPC = 10
 PARTS = 16
+SUBSCRIBE = "/drey.internal.v1.Subscriber/Subscribe"
+
+
+def internal_port(node):
+    return node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
+
+
+def peer_channel(cl, node, as_id):
+    """A channel to node's internal listener with a cluster certificate for as_id."""
+    cert, key = cl.ca.issue(as_id)
+    creds = grpc.ssl_channel_credentials(root_certificates=open(cl.ca.ca, "rb").read(),
+                                         private_key=open(key, "rb").read(),
+                                         certificate_chain=open(cert, "rb").read())
+    return grpc.secure_channel("127.0.0.1:%d" % internal_port(node), creds,
+                               options=[("grpc.ssl_target_name_override", node.id)])
 
 
 def metric(node, name):
@@ -41,11 +56,14 @@ def metric(node, name):
 
 
 class Collector:
-    """A Watch read on a thread; every message kept, in order."""
+    """A Watch (or a hand-made subscription: call) read on a thread; every
+    message kept, in order."""
 
-    def __init__(self, client, **fields):
-        fn, req_cls, _ = client.methods["Watch"]
-        self.call = fn(req_cls(**fields), timeout=300)
+    def __init__(self, client, call=None, **fields):
+        if call is None:
+            fn, req_cls, _ = client.methods["Watch"]
+            call = fn(req_cls(**fields), timeout=300)
+        self.call = call
         self.events = []
         self.lock = threading.Lock()
         self.error = None
@@ -114,6 +132,17 @@ class ClusterWatch(DreyTestCase):
         cl.wait_assigned(nodes)
         owners = cl.agreed_owners(started)
         return cl, started, owners
+
+    def subscribe(self, cl, node, as_id, node_field=None, partitions=(), count=PARTS, **watch):
+        """A Subscribe call by hand, as node as_id would make it."""
+        ch = peer_channel(cl, node, as_id)
+        self.addCleanup(ch.close)
+        stub = ch.unary_stream(SUBSCRIBE, request_serializer=self.pb.subscribe.SubscribeRequest.SerializeToString,
+                               response_deserializer=self.pb.cache.WatchEvent.FromString)
+        req = self.pb.subscribe.SubscribeRequest(node=as_id if node_field is None else node_field,
+                                                 watch=self.pb.cache.WatchRequest(**watch),
+                                                 partition_count=count, partitions=list(partitions))
+        return stub(req, timeout=300)
 
     def assert_in_order(self, evs):
         last = {}
@@ -214,10 +243,45 @@ class ClusterWatch(DreyTestCase):
             wait_until(lambda: metric(n, "drey_watch_subscriptions") == 0, what="%s's subscriptions gone" % n.id)
             self.assertEqual(metric(n, "drey_watch_streams"), 0)
 
+    def test_an_owner_serves_a_subscription_only_to_the_node_it_names_and_only_what_it_asks(self):
+        cl, (n1, n2, n3), owners = self.cluster()
+        mine = sorted({p for p, o in owners.items() if o == "n1"})
+        self.assertGreaterEqual(len(mine), 2)
+        refusals = [
+            (dict(as_id="n9", node_field="n2"), grpc.StatusCode.UNAUTHENTICATED, "PEER_UNAUTHENTICATED"),
+            (dict(as_id="n9", count=PARTS * 2), grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"),
+            (dict(as_id="n9", keys=["a"], prefix="a"), grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"),
+        ]
+        for kw, code, reason in refusals:
+            with self.assertRaises(grpc.RpcError) as e:
+                next(self.subscribe(cl, n1, partitions=mine, **kw))
+            self.assertRpcFailure(RpcFailure(e.exception), code, reason)
+        # the partitions asked for, not the others n1 owns
+        s = Collector(None, call=self.subscribe(cl, n1, "n9", partitions=mine[:1]))
+        self.addCleanup(s.cancel)
+        self.assertEqual(s.wait(lambda evs: evs, "WATCHING")[0].kind, self.kind("WATCHING"))
+        self.assertEqual(metric(n1, "drey_watch_subscriptions"), 1)
+        self.assertEqual(metric(n1, "drey_watch_streams"), 0, "a subscription is no client's watch")
+        asked = next(k for k in ("s%d" % i for i in range(1000)) if partition("", k, PARTS) == mine[0])
+        other = next(k for k in ("s%d" % i for i in range(1000)) if partition("", k, PARTS) == mine[1])
+        self.call(n2, "Set", key=other, value=make_value("no"))
+        v = self.call(n3, "Set", key=asked, value=make_value("yes")).version
+        evs = s.wait(lambda evs: len(evs) >= 2, "the write asked for")
+        self.assertEqual([(e.key, e.version) for e in evs[1:]], [(asked, v)])
+        s.cancel()
+        wait_until(lambda: metric(n1, "drey_watch_subscriptions") == 0, what="the subscription gone")
+
     def test_a_join_moves_partitions_under_an_open_watch(self):
         cl, nodes, before = self.cluster()
         w = self.watch(nodes[0], include_values=True)
         w.wait(lambda evs: evs, "WATCHING")
+        # every partition asked of each old owner: what it owns at each change
+        # is reported, never the copy it drops after a handover
+        raw = {}
+        for n in nodes:
+            raw[n.id] = Collector(None, call=self.subscribe(cl, n, "n9", partitions=range(PARTS)))
+            self.addCleanup(raw[n.id].cancel)
+            raw[n.id].wait(lambda evs: evs, "WATCHING")
         acked = []  # (key, version), writes acknowledged while the watch is open
         lock, stop = threading.Lock(), threading.Event()
 
@@ -276,6 +340,10 @@ class ClusterWatch(DreyTestCase):
         missing = [kv for kv in stay if kv not in seen]
         self.assertEqual(missing, [], "acknowledged writes of unmoved partitions missing from the stream")
         self.assert_in_order(evs)
+        # the writers never remove: a REMOVE would be an old owner's drop
+        for node_id, r in raw.items():
+            self.assertEqual([e.key for e in r.snapshot() if e.kind == self.kind("REMOVE")], [], node_id)
+            self.assertTrue(any(e.kind == self.kind("SET") for e in r.snapshot()), node_id)
         print("join under a watch: %d partitions moved, %d writes acknowledged, %d markers" %
               (len(moved), len(acked), len(m)))
 
