@@ -73,7 +73,7 @@ typedef struct drey_watch_options {
     size_t buffer_bytes;        /* per stream, of events not yet sent */
     size_t history_bytes;       /* events kept for resuming; 0: none */
     int64_t history_linger_ms;  /* recording goes on this long after the last stream */
-    bool clustered;             /* watches wait for drey_watch_set_cluster (NOT_CLUSTER_WIDE until) */
+    bool clustered;             /* watches wait for drey_watch_set_cluster (RECOVERING until) */
     const char *node_id;        /* QuotaFailure subject */
 } drey_watch_options;
 

@@ -750,7 +750,8 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
     }
     set_filter(s);
     pthread_mutex_lock(&w->mu);
-    if (w->stopping || !w->started) {
+    /* A cluster node's watches follow the owners: not before it joined. */
+    if (w->stopping || !w->started || (w->opts.clustered && !w->has_cluster)) {
         pthread_mutex_unlock(&w->mu);
         refuse(r, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING, NULL);
         return;
@@ -830,15 +831,6 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
     pthread_cond_init(&s->idle, NULL);
     s->state = S_ADMITTING;
     drey_call_set_user(call, s);
-    if (w->opts.clustered && !w->has_cluster) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_NOT_CLUSTER_WIDE);
-        drey_call_finish(call, &st);
-        s->state = S_REFUSED;
-        stream_unref(s); /* the chain never sees it */
-        return;
-    }
     /* The chain may park the request (the backpressure queue): it needs a
      * copy that outlives this callback, and the bytes for validation. */
     size_t len = protobuf_c_message_get_packed_size(request);
