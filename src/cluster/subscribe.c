@@ -269,11 +269,15 @@ static void on_status(tag *t, bool ok) {
     os->ended = true;
     if (!os->cancelled && !cw->closed) {
         /* Lost: its partitions are followed again from the table, after a
-         * pause (the owner may be down for a while). */
-        char *msg = grpc_slice_to_c_string(os->details);
-        DREY_LOG_INFO("a watch's subscription ended; following its partitions again", DREY_LOG_STR("peer", os->node),
-                      DREY_LOG_INT("code", os->code), DREY_LOG_STR("message", msg));
-        gpr_free(msg);
+         * pause (the owner may be down for a while). Said once per loss, not
+         * per failed retry. */
+        if (os->ready) {
+            char *msg = grpc_slice_to_c_string(os->details);
+            DREY_LOG_INFO("a watch's subscription ended; following its partitions again",
+                          DREY_LOG_STR("peer", os->node), DREY_LOG_INT("code", os->code),
+                          DREY_LOG_STR("message", msg));
+            gpr_free(msg);
+        }
         for (uint32_t p = 0; p < cw->n_parts; p++) {
             if (cw->owner[p] == os)
                 cw->owner[p] = NULL;

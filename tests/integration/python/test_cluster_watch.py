@@ -347,6 +347,36 @@ class ClusterWatch(DreyTestCase):
         print("join under a watch: %d partitions moved, %d writes acknowledged, %d markers" %
               (len(moved), len(acked), len(m)))
 
+    def test_a_stuck_reader_of_a_cluster_watch_gets_one_resync_and_goes_on(self):
+        cl, (n1, n2, n3), owners = self.cluster(flags=("--watch-buffer-bytes=256KiB",))
+        k = self.keys_owned_by(owners, "n2", 1)[0]
+        # a connection whose window does not grow: the writes below fill it
+        ch = n1.server.channel(options=[("grpc.use_local_subchannel_pool", 1), ("grpc.http2.bdp_probe", 0)])
+        client = ServiceClient(ch, cl.pb.cache, "drey.cache.v1.Cache")
+        fn, req_cls, _ = client.methods["Watch"]
+        call = fn(req_cls(keys=[k], include_values=True), timeout=120)
+        self.assertEqual(next(call).kind, self.kind("WATCHING"))
+        big = make_value(b"x" * 65536)
+        versions = [self.call(n2, "Set", key=k, value=big).version for _ in range(100)]  # 6.5 MB nobody reads
+        after = self.call(n3, "Set", key=k, value=make_value("after")).version
+        events = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ev = next(call)
+            events.append(ev)
+            if ev.kind == self.kind("SET") and ev.version == after:
+                break
+        call.cancel()
+        ks = self.kinds(events)
+        self.assertEqual(ks.count("RESYNC_REQUIRED"), 1, ks)
+        r = events[ks.index("RESYNC_REQUIRED")]
+        self.assertEqual(r.reason, "BUFFER_OVERFLOW")
+        self.assertLess(len(events), len(versions), "the reader was behind")
+        self.assertEqual(events[-1].version, after)
+        self.assertEqual(metric(n1, "drey_watch_resyncs_total"), 1, "the ingress's buffer overflowed")
+        seen = [e.version for e in events if e.kind == self.kind("SET")]
+        self.assertEqual(seen, sorted(seen))
+
     def test_a_lost_owner_resyncs_and_is_followed_again_when_it_returns(self):
         cl, (n1, n2, n3), owners = self.cluster()
         k3 = self.keys_owned_by(owners, "n3", 1)[0]
