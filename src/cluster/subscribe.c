@@ -106,6 +106,7 @@ struct cwatch {
     bool closed;
     bool announced;     /* the first WATCHING went */
     bool owed;          /* a RESYNC_REQUIRED went; its WATCHING is owed */
+    bool missing;       /* some covered partition has no subscription (a retry is due at retry_at_ns) */
     int64_t revision;   /* of the table last followed */
     int64_t retry_at_ns, backoff_ms;
 };
@@ -283,6 +284,7 @@ static void on_status(tag *t, bool ok) {
                 cw->owner[p] = NULL;
         }
         os->n_accepted = 0;
+        cw->missing = true;
         lost_locked(cw, "OWNER_LOST");
         cw->retry_at_ns = drey_mono_ns() + cw->backoff_ms * 1000000LL;
         cw->backoff_ms = cw->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : cw->backoff_ms * 2;
@@ -419,6 +421,9 @@ static void follow_locked(cwatch *cw, const drey_cluster__topology *t, int64_t n
     free(group);
     free(want);
     free(node_of);
+    cw->missing = false;
+    for (uint32_t p = 0; p < cw->n_parts && !cw->missing; p++)
+        cw->missing = cw->covered[p] && cw->owner[p] == NULL;
     check_ready_locked(cw);
 }
 
@@ -431,10 +436,7 @@ static void tick_locked(drey_cluster__subs *S) {
         return;
     drey_cluster__topology *t = drey_cluster__acquire(S->c);
     for (cwatch *cw = S->head; cw != NULL; cw = cw->next) {
-        bool pending = false;
-        for (uint32_t p = 0; p < cw->n_parts && !pending; p++)
-            pending = cw->covered[p] && cw->owner[p] == NULL;
-        if (t->revision != cw->revision || (pending && now >= cw->retry_at_ns))
+        if (t->revision != cw->revision || (cw->missing && now >= cw->retry_at_ns))
             follow_locked(cw, t, now);
     }
     drey_cluster__topology_unref(t);
