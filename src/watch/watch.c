@@ -946,7 +946,7 @@ static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *req
     stream *s = drey_xcalloc(1, sizeof *s);
     s->w = w;
     s->call = call;
-    atomic_init(&s->refs, 1); /* the call's */
+    atomic_init(&s->refs, 2); /* the call's (until on_done), and this function's */
     drey_arena_init(&s->arena, NULL, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
@@ -968,23 +968,35 @@ static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *req
     set_filter(s);
     drey_call_set_user(call, s);
     pthread_mutex_lock(&w->mu);
+    /* The ingress may have gone meanwhile (on_done): then never touch the call. */
     if (w->stopping || !w->started) {
+        drey_error e = w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING;
         pthread_mutex_unlock(&w->mu);
-        sub_refuse(call, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING);
-        return; /* on_done frees it */
+        pthread_mutex_lock(&s->mu);
+        s->state = S_REFUSED;
+        if (!s->done)
+            sub_refuse(call, e);
+        pthread_mutex_unlock(&s->mu);
+        stream_unref(s);
+        return;
     }
     recording_begin_locked(w);
     pthread_mutex_lock(&s->mu);
-    s->state = S_ATTACHED;
-    s->hello_pending = true; /* the ingress counts it in place from here */
-    s->hello_seq = w->seq;
-    link_locked(&w->streams, s);
-    w->n_streams++;
-    w->n_subs++;
-    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed); /* the hub's, until detached */
+    bool gone = s->done;
+    if (!gone) {
+        s->state = S_ATTACHED;
+        s->hello_pending = true; /* the ingress counts it in place from here */
+        s->hello_seq = w->seq;
+        link_locked(&w->streams, s);
+        w->n_streams++;
+        w->n_subs++;
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed); /* the hub's, until detached */
+    }
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_unlock(&w->mu);
-    flush(s);
+    if (!gone)
+        flush(s);
+    stream_unref(s); /* this function's */
 }
 
 bool drey_watch_register_internal(drey_watch *w, drey_server *internal) {

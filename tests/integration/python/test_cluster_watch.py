@@ -130,6 +130,12 @@ class ClusterWatch(DreyTestCase):
         cl = Cluster(partitions=PARTS, initial_nodes=nodes, extra_flags=flags)
         cl.__enter__()
         self.addCleanup(cl.__exit__, None, None, None)
+
+        def stop_all():  # a clean stop (exit code, leaks under ASan), watches open or not
+            for n in list(cl.nodes.values()):
+                if n.server.returncode is None and n.server.proc.poll() is None:
+                    n.server.stop()
+        self.addCleanup(stop_all)
         started = [cl.start_node("n%d" % i) for i in range(1, nodes + 1)]
         cl.wait_assigned(nodes)
         owners = cl.agreed_owners(started)
