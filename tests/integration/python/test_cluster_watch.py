@@ -409,6 +409,17 @@ class ClusterWatch(DreyTestCase):
         seen = [e.version for e in events if e.kind == self.kind("SET")]
         self.assertEqual(seen, sorted(seen))
 
+    def test_a_node_not_yet_joined_refuses_subscriptions(self):
+        # a restarted node waits for its old lease (5 s) before it joins;
+        # its internal listener is up meanwhile
+        cl, (n1, n2), owners = self.cluster(nodes=2, flags=("--cluster-lease-ttl=5s",))
+        n2.server.kill()
+        back = cl.start_node("n2", wait=False)
+        with self.assertRaises(grpc.RpcError) as e:
+            next(self.subscribe(cl, back, "n9", partitions=range(PARTS)))
+        self.assertRpcFailure(RpcFailure(e.exception), grpc.StatusCode.UNAVAILABLE, "RECOVERING")
+        back.server.wait_serving()
+
     def test_a_lost_owner_resyncs_and_is_followed_again_when_it_returns(self):
         cl, (n1, n2, n3), owners = self.cluster()
         k3 = self.keys_owned_by(owners, "n3", 1)[0]
