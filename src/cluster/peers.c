@@ -655,7 +655,7 @@ static peer *peer_locked(drey_cluster__peers *p, const char *id, const char *add
     }
     if (p->n == MAX_PEERS)
         drop_channels_locked(p, false);
-    grpc_arg args[3];
+    grpc_arg args[4];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_STRING;
     args[0].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
@@ -667,7 +667,14 @@ static peer *peer_locked(drey_cluster__peers *p, const char *id, const char *add
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[2].value.integer = -1;
-    grpc_channel_args cargs = {.num_args = 3, .args = args};
+    /* A peer that restarts at the same address (a pod keeps its name) is
+     * reached again within a second, not after gRPC's reconnect backoff
+     * (up to 120 s; 17 s after a 25 s outage, measured): watches
+     * re-subscribe, and forwarded calls stop failing, as soon as it is back. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+    args[3].value.integer = 1000;
+    grpc_channel_args cargs = {.num_args = 4, .args = args};
     peer *pe = drey_xcalloc(1, sizeof *pe);
     pe->id = drey_xstrdup(id);
     pe->address = drey_xstrdup(address);
