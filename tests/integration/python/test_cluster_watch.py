@@ -409,6 +409,35 @@ class ClusterWatch(DreyTestCase):
         seen = [e.version for e in events if e.kind == self.kind("SET")]
         self.assertEqual(seen, sorted(seen))
 
+    def test_an_overflow_while_a_watching_is_owed_keeps_saying_it_is_owed(self):
+        cl, (n1, n2, n3), owners = self.cluster(flags=("--watch-buffer-bytes=256KiB",))
+        k2 = self.keys_owned_by(owners, "n2", 1)[0]
+        k3 = self.keys_owned_by(owners, "n3", 1)[0]
+        ch = n1.server.channel(options=[("grpc.use_local_subchannel_pool", 1), ("grpc.http2.bdp_probe", 0)])
+        client = ServiceClient(ch, cl.pb.cache, "drey.cache.v1.Cache")
+        fn, req_cls, _ = client.methods["Watch"]
+        call = fn(req_cls(keys=[k2, k3], include_values=True), timeout=120)
+        self.assertEqual(next(call).kind, self.kind("WATCHING"))
+        n3.server.kill()  # OWNER_LOST: a WATCHING is owed until n3 is back
+        wait_until(lambda: "a watch's subscription ended" in n1.server.log_text(), what="n1 saw it end")
+        # nobody reads while n2's events overflow the ingress's buffer
+        big = make_value(b"x" * 65536)
+        for _ in range(100):
+            self.call(n2, "Set", key=k2, value=big)
+        wait_until(lambda: metric(n1, "drey_watch_resyncs_total") == 1, what="the overflow")
+        cl.start_node("n3")
+        events = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            events.append(next(call))
+            if events[-1].kind == self.kind("WATCHING"):
+                break
+        call.cancel()
+        resyncs = [e.reason for e in events if e.kind == self.kind("RESYNC_REQUIRED")]
+        self.assertTrue(resyncs)
+        self.assertEqual(set(resyncs), {"OWNER_LOST"}, "the overflow's RESYNC_REQUIRED still says a WATCHING is owed")
+        self.assertEqual(events[-1].kind, self.kind("WATCHING"))
+
     def test_a_node_not_yet_joined_refuses_subscriptions(self):
         # a restarted node waits for its old lease (5 s) before it joins;
         # its internal listener is up meanwhile
