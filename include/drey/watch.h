@@ -122,6 +122,10 @@ bool drey_watch_register_internal(drey_watch *w, drey_server *internal);
  * that holds no store lock. Never blocks on the client: its buffer bound
  * applies (overflow: RESYNC_REQUIRED). */
 void drey_watch_deliver(drey_watch_stream *ws, const uint8_t *event, size_t len);
+/* An owner's subscription lost events (its buffer overflowed) and goes on:
+ * the client hears RESYNC_REQUIRED BUFFER_OVERFLOW in its place in the
+ * stream, unless nothing was promised yet or a WATCHING is owed anyway. */
+void drey_watch_lost(drey_watch_stream *ws);
 /* watching: every covered partition's subscription is in place (the first
  * time: the stream's WATCHING, or RESYNC_REQUIRED HISTORY_UNAVAILABLE for a
  * resume; later: WATCHING again). Else RESYNC_REQUIRED with reason (a

@@ -221,8 +221,13 @@ static void handle_locked(osub *os, const uint8_t *data, size_t len) {
             check_ready_locked(cw);
         }
         break;
-    case DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED: /* its buffer overflowed: the client must know */
-    case DREY__CACHE__V1__WATCH_EVENT__KIND__CLEAR:           /* every owner clears its share */
+    case DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED:
+        /* Its buffer overflowed: the client must know, in the ingress's
+         * terms (the owner's words would say nothing of a WATCHING owed). */
+        if (os->n_accepted > 0)
+            drey_watch_lost(cw->ws);
+        break;
+    case DREY__CACHE__V1__WATCH_EVENT__KIND__CLEAR: /* every owner clears its share */
         if (os->n_accepted > 0)
             drey_watch_deliver(cw->ws, data, len);
         break;

@@ -1069,6 +1069,17 @@ void drey_watch_deliver(drey_watch_stream *ws, const uint8_t *event, size_t len)
     remote_push((stream *)ws, blob_event(EV_RAW, event, len), false, false, NULL);
 }
 
+void drey_watch_lost(drey_watch_stream *ws) {
+    stream *s = (stream *)ws;
+    /* Before the first WATCHING nothing was promised; while one is owed the
+     * client re-reads after it anyway. */
+    pthread_mutex_lock(&s->mu);
+    bool moot = s->held || s->episode != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!moot)
+        remote_push(s, blob_event(EV_RESYNC, "BUFFER_OVERFLOW", strlen("BUFFER_OVERFLOW")), false, false, NULL);
+}
+
 void drey_watch_mark(drey_watch_stream *ws, bool watching, const char *reason) {
     stream *s = (stream *)ws;
     if (reason == NULL)
