@@ -55,6 +55,7 @@ compiled=(
   drey/journal/v1/journal.proto
   drey/internal/v1/meta.proto
   drey/internal/v1/peer.proto
+  drey/internal/v1/subscribe.proto
   google/protobuf/any.proto
   google/protobuf/duration.proto
   google/protobuf/timestamp.proto

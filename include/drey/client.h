@@ -276,7 +276,9 @@ drey_client_stream *drey_client_watch(drey_client *c, const Drey__Cache__V1__Wat
  * when max_entries is reached. When the watch ends (the node went away),
  * the near cache empties and serves nothing from memory until it has
  * watched again (it reopens the stream, backing off 50 ms doubling to 2 s).
- * Any number of threads may call drey_near_get. */
+ * On a cluster node a RESYNC_REQUIRED OWNER_CHANGED or OWNER_LOST (a
+ * partition changed owner, an owner was lost) empties it the same way until
+ * the WATCHING that follows. Any number of threads may call drey_near_get. */
 typedef struct drey_near_cache drey_near_cache;
 
 typedef struct drey_near_options {

@@ -56,6 +56,7 @@
 #include "drey/server.h"
 #include "drey/store.h"
 #include "drey/timer.h"
+#include "drey/watch.h"
 
 typedef struct drey_cluster drey_cluster;
 
@@ -129,6 +130,9 @@ uint32_t drey_cluster_replication_factor(const drey_cluster *c);
  * in-sync backups and is applied once every copy has it (replicate.c). */
 drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r);
 void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc);
+/* After drey_cluster_join: the node's Watch streams follow the partitions
+ * they cover at their owners (src/cluster/subscribe.c; see watch.h). */
+void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w);
 
 /* drey.cluster.v1.Cluster/WatchTopology on the public server. */
 bool drey_cluster_register(drey_cluster *c, drey_server *s);

@@ -73,7 +73,6 @@ typedef enum drey_error {
     DREY_ERR_PARTITION_UNAVAILABLE,
     DREY_ERR_FORWARDING_NOT_ALLOWED,
     DREY_ERR_PEER_UNAUTHENTICATED,
-    DREY_ERR_NOT_CLUSTER_WIDE,
     DREY_ERR_INTERNAL,
     /* New errors go last: remembered outcomes store the number. */
     DREY_ERR_INVALID_CURSOR,

@@ -29,6 +29,22 @@
  *   max_streams (NODE_WATCH_LIMIT) and a principal at most max_per_principal
  *   watches at once (PRINCIPAL_WATCH_LIMIT).
  *
+ * Clusters: a Watch on a cluster node is served by that node, the ingress,
+ * from every owner's feed (drey_watch_set_cluster; the cluster module
+ * follows the table and subscribes at the owners: src/cluster/subscribe.c).
+ * The ingress admits and counts the watch as above, once, for its caller;
+ * it holds the client's first message until every owner's subscription is
+ * in place and then sends WATCHING; the owners' events reach the client's
+ * buffer (bounded as above) as the owners sent them. When an owner changes
+ * or is lost the client gets RESYNC_REQUIRED and, once every covered
+ * partition has a subscription in place again, WATCHING. An owner serves a
+ * subscription (drey_watch_register_internal) like a watch of its own
+ * feed, limited to the partitions asked for that it owns at the moment of
+ * each change, and counts it apart (subscriptions), never against a
+ * principal: it comes from the ingress node. A resume names one node's feed:
+ * in a cluster it is answered RESYNC_REQUIRED (HISTORY_UNAVAILABLE) in place
+ * of WATCHING.
+ *
  * Cost when nobody watches: the hub is the store's observer only while a
  * stream is open and for history_linger_ms after the last one closed (so a
  * client that reconnects can resume); otherwise a change costs the store
@@ -42,6 +58,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "drey/cache/v1/cache.pb-c.h"
 #include "drey/pipeline.h"
 #include "drey/server.h"
 #include "drey/store.h"
@@ -56,7 +73,7 @@ typedef struct drey_watch_options {
     size_t buffer_bytes;        /* per stream, of events not yet sent */
     size_t history_bytes;       /* events kept for resuming; 0: none */
     int64_t history_linger_ms;  /* recording goes on this long after the last stream */
-    bool clustered;             /* refuse every watch: NOT_CLUSTER_WIDE */
+    bool clustered;             /* watches wait for drey_watch_set_cluster (RECOVERING until) */
     const char *node_id;        /* QuotaFailure subject */
 } drey_watch_options;
 
@@ -76,8 +93,49 @@ void drey_watch_start(drey_watch *w);
  * server shutdown does not wait for them. Detaches from the store. */
 void drey_watch_stop(drey_watch *w);
 
+/* --- clusters --------------------------------------------------------- */
+
+/* A client's watch on a cluster node, as the cluster module feeds it. */
+typedef struct drey_watch_stream drey_watch_stream;
+
+typedef struct drey_watch_cluster {
+    /* The ingress: a client's watch was admitted (req lives as long as the
+     * stream); follow its partitions. Returns the cluster's handle. From
+     * then until close(handle) returns, ws takes drey_watch_deliver and
+     * drey_watch_mark; close runs once, when the client's call is over. */
+    void *(*open)(void *ctx, drey_watch_stream *ws, const Drey__Cache__V1__WatchRequest *req);
+    void (*close)(void *ctx, void *handle);
+    /* The owner: the cluster's partition count, and whether this node owns
+     * partition p now. owns is called with a store shard locked: it must
+     * take no lock. */
+    uint32_t (*partitions)(void *ctx);
+    bool (*owns)(void *ctx, uint32_t p);
+    void *ctx;
+} drey_watch_cluster;
+
+/* Before any watch is admitted (the cluster has joined). */
+void drey_watch_set_cluster(drey_watch *w, const drey_watch_cluster *c);
+/* Serves /drey.internal.v1.Subscriber/Subscribe on the internal listener. */
+bool drey_watch_register_internal(drey_watch *w, drey_server *internal);
+
+/* An owner's serialized WatchEvent, to the client as it came; any thread
+ * that holds no store lock. Never blocks on the client: its buffer bound
+ * applies (overflow: RESYNC_REQUIRED). */
+void drey_watch_deliver(drey_watch_stream *ws, const uint8_t *event, size_t len);
+/* An owner's subscription lost events (its buffer overflowed) and goes on:
+ * the client hears RESYNC_REQUIRED BUFFER_OVERFLOW in its place in the
+ * stream, unless nothing was promised yet or a WATCHING is owed anyway. */
+void drey_watch_lost(drey_watch_stream *ws);
+/* watching: every covered partition's subscription is in place (the first
+ * time: the stream's WATCHING, or RESYNC_REQUIRED HISTORY_UNAVAILABLE for a
+ * resume; later: WATCHING again). Else RESYNC_REQUIRED with reason (a
+ * string literal): events may be missed until the next WATCHING; before the
+ * first one it says nothing and is dropped. */
+void drey_watch_mark(drey_watch_stream *ws, bool watching, const char *reason);
+
 typedef struct drey_watch_stats {
-    uint64_t streams;         /* open now */
+    uint64_t streams;         /* clients' watches open now */
+    uint64_t subscriptions;   /* other nodes' (and this one's) cluster subscriptions served now */
     uint64_t events;          /* changes numbered in the feed, ever */
     uint64_t resyncs;         /* RESYNC_REQUIRED sent for overflow, ever */
     uint64_t history_events;  /* kept now */
@@ -87,6 +145,7 @@ typedef struct drey_watch_stats {
 void drey_watch_get_stats(drey_watch *w, drey_watch_stats *out);
 
 /* A metrics collector (drey_metrics_add_collector): drey_watch_streams,
+ * drey_watch_subscriptions,
  * drey_watch_events_total, drey_watch_resyncs_total,
  * drey_watch_history_events, drey_watch_history_bytes, drey_watch_recording. */
 void drey_watch_collect_metrics(void *ctx, FILE *out);

@@ -8,7 +8,9 @@
  * placeholder gone (or another read's) and keeps nothing: what the table
  * holds was read after the last event for the key, hence is no older than
  * that event's change. RESYNC_REQUIRED and the end of the watch delete
- * everything; while no watch is in force nothing is served or kept.
+ * everything; while no watch is in force nothing is served or kept (on a
+ * cluster node, also from a RESYNC_REQUIRED OWNER_CHANGED or OWNER_LOST to
+ * the WATCHING after it: changes may be missed in between).
  *
  * Two clients: the reader (misses, one at a time under its own mutex: a
  * drey_client is used by one thread at a time) and the watcher's, used only
@@ -141,7 +143,9 @@ static void apply_event(drey_near_cache *n, const Drey__Cache__V1__WatchEvent *e
     case DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED:
         n->stats.resyncs++;
         drop_all(n);
-        n->watching = true; /* covered again from here on */
+        /* Covered again from here on; but a cluster node's OWNER_CHANGED or
+         * OWNER_LOST is covered only from the WATCHING that follows. */
+        n->watching = ev->reason == NULL || strncmp(ev->reason, "OWNER_", 6) != 0;
         pthread_cond_broadcast(&n->cond);
         break;
     case DREY__CACHE__V1__WATCH_EVENT__KIND__CLEAR:

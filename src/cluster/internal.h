@@ -75,6 +75,14 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg);
+/* A call of path to node id that its caller runs itself on cq (a watch's
+ * subscription: a server stream of its own, subscribe.c), on the peer's
+ * channel (made if need be): same credentials, same identity check. */
+struct grpc_call;
+struct grpc_completion_queue;
+struct grpc_call *drey_cluster__peers_new_call(drey_cluster__peers *p, const char *id, const char *address,
+                                               const char *path, struct grpc_completion_queue *cq);
+
 /* Cancels the call (its done comes with CANCELLED unless it is over) and
  * drops the handle. */
 void drey_cluster__pcall_cancel(drey_cluster__pcall *c);
@@ -95,6 +103,7 @@ typedef struct drey_cluster__pstate {
     _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
     _Atomic bool moving;       /* being copied out: answered writes record their keys */
     _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
+    _Atomic bool owned;        /* this node is its primary in the published table (watch subscriptions) */
 } drey_cluster__pstate;
 
 /* A key a write changed while its partition was being copied out. */
@@ -215,6 +224,11 @@ typedef enum drey_cluster__cas {
  * table at once when it did; err says why not. */
 drey_cluster__cas drey_cluster__cas_entry(drey_cluster *c, uint32_t p, int64_t epoch, const drey_cluster__entry *e,
                                           char *err, size_t err_cap);
+/* --- watches: clients' Watch streams following their partitions (subscribe.c) --- */
+
+typedef struct drey_cluster__subs drey_cluster__subs;
+/* Ends every subscription; before the peers go. */
+void drey_cluster__subs_destroy(drey_cluster__subs *s);
 
 /* --- the cluster ----------------------------------------------------------- */
 
@@ -275,6 +289,8 @@ struct drey_cluster {
 
     _Atomic uint64_t failovers;     /* as controller: partitions given a new primary */
     _Atomic uint64_t backups_added; /* as primary: copies that joined the in-sync set */
+
+    drey_cluster__subs *subs; /* drey_cluster_attach_watch */
 };
 
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c);

@@ -556,6 +556,7 @@ void drey_cluster_destroy(drey_cluster *c) {
     drey_etcd_keepalive_stop(c->keepalive);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
+    drey_cluster__subs_destroy(c->subs); /* its calls run on the peers' channels */
     drey_cluster__peers_destroy(c->peers);
     for (drey_cluster__shrink *s = c->shrinks, *next; s != NULL; s = next) {
         next = s->next;

@@ -698,8 +698,8 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         }
         goto out;
     }
-    if (cache == NULL || t->n_parts == 0)
-        goto out; /* names no key: a node-local request */
+    if (cache == NULL || t->n_parts == 0 || d == &drey__cache__v1__watch_request__descriptor)
+        goto out; /* names no key: a node-local request; a Watch follows its owners itself (subscribe.c) */
     if (r->msg->descriptor == &drey__cache__v1__get_many_request__descriptor) {
         res = route_get_many(c, r, t);
         goto out;

@@ -390,7 +390,8 @@ int main(int argc, char **argv, char **envp) {
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
         !drey_watch_register(watch, server) ||
         !drey_reflect_register(server) ||
-        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_cluster_register(cluster, server)))) {
+        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_watch_register_internal(watch, internal) ||
+                       !drey_cluster_register(cluster, server)))) {
         DREY_LOG_ERROR("service registration failed");
         rc = 1;
         goto out;
@@ -489,6 +490,7 @@ int main(int argc, char **argv, char **envp) {
             drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
                                                                       .appended = drey_cluster_replicate_appended,
                                                                       .ctx = cluster});
+        drey_cluster_attach_watch(cluster, watch);
         drey_admin_set_cluster(admin, cluster);
     }
     /* After recovery: replayed writes are never reported to watchers. */

@@ -110,9 +110,6 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                        "PEER_UNAUTHENTICATED",
                                        "the internal listener serves only peers whose certificate names the node "
                                        "they say they are"},
-    [DREY_ERR_NOT_CLUSTER_WIDE] = {DREY_ERR_NOT_CLUSTER_WIDE, GRPC_STATUS_UNIMPLEMENTED, "NOT_CLUSTER_WIDE",
-                                   "in a cluster this call would see only one node's partitions; it is refused "
-                                   "until it reaches every owner"},
     [DREY_ERR_PARTITION_OWNED] = {DREY_ERR_PARTITION_OWNED, GRPC_STATUS_FAILED_PRECONDITION, "PARTITION_OWNED",
                                   "this node owns the partition: an import would replace live data"},
     [DREY_ERR_PARTITION_MOVING] = {DREY_ERR_PARTITION_MOVING, GRPC_STATUS_UNAVAILABLE, "PARTITION_MOVING",

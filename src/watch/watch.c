@@ -30,10 +30,13 @@
 #include "drey/cache.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
+#include "drey/internal/v1/subscribe.pb-c.h"
 #include "drey/log.h"
 #include "drey/metrics.h"
+#include "drey/placement.h"
 
 #define WATCH_PATH "/drey.cache.v1.Cache/Watch"
+#define SUBSCRIBE_PATH "/drey.internal.v1.Subscriber/Subscribe"
 /* Messages handed to the transport at once: enough to keep a stream busy
  * between completions, few enough that the transport's queue stays small. */
 #define SEND_BATCH 32
@@ -49,10 +52,17 @@ typedef struct wevent {
     uint32_t value_len;
     uint16_t key_len;
     uint8_t cache_len;
-    uint8_t kind;         /* drey_store_change_kind */
+    uint8_t kind;         /* drey_store_change_kind, or EV_* */
     uint8_t value_kind;
     char data[];          /* cache, key, value */
 } wevent;
+
+/* What a cluster watch's buffer holds besides the store's kinds: an
+ * owner's event as it came (data: its serialized WatchEvent, value_len
+ * bytes) and the ingress's own markers (data: the reason, NUL-terminated). */
+#define EV_RAW 100
+#define EV_WATCHING 101
+#define EV_RESYNC 102
 
 static void event_unref(wevent *e) {
     if (e != NULL && atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
@@ -83,8 +93,13 @@ struct drey_watch {
     wevent *hhead, *htail;
     size_t hbytes, hcount;
     int64_t idle_since_ms; /* monotonic; when the last stream closed */
-    stream *streams;       /* attached */
+    stream *streams;       /* attached to the feed: clients' watches, owner subscriptions */
     size_t n_streams;
+    size_t n_subs;         /* of them, subscriptions */
+    stream *remotes;       /* clients' watches of a cluster (fed by the cluster) */
+    size_t n_remote;
+    drey_watch_cluster cluster;
+    bool has_cluster;
     stream *kick_head, *kick_tail;
     principal_count *principals[PRINCIPAL_BUCKETS];
     uint64_t events, resyncs;
@@ -129,7 +144,18 @@ struct stream {
     bool drained;       /* on_sent came while busy */
     bool kicked;
 
-    stream *prev, *next;  /* the hub's attached streams */
+    /* Clusters. A remote stream is a client's watch the cluster feeds
+     * (drey_watch_deliver, drey_watch_mark); a subscription is an ingress
+     * node's share of one, served from this node's feed. */
+    bool remote, sub;
+    bool held;          /* remote: nothing is sent before the first WATCHING */
+    const char *episode; /* remote: the RESYNC_REQUIRED whose WATCHING is still owed */
+    bool opening;       /* remote: the cluster's open has not returned */
+    void *handle;       /* remote: the cluster's */
+    const uint8_t *parts; /* subscription: bitmap of the partitions asked for */
+    uint32_t n_parts;
+
+    stream *prev, *next;  /* the hub's attached streams, or its remotes */
     stream *kick_next;
 };
 
@@ -215,6 +241,21 @@ static bool stream_wants(const stream *s, const wevent *e) {
     return e->key_len >= s->prefix_len && memcmp(key, s->prefix, s->prefix_len) == 0;
 }
 
+/* A subscription reports the partitions it asked for, and of them only
+ * what this node owns at the moment of the change: a copy being received
+ * (a move's imports) or handed over (its drop) is never reported. *part
+ * caches the event's partition across streams (every subscription names
+ * the cluster's count). */
+static bool sub_wants(drey_watch *w, const stream *s, const wevent *e, int64_t *part) {
+    if (e->kind == DREY_STORE_CHANGE_CLEAR)
+        return true;
+    if (*part < 0)
+        *part = drey_placement_partition(e->data, e->cache_len, e->data + e->cache_len, e->key_len, s->n_parts);
+    uint32_t p = (uint32_t)*part;
+    return p < s->n_parts && (s->parts[p / 8] >> (p % 8) & 1) != 0 && w->has_cluster &&
+           w->cluster.owns(w->cluster.ctx, p);
+}
+
 /* --- buffers ------------------------------------------------------------ */
 
 /* Under w->mu and s->mu: queues the stream for the delivery
@@ -248,7 +289,9 @@ static void stream_push(drey_watch *w, stream *s, wevent *e) {
             w->resyncs++;
         s->resync_pending = true;
         s->resync_seq = e->seq;
-        s->resync_reason = "BUFFER_OVERFLOW";
+        /* A cluster watch whose WATCHING is owed keeps saying so: the
+         * marker it would have seen is gone with the buffer. */
+        s->resync_reason = s->episode != NULL ? s->episode : "BUFFER_OVERFLOW";
         return;
     }
     if (s->ring_n == s->ring_cap) {
@@ -313,8 +356,9 @@ static void observe(void *ctx, const drey_store_change *c) {
     }
     e->seq = ++w->seq;
     w->events++;
+    int64_t part = -1;
     for (stream *s = w->streams; s != NULL; s = s->next) {
-        if (!stream_wants(s, e))
+        if (!stream_wants(s, e) || (s->sub && !sub_wants(w, s, e, &part)))
             continue;
         pthread_mutex_lock(&s->mu);
         stream_push(w, s, e);
@@ -411,6 +455,8 @@ typedef struct pending {
 /* Under s->mu: up to SEND_BATCH messages, in order, out of the buffer. */
 static size_t take(stream *s, pending *out) {
     size_t n = 0;
+    if (s->held)
+        return 0;
     while (n < SEND_BATCH && (s->hello_pending || s->resync_pending || s->ring_n > 0)) {
         pending *p = &out[n++];
         memset(p, 0, sizeof *p);
@@ -459,10 +505,21 @@ static void flush(stream *s) {
         pthread_mutex_unlock(&s->mu);
         for (size_t i = 0; i < n; i++) {
             Drey__Cache__V1__WatchEvent m;
-            if (batch[i].event != NULL) {
-                event_msg(s, batch[i].event, &a, &m);
+            wevent *e = batch[i].event;
+            if (e != NULL && e->kind == EV_RAW) {
+                drey_call_send_bytes(s->call, (const uint8_t *)e->data, e->value_len);
+                event_unref(e);
+            } else if (e != NULL && (e->kind == EV_WATCHING || e->kind == EV_RESYNC)) {
+                marker_msg(s,
+                           e->kind == EV_WATCHING ? DREY__CACHE__V1__WATCH_EVENT__KIND__WATCHING
+                                                  : DREY__CACHE__V1__WATCH_EVENT__KIND__RESYNC_REQUIRED,
+                           0, e->data, &a, &m);
                 drey_call_send(s->call, &m.base);
-                event_unref(batch[i].event);
+                event_unref(e);
+            } else if (e != NULL) {
+                event_msg(s, e, &a, &m);
+                drey_call_send(s->call, &m.base);
+                event_unref(e);
             } else {
                 marker_msg(s, batch[i].marker, batch[i].seq, batch[i].reason, &a, &m);
                 drey_call_send(s->call, &m.base);
@@ -540,7 +597,7 @@ static void door_fail(void *door, const drey_status *st) {
 }
 
 static void door_relay(void *door, const drey_answer *a) {
-    (void)a; /* Watch is never forwarded: a cluster node refuses it first */
+    (void)a; /* Watch is never forwarded: the route row passes it by (a cluster watch follows its owners) */
     drey_status st;
     drey_status_init(&st);
     drey_status_set(&st, DREY_ERR_INTERNAL);
@@ -620,6 +677,67 @@ static void set_filter(stream *s) {
     }
 }
 
+/* Clients' watches open on this node (under w->mu). */
+static size_t clients_locked(const drey_watch *w) {
+    return w->n_streams - w->n_subs + w->n_remote;
+}
+
+static void link_locked(stream **head, stream *s) {
+    s->prev = NULL;
+    s->next = *head;
+    if (*head != NULL)
+        (*head)->prev = s;
+    *head = s;
+}
+
+static void unlink_locked(stream **head, stream *s) {
+    if (s->prev != NULL)
+        s->prev->next = s->next;
+    else
+        *head = s->next;
+    if (s->next != NULL)
+        s->next->prev = s->prev;
+}
+
+/* A cluster watch: counted here like any, fed by the cluster. The client
+ * hears nothing until every owner's subscription is in place. */
+static void attach_remote(drey_watch *w, stream *s, drey_request *r) {
+    s->principal = drey_xstrdup(r->principal);
+    pthread_mutex_lock(&s->mu);
+    bool gone = s->done;
+    if (!gone) {
+        s->state = S_ATTACHED;
+        s->cancel_fn = NULL;
+        s->remote = true;
+        s->held = true;
+        s->opening = true;
+        link_locked(&w->remotes, s);
+        w->n_remote++;
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed); /* the hub's, until detached */
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (gone)
+        principal_give(w, s->principal);
+    drey_watch_cluster cl = w->cluster;
+    pthread_mutex_unlock(&w->mu);
+    if (!gone) {
+        /* Outside the hub's mutex: the cluster feeds streams while holding
+         * its own. The client may be gone meanwhile: whoever comes second,
+         * this or on_done, closes. */
+        void *h = cl.open(cl.ctx, (drey_watch_stream *)s, s->msg);
+        pthread_mutex_lock(&s->mu);
+        s->handle = h;
+        s->opening = false;
+        bool close_now = s->done;
+        if (close_now)
+            s->handle = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (close_now)
+            cl.close(cl.ctx, h);
+    }
+    drey_request_reply(r, NULL); /* frees the backpressure slot */
+}
+
 /* The end of the chain: the watch is admitted as a call; now the watch
  * limit, then the stream joins the feed. */
 static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg) {
@@ -632,12 +750,13 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
     }
     set_filter(s);
     pthread_mutex_lock(&w->mu);
-    if (w->stopping || !w->started) {
+    /* A cluster node's watches follow the owners: not before it joined. */
+    if (w->stopping || !w->started || (w->opts.clustered && !w->has_cluster)) {
         pthread_mutex_unlock(&w->mu);
         refuse(r, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING, NULL);
         return;
     }
-    if (w->opts.max_streams > 0 && w->n_streams >= w->opts.max_streams) {
+    if (w->opts.max_streams > 0 && clients_locked(w) >= w->opts.max_streams) {
         pthread_mutex_unlock(&w->mu);
         drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
         drey_status_init(st);
@@ -659,6 +778,10 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
         st->quota_description = "the caller has --principal-max-watches watches open";
         st->retry_delay_ms = 1000;
         drey_request_fail(r, st);
+        return;
+    }
+    if (w->has_cluster) {
+        attach_remote(w, s, r); /* unlocks w->mu */
         return;
     }
     s->principal = drey_xstrdup(r->principal);
@@ -684,11 +807,7 @@ static void handle_watch(void *ctx, drey_request *r, const ProtobufCMessage *msg
                     stream_push(w, s, e);
             }
         }
-        s->prev = NULL;
-        s->next = w->streams;
-        if (w->streams != NULL)
-            w->streams->prev = s;
-        w->streams = s;
+        link_locked(&w->streams, s);
         w->n_streams++;
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed); /* the hub's, until detached */
     }
@@ -712,15 +831,6 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
     pthread_cond_init(&s->idle, NULL);
     s->state = S_ADMITTING;
     drey_call_set_user(call, s);
-    if (w->opts.clustered) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_NOT_CLUSTER_WIDE);
-        drey_call_finish(call, &st);
-        s->state = S_REFUSED;
-        stream_unref(s); /* the chain never sees it */
-        return;
-    }
     /* The chain may park the request (the backpressure queue): it needs a
      * copy that outlives this callback, and the bytes for validation. */
     size_t len = protobuf_c_message_get_packed_size(request);
@@ -769,22 +879,31 @@ static void on_done(void *ctx, drey_call *call) {
     void *cancel_arg = s->cancel_arg;
     s->cancel_fn = NULL;
     ring_clear(s);
+    void *handle = s->remote && !s->opening ? s->handle : NULL; /* opening: the opener closes */
+    s->handle = NULL;
     pthread_mutex_unlock(&s->mu);
-    if (attached) {
-        if (s->prev != NULL)
-            s->prev->next = s->next;
-        else
-            w->streams = s->next;
-        if (s->next != NULL)
-            s->next->prev = s->prev;
-        w->n_streams--;
+    if (attached && s->remote) {
+        unlink_locked(&w->remotes, s);
+        w->n_remote--;
         principal_give(w, s->principal);
+    } else if (attached) {
+        unlink_locked(&w->streams, s);
+        w->n_streams--;
+        if (s->sub)
+            w->n_subs--;
+        else
+            principal_give(w, s->principal);
         if (w->n_streams == 0) {
             w->idle_since_ms = drey_mono_ms();
             pthread_cond_signal(&w->cond); /* the linger timer starts */
         }
     }
+    drey_watch_cluster cl = w->cluster;
     pthread_mutex_unlock(&w->mu);
+    /* Every subscription the cluster holds for it ends; after close no
+     * event reaches the stream. */
+    if (handle != NULL)
+        cl.close(cl.ctx, handle);
     /* Waiting in the backpressure queue: leave it (the chain then fails the
      * request through the door, which no longer touches the call). */
     if (cancel != NULL)
@@ -792,6 +911,187 @@ static void on_done(void *ctx, drey_call *call) {
     if (attached)
         stream_unref(s); /* the hub's */
     stream_unref(s);     /* the call's */
+}
+
+/* --- clusters: the owner's end of a subscription ------------------------- */
+
+static void sub_refuse(drey_call *call, drey_error e) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_status_set(&st, e);
+    drey_call_finish(call, &st);
+}
+
+/* An ingress node subscribes for one client's watch: attached to this
+ * node's feed like a watch of its own, outside the chain (the ingress
+ * admitted the caller; the peer is a node, by its certificate) and outside
+ * every principal's count. */
+static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *request) {
+    drey_watch *w = ctx;
+    if (request == NULL || drey_call_user(call) != NULL)
+        return; /* the half-close */
+    const Drey__Internal__V1__SubscribeRequest *in = (const void *)request;
+    if (in->node == NULL || !drey_call_peer_is(call, in->node, strlen(in->node))) {
+        sub_refuse(call, DREY_ERR_PEER_UNAUTHENTICATED);
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    uint32_t n_parts = w->has_cluster ? w->cluster.partitions(w->cluster.ctx) : 0;
+    pthread_mutex_unlock(&w->mu);
+    if (in->watch == NULL || n_parts == 0 || in->partition_count != n_parts ||
+        (in->watch->n_keys > 0 && in->watch->prefix[0] != '\0')) {
+        sub_refuse(call, n_parts == 0 ? DREY_ERR_RECOVERING : DREY_ERR_MALFORMED_REQUEST);
+        return;
+    }
+    stream *s = drey_xcalloc(1, sizeof *s);
+    s->w = w;
+    s->call = call;
+    atomic_init(&s->refs, 2); /* the call's (until on_done), and this function's */
+    drey_arena_init(&s->arena, NULL, 0);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    s->state = S_ADMITTING;
+    s->sub = true;
+    size_t len = drey__cache__v1__watch_request__get_packed_size(in->watch);
+    uint8_t *bytes = drey_arena_alloc(&s->arena, len ? len : 1);
+    drey__cache__v1__watch_request__pack(in->watch, bytes);
+    s->msg = drey__cache__v1__watch_request__unpack(drey_arena_protobuf_allocator(&s->arena), len, bytes);
+    if (s->msg == NULL)
+        abort(); /* what protobuf-c just packed it unpacks */
+    uint8_t *parts = drey_arena_calloc(&s->arena, n_parts / 8 + 1);
+    for (size_t i = 0; i < in->n_partitions; i++) {
+        if (in->partitions[i] < n_parts)
+            parts[in->partitions[i] / 8] |= (uint8_t)(1u << (in->partitions[i] % 8));
+    }
+    s->parts = parts;
+    s->n_parts = n_parts;
+    set_filter(s);
+    drey_call_set_user(call, s);
+    pthread_mutex_lock(&w->mu);
+    /* The ingress may have gone meanwhile (on_done): then never touch the call. */
+    if (w->stopping || !w->started) {
+        drey_error e = w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING;
+        pthread_mutex_unlock(&w->mu);
+        pthread_mutex_lock(&s->mu);
+        s->state = S_REFUSED;
+        if (!s->done)
+            sub_refuse(call, e);
+        pthread_mutex_unlock(&s->mu);
+        stream_unref(s);
+        return;
+    }
+    recording_begin_locked(w);
+    pthread_mutex_lock(&s->mu);
+    bool gone = s->done;
+    if (!gone) {
+        s->state = S_ATTACHED;
+        s->hello_pending = true; /* the ingress counts it in place from here */
+        s->hello_seq = w->seq;
+        link_locked(&w->streams, s);
+        w->n_streams++;
+        w->n_subs++;
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed); /* the hub's, until detached */
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&w->mu);
+    if (!gone)
+        flush(s);
+    stream_unref(s); /* this function's */
+}
+
+bool drey_watch_register_internal(drey_watch *w, drey_server *internal) {
+    const drey_server_method m = {
+        .path = SUBSCRIBE_PATH,
+        .input = &drey__internal__v1__subscribe_request__descriptor,
+        .server_streaming = true,
+        .on_message = on_subscribe,
+        .on_done = on_done,
+        .on_sent = on_sent,
+        .ctx = w,
+    };
+    return drey_server_add_method(internal, &m);
+}
+
+void drey_watch_set_cluster(drey_watch *w, const drey_watch_cluster *c) {
+    pthread_mutex_lock(&w->mu);
+    w->cluster = *c;
+    w->has_cluster = true;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* --- clusters: the ingress's end, fed by the cluster ---------------------- */
+
+static wevent *blob_event(uint8_t kind, const void *data, size_t len) {
+    wevent *e = drey_xcalloc(1, sizeof *e + len + 1);
+    atomic_init(&e->refs, 1);
+    e->bytes = sizeof *e + len;
+    e->value_len = (uint32_t)len;
+    e->kind = kind;
+    if (len > 0)
+        memcpy(e->data, data, len);
+    return e;
+}
+
+/* Queues e on a remote stream; needs nothing locked. */
+static void remote_push(stream *s, wevent *e, bool watching, bool marker, const char *reason) {
+    drey_watch *w = s->w;
+    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&s->mu);
+    if (!s->done && marker && s->held) {
+        if (watching) { /* before it, nothing was promised: a RESYNC_REQUIRED says nothing */
+            /* The first message; the events buffered meanwhile follow it. */
+            s->held = false;
+            if (s->msg->resume_feed != 0) {
+                s->resync_pending = true;
+                s->resync_seq = 0;
+                s->resync_reason = "HISTORY_UNAVAILABLE";
+            } else {
+                s->hello_pending = true;
+                s->hello_seq = 0;
+            }
+            kick_locked(w, s);
+        }
+    } else if (!s->done) {
+        if (marker && !watching && s->episode == NULL)
+            s->episode = reason;
+        else if (marker && watching)
+            s->episode = NULL;
+        if (e != NULL)
+            stream_push(w, s, e);
+        kick_locked(w, s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&w->mu);
+    event_unref(e);
+}
+
+void drey_watch_deliver(drey_watch_stream *ws, const uint8_t *event, size_t len) {
+    remote_push((stream *)ws, blob_event(EV_RAW, event, len), false, false, NULL);
+}
+
+void drey_watch_lost(drey_watch_stream *ws) {
+    stream *s = (stream *)ws;
+    /* Before the first WATCHING nothing was promised; while one is owed the
+     * client re-reads after it anyway. */
+    pthread_mutex_lock(&s->mu);
+    bool moot = s->held || s->episode != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!moot)
+        remote_push(s, blob_event(EV_RESYNC, "BUFFER_OVERFLOW", strlen("BUFFER_OVERFLOW")), false, false, NULL);
+}
+
+void drey_watch_mark(drey_watch_stream *ws, bool watching, const char *reason) {
+    stream *s = (stream *)ws;
+    if (reason == NULL)
+        reason = "";
+    /* A RESYNC_REQUIRED while one is owed its WATCHING adds nothing. */
+    pthread_mutex_lock(&s->mu);
+    bool redundant = !watching && !s->held && s->episode != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (redundant)
+        return;
+    wevent *e = blob_event(watching ? EV_WATCHING : EV_RESYNC, reason, strlen(reason));
+    remote_push(s, e, watching, true, reason);
 }
 
 /* --- the module --------------------------------------------------------- */
@@ -850,11 +1150,13 @@ void drey_watch_stop(drey_watch *w) {
     pthread_mutex_lock(&w->mu);
     w->stopping = true;
     recording_end_locked(w); /* an observer call already under way records nothing */
-    for (stream *s = w->streams; s != NULL; s = s->next) {
-        pthread_mutex_lock(&s->mu);
-        if (!s->done)
-            drey_call_finish(s->call, NULL);
-        pthread_mutex_unlock(&s->mu);
+    for (int list = 0; list < 2; list++) {
+        for (stream *s = list == 0 ? w->streams : w->remotes; s != NULL; s = s->next) {
+            pthread_mutex_lock(&s->mu);
+            if (!s->done)
+                drey_call_finish(s->call, NULL);
+            pthread_mutex_unlock(&s->mu);
+        }
     }
     pthread_cond_broadcast(&w->cond);
     bool running = w->thread_running;
@@ -890,7 +1192,8 @@ void drey_watch_destroy(drey_watch *w) {
 
 void drey_watch_get_stats(drey_watch *w, drey_watch_stats *out) {
     pthread_mutex_lock(&w->mu);
-    out->streams = w->n_streams;
+    out->streams = clients_locked(w);
+    out->subscriptions = w->n_subs;
     out->events = w->events;
     out->resyncs = w->resyncs;
     out->history_events = w->hcount;
@@ -905,14 +1208,16 @@ void drey_watch_collect_metrics(void *ctx, FILE *out) {
     static const struct {
         const char *name, *type, *help;
     } rows[] = {
-        {"drey_watch_streams", "gauge", "Watch streams open."},
+        {"drey_watch_streams", "gauge", "Watch streams of clients open on this node."},
+        {"drey_watch_subscriptions", "gauge", "Cluster watches' subscriptions this node serves as an owner."},
         {"drey_watch_events_total", "counter", "Changes numbered in the change feed."},
         {"drey_watch_resyncs_total", "counter", "RESYNC_REQUIRED owed to readers whose buffer overflowed."},
         {"drey_watch_history_events", "gauge", "Events kept for resuming watches."},
         {"drey_watch_history_bytes", "gauge", "Bytes of the events kept for resuming watches."},
         {"drey_watch_recording", "gauge", "1 while the feed records changes (a watch is open, or was lately)."},
     };
-    const double values[] = {(double)st.streams,        (double)st.events,        (double)st.resyncs,
+    const double values[] = {(double)st.streams,        (double)st.subscriptions, (double)st.events,
+                             (double)st.resyncs,
                              (double)st.history_events, (double)st.history_bytes, st.recording ? 1.0 : 0.0};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         drey_metrics_header(out, rows[i].name, rows[i].type, rows[i].help);

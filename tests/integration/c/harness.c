@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/inotify.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -248,6 +251,51 @@ void harness_start(harness_server *s, const char *const *extra_flags) {
         char *log = abandon(s);
         cr_assert_fail("dreyd did not become ready (%s); its log:\n%s", why, log);
     }
+}
+
+void harness_kill(harness_server *s) {
+    if (s->pid <= 0)
+        return;
+    char *log = abandon(s);
+    free(log);
+}
+
+void harness_spawn(harness_proc *p, const char *const *argv) {
+    memset(p, 0, sizeof *p);
+    int fd = temp_file("proc.log", p->log_path, sizeof p->log_path);
+    p->pid = spawn(argv, fd, fd, &p->pidfd);
+    close(fd);
+}
+
+void harness_proc_kill(harness_proc *p) {
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, SIGKILL);
+    int status;
+    waitpid(p->pid, &status, 0);
+    close(p->pidfd);
+    p->pid = 0;
+    unlink(p->log_path);
+}
+
+int harness_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
+    socklen_t len = sizeof a;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void harness_mkdtemp(char *buf, size_t cap, const char *stem) {
+    snprintf(buf, cap, "%s/%s-XXXXXX", tmp_dir(), stem);
+    cr_assert_not_null(mkdtemp(buf), "mkdtemp: %s", strerror(errno));
+}
+
+void harness_rmdir(const char *path) {
+    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 void harness_signal(const harness_server *s, int sig) {

@@ -42,6 +42,30 @@ void harness_start(harness_server *s, const char *const *extra_flags);
  * otherwise). Removes the data directory. */
 void harness_stop(harness_server *s);
 
+/* SIGKILL: dreyd is reaped and its files removed, its exit not checked (a
+ * crash under test). */
+void harness_kill(harness_server *s);
+
+/* Another program in the background (etcd), its output in a temporary
+ * file; it dies with the test process. */
+typedef struct harness_proc {
+    pid_t pid;
+    int pidfd;
+    char log_path[512];
+} harness_proc;
+void harness_spawn(harness_proc *p, const char *const *argv);
+/* SIGKILL, reap, remove the output. */
+void harness_proc_kill(harness_proc *p);
+
+/* A free loopback TCP port (bound and released: for a program that takes
+ * no port 0). */
+int harness_free_port(void);
+
+/* A new directory under $TEST_TMPDIR (or /tmp) into buf; harness_rmdir
+ * removes it and what it holds. */
+void harness_mkdtemp(char *buf, size_t cap, const char *stem);
+void harness_rmdir(const char *path);
+
 /* Sends sig to dreyd (harness_stop still reaps it). */
 void harness_signal(const harness_server *s, int sig);
 

@@ -977,7 +977,8 @@ struct  Drey__Cache__V1__WatchEvent
   Google__Protobuf__Timestamp *expires_at;
   /*
    * The event's place in this node's feed: increasing, never reused within
-   * one feed. A resume names the last one received.
+   * one feed. A resume names the last one received. On a cluster node an
+   * event carries its owner's sequence (one feed per owner), and markers 0.
    */
   uint64_t sequence;
   /*
@@ -986,7 +987,9 @@ struct  Drey__Cache__V1__WatchEvent
    */
   uint64_t feed;
   /*
-   * RESYNC_REQUIRED: why ("BUFFER_OVERFLOW", "HISTORY_UNAVAILABLE").
+   * RESYNC_REQUIRED: why ("BUFFER_OVERFLOW", "HISTORY_UNAVAILABLE"; on a
+   * cluster node also "OWNER_CHANGED", "OWNER_LOST": a WATCHING follows
+   * once every covered partition is followed again).
    */
   char *reason;
 };
