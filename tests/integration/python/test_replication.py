@@ -299,9 +299,16 @@ class Replication(DreyTestCase):
             s.stop_and_check()
 
     def test_a_skewed_clock_on_one_node_loses_nothing(self):
+        """n2's wall clock 30 s ahead (libfaketime). Under libfaketime this
+        node also fails to renew its etcd lease in time, every few seconds
+        (gRPC's timers and libfaketime's interposed clock calls do not get
+        along; not understood), so this is a flapping-lease nemesis too."""
         with Scenario(self) as s:
             s.cl.restart_with_clock_offset("n2", 30)
-            time.sleep(2)
+            time.sleep(4)
+            for w in s.workloads:
+                w.stop()
+            s.cl.restart("n2", env={"FAKETIME": "+0"})  # its own clock again
             s.stop_and_check()
 
     def test_a_backup_without_journal_room_refuses_writes_up_front(self):
