@@ -44,6 +44,11 @@ enum {
     /* Taken in the order it arrives (a backup's records): no stage may park
      * it, so backpressure does not apply. */
     DREY_METHOD_ORDERED = 1u << 5,
+    /* A write that gives its keys new versions (one per key it names): they
+     * are reserved as it is journaled (a write that then fails leaves them
+     * unused). The others (Remove, Touch, a partition's Import) reserve
+     * none. */
+    DREY_METHOD_VERSIONED = 1u << 6,
 };
 
 /* What `apply` gets: the time it happens at (for a write, the journal
@@ -74,10 +79,6 @@ typedef struct drey_apply {
  * than ax->n_versions is a programming error (another write owns the next
  * ones): it aborts. */
 uint64_t drey_apply_version(drey_apply *ax, drey_store *s);
-
-/* How many versions a write of this request may hand out, one per key it
- * names: what the journal stage reserves for it. */
-size_t drey_apply_versions_needed(const ProtobufCMessage *request);
 
 /* How a service describes one of its methods. */
 typedef struct drey_method_spec {
@@ -113,6 +114,11 @@ typedef struct drey_method {
     void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
     void *ctx;                             /* given to drey_method_table_add_service */
 } drey_method;
+
+/* How many versions a write of this request may hand out (one per key it
+ * names for a DREY_METHOD_VERSIONED method, else none): what the journal
+ * stage reserves for it. */
+size_t drey_apply_versions_needed(const drey_method *m, const ProtobufCMessage *request);
 
 typedef struct drey_method_table drey_method_table;
 

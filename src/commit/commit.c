@@ -202,7 +202,7 @@ static void evict(drey_commit *c, const drey_write *w) {
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
     void *ctx = w->method->ctx;
     ax->next_version = w->first_version;
-    ax->n_versions = w->first_version != 0 ? drey_apply_versions_needed(w->request) : 0;
+    ax->n_versions = w->first_version != 0 ? drey_apply_versions_needed(w->method, w->request) : 0;
     if (w->request_id[0] == '\0') {
         ProtobufCMessage *resp = w->method->apply(ctx, ax, w->request);
         if (resp != NULL)
@@ -246,7 +246,7 @@ size_t drey_commit_outcome_bytes(const drey_commit *c, const drey_write *w) {
 void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
     if (w->method->versions_brought != NULL)
         drey_store_raise_version(c->opts.store, w->method->versions_brought(w->request));
-    size_t n = drey_apply_versions_needed(w->request);
+    size_t n = drey_apply_versions_needed(w->method, w->request);
     if (n == 0) {
         w->first_version = 0; /* hands out none: nothing to carry */
         return;
@@ -256,7 +256,7 @@ void drey_commit_reserve_versions(drey_commit *c, drey_write *w) {
 
 void drey_commit_unreserve_versions(drey_commit *c, drey_write *w) {
     if (w->first_version != 0)
-        drey_store_unreserve_versions(c->opts.store, w->first_version, drey_apply_versions_needed(w->request));
+        drey_store_unreserve_versions(c->opts.store, w->first_version, drey_apply_versions_needed(w->method, w->request));
     w->first_version = 0;
 }
 

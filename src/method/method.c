@@ -196,6 +196,6 @@ uint64_t drey_apply_version(drey_apply *ax, drey_store *s) {
     return v;
 }
 
-size_t drey_apply_versions_needed(const ProtobufCMessage *request) {
-    return drey_method_request_key_count(request);
+size_t drey_apply_versions_needed(const drey_method *m, const ProtobufCMessage *request) {
+    return (m->flags & DREY_METHOD_VERSIONED) != 0 ? drey_method_request_key_count(request) : 0;
 }

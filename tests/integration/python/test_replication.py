@@ -357,6 +357,41 @@ class Replication(DreyTestCase):
             s.cl.restart("n3", flags=list(s.cl.launched["n3"][0])[:-3])  # room again
             s.stop_and_check()
 
+    def test_a_backup_without_memory_room_refuses_writes_up_front(self):
+        """The same for memory: a write that would take a backup past its
+        critical level is refused by the primary, MEMORY_PRESSURE naming the
+        backup, and written nowhere."""
+        with Scenario(self, durable=False) as s:
+            for w in s.workloads:
+                w.stop()
+            n3 = s.cl.nodes["n3"]
+            used = json.loads(http_get("127.0.0.1", ops_port(n3.server), "/health/ready/details")[2])[
+                "memory"]["usedBytes"]
+            limit = int(used) + 2 * 1024 * 1024
+            n3 = s.cl.restart("n3", flags=list(s.cl.launched["n3"][0]) + ["--memory-limit=%d" % limit])
+            n1 = s.cl.nodes["n1"]
+            s.settle()  # n3 is a backup again: an ephemeral node comes back empty, by fresh copies
+            refused, written = [], 0
+            while not refused:
+                self.assertLess(written, 200, "n3's memory room never refused a write")
+                backed = [(p, e[0]) for p, e in s.table(n1).items() if "n3" in e[1]]
+                p, primary = backed[written % len(backed)]
+                set_, sreq, _ = s.cl.nodes[primary].cache.methods["Set"]
+                key = s.key_in(p, "big%d" % written)
+                try:
+                    set_(sreq(key=key, value=make_value(b"m" * 65536)), timeout=10)
+                    written += 1
+                except grpc.RpcError as e:
+                    f = RpcFailure(e)
+                    self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, "MEMORY_PRESSURE")
+                    self.assertEqual(f.quota_failure.violations[0].subject, "node:n3")
+                    refused.append(key)
+            print("%d writes of 64 KiB fitted on the backup's %d bytes of room" % (written, limit - int(used)))
+            get, greq, _ = s.cl.nodes["n2"].cache.methods["Get"]
+            for key in refused:
+                self.assertFalse(get(greq(key=key), timeout=5).found)
+            s.assert_replicas_equal()
+
     def test_a_join_and_a_drain_while_clients_write(self):
         with Scenario(self, ids=("n1", "n2", "n3", "n4"), started=3,
                       extra_flags=("--cluster-drain-timeout=60s",)) as s:
