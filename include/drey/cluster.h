@@ -52,6 +52,7 @@
 
 #include "drey/commit.h"
 #include "drey/method.h"
+#include "drey/metrics.h"
 #include "drey/pipeline.h"
 #include "drey/server.h"
 #include "drey/store.h"
@@ -92,6 +93,7 @@ typedef struct drey_cluster_options {
      * in-sync copies (the primary included) than min_in_sync is refused. */
     int64_t replication_timeout_ms;
     uint32_t min_in_sync;
+    drey_metrics *metrics; /* acknowledgement latency; NULL: not observed */
 } drey_cluster_options;
 
 /* Loads the peer certificates; no etcd yet. Until joined, the node routes

@@ -33,6 +33,8 @@ void drey_metrics_observe_call(drey_metrics *m, size_t method, int code, int64_t
 void drey_metrics_observe_rejection(drey_metrics *m, const char *stage, const char *reason);
 /* A journal batch: records in it and its fdatasync time (0: not synced). */
 void drey_metrics_observe_batch(drey_metrics *m, size_t records, int64_t fsync_us);
+/* A cluster primary: a backup acknowledged a record us after it was sent. */
+void drey_metrics_observe_replica_ack(drey_metrics *m, int64_t us);
 
 /* Collected at scrape time: a callback writes gauges with the helpers below. */
 typedef void (*drey_metrics_collect_fn)(void *ctx, FILE *out);

@@ -72,6 +72,7 @@ typedef struct drey_cluster__rec {
     drey_cluster__pcall *calls[DREY_CLUSTER_MAX_REPLICAS];
     uint8_t index[DREY_CLUSTER_MAX_REPLICAS]; /* each call's arg: &index[i] */
     drey_cluster__room *room[DREY_CLUSTER_MAX_REPLICAS];
+    int64_t sent_ns;
     uint64_t journal_need; /* what the record takes of each backup's room */
     int64_t memory_need;
     int64_t time_ms;
@@ -289,6 +290,8 @@ static void acked(void *arg, const drey_answer *a) {
         rec->n_durable++;
         pthread_mutex_unlock(&ln->mu);
         atomic_fetch_add(&c->replicated, 1);
+        if (c->opts.metrics != NULL)
+            drey_metrics_observe_replica_ack(c->opts.metrics, (drey_mono_ns() - rec->sent_ns) / 1000);
         drain(c, rec->partition);
     } else {
         /* The record waits until the backup is out of the set. */
@@ -446,6 +449,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
         {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
     };
     int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
+    rec->sent_ns = drey_mono_ns();
     for (uint8_t i = 0; i < rec->n_backups; i++)
         room_sent(rec, i, +1);
     for (uint8_t i = 0; i < rec->n_backups; i++)

@@ -375,6 +375,7 @@ int main(int argc, char **argv, char **envp) {
             .max_moves = (uint32_t)cfg.cluster_max_moves,
             .replication_timeout_ms = cfg.replication_timeout_ms,
             .min_in_sync = (uint32_t)cfg.min_in_sync,
+            .metrics = metrics,
         };
         cluster = drey_cluster_create(&co, err, sizeof err);
         if (cluster == NULL) {

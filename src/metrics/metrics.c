@@ -57,7 +57,7 @@ struct drey_metrics {
     rejection_kind rejections[MAX_REJECTION_KINDS];
     _Atomic size_t n_rejections;
 
-    drey_histogram fsync, batch;
+    drey_histogram fsync, batch, replica_ack;
 
     struct {
         drey_metrics_collect_fn fn;
@@ -88,6 +88,7 @@ drey_metrics *drey_metrics_create(void) {
     for (size_t i = 0; i < MAX_METHODS; i++)
         hist_init(&m->latency[i], latency_bounds_s, sizeof latency_bounds_s / sizeof latency_bounds_s[0]);
     hist_init(&m->fsync, fsync_bounds_s, sizeof fsync_bounds_s / sizeof fsync_bounds_s[0]);
+    hist_init(&m->replica_ack, fsync_bounds_s, sizeof fsync_bounds_s / sizeof fsync_bounds_s[0]);
     hist_init(&m->batch, batch_bounds, sizeof batch_bounds / sizeof batch_bounds[0]);
     return m;
 }
@@ -146,6 +147,10 @@ void drey_metrics_observe_batch(drey_metrics *m, size_t records, int64_t fsync_u
     hist_observe(&m->batch, (double)records);
     if (fsync_us > 0)
         hist_observe(&m->fsync, (double)fsync_us / 1e6);
+}
+
+void drey_metrics_observe_replica_ack(drey_metrics *m, int64_t us) {
+    hist_observe(&m->replica_ack, (double)us / 1e6);
 }
 
 void drey_metrics_add_collector(drey_metrics *m, drey_metrics_collect_fn fn, void *ctx) {
@@ -258,6 +263,9 @@ void drey_metrics_write(drey_metrics *m, FILE *out) {
     write_histogram(out, "drey_journal_fsync_duration_seconds", "", &m->fsync);
     drey_metrics_header(out, "drey_journal_batch_records", "histogram", "Records per group-commit batch.");
     write_histogram(out, "drey_journal_batch_records", "", &m->batch);
+    drey_metrics_header(out, "drey_cluster_replication_ack_seconds", "histogram",
+                        "From sending a record to a backup to its acknowledgement (durable there).");
+    write_histogram(out, "drey_cluster_replication_ack_seconds", "", &m->replica_ack);
     pthread_mutex_lock(&m->mu);
     size_t nc = m->n_collectors;
     pthread_mutex_unlock(&m->mu);

@@ -141,6 +141,16 @@ class DiskFullTest(DreyTestCase):
             acked["p"] = (pad, r.version)
         else:
             self.fail("small writes never failed on a full disk")
+        # and a Remove's record is smaller still (it carries no version)
+        for _ in range(SEGMENT // 64):
+            try:
+                cache.Remove(pb.RemoveRequest(key="q"), timeout=WAIT)
+            except grpc.RpcError as e:
+                self.assertRpcFailure(RpcFailure(e), grpc.StatusCode.UNAVAILABLE, "JOURNAL_WRITE_FAILED",
+                                      metadata={"errno": str(errno.ENOSPC)})
+                break
+        else:
+            self.fail("the smallest writes never failed on a full disk")
 
         # now it fails every kind of write, and applies none of them
         self.assertJournalWriteFailed(lambda: cache.Set(failed[1], timeout=WAIT))

@@ -148,6 +148,8 @@ class Scenario:
         for w in self.workloads:
             print("%s: ok %d, unknown %d, failed %d" % (w.name, w.count("ok"), w.count("unknown"), w.count("fail")))
         self.test.assertGreater(sum(w.count("ok") for w in self.workloads), min_ok, "the workloads made no progress")
+        self.test.assertGreater(sum(metric_value(n, "drey_cluster_replication_ack_seconds_count")
+                                    for n in self.running()), 0, "no acknowledgement was timed")
         self.assert_replicas_equal()
 
     # --- a node's own copy, through its internal listener ---
@@ -178,6 +180,14 @@ class Scenario:
                                       "partition %d: backup %s differs from primary %s" % (p, b, primary))
             entries += copies[primary][p][0]
         self.test.assertGreater(entries, 0)
+
+
+def metric_value(node, name):
+    _, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0
 
 
 def quota_refusals(node):

@@ -472,6 +472,7 @@ static void observe_a_bit_of_everything(void) {
     drey_metrics_observe_rejection(m, "auth", "bad \"token\"\\\nsecond line");
     drey_metrics_observe_batch(m, 3, 250);
     drey_metrics_observe_batch(m, 1, 0);
+    drey_metrics_observe_replica_ack(m, 420);
     drey_metrics_add_collector(m, gauge_collector, NULL);
 }
 
@@ -487,6 +488,7 @@ Test(metrics, every_family_has_help_and_type_before_its_samples) {
         {"drey_rejections_total", "counter"},
         {"drey_journal_fsync_duration_seconds", "histogram"},
         {"drey_journal_batch_records", "histogram"},
+        {"drey_cluster_replication_ack_seconds", "histogram"},
         {"drey_test_queue_depth", "gauge"},
     };
     cr_assert(eq(sz, e.n_families, sizeof want / sizeof want[0]));
@@ -503,7 +505,7 @@ Test(metrics, every_family_has_help_and_type_before_its_samples) {
 Test(metrics, an_empty_registry_still_declares_every_family) {
     expo e;
     scrape(&e);
-    cr_assert(eq(sz, e.n_families, 5));
+    cr_assert(eq(sz, e.n_families, 6));
     cr_assert(eq(sz, family_named(&e, "drey_requests_total")->n_samples, 0));
     cr_assert(eq(sz, family_named(&e, "drey_request_duration_seconds")->n_samples, 0));
     cr_assert(eq(sz, family_named(&e, "drey_rejections_total")->n_samples, 0));
@@ -885,9 +887,9 @@ Test(metrics, collectors_run_at_every_scrape_after_the_built_in_families) {
     scrape(&e2);
     cr_assert(eq(int, a.calls, 2));
     cr_assert(eq(int, b.calls, 2));
-    cr_assert(eq(sz, e2.n_families, 7));
-    cr_assert(eq(str, e2.families[5].name, "drey_test_a"), "in the order they were added, after the built-ins");
-    cr_assert(eq(str, e2.families[6].name, "drey_test_b"));
+    cr_assert(eq(sz, e2.n_families, 8));
+    cr_assert(eq(str, e2.families[6].name, "drey_test_a"), "in the order they were added, after the built-ins");
+    cr_assert(eq(str, e2.families[7].name, "drey_test_b"));
     cr_assert(eq(dbl, value(&e1, "drey_test_a", "calls", "first", NULL), 1));
     cr_assert(eq(dbl, value(&e2, "drey_test_b", "calls", "later", NULL), 2));
     expo_free(&e1);
