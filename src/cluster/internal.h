@@ -179,6 +179,7 @@ typedef struct drey_cluster__room {
     _Atomic int64_t memory;            /* accounted bytes; INT64_MAX: not heard yet */
     _Atomic uint64_t sent_journal;     /* in flight */
     _Atomic int64_t sent_memory;
+    _Atomic int64_t heard_ns;          /* when journal and memory were reported */
 } drey_cluster__room;
 
 #define DREY_CLUSTER_MAX_ROOMS 64

@@ -48,6 +48,11 @@
 #include "internal.h"
 
 #define REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
+/* A backup's room is heard only with acknowledgements: once nothing was
+ * sent to it for this long (it had no room, say, and has freed some since)
+ * the next write goes to it as a probe. If it still has no room it refuses
+ * and is dropped, as a backup whose room was never heard is. */
+#define ROOM_FRESH_NS 1000000000LL
 
 /* One write in its partition's line. Not in the request's arena: an
  * acknowledgement may come after the write was answered (abandoned at a
@@ -104,10 +109,12 @@ static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
     return r;
 }
 
-/* NULL, or the refusal of a write that would not fit on the backup (what
- * it last said it has room for, less what was sent to it since). */
+/* NONE, or the refusal of a write that would not fit on the backup (what
+ * it lately said it has room for, less what was sent to it since). */
 static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_need, int64_t memory_need,
                                uint64_t *have) {
+    if (drey_mono_ns() - atomic_load(&room->heard_ns) > ROOM_FRESH_NS && atomic_load(&room->sent_journal) == 0)
+        return DREY_ERR_NONE;
     uint64_t j = atomic_load(&room->journal);
     uint64_t js = atomic_load(&room->sent_journal);
     if (j != UINT64_MAX && (js >= j || journal_need > j - js)) {
@@ -282,6 +289,7 @@ static void acked(void *arg, const drey_answer *a) {
         if (resp != NULL && room != NULL) {
             atomic_store(&room->journal, resp->journal_room_bytes);
             atomic_store(&room->memory, resp->memory_room_bytes);
+            atomic_store(&room->heard_ns, drey_mono_ns());
         }
         if (resp != NULL)
             drey__internal__v1__replicate_response__free_unpacked(resp, NULL);
