@@ -36,9 +36,9 @@ PARTS = 16
 LEASE_TTL_S = 2
 
 
-def details(node):
+def details(node, part="cluster"):
     status, _, body = http_get("127.0.0.1", ops_port(node.server), "/health/ready/details")
-    return json.loads(body)["cluster"]
+    return json.loads(body)[part]
 
 
 def read(path):
@@ -321,6 +321,36 @@ class Replication(DreyTestCase):
             s.cl.restart("n2", env={"FAKETIME": "+0"})  # its own clock again
             s.stop_and_check()
 
+    def fill_backup(self, s, backup, reason, limit):
+        """64 KiB Sets to partitions the backup holds, through their
+        primaries, until one is refused for lack of room with `reason`
+        (naming the backup: its primary's check of its room, or its own
+        quota when it leads the partition again by then); every refusal is
+        definitive (the key is nowhere). Returns (written, refused keys
+        with the refusal's `backup`)."""
+        n1 = s.cl.nodes["n1"]
+        written, refused = 0, []
+        while not refused:
+            self.assertLess(written, limit, "%s's room never refused a write" % backup)
+            backed = [(p, e[0]) for p, e in s.table(n1).items() if backup in e[1]]
+            if not backed:
+                break  # dropped everywhere: its room was not known in time
+            p, primary = backed[written % len(backed)]
+            set_, sreq, _ = s.cl.nodes[primary].cache.methods["Set"]
+            key = s.key_in(p, "fill%d" % written)
+            try:
+                set_(sreq(key=key, value=make_value(b"f" * 65536)), timeout=10)
+                written += 1
+            except grpc.RpcError as e:
+                f = RpcFailure(e)
+                self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+                self.assertEqual(f.quota_failure.violations[0].subject, "node:" + backup)
+                refused.append((key, f.metadata.get("backup")))
+        get, greq, _ = s.cl.nodes["n2"].cache.methods["Get"]
+        for key, _ in refused:
+            self.assertFalse(get(greq(key=key), timeout=5).found, "a refused write was applied")
+        return written, refused
+
     def test_a_backup_without_journal_room_refuses_writes_up_front(self):
         """A backup's journal quota counts before anything is journaled: its
         primary refuses a write that would not fit on it (JOURNAL_DISK_QUOTA
@@ -328,42 +358,18 @@ class Replication(DreyTestCase):
         refuses a record anyway (its room was not known yet) is dropped,
         never waited for."""
         with Scenario(self, extra_flags=("--segment-bytes=256KiB",)) as s:
-            n3 = s.cl.nodes["n3"]
-            used = json.loads(http_get("127.0.0.1", ops_port(n3.server), "/health/ready/details")[2])[
-                "journalDisk"]["usedBytes"]
+            used = details(s.cl.nodes["n3"], "journalDisk")["usedBytes"]
             flags = list(s.cl.launched["n3"][0]) + ["--journal-max-bytes=%d" % (int(used) + 4 * 1024 * 1024),
                                                     "--snapshot-every=0", "--snapshot-every-bytes=0"]
-            n3 = s.cl.restart("n3", flags=flags)
-            n1 = s.cl.nodes["n1"]
-            wait_until(lambda: any("n3" in r for _, r in s.table(n1).values()), timeout=30,
+            s.cl.restart("n3", flags=flags)
+            wait_until(lambda: any("n3" in r for _, r in s.table(s.cl.nodes["n1"]).values()), timeout=30,
                        what="n3 to be a backup again (by a fresh copy)")
             shrinks = lambda: sum(details(n)["inSyncShrinks"] for n in (s.cl.nodes["n1"], s.cl.nodes["n2"]))
             before = shrinks()
-            written, refused = 0, []
-            while not refused:
-                self.assertLess(written, 400, "n3's journal room never refused a write")
-                backed = [(p, e[0]) for p, e in s.table(n1).items() if "n3" in e[1]]
-                if not backed:
-                    break  # dropped everywhere: its room was not known in time
-                p, primary = backed[written % len(backed)]
-                set_, sreq, _ = s.cl.nodes[primary].cache.methods["Set"]
-                key = s.key_in(p, "bulk%d" % written)
-                try:
-                    set_(sreq(key=key, value=make_value(b"b" * 65536)), timeout=10)
-                    written += 1
-                except grpc.RpcError as e:
-                    f = RpcFailure(e)
-                    self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, "JOURNAL_DISK_QUOTA")
-                    # n3's own quota when it leads p again (moved back to it)
-                    # meanwhile, else its primary's check of n3's room
-                    self.assertEqual(f.quota_failure.violations[0].subject, "node:n3")
-                    refused.append((key, f.metadata.get("backup")))
-            print("%d bulk writes fitted; refused: %d (%d by a primary for its backup); backups dropped: %d"
+            written, refused = self.fill_backup(s, "n3", "JOURNAL_DISK_QUOTA", 400)
+            print("%d writes fitted; refused: %d (%d by a primary for its backup); backups dropped: %d"
                   % (written, len(refused), sum(1 for _, b in refused if b == "n3"), shrinks() - before))
             self.assertTrue(refused or shrinks() > before)
-            get, greq, _ = s.cl.nodes["n2"].cache.methods["Get"]
-            for key, _ in refused:  # definitive: written nowhere
-                self.assertFalse(get(greq(key=key), timeout=5).found)
             s.cl.restart("n3", flags=list(s.cl.launched["n3"][0])[:-3])  # room again
             s.stop_and_check()
 
@@ -374,32 +380,14 @@ class Replication(DreyTestCase):
         with Scenario(self, durable=False) as s:
             for w in s.workloads:
                 w.stop()
-            n3 = s.cl.nodes["n3"]
-            used = json.loads(http_get("127.0.0.1", ops_port(n3.server), "/health/ready/details")[2])[
-                "memory"]["usedBytes"]
-            limit = int(used) + 2 * 1024 * 1024
-            n3 = s.cl.restart("n3", flags=list(s.cl.launched["n3"][0]) + ["--memory-limit=%d" % limit])
-            n1 = s.cl.nodes["n1"]
+            used = details(s.cl.nodes["n3"], "memory")["usedBytes"]
+            limit = int(used) + (2 << 20)
+            s.cl.restart("n3", flags=list(s.cl.launched["n3"][0]) + ["--memory-limit=%d" % limit])
             s.settle()  # n3 is a backup again: an ephemeral node comes back empty, by fresh copies
-            refused, written = [], 0
-            while not refused:
-                self.assertLess(written, 200, "n3's memory room never refused a write")
-                backed = [(p, e[0]) for p, e in s.table(n1).items() if "n3" in e[1]]
-                p, primary = backed[written % len(backed)]
-                set_, sreq, _ = s.cl.nodes[primary].cache.methods["Set"]
-                key = s.key_in(p, "big%d" % written)
-                try:
-                    set_(sreq(key=key, value=make_value(b"m" * 65536)), timeout=10)
-                    written += 1
-                except grpc.RpcError as e:
-                    f = RpcFailure(e)
-                    self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, "MEMORY_PRESSURE")
-                    self.assertEqual(f.quota_failure.violations[0].subject, "node:n3")
-                    refused.append(key)
-            print("%d writes of 64 KiB fitted on the backup's %d bytes of room" % (written, limit - int(used)))
-            get, greq, _ = s.cl.nodes["n2"].cache.methods["Get"]
-            for key in refused:
-                self.assertFalse(get(greq(key=key), timeout=5).found)
+            written, refused = self.fill_backup(s, "n3", "MEMORY_PRESSURE", 200)
+            print("%d writes fitted; refused: %d (%d by a primary for its backup)"
+                  % (written, len(refused), sum(1 for _, b in refused if b == "n3")))
+            self.assertTrue(refused)
             s.assert_replicas_equal()
 
     def test_a_join_and_a_drain_while_clients_write(self):
