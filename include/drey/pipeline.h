@@ -139,6 +139,7 @@ struct drey_request {
     void (*on_release)(void *arg);
     void *release_arg;
     bool failed;           /* answered with drey_request_fail (on_release may look) */
+    int64_t growth;        /* writes: what memory admission counted it to add */
     /* What the route row noted of a write it runs here (its partition), for
      * the replicator; and the replicator's own note. */
     void *route_note;

@@ -135,8 +135,6 @@ static int status(const char *etcd, const char *prefix) {
     Drey__Internal__V1__ClusterConfig *cfg = NULL;
     const char *controller = "";
     uint32_t owners_cap = 0;
-    char **owner = NULL;   /* per partition */
-    char **joining = NULL; /* per partition: where it is moving, or NULL */
     Drey__Internal__V1__PartitionEntry **entries = NULL; /* per partition */
     for (size_t i = 0; i < resp->n_kvs; i++) {
         const Mvccpb__KeyValue *kv = resp->kvs[i];
@@ -147,8 +145,6 @@ static int status(const char *etcd, const char *prefix) {
                                                              kv->value.data);
             if (cfg != NULL && cfg->partitions > 0) {
                 owners_cap = cfg->partitions;
-                owner = drey_arena_calloc(&a, owners_cap * sizeof *owner);
-                joining = drey_arena_calloc(&a, owners_cap * sizeof *joining);
                 entries = drey_arena_calloc(&a, owners_cap * sizeof *entries);
             }
         } else if (kl == 10 && memcmp(k, "controller", 10) == 0) {
@@ -171,8 +167,6 @@ static int status(const char *etcd, const char *prefix) {
             Drey__Internal__V1__PartitionEntry *pe = drey__internal__v1__partition_entry__unpack(
                 drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
             if (parse_u32(digits, &p) && p < owners_cap && pe != NULL) {
-                owner[p] = pe->primary;
-                joining[p] = pe->n_joining > 0 ? pe->joining[0] : NULL;
                 entries[p] = pe;
             }
         }
@@ -192,7 +186,7 @@ static int status(const char *etcd, const char *prefix) {
             continue;
         uint32_t owned = 0, backups = 0;
         for (uint32_t p = 0; p < owners_cap; p++) {
-            owned += owner[p] != NULL && strcmp(owner[p], m->id) == 0;
+            owned += entries[p] != NULL && strcmp(entries[p]->primary, m->id) == 0;
             for (size_t r = 0; entries[p] != NULL && r < entries[p]->n_replicas; r++)
                 backups += strcmp(entries[p]->replicas[r], m->id) == 0;
         }
@@ -203,7 +197,7 @@ static int status(const char *etcd, const char *prefix) {
     }
     uint32_t unowned = 0, under = 0;
     for (uint32_t p = 0; p < owners_cap; p++) {
-        unowned += owner[p] == NULL || owner[p][0] == '\0';
+        unowned += entries[p] == NULL || entries[p]->primary[0] == '\0';
         under += entries[p] != NULL && entries[p]->primary[0] != '\0' &&
                  1 + entries[p]->n_replicas < cfg->replication_factor;
     }
@@ -224,9 +218,10 @@ static int status(const char *etcd, const char *prefix) {
     printf("],\"moves\":[");
     first = true;
     for (uint32_t p = 0; p < owners_cap; p++) {
-        if (joining[p] == NULL)
+        if (entries[p] == NULL || entries[p]->n_joining == 0)
             continue;
-        printf("%s{\"partition\":%u,\"from\":\"%s\",\"to\":\"%s\"}", first ? "" : ",", p, owner[p], joining[p]);
+        printf("%s{\"partition\":%u,\"from\":\"%s\",\"to\":\"%s\"}", first ? "" : ",", p, entries[p]->primary,
+               entries[p]->joining[0]);
         first = false;
     }
     printf("]}\n");

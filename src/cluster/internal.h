@@ -10,6 +10,8 @@
 #include "drey/internal/v1/meta.pb-c.h"
 
 #define DREY_CLUSTER_MAX_ID 128
+/* Operations per partition-table transaction: below etcd's --max-txn-ops (128). */
+#define DREY_CLUSTER_TXN_OPS 100
 
 /* A node as routing sees it. */
 typedef struct drey_cluster__node {
@@ -240,6 +242,7 @@ struct drey_cluster {
     char *prefix;
     drey_etcd *etcd;
     drey_etcd_lease lease;
+    pthread_mutex_t lease_mu; /* the keepalive's pointer: replaced while requests read it */
     drey_etcd_keepalive *keepalive;
     drey_etcd_watch *watch;
     drey_cluster__peers *peers;
@@ -300,6 +303,12 @@ void drey_cluster__publish_locked(drey_cluster *c);
 /* WatchTopology streams get the new topology; needs c->mu. */
 void drey_cluster__notify_watchers_locked(drey_cluster *c);
 void drey_cluster__close_watchers(drey_cluster *c);
+
+/* Commits the controller's compared table writes (none: nothing to do).
+ * False when etcd refused or failed, said in the log: it looks again. */
+bool drey_cluster__commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops);
+/* The registered member named id, or NULL; needs c->mu. */
+const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id);
 
 /* The controller's repairs: failover, dropped and new backups (repair.c).
  * False when etcd refused or failed; *changed when it wrote. */

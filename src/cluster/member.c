@@ -36,7 +36,6 @@
 #include "internal.h"
 
 #define CALL_MS 2000
-#define TXN_OPS 100 /* below etcd's --max-txn-ops (128) */
 
 static char *xstrdup(const char *s) {
     return drey_xstrdup(s != NULL ? s : "");
@@ -48,6 +47,16 @@ static char *key_of(const drey_cluster *c, drey_arena *a, const char *suffix) {
 
 char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t p) {
     return drey_arena_sprintf(a, "%spartitions/%05" PRIu32, c->prefix, p);
+}
+
+/* Replaces the keepalive (NULL: none) and stops the old one. Under
+ * lease_mu: request threads read it for the lease's validity. */
+static void set_keepalive(drey_cluster *c, drey_etcd_keepalive *ka) {
+    pthread_mutex_lock(&c->lease_mu);
+    drey_etcd_keepalive *old = c->keepalive;
+    c->keepalive = ka;
+    pthread_mutex_unlock(&c->lease_mu);
+    drey_etcd_keepalive_stop(old);
 }
 
 void drey_cluster__nap_ms(int64_t ms) {
@@ -354,6 +363,7 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     pthread_cond_init(&c->move_cond, NULL);
     pthread_mutex_init(&c->shrink_mu, NULL);
     pthread_mutex_init(&c->rooms_mu, NULL);
+    pthread_mutex_init(&c->lease_mu, NULL);
     pthread_cond_init(&c->shrink_cond, NULL);
     if (c->opts.replication_timeout_ms <= 0)
         c->opts.replication_timeout_ms = 1000;
@@ -394,7 +404,7 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
         pthread_mutex_init(&c->lines[p].mu, NULL);
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
-    c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
+    set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
     int64_t rev = load_table(c, err, cap);
     if (rev < 0)
         return -1;
@@ -475,8 +485,7 @@ void drey_cluster_leave(drey_cluster *c) {
         drey_cluster__nap_ms(10);
     stop_shrinker(c);
     drey_cluster__abandon_lines(c);
-    drey_etcd_keepalive_stop(c->keepalive);
-    c->keepalive = NULL;
+    set_keepalive(c, NULL);
     if (c->lease.id != 0) {
         drey_etcd_status st;
         if (drey_etcd_lease_revoke(c->etcd, c->lease.id, CALL_MS, &st) != GRPC_STATUS_OK)
@@ -553,7 +562,7 @@ void drey_cluster_destroy(drey_cluster *c) {
         pthread_join(c->mover_thread, NULL);
     stop_shrinker(c);
     drey_cluster__abandon_lines(c);
-    drey_etcd_keepalive_stop(c->keepalive);
+    set_keepalive(c, NULL);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
     drey_cluster__subs_destroy(c->subs); /* its calls run on the peers' channels */
@@ -567,6 +576,7 @@ void drey_cluster_destroy(drey_cluster *c) {
     free(c->lines);
     pthread_mutex_destroy(&c->shrink_mu);
     pthread_mutex_destroy(&c->rooms_mu);
+    pthread_mutex_destroy(&c->lease_mu);
     pthread_cond_destroy(&c->shrink_cond);
     for (size_t i = 0; i < c->n_members; i++)
         drey__internal__v1__member__free_unpacked(c->members[i], NULL);
@@ -619,9 +629,15 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* One transaction of the controller's compared writes (none: nothing to
- * do). False when etcd refused or failed: the controller looks again. */
-static bool commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops) {
+const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id) {
+    for (size_t i = 0; i < c->n_members; i++) {
+        if (strcmp(c->members[i]->id, id) == 0)
+            return c->members[i];
+    }
+    return NULL;
+}
+
+bool drey_cluster__commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops) {
     if (ops == 0)
         return true;
     Etcdserverpb__TxnResponse *resp;
@@ -671,7 +687,7 @@ static bool assign_unowned(drey_cluster *c) {
         drey_etcd_txn_init(&t, &a);
         size_t ops = 0;
         uint32_t p = p0;
-        for (; p < c->n_parts && ops < TXN_OPS; p++) {
+        for (; p < c->n_parts && ops < DREY_CLUSTER_TXN_OPS; p++) {
             if (!want[p])
                 continue;
             drey_cluster__entry e;
@@ -683,7 +699,7 @@ static bool assign_unowned(drey_cluster *c) {
             ops++;
         }
         p0 = p;
-        ok = commit_table_writes(c, &t, &a, ops);
+        ok = drey_cluster__commit_table_writes(c, &t, &a, ops);
         drey_arena_destroy(&a);
     }
     if (ok)
@@ -786,7 +802,7 @@ static bool rebalance(drey_cluster *c) {
         drey_etcd_txn_init(&t, &a);
         size_t ops = 0;
         uint32_t p = p0;
-        for (; p < c->n_parts && ops < TXN_OPS; p++) {
+        for (; p < c->n_parts && ops < DREY_CLUSTER_TXN_OPS; p++) {
             drey_cluster__entry *e = &ent[p];
             int k = planned_index(&pl, e->primary);
             if (e->joining[0] != '\0') {
@@ -814,7 +830,7 @@ static bool rebalance(drey_cluster *c) {
                 pl.moving_out[k]++;
         }
         p0 = p;
-        ok = commit_table_writes(c, &t, &a, ops);
+        ok = drey_cluster__commit_table_writes(c, &t, &a, ops);
         drey_arena_destroy(&a);
     }
     if (ok && (planned_now > 0 || cancelled > 0))
@@ -843,10 +859,9 @@ void *drey_cluster__controller_main(void *arg) {
         bool vacant = c->controller[0] == '\0';
         pthread_mutex_unlock(&c->mu);
         if (lost) {
-            drey_etcd_keepalive_stop(c->keepalive);
-            c->keepalive = NULL;
+            set_keepalive(c, NULL);
             if (register_node(c, 0, err, sizeof err) == 0) {
-                c->keepalive = drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c);
+                set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
                 pthread_mutex_lock(&c->mu);
                 c->lease_lost = false;
                 pthread_mutex_unlock(&c->mu);

@@ -608,14 +608,6 @@ static bool move_partition(mover *mv) {
 
 /* --- the loop ------------------------------------------------------------------------------ */
 
-static const Drey__Internal__V1__Member *member_locked(drey_cluster *c, const char *id) {
-    for (size_t i = 0; i < c->n_members; i++) {
-        if (strcmp(c->members[i]->id, id) == 0)
-            return c->members[i];
-    }
-    return NULL;
-}
-
 void *drey_cluster__mover_main(void *arg) {
     drey_cluster *c = arg;
     int64_t *retry_at = drey_xcalloc(c->n_parts, sizeof *retry_at);
@@ -633,7 +625,7 @@ void *drey_cluster__mover_main(void *arg) {
                 continue;
             /* A move first: the new primary restores the backups it wants. */
             const char *target = e->n_joining > 0 ? e->joining[0] : e->syncing[0];
-            const Drey__Internal__V1__Member *to = member_locked(c, target);
+            const Drey__Internal__V1__Member *to = drey_cluster__member_locked(c, target);
             if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
                 continue; /* the controller replans it */
             mv.sync = e->n_joining == 0;

@@ -36,20 +36,7 @@
 #include "drey/placement.h"
 #include "internal.h"
 
-#define TXN_OPS 100
-#define CALL_MS 2000
 #define STEP_DOWN_TRIES 10
-
-static bool member_locked(const drey_cluster *c, const char *id, bool *draining) {
-    for (size_t i = 0; i < c->n_members; i++) {
-        if (strcmp(c->members[i]->id, id) == 0) {
-            if (draining != NULL)
-                *draining = c->members[i]->draining;
-            return true;
-        }
-    }
-    return false;
-}
 
 typedef struct view {
     uint32_t n_parts;
@@ -80,7 +67,7 @@ static void view_take(drey_cluster *c, view *v) {
     qsort(v->live, v->n_live, sizeof *v->live, cmp_id);
     v->draining = drey_xcalloc(v->n_live ? v->n_live : 1, sizeof *v->draining);
     for (size_t i = 0; i < v->n_live; i++)
-        member_locked(c, v->live[i], &v->draining[i]);
+        v->draining[i] = drey_cluster__member_locked(c, v->live[i])->draining;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -179,7 +166,7 @@ bool drey_cluster__repair(drey_cluster *c, bool *changed) {
         drey_etcd_txn_init(&t, &a);
         size_t ops = 0;
         uint32_t p = p0;
-        for (; p < v.n_parts && ops < TXN_OPS; p++) {
+        for (; p < v.n_parts && ops < DREY_CLUSTER_TXN_OPS; p++) {
             drey_cluster__entry *e = &v.ent[p];
             if (e->primary[0] == '\0')
                 continue; /* not assigned yet */
@@ -212,15 +199,8 @@ bool drey_cluster__repair(drey_cluster *c, bool *changed) {
             }
         }
         p0 = p;
-        if (ops > 0) {
-            Etcdserverpb__TxnResponse *resp;
-            drey_etcd_status st;
-            ok = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-            *changed = *changed || ok;
-            if (!ok)
-                DREY_LOG_WARN("a repair of the partition table did not apply; the controller will look again",
-                              DREY_LOG_STR("error", st.message));
-        }
+        ok = drey_cluster__commit_table_writes(c, &t, &a, ops);
+        *changed = *changed || (ok && ops > 0);
         drey_arena_destroy(&a);
     }
     if (ok && (promoted > 0 || dropped > 0 || synced > 0))

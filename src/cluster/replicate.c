@@ -157,19 +157,15 @@ static drey_cluster__rec *rec_of_index(uint8_t *index) {
     return (drey_cluster__rec *)((char *)(index - *index) - offsetof(drey_cluster__rec, index));
 }
 
-static bool lease_valid(drey_cluster *c) {
-    if (c->keepalive == NULL)
-        return false;
-    int64_t until = drey_etcd_keepalive_valid_until_ns(c->keepalive);
-    return drey_mono_ns() < until - c->lease_margin_ns;
-}
-
 uint32_t drey_cluster_replication_factor(const drey_cluster *c) {
     return c->rf;
 }
 
 bool drey_cluster__lease_valid(drey_cluster *c) {
-    return lease_valid(c);
+    pthread_mutex_lock(&c->lease_mu);
+    int64_t until = c->keepalive != NULL ? drey_etcd_keepalive_valid_until_ns(c->keepalive) : 0;
+    pthread_mutex_unlock(&c->lease_mu);
+    return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
 }
 
 static bool complete(const drey_cluster__rec *rec) {
@@ -217,7 +213,7 @@ static void drain(drey_cluster *c, uint32_t p) {
              * it. Answered as of unknown outcome when this node may no
              * longer lead the partition, or when backups were dropped and
              * fewer copies than --min-in-sync have it. */
-            if (rec->unknown || !lease_valid(c))
+            if (rec->unknown || !drey_cluster__lease_valid(c))
                 r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
             else if ((uint32_t)1 + rec->n_durable < c->opts.min_in_sync)
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
@@ -335,7 +331,7 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         res = refuse(r, DREY_ERR_NOT_PRIMARY, p);
         goto out;
     }
-    if (!lease_valid(c)) {
+    if (!drey_cluster__lease_valid(c)) {
         res = refuse(r, DREY_ERR_LEASE_EXPIRED, p);
         goto out;
     }
@@ -347,12 +343,7 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
     }
     /* What the backups journal: this record inside an Apply request. */
     uint64_t journal_need = ((uint64_t)r->entry.len + 128 + 40 + 7) & ~(uint64_t)7;
-    int64_t memory_need = 0;
-    if (r->method->growth != NULL) {
-        memory_need = r->method->growth(r->method->ctx, r->msg, r->entry.time_ms);
-        if (memory_need < 0)
-            memory_need = 0;
-    }
+    int64_t memory_need = r->growth > 0 ? r->growth : 0;
     drey_cluster__room *rooms[DREY_CLUSTER_MAX_REPLICAS] = {0};
     for (uint8_t i = 0; i < part->n_replicas; i++) {
         const char *id = t->nodes[part->replicas[i]].id;
@@ -491,7 +482,7 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
         return -1;
     if (!drey_cluster__entry_has(e.replicas, e.n_replicas, s->backup))
         return 1;
-    if (!lease_valid(c))
+    if (!drey_cluster__lease_valid(c))
         return 0; /* etcd may have expired it: another primary may be coming */
     drey_cluster__entry_remove(e.replicas, &e.n_replicas, s->backup);
     char err[200];

@@ -97,22 +97,14 @@ static drey_stage_result not_primary(drey_cluster *c, drey_request *r, const dre
     return DREY_STAGE_REJECT;
 }
 
-static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t p) {
-    atomic_fetch_add(&c->unavailable, 1);
+/* PARTITION_UNAVAILABLE (no owner to reach), or LEASE_EXPIRED (this node
+ * owns it but may not lead it now). */
+static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e) {
+    if (e == DREY_ERR_PARTITION_UNAVAILABLE)
+        atomic_fetch_add(&c->unavailable, 1);
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     drey_status_init(st);
-    drey_status_set(st, DREY_ERR_PARTITION_UNAVAILABLE);
-    drey_status_add_metadata(st, "partition", "%u", p);
-    st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
-    r->status = st;
-    return DREY_STAGE_REJECT;
-}
-
-static drey_stage_result lease_expired(drey_cluster *c, drey_request *r, uint32_t p) {
-    atomic_fetch_add(&c->unavailable, 1);
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, DREY_ERR_LEASE_EXPIRED);
+    drey_status_set(st, e);
     drey_status_add_metadata(st, "partition", "%u", p);
     st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
     r->status = st;
@@ -142,7 +134,7 @@ static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology 
         /* Another node may lead it once etcd expired the lease: not before
          * it lapsed by this node's clock. */
         if (c->rf > 1 && !drey_cluster__lease_valid(c)) {
-            *refusal = lease_expired(c, r, p);
+            *refusal = unavailable(c, r, p, DREY_ERR_LEASE_EXPIRED);
             return -1;
         }
         return 1;
@@ -154,7 +146,7 @@ static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology 
         return -1;
     }
     if (o < 0 || !t->nodes[o].member || t->nodes[o].internal[0] == '\0') {
-        *refusal = unavailable(c, r, p);
+        *refusal = unavailable(c, r, p, DREY_ERR_PARTITION_UNAVAILABLE);
         return -1;
     }
     *node = &t->nodes[o];

@@ -163,11 +163,14 @@ drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r)
 drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     const drey_pipeline_options *o = drey_pipeline__options(p);
     const drey_method *m = r->method;
-    if (o->memory == NULL || m->growth == NULL)
+    if (m->growth == NULL)
         return DREY_STAGE_NEXT;
     int64_t growth = m->growth(m->ctx, r->msg, drey_wall_ms());
     if (growth > 0)
         growth += (int64_t)drey_commit_outcome_bytes(o->commit, &r->write);
+    r->growth = growth; /* a replicated write's backups must have room for it too */
+    if (o->memory == NULL)
+        return DREY_STAGE_NEXT;
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     /* A write that adds an entry may open a cache: within --max-caches. */
     const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(r->msg->descriptor, "cache");

@@ -96,8 +96,9 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
         r->entry.time_ms = drey_pipeline__order_time(p);
         *replicated = rep->prepare(rep->ctx, r);
     }
-    /* Once appended, a write not replicated may be answered (and r freed)
-     * on the journal's thread at any moment: nothing below reads r then. */
+    /* Once appended, a write the replicator does not hold may be answered
+     * (and r freed) on the journal's thread at any moment: below, r is read
+     * only when the append was refused or the replicator holds it. */
     *len = r->entry.len;
     if (*replicated == DREY_STAGE_REJECT)
         rc = -ECANCELED;

@@ -24,8 +24,10 @@ import threading
 import time
 import uuid
 
+import grpc
+
 from drey_harness import CACHE_SERVICE, DreyServer, ServiceClient, find_dreyd, protos
-from drey_tokens import openssl, poll
+from drey_tokens import http_get, openssl, ops_port, poll
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -459,6 +461,34 @@ def drey_bench():
     if not os.access(path, os.X_OK):
         raise RuntimeError("drey-bench is not next to dreyd: %s" % path)
     return path
+
+
+def internal_port(node):
+    return node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
+
+
+def peer_channel(cl, node, as_id):
+    """A channel to node's internal listener with a cluster certificate for
+    as_id (the caller then says it is as_id with drey-forwarded-by)."""
+    cert, key = cl.ca.issue(as_id)
+    with open(cl.ca.ca, "rb") as ca, open(key, "rb") as k, open(cert, "rb") as c:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca.read(), private_key=k.read(),
+                                             certificate_chain=c.read())
+    return grpc.secure_channel("127.0.0.1:%d" % internal_port(node), creds,
+                               options=[("grpc.ssl_target_name_override", node.id)])
+
+
+def metric(node, name, labels=None):
+    """A sample of node's /metrics: the one named name (with labels, a
+    substring of its {...}, when given); 0 when absent."""
+    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
+    assert status == 200
+    for line in body.decode().splitlines():
+        if labels is None and line.startswith(name + " "):
+            return float(line.split()[-1])
+        if labels is not None and line.startswith(name + "{") and labels in line:
+            return float(line.split()[-1])
+    return 0.0
 
 
 def wait_until(fn, timeout=30, what="condition"):

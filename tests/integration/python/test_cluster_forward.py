@@ -23,7 +23,7 @@ import unittest
 
 import grpc
 
-from drey_cluster import Cluster, partition
+from drey_cluster import Cluster, internal_port, partition, peer_channel
 from drey_harness import RpcFailure, main, make_value, value_of
 from drey_tokens import details, poll
 
@@ -35,17 +35,8 @@ SET = "/drey.cache.v1.Cache/Set"
 LIMITS = ("--max-inflight=1", "--max-queued=4", "--queue-max-wait=60s")
 
 
-def internal_port(node):
-    return node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
 
 
-def peer_channel(cl, node, as_id):
-    cert, key = cl.ca.issue(as_id)
-    creds = grpc.ssl_channel_credentials(root_certificates=open(cl.ca.ca, "rb").read(),
-                                         private_key=open(key, "rb").read(),
-                                         certificate_chain=open(cert, "rb").read())
-    return grpc.secure_channel("127.0.0.1:%d" % internal_port(node), creds,
-                               options=[("grpc.ssl_target_name_override", node.id)])
 
 
 class PeerStream:

@@ -26,21 +26,14 @@ import threading
 import grpc
 
 from drey_checkers import Client, RegisterWorkload, check_register
-from drey_cluster import Cluster, partition, wait_until
+from drey_cluster import Cluster, metric, partition, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
-from drey_tokens import http_get, ops_port, poll
+from drey_tokens import poll
 
 RPC = 10
 PARTS = 32
 
 
-def metric(node, name):
-    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 class Writers:

@@ -25,36 +25,18 @@ import time
 
 import grpc
 
-from drey_cluster import Cluster, partition, wait_until
+from drey_cluster import Cluster, metric, partition, peer_channel, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
-from drey_tokens import http_get, ops_port
 
 RPC = 10
 PARTS = 16
 SUBSCRIBE = "/drey.internal.v1.Subscriber/Subscribe"
 
 
-def internal_port(node):
-    return node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
 
 
-def peer_channel(cl, node, as_id):
-    """A channel to node's internal listener with a cluster certificate for as_id."""
-    cert, key = cl.ca.issue(as_id)
-    creds = grpc.ssl_channel_credentials(root_certificates=open(cl.ca.ca, "rb").read(),
-                                         private_key=open(key, "rb").read(),
-                                         certificate_chain=open(cert, "rb").read())
-    return grpc.secure_channel("127.0.0.1:%d" % internal_port(node), creds,
-                               options=[("grpc.ssl_target_name_override", node.id)])
 
 
-def metric(node, name):
-    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 class Collector:

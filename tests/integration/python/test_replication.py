@@ -19,31 +19,23 @@ The backup's side is tested through the internal listener too: it takes
 records only from its primary, in sequence, of an epoch no older than its
 own, and a refused record changes nothing.
 """
-import json
 import signal
-import threading
 import time
 
 import grpc
 
 from drey_checkers import Client, CounterWorkload, RegisterWorkload, SetWorkload
-from drey_cluster import partition, wait_until
+from drey_cluster import metric, partition, peer_channel, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
 from drey_nemesis import NemesisCluster
-from drey_tokens import http_get, ops_port
+from drey_tokens import details as readiness
 
 PARTS = 16
 LEASE_TTL_S = 2
 
 
 def details(node, part="cluster"):
-    status, _, body = http_get("127.0.0.1", ops_port(node.server), "/health/ready/details")
-    return json.loads(body)[part]
-
-
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
+    return readiness(node.server)[part]
 
 
 class Scenario:
@@ -78,6 +70,14 @@ class Scenario:
         for w in self.workloads:
             w.stop_flag.set()
         self.cl.__exit__(*exc)
+
+    def progress(self, ops=30, timeout=60):
+        """Until the workloads have completed `ops` more operations (whatever
+        their outcome): a nemesis is held while clients write for a count
+        of operations, not for a time."""
+        done = lambda: sum(len(w.history.ops) - w.count(None) for w in self.workloads)
+        start = done()
+        wait_until(lambda: done() >= start + ops, timeout=timeout, what="%d more operations" % ops)
 
     def running(self):
         return [n for n in self.cl.nodes.values() if n.server.proc.poll() is None]
@@ -148,22 +148,14 @@ class Scenario:
         for w in self.workloads:
             print("%s: ok %d, unknown %d, failed %d" % (w.name, w.count("ok"), w.count("unknown"), w.count("fail")))
         self.test.assertGreater(sum(w.count("ok") for w in self.workloads), min_ok, "the workloads made no progress")
-        self.test.assertGreater(sum(metric_value(n, "drey_cluster_replication_ack_seconds_count")
+        self.test.assertGreater(sum(metric(n, "drey_cluster_replication_ack_seconds_count")
                                     for n in self.running()), 0, "no acknowledgement was timed")
         self.assert_replicas_equal()
 
     # --- a node's own copy, through its internal listener ---
 
-    def internal(self, node):
-        port = node.server.find_log(lambda r: r.get("msg") == "listening")["internal_port"]
-        cert, key = self.cl.ca.issue("n9")
-        creds = grpc.ssl_channel_credentials(root_certificates=read(self.cl.ca.ca), private_key=read(key),
-                                             certificate_chain=read(cert))
-        return grpc.secure_channel("127.0.0.1:%d" % port, creds,
-                                   options=[("grpc.ssl_target_name_override", node.id)])
-
     def hashes(self, node, parts):
-        with self.internal(node) as ch:
+        with peer_channel(self.cl, node, "n9") as ch:
             fn, req, _ = ServiceClient(ch, self.cl.pb.move, "drey.internal.v1.Replica").methods["Hash"]
             resp = fn(req(partitions=PARTS, partition=parts), timeout=10, metadata=[("drey-forwarded-by", "n9")])
         return {h.partition: (h.entries, h.hash) for h in resp.partitions}
@@ -180,22 +172,6 @@ class Scenario:
                                       "partition %d: backup %s differs from primary %s" % (p, b, primary))
             entries += copies[primary][p][0]
         self.test.assertGreater(entries, 0)
-
-
-def metric_value(node, name):
-    _, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0
-
-
-def quota_refusals(node):
-    _, _, body = http_get("127.0.0.1", ops_port(node.server), "/metrics")
-    for line in body.decode().splitlines():
-        if line.startswith("drey_rejections_total{") and 'reason="JOURNAL_DISK_QUOTA"' in line:
-            return float(line.split()[-1])
-    return 0
 
 
 def first_success_after(fn, since, timeout=30):
@@ -221,7 +197,7 @@ class Replication(DreyTestCase):
             probe_key = s.key_in(led[0])
             other = s.cl.nodes["n2"]
             set_, sreq, _ = other.cache.methods["Set"]
-            time.sleep(1)  # the workloads run before the kill (not a synchronisation)
+            s.progress()
             killed = time.time()
             s.cl.kill("n1")
             took = first_success_after(lambda: set_(sreq(key=probe_key, value=make_value("after")), timeout=2),
@@ -229,9 +205,9 @@ class Replication(DreyTestCase):
             print("failover: first acknowledged write on a partition n1 led %.2fs after the kill (lease TTL %ds)"
                   % (took, LEASE_TTL_S))
             self.assertNotIn("n1", [p for p, _ in s.table(other).values()])
-            time.sleep(1)
+            s.progress()
             s.cl.restart("n1")  # it comes back as a backup, by a fresh copy
-            time.sleep(1)
+            s.progress()
             s.stop_and_check()
 
     def test_a_paused_primary_is_fenced(self):
@@ -274,7 +250,7 @@ class Replication(DreyTestCase):
             wait_until(lambda: s.table(n2)[p][0] != "n1", timeout=30, what="a new primary for n1's partition")
             wait_until(lambda: not details(s.cl.nodes["n1"])["leaseValid"], timeout=10,
                        what="n1 to see its lease lapse")
-            time.sleep(1)
+            s.progress()
             s.stop_and_check()
 
     def test_a_primary_cut_from_its_backups_drops_them_and_goes_on(self):
@@ -284,7 +260,7 @@ class Replication(DreyTestCase):
             s.cl.isolate_from_peers("n1", mode="blackhole")
             wait_until(lambda: details(n1)["inSyncShrinks"] > before, timeout=30,
                        what="n1 to drop a backup it cannot reach")
-            time.sleep(4)  # calls forwarded to or from n1 wait out their deadlines meanwhile
+            s.progress()  # calls forwarded to or from n1 wait out their deadlines meanwhile
             s.stop_and_check()
 
     def test_a_minority_node_loses_its_partitions_to_the_majority(self):
@@ -294,7 +270,7 @@ class Replication(DreyTestCase):
             s.cl.split([["n1"], ["n2", "n3"]], mode="blackhole")
             wait_until(lambda: all(s.table(n2)[p][0] != "n1" for p in led), timeout=30,
                        what="the majority to take n1's partitions")
-            time.sleep(3)
+            s.progress()
             s.stop_and_check()
 
     def test_a_killed_backup_is_replaced(self):
@@ -305,7 +281,7 @@ class Replication(DreyTestCase):
             s.cl.kill("n3")
             wait_until(lambda: all("n3" not in s.table(n1)[p][1] for p in backups), timeout=30,
                        what="n3 out of every in-sync set")
-            time.sleep(1)
+            s.progress()
             s.stop_and_check()
 
     def test_a_skewed_clock_on_one_node_loses_nothing(self):
@@ -315,7 +291,7 @@ class Replication(DreyTestCase):
         along; not understood), so this is a flapping-lease nemesis too."""
         with Scenario(self) as s:
             s.cl.restart_with_clock_offset("n2", 30)
-            time.sleep(4)
+            s.progress(ops=100)
             for w in s.workloads:
                 w.stop()
             s.cl.restart("n2", env={"FAKETIME": "+0"})  # its own clock again
@@ -394,14 +370,14 @@ class Replication(DreyTestCase):
         with Scenario(self, ids=("n1", "n2", "n3", "n4"), started=3,
                       extra_flags=("--cluster-drain-timeout=60s",)) as s:
             s.cl.launch("n4")
-            time.sleep(3)
+            s.progress()
             n1 = s.cl.nodes["n1"]
             wait_until(lambda: any("n4" in (pr,) + r for pr, r in s.table(n1).values()), timeout=60,
                        what="n4 to hold partitions")
             # SIGTERM moves its partitions to the others before it leaves
             s.cl.nodes["n2"].server.signal(signal.SIGTERM)
             s.cl.nodes["n2"].server.wait(timeout=90)
-            time.sleep(1)
+            s.progress()
             s.stop_and_check()
 
 
@@ -462,7 +438,7 @@ class BackupSide(DreyTestCase):
                                                    key=s.key_in(p, "inj"),
                                                    value=make_value("injected")).SerializeToString(),
                                                first_version=1 << 40)
-            with s.internal(b) as ch:
+            with peer_channel(s.cl, b, "n9") as ch:
                 apply, req, _ = ServiceClient(ch, mv, "drey.internal.v1.Replica").methods["Apply"]
                 md = [("drey-forwarded-by", "n9")]
 
