@@ -384,6 +384,11 @@ class Cluster:
         self.nodes[node_id] = node
         return node
 
+    def live(self):
+        """Nodes whose process runs (paused ones too). A snapshot: workload
+        threads call it while the test starts and restarts nodes."""
+        return [n for n in list(self.nodes.values()) if n.server.proc.poll() is None]
+
     def start(self, n):
         return [self.start_node("n%d" % i) for i in range(1, n + 1)]
 

@@ -126,10 +126,6 @@ class NemesisCluster(Cluster):
     def start(self, n=None):
         return [self.launch(i) for i in self.ids[:n]]
 
-    def live(self):
-        """Nodes whose process runs (paused ones too)."""
-        return [n for n in self.nodes.values() if n.server.proc.poll() is None]
-
     def kill(self, node_id):
         self.nodes[node_id].server.kill()
 

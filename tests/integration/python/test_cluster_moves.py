@@ -58,7 +58,7 @@ class Writers:
         self.history, self.initial = self.registers.history, self.registers.initial
 
     def nodes(self):
-        return [n for n in self.cluster.nodes.values() if n.server.proc.poll() is None]
+        return self.cluster.live()
 
     def call(self, method, **fields):
         """Retries a failed attempt through another node with the same
@@ -137,7 +137,7 @@ class Moves(DreyTestCase):
         return poll(cl.status, done, timeout=120, what="a settled table of %d members" % members, interval=0.05)
 
     def check(self, cl, w):
-        nodes = [n for n in cl.nodes.values() if n.server.proc.poll() is None]
+        nodes = cl.live()
         self.assertGreater(len(w.acked), 0)
         self.assertEqual(w.regressions, [], "versions only grow per key, across moves")
         self.assertEqual(check_register(w.history, w.initial), [], "the registers' history is consistent")

@@ -308,7 +308,7 @@ class ClusterWatch(DreyTestCase):
             while not stop.is_set():
                 k = "j%d-%d" % (seed, i % 200)
                 i += 1
-                via = rnd.choice([n for n in cl.nodes.values() if n.server.proc.poll() is None])
+                via = rnd.choice(cl.live())
                 try:
                     r = self.call(via, "Set", key=k, value=make_value(i))
                 except grpc.RpcError:

@@ -80,7 +80,7 @@ class Scenario:
         wait_until(lambda: done() >= start + ops, timeout=timeout, what="%d more operations" % ops)
 
     def running(self):
-        return [n for n in self.cl.nodes.values() if n.server.proc.poll() is None]
+        return self.cl.live()
 
     def table(self, node, joining=False):
         """partition -> (primary, replicas[, joining]) as node routes."""
