@@ -163,4 +163,21 @@ typedef struct drey_cluster_status {
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);
 
+/* A partition this node leads or backs, as its replication stands here. */
+typedef struct drey_cluster_replica {
+    uint32_t partition;
+    bool primary;
+    int64_t epoch;
+    uint64_t sequence; /* the last write applied here */
+    size_t n_in_sync;  /* primary: its in-sync backups */
+    char in_sync[4][128];
+    /* Primary: writes waiting for backups, and the oldest one's wait.
+     * Backup: how long ago it last knew it had every acknowledged write
+     * (UINT64_MAX: never). */
+    uint64_t pending, lag_ms;
+} drey_cluster_replica;
+
+/* Fills out (cap entries) in partition order; returns how many. */
+size_t drey_cluster_get_replicas(drey_cluster *c, drey_cluster_replica *out, size_t cap);
+
 #endif

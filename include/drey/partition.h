@@ -40,8 +40,8 @@ bool drey_partition_register(drey_method_table *t, drey_store *s);
 
 /* drey.internal.v1.Replica on this node: Apply (a primary's record on a
  * backup), applying the record's write through commit with its own time
- * and versions and answering with this node's room (journal, memory), and
- * Hash. */
+ * and versions and answering with this node's room (journal, memory),
+ * Beat (a primary's heartbeat, answered with the same room) and Hash. */
 typedef struct drey_partition_replica drey_partition_replica;
 
 drey_partition_replica *drey_partition_replica_create(drey_commit *commit, drey_memory *memory);

@@ -226,6 +226,24 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->records_taken = cs.records_taken;
         c->records_refused = cs.records_refused;
         c->failovers = cs.failovers;
+        drey_cluster_replica *reps = drey_arena_alloc(arena, (cs.partitions ? cs.partitions : 1) * sizeof *reps);
+        c->n_replicas = drey_cluster_get_replicas(cl, reps, cs.partitions);
+        c->replicas = drey_arena_alloc(arena, (c->n_replicas ? c->n_replicas : 1) * sizeof *c->replicas);
+        for (size_t i = 0; i < c->n_replicas; i++) {
+            RD_(Cluster__PartitionReplica) *pr = NEW(arena, RD_(Cluster__PartitionReplica),
+                                                     drey__admin__v1__readiness_details__cluster__partition_replica__init);
+            pr->partition = reps[i].partition;
+            pr->role = reps[i].primary ? (char *)"primary" : (char *)"backup";
+            pr->epoch = reps[i].epoch;
+            pr->sequence = reps[i].sequence;
+            pr->n_in_sync = reps[i].n_in_sync;
+            pr->in_sync = drey_arena_alloc(arena, (pr->n_in_sync ? pr->n_in_sync : 1) * sizeof *pr->in_sync);
+            for (size_t k = 0; k < pr->n_in_sync; k++)
+                pr->in_sync[k] = drey_arena_strndup(arena, reps[i].in_sync[k], strlen(reps[i].in_sync[k]));
+            pr->pending = reps[i].pending;
+            pr->lag_ms = reps[i].lag_ms;
+            c->replicas[i] = pr;
+        }
         d->cluster = c;
     }
 
@@ -412,6 +430,19 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
                 (double)c->records_refused);
         counter(out, "drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.",
                 (double)c->failovers);
+        /* The worst partition per role: per-partition series are in the
+         * readiness details. */
+        uint64_t lag[2] = {0, 0}; /* primary, backup */
+        for (size_t i = 0; i < c->n_replicas; i++) {
+            size_t k = strcmp(c->replicas[i]->role, "primary") == 0 ? 0 : 1;
+            if (c->replicas[i]->lag_ms != UINT64_MAX && c->replicas[i]->lag_ms > lag[k])
+                lag[k] = c->replicas[i]->lag_ms;
+        }
+        drey_metrics_header(out, "drey_cluster_replication_lag_seconds", "gauge",
+                            "Primary: the longest a write here has waited for its backups; backup: the longest "
+                            "since a copy here last had every write its primary acknowledged.");
+        drey_metrics_sample(out, "drey_cluster_replication_lag_seconds", "role=\"primary\"", (double)lag[0] / 1e3);
+        drey_metrics_sample(out, "drey_cluster_replication_lag_seconds", "role=\"backup\"", (double)lag[1] / 1e3);
     }
     gauge(out, "drey_data_disk_available_bytes",
           "Bytes the data directory's file system still has (0 when unknown or ephemeral).",

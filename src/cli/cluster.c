@@ -3,24 +3,81 @@
  *
  *   drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] [--replication-factor=2]
  *                     [--initial-nodes=1]
- *   drey cluster status --etcd=URLS [--prefix=drey/]
+ *   drey cluster status --etcd=URLS [--prefix=drey/] [--token=JWT]
  *
  * init writes the cluster's config once (the same values again are fine,
  * others are refused: the partition count is fixed for the cluster's life).
  * status prints the config, the controller, every member with the
- * partitions it owns, and the partitions nobody owns, as one JSON object.
+ * partitions it owns, and the partitions nobody owns, as one JSON object;
+ * with replicas, also each partition's replication as its nodes report it
+ * (their readiness details, asked at each member's advertised address:
+ * the writes its primary has waiting and its backups' lag). A member that
+ * does not answer within a second is listed as unanswered, and the
+ * partitions it holds have no lag.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
+#include "drey/client.h"
 #include "drey/etcd.h"
 #include "drey/internal/v1/meta.pb-c.h"
 #include "cluster.h"
 
 #define CALL_MS 5000
+#define NODE_CALL_MS 1000
+
+/* What the nodes said of each partition's replication. */
+typedef struct reported {
+    bool primary_said; /* its primary answered */
+    uint64_t pending;
+    uint32_t backups_said; /* in-sync backups that answered */
+    uint64_t lag_ms;       /* the largest of theirs */
+} reported;
+
+/* Asks member m for its readiness details and adds what it says of the
+ * partitions it holds to rep; false when it did not answer. */
+static bool ask_member(const Drey__Internal__V1__Member *m, const char *token, Drey__Internal__V1__PartitionEntry **entries,
+                       uint32_t n, reported *rep) {
+    char err[256];
+    drey_client *cl = drey_client_open(&(drey_client_options){.target = m->advertise, .token = token}, err, sizeof err);
+    if (cl == NULL)
+        return false;
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
+    Drey__Admin__V1__ReadinessDetails *d = NULL;
+    drey_client_status st;
+    bool ok = drey_client_unary(cl, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base,
+                                &drey__admin__v1__readiness_details__descriptor, NODE_CALL_MS, &a,
+                                (ProtobufCMessage **)&d, &st) == GRPC_STATUS_OK &&
+              d != NULL && d->cluster != NULL;
+    for (size_t i = 0; ok && i < d->cluster->n_replicas; i++) {
+        const Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica *pr = d->cluster->replicas[i];
+        const Drey__Internal__V1__PartitionEntry *e = pr->partition < n ? entries[pr->partition] : NULL;
+        if (e == NULL)
+            continue;
+        /* Only what agrees with the table read from etcd. */
+        if (strcmp(pr->role, "primary") == 0 && strcmp(e->primary, m->id) == 0) {
+            rep[pr->partition].primary_said = true;
+            rep[pr->partition].pending = pr->pending;
+        } else if (strcmp(pr->role, "backup") == 0) {
+            for (size_t r = 0; r < e->n_replicas; r++) {
+                if (strcmp(e->replicas[r], m->id) != 0)
+                    continue;
+                rep[pr->partition].backups_said++;
+                if (pr->lag_ms > rep[pr->partition].lag_ms)
+                    rep[pr->partition].lag_ms = pr->lag_ms;
+            }
+        }
+    }
+    drey_arena_destroy(&a);
+    drey_client_close(cl);
+    return ok;
+}
 
 static const char *flag_value(int argc, char **argv, const char *name, const char *def) {
     size_t n = strlen(name);
@@ -115,7 +172,7 @@ static int init_config(const char *etcd, const char *prefix, uint32_t partitions
     return rc;
 }
 
-static int status(const char *etcd, const char *prefix) {
+static int status(const char *etcd, const char *prefix, const char *token) {
     char err[256];
     drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, sizeof err);
     if (e == NULL) {
@@ -173,6 +230,9 @@ static int status(const char *etcd, const char *prefix) {
     }
     printf("{\"partitions\":%u,\"replicationFactor\":%u,\"controller\":\"%s\",\"nodes\":[", cfg->partitions,
            cfg->replication_factor, controller);
+    reported *rep = drey_arena_calloc(&a, (owners_cap ? owners_cap : 1) * sizeof *rep);
+    const char **unanswered = drey_arena_calloc(&a, (resp->n_kvs ? resp->n_kvs : 1) * sizeof *unanswered);
+    size_t n_unanswered = 0;
     bool first = true;
     for (size_t i = 0; i < resp->n_kvs; i++) {
         const Mvccpb__KeyValue *kv = resp->kvs[i];
@@ -184,6 +244,8 @@ static int status(const char *etcd, const char *prefix) {
             drey__internal__v1__member__unpack(drey_arena_protobuf_allocator(&a), kv->value.len, kv->value.data);
         if (m == NULL)
             continue;
+        if (cfg->replication_factor > 1 && !ask_member(m, token, entries, owners_cap, rep))
+            unanswered[n_unanswered++] = m->id;
         uint32_t owned = 0, backups = 0;
         for (uint32_t p = 0; p < owners_cap; p++) {
             owned += entries[p] != NULL && strcmp(entries[p]->primary, m->id) == 0;
@@ -203,7 +265,12 @@ static int status(const char *etcd, const char *prefix) {
     }
     /* Each partition's primary, in-sync backups and the copies under way
      * (new backups), in id order. */
-    printf("],\"unassignedPartitions\":%u,\"underReplicatedPartitions\":%u,\"table\":[", unowned, under);
+    printf("],\"unassignedPartitions\":%u,\"underReplicatedPartitions\":%u,\"unanswered\":[", unowned, under);
+    for (size_t i = 0; i < n_unanswered; i++)
+        printf("%s\"%s\"", i ? "," : "", unanswered[i]);
+    /* pending: the primary's writes waiting for backups; lagMs: the
+     * stalest in-sync backup's lag (null: not every one answered). */
+    printf("],\"table\":[");
     for (uint32_t p = 0; p < owners_cap; p++) {
         const Drey__Internal__V1__PartitionEntry *pe = entries[p];
         printf("%s{\"partition\":%u,\"primary\":\"%s\",\"inSync\":[", p ? "," : "", p, pe != NULL ? pe->primary : "");
@@ -212,7 +279,16 @@ static int status(const char *etcd, const char *prefix) {
         printf("],\"syncing\":[");
         for (size_t r = 0; pe != NULL && r < pe->n_syncing; r++)
             printf("%s\"%s\"", r ? "," : "", pe->syncing[r]);
-        printf("]}");
+        printf("]");
+        if (cfg->replication_factor > 1 && pe != NULL) {
+            if (rep[p].primary_said)
+                printf(",\"pending\":%" PRIu64, rep[p].pending);
+            if (pe->n_replicas > 0 && rep[p].backups_said == pe->n_replicas && rep[p].lag_ms != UINT64_MAX)
+                printf(",\"lagMs\":%" PRIu64, rep[p].lag_ms);
+            else if (pe->n_replicas > 0)
+                printf(",\"lagMs\":null");
+        }
+        printf("}");
     }
     /* Moves planned or under way: the owner copies, then hands over. */
     printf("],\"moves\":[");
@@ -235,11 +311,11 @@ out:
 int drey_cli_cluster(int argc, char **argv) {
     static const char *const init_flags[] = {"etcd", "prefix", "partitions", "replication-factor", "initial-nodes",
                                              NULL};
-    static const char *const status_flags[] = {"etcd", "prefix", NULL};
+    static const char *const status_flags[] = {"etcd", "prefix", "token", NULL};
     if (argc < 1 || (strcmp(argv[0], "init") != 0 && strcmp(argv[0], "status") != 0)) {
         fprintf(stderr, "usage: drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] "
                         "[--replication-factor=2] [--initial-nodes=1]\n"
-                        "       drey cluster status --etcd=URLS [--prefix=drey/]\n");
+                        "       drey cluster status --etcd=URLS [--prefix=drey/] [--token=JWT]\n");
         return 2;
     }
     bool init = strcmp(argv[0], "init") == 0;
@@ -255,7 +331,7 @@ int drey_cli_cluster(int argc, char **argv) {
     char prefix[256];
     snprintf(prefix, sizeof prefix, "%s%s", prefix_flag, pl > 0 && prefix_flag[pl - 1] == '/' ? "" : "/");
     if (!init)
-        return status(etcd, prefix);
+        return status(etcd, prefix, flag_value(argc - 1, argv + 1, "token", getenv("DREY_TOKEN")));
     uint32_t partitions, rf, initial;
     if (!parse_u32(flag_value(argc - 1, argv + 1, "partitions", "256"), &partitions) ||
         !parse_u32(flag_value(argc - 1, argv + 1, "replication-factor", "2"), &rf) ||

@@ -106,6 +106,12 @@ typedef struct drey_cluster__pstate {
     _Atomic bool moving;       /* being copied out: answered writes record their keys */
     _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
     _Atomic bool owned;        /* this node is its primary in the published table (watch subscriptions) */
+    /* The sequence number of the last write applied here (a primary's
+     * acknowledged, a backup's taken and applied), and, on a backup, the
+     * monotonic time it last knew it had every write its primary
+     * acknowledged (0: never): what a stale read may miss (replicate.c). */
+    _Atomic uint64_t applied;
+    _Atomic int64_t current_ns;
 } drey_cluster__pstate;
 
 /* A key a write changed while its partition was being copied out. */
@@ -182,11 +188,18 @@ typedef struct drey_cluster__room {
     _Atomic uint64_t sent_journal;     /* in flight */
     _Atomic int64_t sent_memory;
     _Atomic int64_t heard_ns;          /* when journal and memory were reported */
+    _Atomic bool beating;              /* a heartbeat to it is in flight */
 } drey_cluster__room;
 
 #define DREY_CLUSTER_MAX_ROOMS 64
 
 void *drey_cluster__shrinker_main(void *arg);
+/* The primaries' heartbeats to their backups (replicate.c); stops with the
+ * shrinker. */
+void *drey_cluster__beater_main(void *arg);
+/* Raises *a to v (never lowers it). */
+void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v);
+void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v);
 /* This node may lead partitions now: its lease is valid by its own clock. */
 bool drey_cluster__lease_valid(drey_cluster *c);
 /* The partition of a write the route row held for this node (router.c). */
@@ -283,7 +296,7 @@ struct drey_cluster {
     _Atomic size_t n_rooms;
     drey_cluster__line *lines; /* n_parts */
     int64_t lease_margin_ns;
-    pthread_t shrinker_thread;
+    pthread_t shrinker_thread, beater_thread;
     bool shrinker_running;
     pthread_mutex_t shrink_mu;
     pthread_cond_t shrink_cond;

@@ -427,7 +427,8 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
             abort();
         c->mover_running = true;
     }
-    if (pthread_create(&c->shrinker_thread, NULL, drey_cluster__shrinker_main, c) != 0)
+    if (pthread_create(&c->shrinker_thread, NULL, drey_cluster__shrinker_main, c) != 0 ||
+        pthread_create(&c->beater_thread, NULL, drey_cluster__beater_main, c) != 0)
         abort();
     c->shrinker_running = true;
     DREY_LOG_INFO("joined the cluster", DREY_LOG_STR("node_id", c->opts.node_id),
@@ -454,6 +455,7 @@ static void stop_shrinker(drey_cluster *c) {
     pthread_cond_broadcast(&c->shrink_cond);
     pthread_mutex_unlock(&c->shrink_mu);
     pthread_join(c->shrinker_thread, NULL);
+    pthread_join(c->beater_thread, NULL);
     c->shrinker_running = false;
 }
 

@@ -28,6 +28,15 @@
  * primary of an epoch no older than the one it knows; it journals and
  * applies it like any write, in arrival order (Apply is never parked).
  *
+ * Heartbeats: every BEAT_NS a primary tells each node that backs some of
+ * its partitions the last write it acknowledged in each (Replica/Beat, on
+ * the same stream as the records). A backup that has it knows how stale it
+ * can be (router.c: stale reads report it), and the answer carries the
+ * node's room, so a primary hears a backup's room while no write goes. A
+ * beat not answered within --replication-timeout takes the backup out of
+ * the set as a record's would: an idle partition learns it lost a backup
+ * before its next write has to wait for it.
+ *
  * Fencing: a primary takes writes and serves reads only while its lease is
  * valid by its own monotonic clock (the last renewal etcd confirmed, from
  * the time it was sent, plus the TTL, less a margin): the controller can
@@ -48,10 +57,12 @@
 #include "internal.h"
 
 #define REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
-/* A backup's room is heard only with acknowledgements: once nothing was
- * sent to it for this long (it had no room, say, and has freed some since)
- * the next write goes to it as a probe. If it still has no room it refuses
- * and is dropped, as a backup whose room was never heard is. */
+#define REPLICA_BEAT_PATH "/drey.internal.v1.Replica/Beat"
+#define BEAT_NS 250000000LL
+/* A backup's room is heard with acknowledgements and heartbeats: once it
+ * was not heard for this long (it does not answer, say) and nothing is in
+ * flight to it, the next write goes to it as a probe. If it has no room it
+ * refuses and is dropped, as a backup whose room was never heard is. */
 #define ROOM_FRESH_NS 1000000000LL
 
 /* One write in its partition's line. Not in the request's arena: an
@@ -128,6 +139,16 @@ static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_
         return DREY_ERR_MEMORY_PRESSURE;
     }
     return DREY_ERR_NONE;
+}
+
+static void room_heard(drey_cluster__room *room, const uint8_t *response, size_t len) {
+    Drey__Internal__V1__ReplicateResponse *resp = drey__internal__v1__replicate_response__unpack(NULL, len, response);
+    if (resp == NULL)
+        return;
+    atomic_store(&room->journal, resp->journal_room_bytes);
+    atomic_store(&room->memory, resp->memory_room_bytes);
+    atomic_store(&room->heard_ns, drey_mono_ns());
+    drey__internal__v1__replicate_response__free_unpacked(resp, NULL);
 }
 
 static void room_sent(drey_cluster__rec *rec, uint8_t i, int sign) {
@@ -219,6 +240,7 @@ static void drain(drey_cluster *c, uint32_t p) {
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
             drey_pipeline_resume(r);
         }
+        atomic_store(&c->pstate[p].applied, rec->seq);
         rec_unref(rec);
         pthread_mutex_lock(&ln->mu);
     }
@@ -279,16 +301,8 @@ static void acked(void *arg, const drey_answer *a) {
     drey_cluster__line *ln = &c->lines[rec->partition];
     room_sent(rec, *index, -1);
     if (a->code == 0) {
-        Drey__Internal__V1__ReplicateResponse *resp =
-            drey__internal__v1__replicate_response__unpack(NULL, a->response_len, a->response);
-        drey_cluster__room *room = rec->room[*index];
-        if (resp != NULL && room != NULL) {
-            atomic_store(&room->journal, resp->journal_room_bytes);
-            atomic_store(&room->memory, resp->memory_room_bytes);
-            atomic_store(&room->heard_ns, drey_mono_ns());
-        }
-        if (resp != NULL)
-            drey__internal__v1__replicate_response__free_unpacked(resp, NULL);
+        if (rec->room[*index] != NULL)
+            room_heard(rec->room[*index], a->response, a->response_len);
         pthread_mutex_lock(&ln->mu);
         rec->acked[*index] = true;
         rec->n_durable++;
@@ -523,4 +537,159 @@ void *drey_cluster__shrinker_main(void *arg) {
     }
     pthread_mutex_unlock(&c->shrink_mu);
     return NULL;
+}
+
+/* --- heartbeats ------------------------------------------------------------------ */
+
+void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v) {
+    uint64_t was = atomic_load(a);
+    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
+    }
+}
+
+void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v) {
+    int64_t was = atomic_load(a);
+    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
+    }
+}
+
+/* A heartbeat in flight: what it named, to take the backup out of those
+ * sets if it goes unanswered. */
+typedef struct beat {
+    drey_cluster *c;
+    drey_cluster__room *room;
+    size_t n;
+    uint32_t *partitions;
+    int64_t *epochs;
+} beat;
+
+static void beat_done(void *arg, const drey_answer *a) {
+    beat *b = arg;
+    if (a->code == GRPC_STATUS_OK) {
+        room_heard(b->room, a->response, a->response_len);
+    } else if (a->code == GRPC_STATUS_DEADLINE_EXCEEDED || a->code == GRPC_STATUS_UNAVAILABLE) {
+        char why[200];
+        snprintf(why, sizeof why, "no heartbeat answer: %.*s (code %d)",
+                 (int)(a->message_len < 150 ? a->message_len : 150), a->message != NULL ? a->message : "", a->code);
+        for (size_t i = 0; i < b->n; i++)
+            request_shrink(b->c, b->partitions[i], b->room->id, b->epochs[i], why);
+    }
+    atomic_store(&b->room->beating, false);
+    free(b);
+}
+
+/* One heartbeat to node n of t for the partitions this node leads that n
+ * backs; none while the last is unanswered. */
+static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t n) {
+    size_t k = 0;
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        const drey_cluster__part *part = &t->parts[p];
+        for (uint8_t i = 0; part->primary == t->self && i < part->n_replicas; i++)
+            k += part->replicas[i] == n;
+    }
+    drey_cluster__room *room = k > 0 ? room_of(c, t->nodes[n].id) : NULL;
+    bool idle = false;
+    if (room == NULL || !atomic_compare_exchange_strong(&room->beating, &idle, true))
+        return;
+    beat *b = drey_xmalloc(sizeof *b + k * (sizeof *b->partitions + sizeof *b->epochs));
+    b->c = c;
+    b->room = room;
+    b->n = k;
+    b->epochs = (int64_t *)(b + 1);
+    b->partitions = (uint32_t *)(b->epochs + k);
+    Drey__Internal__V1__BeatRequest__Mark *marks = drey_xmalloc(k * sizeof *marks);
+    Drey__Internal__V1__BeatRequest__Mark **mp = drey_xmalloc(k * sizeof *mp);
+    size_t j = 0;
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        const drey_cluster__part *part = &t->parts[p];
+        for (uint8_t i = 0; part->primary == t->self && i < part->n_replicas; i++) {
+            if (part->replicas[i] != n)
+                continue;
+            drey__internal__v1__beat_request__mark__init(&marks[j]);
+            marks[j].partition = p;
+            marks[j].epoch = part->epoch;
+            marks[j].sequence = atomic_load(&c->pstate[p].applied);
+            mp[j] = &marks[j];
+            b->partitions[j] = p;
+            b->epochs[j] = part->epoch;
+            j++;
+        }
+    }
+    Drey__Internal__V1__BeatRequest req = DREY__INTERNAL__V1__BEAT_REQUEST__INIT;
+    req.partitions = t->n_parts;
+    req.n_marks = k;
+    req.marks = mp;
+    size_t len = drey__internal__v1__beat_request__get_packed_size(&req);
+    uint8_t *buf = drey_xmalloc(len ? len : 1);
+    drey__internal__v1__beat_request__pack(&req, buf);
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
+    drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, t->nodes[n].id, t->nodes[n].internal,
+                                                         REPLICA_BEAT_PATH, buf, len, &h, 1, deadline, beat_done, b));
+    free(buf);
+    free(mp);
+    free(marks);
+}
+
+void *drey_cluster__beater_main(void *arg) {
+    drey_cluster *c = arg;
+    int64_t next = drey_mono_ns();
+    pthread_mutex_lock(&c->shrink_mu);
+    while (!c->shrink_stop) {
+        if (drey_mono_ns() < next) {
+            drey_cond_wait_until(&c->shrink_cond, &c->shrink_mu, next);
+            continue;
+        }
+        pthread_mutex_unlock(&c->shrink_mu);
+        /* A primary whose lease lapsed says nothing: another may lead. */
+        if (c->rf > 1 && drey_cluster__lease_valid(c)) {
+            drey_cluster__topology *t = drey_cluster__acquire(c);
+            for (size_t n = 0; t->self >= 0 && n < t->n_nodes; n++) {
+                if ((int32_t)n != t->self && t->nodes[n].member && t->nodes[n].internal[0] != '\0')
+                    beat_node(c, t, (int32_t)n);
+            }
+            drey_cluster__topology_unref(t);
+        }
+        next = drey_mono_ns() + BEAT_NS;
+        pthread_mutex_lock(&c->shrink_mu);
+    }
+    pthread_mutex_unlock(&c->shrink_mu);
+    return NULL;
+}
+
+/* --- what readiness shows ------------------------------------------------------------ */
+
+size_t drey_cluster_get_replicas(drey_cluster *c, drey_cluster_replica *out, size_t cap) {
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    size_t n = 0;
+    int64_t now = drey_mono_ns();
+    for (uint32_t p = 0; t->self >= 0 && p < t->n_parts && n < cap; p++) {
+        const drey_cluster__part *part = &t->parts[p];
+        bool primary = part->primary == t->self, backup = false;
+        for (uint8_t i = 0; i < part->n_replicas; i++)
+            backup |= part->replicas[i] == t->self;
+        if (!primary && !backup)
+            continue;
+        drey_cluster_replica *o = &out[n++];
+        memset(o, 0, sizeof *o);
+        o->partition = p;
+        o->primary = primary;
+        o->epoch = part->epoch;
+        o->sequence = atomic_load(&c->pstate[p].applied);
+        if (primary) {
+            for (uint8_t i = 0; i < part->n_replicas && i < 4; i++)
+                snprintf(o->in_sync[o->n_in_sync++], sizeof o->in_sync[0], "%s", t->nodes[part->replicas[i]].id);
+            drey_cluster__line *ln = &c->lines[p];
+            pthread_mutex_lock(&ln->mu);
+            o->pending = ln->queued;
+            if (ln->head != NULL && ln->head->sent && now > ln->head->sent_ns) /* sent: sent_ns is written */
+                o->lag_ms = (uint64_t)(now - ln->head->sent_ns) / 1000000;
+            pthread_mutex_unlock(&ln->mu);
+        } else {
+            int64_t at = atomic_load(&c->pstate[p].current_ns);
+            o->lag_ms = at == 0 ? UINT64_MAX : now > at ? (uint64_t)(now - at) / 1000000 : 0;
+        }
+    }
+    drey_cluster__topology_unref(t);
+    return n;
 }

@@ -70,11 +70,14 @@ typedef struct fwd {
     drey_cluster__waiter waiter; /* its partition is frozen */
 } fwd;
 
-/* A local write of a partition, counted while it runs. */
+/* A local write of a partition, counted while it runs; or a record a
+ * backup took (its sequence, and when it came). */
 typedef struct hold {
     drey_cluster *c;
     drey_request *r;
     uint32_t partition;
+    uint64_t seq;
+    int64_t received_ns;
 } hold;
 
 /* --- what a request names --------------------------------------------------- */
@@ -151,6 +154,68 @@ static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology 
     }
     *node = &t->nodes[o];
     return 0;
+}
+
+/* --- stale reads ---------------------------------------------------------------------- */
+
+static bool is_replica(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; i < t->parts[p].n_replicas; i++) {
+        if (t->parts[p].replicas[i] == node)
+            return true;
+    }
+    return false;
+}
+
+/* Whether a read that allows it may be answered from this node's backup
+ * copy of p, and how stale that copy may be. Not a copy under way, not
+ * one broken by a failed record, not one never known current. */
+static bool stale_copy(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, uint64_t *lag_ms) {
+    if (t->self < 0 || !is_replica(t, p, t->self))
+        return false;
+    const drey_cluster__pstate *ps = &c->pstate[p];
+    int64_t at = atomic_load(&ps->current_ns);
+    if (at == 0 || atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN)
+        return false;
+    int64_t now = drey_mono_ns();
+    *lag_ms = now > at ? (uint64_t)((now - at) / 1000000) : 0;
+    return true;
+}
+
+static bool allows_stale(const drey_request *r) {
+    const ProtobufCMessageDescriptor *d = r->msg->descriptor;
+    if (d == &drey__cache__v1__get_request__descriptor)
+        return ((const Drey__Cache__V1__GetRequest *)r->msg)->allow_stale;
+    if (d == &drey__cache__v1__get_many_request__descriptor)
+        return ((const Drey__Cache__V1__GetManyRequest *)r->msg)->allow_stale;
+    return false;
+}
+
+/* A Get answered here from this node's backup copy. */
+static drey_stage_result answer_stale(drey_request *r, uint64_t lag_ms) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
+    Drey__Cache__V1__GetResponse *resp = (void *)r->method->apply(r->method->ctx, &ax, r->msg);
+    if (resp == NULL) {
+        r->status = drey_arena_alloc(r->arena, sizeof st);
+        *r->status = st;
+        return DREY_STAGE_REJECT;
+    }
+    resp->from_backup = true;
+    resp->lag_ms = lag_ms;
+    drey_request_reply(r, &resp->base);
+    return DREY_STAGE_ANSWERED;
+}
+
+/* With its primary gone, a stale read goes to a backup that is a member
+ * (NULL: none). */
+static const drey_cluster__node *live_backup(const drey_cluster__topology *t, uint32_t p) {
+    for (uint8_t i = 0; i < t->parts[p].n_replicas; i++) {
+        const drey_cluster__node *n = &t->nodes[t->parts[p].replicas[i]];
+        if (t->parts[p].replicas[i] != t->self && n->member && n->internal[0] != '\0')
+            return n;
+    }
+    return NULL;
 }
 
 /* --- forwarding -------------------------------------------------------------- */
@@ -284,6 +349,8 @@ typedef struct gather {
     _Atomic size_t pending;
     drey_answer failure; /* the first remote failure, copied into the arena */
     bool failed;
+    bool from_backup; /* some keys were answered by backups, the stalest lag_ms ago */
+    uint64_t lag_ms;
 } gather;
 
 typedef struct scatter_part {
@@ -302,6 +369,8 @@ static void gathered(gather *g) {
     drey__cache__v1__get_many_response__init(resp);
     resp->n_results = g->req->n_keys;
     resp->results = g->results;
+    resp->from_backup = g->from_backup;
+    resp->lag_ms = g->lag_ms;
     drey_request_reply(r, &resp->base);
 }
 
@@ -316,6 +385,8 @@ static void scatter_done(void *arg, const drey_answer *a) {
     if (resp != NULL && resp->n_results == sp->n) {
         for (size_t i = 0; i < sp->n; i++)
             g->results[sp->index[i]] = resp->results[i];
+        g->from_backup |= resp->from_backup;
+        g->lag_ms = resp->lag_ms > g->lag_ms ? resp->lag_ms : g->lag_ms;
     } else if (!g->failed) {
         g->failed = true;
         g->failure = *a;
@@ -350,19 +421,30 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
     size_t n = req->n_keys;
     int32_t *who = drey_arena_alloc(r->arena, (n ? n : 1) * sizeof *who);
     bool all_here = true;
+    gather *g = drey_arena_calloc(r->arena, sizeof *g);
     for (size_t i = 0; i < n; i++) {
         uint32_t p = partition_of(t, req->cache, req->keys[i]);
+        uint64_t lag_ms;
+        if (req->allow_stale && stale_copy(c, t, p, &lag_ms)) {
+            who[i] = -1;
+            g->from_backup = true;
+            g->lag_ms = lag_ms > g->lag_ms ? lag_ms : g->lag_ms;
+            continue;
+        }
         const drey_cluster__node *node = NULL;
         drey_stage_result refusal;
         int o = owner(c, r, t, p, &node, &refusal, false);
+        if (o < 0 && req->allow_stale && r->forwarded_by == NULL && (node = live_backup(t, p)) != NULL) {
+            o = 0;
+            r->status = NULL;
+        }
         if (o < 0)
             return refusal;
-        who[i] = o == 1 ? -1 : t->parts[p].primary;
+        who[i] = o == 1 ? -1 : (int32_t)(node - t->nodes);
         all_here &= o == 1;
     }
-    if (all_here)
+    if (all_here && !g->from_backup)
         return DREY_STAGE_NEXT;
-    gather *g = drey_arena_calloc(r->arena, sizeof *g);
     g->r = r;
     g->req = req;
     g->results = drey_arena_alloc(r->arena, (n ? n : 1) * sizeof *g->results);
@@ -415,6 +497,10 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
         lens[k] = drey__cache__v1__get_many_request__get_packed_size(&sub);
         bytes[k] = drey_arena_alloc(r->arena, lens[k] ? lens[k] : 1);
         drey__cache__v1__get_many_request__pack(&sub, bytes[k]);
+    }
+    if (remote == 0) {
+        gathered(g);
+        return DREY_STAGE_ANSWERED;
     }
     drey_cluster__header h[3];
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
@@ -526,11 +612,20 @@ static void write_done(void *arg) {
 }
 
 /* A record that failed after it was taken (this node's journal refused
- * it) is a gap in the partition's sequence: nothing after it may apply. */
+ * it) is a gap in the partition's sequence: nothing after it may apply.
+ * One that applied makes this copy current as of its arrival: the
+ * primary acknowledges a write only once every copy has it, and this copy
+ * takes records in order, so every write acknowledged before this one
+ * came is here. */
 static void record_done(void *arg) {
     hold *h = arg;
-    if (h->r->failed)
-        atomic_store(&h->c->pstate[h->partition].seq, DREY_CLUSTER_SEQ_BROKEN);
+    drey_cluster__pstate *ps = &h->c->pstate[h->partition];
+    if (h->r->failed) {
+        atomic_store(&ps->seq, DREY_CLUSTER_SEQ_BROKEN);
+        return;
+    }
+    drey_cluster__raise(&ps->applied, h->seq);
+    drey_cluster__raise_i64(&ps->current_ns, h->received_ns);
 }
 
 static void waiter_wake(drey_cluster__waiter *w) {
@@ -613,14 +708,6 @@ static drey_stage_result refuse_record(drey_cluster *c, drey_request *r, drey_er
     return DREY_STAGE_REJECT;
 }
 
-static bool is_replica(const drey_cluster__topology *t, uint32_t p, int32_t node) {
-    for (uint8_t i = 0; i < t->parts[p].n_replicas; i++) {
-        if (t->parts[p].replicas[i] == node)
-            return true;
-    }
-    return false;
-}
-
 /* A record from a partition's primary: taken only in sequence, and only
  * from the primary this node's table names for it, or from the primary of
  * a newer epoch (the one that just named this node a backup, or was just
@@ -649,10 +736,30 @@ static drey_stage_result accept_record(drey_cluster *c, drey_request *r, const d
         return refuse_record(c, r, DREY_ERR_OUT_OF_SEQUENCE, p, last + 1);
     atomic_fetch_add(&c->records_taken, 1);
     hold *h = drey_arena_alloc(r->arena, sizeof *h);
-    *h = (hold){.c = c, .r = r, .partition = p};
+    *h = (hold){.c = c, .r = r, .partition = p, .seq = req->sequence, .received_ns = drey_mono_ns()};
     r->on_release = record_done;
     r->release_arg = h;
     return DREY_STAGE_NEXT;
+}
+
+/* A primary's heartbeat: each partition it names whose primary it is in
+ * this node's table, and that this node backs, is current as of now if
+ * every write the primary had acknowledged is applied here. (A mark from
+ * a primary this table does not know yet is passed over: the next beat
+ * will do.) The answer, this node's room, is the method's. */
+static void accept_beat(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    const Drey__Internal__V1__BeatRequest *req = (const void *)r->msg;
+    int64_t now = drey_mono_ns();
+    for (size_t i = 0; req->partitions == t->n_parts && r->forwarded_by != NULL && i < req->n_marks; i++) {
+        const Drey__Internal__V1__BeatRequest__Mark *m = req->marks[i];
+        uint32_t p = m->partition;
+        if (p >= t->n_parts || t->parts[p].primary < 0 || m->epoch < t->parts[p].epoch ||
+            strcmp(t->nodes[t->parts[p].primary].id, r->forwarded_by) != 0 || !is_replica(t, p, t->self))
+            continue;
+        drey_cluster__pstate *ps = &c->pstate[p];
+        if (atomic_load(&ps->seq) != DREY_CLUSTER_SEQ_BROKEN && atomic_load(&ps->applied) >= m->sequence)
+            drey_cluster__raise_i64(&ps->current_ns, now);
+    }
 }
 
 /* --- the row, continued ------------------------------------------------------------ */
@@ -675,6 +782,10 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         res = accept_record(c, r, t);
         goto out;
     }
+    if (d == &drey__internal__v1__beat_request__descriptor && t->n_parts > 0) {
+        accept_beat(c, r, t);
+        goto out;
+    }
     if (d == &drey__internal__v1__import_request__descriptor && t->n_parts > 0) {
         /* Only a partition's primary moves it, and only to another node. */
         const Drey__Internal__V1__ImportRequest *imp = (const void *)r->msg;
@@ -687,6 +798,7 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
             res = DREY_STAGE_REJECT;
         } else if (p < t->n_parts && imp->last) {
             atomic_store(&c->pstate[p].seq, imp->sequence); /* the primary's next record follows it */
+            atomic_store(&c->pstate[p].applied, imp->sequence);
         }
         goto out;
     }
@@ -708,7 +820,17 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         goto out;
     }
     const drey_cluster__node *to = NULL;
+    bool stale = allows_stale(r);
+    uint64_t lag_ms;
+    if (stale && stale_copy(c, t, p, &lag_ms)) {
+        res = answer_stale(r, lag_ms);
+        goto out;
+    }
     int o = owner(c, r, t, p, &to, &res, f == NULL || !f->awaited);
+    if (o < 0 && stale && r->forwarded_by == NULL && (to = live_backup(t, p)) != NULL) {
+        o = 0; /* its primary cannot answer: a backup may */
+        r->status = NULL;
+    }
     if (o < 0)
         goto out;
     if (o == 1) {

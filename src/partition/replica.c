@@ -41,6 +41,16 @@ void drey_partition_replica_destroy(drey_partition_replica *rep) {
     free(rep);
 }
 
+/* This node's room, for its primaries' admission. */
+static ProtobufCMessage *room(drey_partition_replica *rep, drey_apply *ax) {
+    Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__replicate_response__init(resp);
+    drey_journal *j = atomic_load(&rep->journal);
+    resp->journal_room_bytes = j != NULL ? drey_journal_room(j) : UINT64_MAX;
+    resp->memory_room_bytes = rep->memory != NULL ? drey_memory_room(rep->memory) : INT64_MAX;
+    return &resp->base;
+}
+
 static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     drey_partition_replica *rep = ctx;
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
@@ -49,12 +59,14 @@ static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufC
         drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
         return NULL;
     }
-    Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
-    drey__internal__v1__replicate_response__init(resp);
-    drey_journal *j = atomic_load(&rep->journal);
-    resp->journal_room_bytes = j != NULL ? drey_journal_room(j) : UINT64_MAX;
-    resp->memory_room_bytes = rep->memory != NULL ? drey_memory_room(rep->memory) : INT64_MAX;
-    return &resp->base;
+    return room(rep, ax);
+}
+
+/* The marks of a heartbeat are the route row's (src/cluster/router.c);
+ * the answer is this node's room. */
+static ProtobufCMessage *beat(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    (void)msg;
+    return room(ctx, ax);
 }
 
 /* --- Hash ------------------------------------------------------------------ */
@@ -131,6 +143,7 @@ bool drey_partition_register_replica(drey_method_table *t, drey_partition_replic
     const drey_method_spec specs[] = {
         {.name = "Apply", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = apply_record},
         {.name = "Hash", .flags = DREY_METHOD_READ | DREY_METHOD_PEER, .apply = hash_apply},
+        {.name = "Beat", .flags = DREY_METHOD_READ | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = beat},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__replica__descriptor, specs,
                                          sizeof specs / sizeof specs[0], rep);

@@ -28,7 +28,7 @@ from drey_checkers import Client, CounterWorkload, RegisterWorkload, SetWorkload
 from drey_cluster import metric, partition, peer_channel, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
 from drey_nemesis import NemesisCluster
-from drey_tokens import details as readiness
+from drey_tokens import details as readiness, http_get, ops_port
 
 PARTS = 16
 LEASE_TTL_S = 2
@@ -471,6 +471,225 @@ class BackupSide(DreyTestCase):
                        what="the primary to drop the backup that refused its record")
             s.settle()  # a fresh copy replaces the backup's diverged one
             s.assert_replicas_equal()
+
+
+class StaleReads(DreyTestCase):
+    """allow_stale on Get and GetMany: a node that holds an in-sync backup
+    copy of the key's partition answers from it, saying how stale it may be
+    (from_backup, lag_ms); the claim is checked against the acknowledged
+    writes: every write acknowledged more than lag_ms before the read was
+    sent is visible in its answer."""
+    SERVER_FLAGS = None
+    # The lag is measured on the backup from when it received its primary's
+    # last word; a heartbeat in flight when the backup was cut off makes it
+    # understate by that message's transit.
+    TRANSIT_S = 0.1
+
+    def roles(self, s, p):
+        primary, (backup,) = s.table(s.cl.nodes["n1"])[p]
+        other = next(i for i in s.cl.ids if i not in (primary, backup))
+        return s.cl.nodes[primary], s.cl.nodes[backup], s.cl.nodes[other]
+
+    def stale_get(self, node, key):
+        get, greq, _ = node.cache.methods["Get"]
+        return get(greq(key=key, allow_stale=True), timeout=10)
+
+    def check_bound(self, acked, sent_at, resp, what):
+        """acked: [(version, monotonic time the client saw the ack)]."""
+        if not resp.from_backup:
+            return
+        bound = sent_at - resp.lag_ms / 1000.0 - self.TRANSIT_S
+        must = [v for v, at in acked if at < bound]
+        if must:
+            self.assertGreaterEqual(resp.version, max(must),
+                                    "%s: a backup with lag %d ms missed a write acknowledged before that"
+                                    % (what, resp.lag_ms))
+
+    def test_a_backup_answers_stale_reads_and_says_how_stale(self):
+        with Scenario(self, durable=False) as s:
+            for w in s.workloads:
+                w.stop()
+            s.settle()
+            p = 3
+            key = s.key_in(p, "stale")
+            primary, backup, other = self.roles(s, p)
+            set_, sreq, _ = primary.cache.methods["Set"]
+            # An in-sync backup has every acknowledged write: read right
+            # after each acknowledgement, it returns it.
+            acked = []
+            for i in range(30):
+                r = set_(sreq(key=key, value=make_value("v%d" % i)), timeout=10)
+                acked.append((r.version, time.monotonic()))
+                got = self.stale_get(backup, key)
+                self.assertTrue(got.from_backup)
+                self.assertEqual((value_of(got.value), got.version), ("v%d" % i, r.version))
+            # The primary answers itself; a node with no copy asks the primary.
+            for n in (primary, other):
+                got = self.stale_get(n, key)
+                self.assertFalse(got.from_backup)
+                self.assertEqual(got.version, acked[-1][0])
+            # Idle, heartbeats keep the backup's lag small (no write needed).
+            wait_until(lambda: self.stale_get(backup, key).lag_ms < 1000, timeout=30,
+                       what="the idle backup to know it is current")
+            mine = [x for x in details(backup)["replicas"] if x["partition"] == p]
+            self.assertEqual(mine[0]["role"], "backup")
+            theirs = [x for x in details(primary)["replicas"] if x["partition"] == p]
+            self.assertEqual((theirs[0]["role"], theirs[0]["inSync"]), ("primary", [backup.id]))
+            self.assertEqual(int(theirs[0]["sequence"]), int(mine[0]["sequence"]))
+            _, _, body = http_get("127.0.0.1", ops_port(backup.server), "/metrics")
+            self.assertIn('drey_cluster_replication_lag_seconds{role="backup"}', body.decode())
+            wait_until(lambda: metric(backup, "drey_cluster_replication_lag_seconds", 'role="backup"') < 1,
+                       timeout=30, what="the backup's worst lag under a second while idle")
+            # drey cluster status asks every member for its view
+            st = s.cl.status()
+            self.assertEqual(st["unanswered"], [])
+            row = st["table"][p]
+            self.assertEqual((row["primary"], row["inSync"], row["pending"]), (primary.id, [backup.id], 0))
+            self.assertIsInstance(row["lagMs"], int)
+            # a member that does not answer (paused for less than its lease)
+            s.cl.pause(other.id)
+            try:
+                st = s.cl.status()
+            finally:
+                s.cl.resume(other.id)
+            self.assertEqual(st["unanswered"], [other.id])
+            self.assertTrue(all(r["lagMs"] is None for r in st["table"] if other.id in r["inSync"]))
+            # GetMany across partitions: the backup's keys from its copy,
+            # the others from their primaries, in the caller's order.
+            keys = [s.key_in(q, "many") for q in range(PARTS)]
+            for k in keys:
+                set_any = s.cl.nodes["n1"].cache.methods["Set"]
+                set_any[0](set_any[1](key=k, value=make_value(k)), timeout=10)
+            gm, gmreq, _ = backup.cache.methods["GetMany"]
+            got = gm(gmreq(keys=keys, allow_stale=True), timeout=10)
+            self.assertEqual([value_of(r.value) for r in got.results], keys)
+            self.assertTrue(got.from_backup)
+            self.assertFalse(gm(gmreq(keys=keys), timeout=10).from_backup)
+
+            # Cut the primary's link to its backup (records, heartbeats; the
+            # backup can still call the primary): the backup goes on
+            # answering, stale, with a lag that says so; once its table
+            # drops it, it asks the primary instead.
+            s.cl.cut(primary.id, backup.id, mode="blackhole")
+            for i in range(5):
+                r = set_(sreq(key=key, value=make_value("cut%d" % i)), timeout=15)
+                acked.append((r.version, time.monotonic()))
+            seen_stale = False
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                sent = time.monotonic()
+                got = self.stale_get(backup, key)
+                self.check_bound(acked, sent, got, "cut")
+                seen_stale |= got.from_backup and got.version < acked[-1][0]
+                if not got.from_backup:
+                    break
+            self.assertFalse(got.from_backup, "the dropped backup kept answering from its copy")
+            self.assertEqual(got.version, acked[-1][0])
+            print("the cut backup answered stale before its table dropped it: %s" % seen_stale)
+            s.cl.heal()
+            s.settle()
+            s.assert_replicas_equal()
+
+    def test_stale_reads_go_on_while_a_primary_is_gone(self):
+        with Scenario(self, durable=False) as s:
+            for w in s.workloads:
+                w.stop()
+            s.settle()
+            p = 5
+            key = s.key_in(p, "gone")
+            primary, backup, other = self.roles(s, p)
+            set_, sreq, _ = primary.cache.methods["Set"]
+            last = set_(sreq(key=key, value=make_value("last")), timeout=10)
+            acked = [(last.version, time.monotonic())]
+            s.cl.kill(primary.id)
+            killed = time.monotonic()
+            # Until a new primary takes the partition, the backup answers,
+            # through itself or through a node with no copy, with a lag
+            # that grows from the primary's last word.
+            answers = []
+            while not answers or answers[-1].from_backup:
+                for n in (backup, other):
+                    sent = time.monotonic()
+                    try:
+                        got = self.stale_get(n, key)
+                    except grpc.RpcError as e:
+                        # the node with no copy may still route to the dead primary
+                        self.assertIs(n, other, RpcFailure(e).reason)
+                        continue
+                    self.assertEqual((value_of(got.value), got.version), ("last", last.version))
+                    self.check_bound(acked, sent, got, "primary gone")
+                    answers.append(got)
+                self.assertLess(time.monotonic() - killed, 60, "no failover")
+            lags = [a.lag_ms for a in answers if a.from_backup]
+            self.assertTrue(lags, "no stale answer while the primary was gone")
+            print("stale answers while the primary was gone: %d, lag %d..%d ms" % (len(lags), min(lags), max(lags)))
+            # promoted: the backup now answers as the primary
+            wait_until(lambda: s.table(backup)[p][0] == backup.id, timeout=30, what="the backup promoted")
+            self.assertFalse(self.stale_get(backup, key).from_backup)
+
+
+class Heartbeats(DreyTestCase):
+    """A primary hears its backups while no write goes: their room (so an
+    idle backup without room keeps refusing writes up front instead of
+    being probed and dropped) and their silence (a backup it cannot reach
+    is dropped before a write has to wait for it)."""
+    SERVER_FLAGS = None
+
+    def test_an_unreachable_idle_backup_is_dropped_without_a_write(self):
+        with Scenario(self, durable=False) as s:
+            for w in s.workloads:
+                w.stop()
+            s.settle()
+            n1 = s.cl.nodes["n1"]
+            backed = lambda: [p for p, (_, r) in s.table(n1).items() if "n3" in r]
+            self.assertTrue(backed())
+            writes = sum(details(n)["replicatedRecords"] for n in s.running())
+            s.cl.isolate_from_peers("n3", mode="blackhole")  # its lease stays alive
+            wait_until(lambda: not backed(), timeout=30, what="n3 out of every in-sync set")
+            self.assertEqual(sum(details(n)["replicatedRecords"] for n in s.running()), writes,
+                             "a write was replicated meanwhile")
+            self.assertTrue(any(details(s.cl.nodes[i])["inSyncShrinks"] > 0 for i in ("n1", "n2")))
+            s.cl.heal()
+            s.settle()
+
+    def test_an_idle_backup_without_room_keeps_refusing(self):
+        # the scenario's cluster, without its workloads: only n3 has a quota
+        s = Scenario(self, ids=("n1", "n3"), started=2, extra_flags=("--segment-bytes=256KiB",))
+        with s.cl:
+            n1 = s.cl.launch("n1")
+            s.cl.launch("n3", flags=("--journal-max-bytes=6MiB", "--snapshot-every=0", "--snapshot-every-bytes=0"))
+            s.settle()
+            led = [p for p, (primary, r) in s.table(n1).items() if primary == "n1" and r == ("n3",)]
+            self.assertTrue(led)
+            set_, sreq, _ = n1.cache.methods["Set"]
+            big = make_value(b"f" * 65536)
+
+            def refused_for_n3(key):
+                try:
+                    set_(sreq(key=key, value=big), timeout=10)
+                    return False
+                except grpc.RpcError as e:
+                    f = RpcFailure(e)
+                    self.assertRpcFailure(f, grpc.StatusCode.RESOURCE_EXHAUSTED, "JOURNAL_DISK_QUOTA")
+                    self.assertEqual(f.quota_failure.violations[0].subject, "node:n3")
+                    return True
+
+            written = 0
+            while not refused_for_n3(s.key_in(led[written % len(led)], "fill%d" % written)):
+                written += 1
+                self.assertLess(written, 200, "n3's quota never refused")
+            shrinks = details(n1)["inSyncShrinks"]
+            # Idle for longer than a room report stays fresh without being
+            # heard again: heartbeats keep it fresh, so the write is never
+            # sent to n3 as a probe (which n3 would refuse, and be dropped).
+            until = time.monotonic() + 3
+            tries = 0
+            while time.monotonic() < until:
+                self.assertTrue(refused_for_n3(s.key_in(led[0], "idle%d" % tries)))
+                tries += 1
+                time.sleep(0.3)  # spacing the attempts, not waiting for anything
+            self.assertEqual(details(n1)["inSyncShrinks"], shrinks, "n3 was dropped")
+            self.assertTrue(all(r == ("n3",) for p, (pr, r) in s.table(n1).items() if p in led))
 
 
 if __name__ == "__main__":

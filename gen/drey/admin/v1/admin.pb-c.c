@@ -202,6 +202,12 @@ void   drey__admin__v1__readiness_details__eviction__init
   static const Drey__Admin__V1__ReadinessDetails__Eviction init_value = DREY__ADMIN__V1__READINESS_DETAILS__EVICTION__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__cluster__partition_replica__init
+                     (Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica init_value = DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__PARTITION_REPLICA__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__cluster__init
                      (Drey__Admin__V1__ReadinessDetails__Cluster         *message)
 {
@@ -1227,7 +1233,123 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__d
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__eviction__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[35] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__partition_replica__field_descriptors[7] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "role",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, role),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "epoch",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "in_sync",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, n_in_sync),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, in_sync),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pending",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, pending),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "lag_ms",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica, lag_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__cluster__partition_replica__field_indices_by_name[] = {
+  2,   /* field[2] = epoch */
+  4,   /* field[4] = in_sync */
+  6,   /* field[6] = lag_ms */
+  0,   /* field[0] = partition */
+  5,   /* field[5] = pending */
+  1,   /* field[1] = role */
+  3,   /* field[3] = sequence */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__partition_replica__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__partition_replica__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Cluster.PartitionReplica",
+  "PartitionReplica",
+  "Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica),
+  7,
+  drey__admin__v1__readiness_details__cluster__partition_replica__field_descriptors,
+  drey__admin__v1__readiness_details__cluster__partition_replica__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__cluster__partition_replica__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__partition_replica__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[36] =
 {
   {
     "node_id",
@@ -1649,6 +1771,18 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "replicas",
+    36,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, n_replicas),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, replicas),
+    &drey__admin__v1__readiness_details__cluster__partition_replica__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   24,   /* field[24] = backup_partitions */
@@ -1679,6 +1813,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
   33,   /* field[33] = records_refused */
   32,   /* field[32] = records_taken */
   29,   /* field[29] = replica_failures */
+  35,   /* field[35] = replicas */
   28,   /* field[28] = replicated_records */
   23,   /* field[23] = replication_factor */
   27,   /* field[27] = replication_pending */
@@ -1690,7 +1825,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 35 }
+  { 0, 36 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1700,7 +1835,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  35,
+  36,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,

@@ -31,6 +31,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Recovery Drey__Admin__V1__Read
 typedef struct Drey__Admin__V1__ReadinessDetails__DataDisk Drey__Admin__V1__ReadinessDetails__DataDisk;
 typedef struct Drey__Admin__V1__ReadinessDetails__Eviction Drey__Admin__V1__ReadinessDetails__Eviction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster Drey__Admin__V1__ReadinessDetails__Cluster;
+typedef struct Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica;
 
 
 /* --- enums --- */
@@ -281,6 +282,46 @@ struct  Drey__Admin__V1__ReadinessDetails__Eviction
 
 
 /*
+ * Each partition this node leads or backs, with its replication's
+ * state as this node sees it.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  /*
+   * "primary" or "backup"
+   */
+  char *role;
+  /*
+   * of the entry this node routes with
+   */
+  int64_t epoch;
+  /*
+   * The last write applied here: primary, the last it acknowledged;
+   * backup, the last record it took and applied.
+   */
+  uint64_t sequence;
+  /*
+   * primary: its in-sync backups
+   */
+  size_t n_in_sync;
+  char **in_sync;
+  /*
+   * Primary: writes waiting for their backups, and how long the oldest
+   * has waited. Backup: how long ago it last knew it had every write
+   * the primary acknowledged (what a stale read may miss; grows while
+   * the primary is silent).
+   */
+  uint64_t pending;
+  uint64_t lag_ms;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__PARTITION_REPLICA__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__partition_replica__descriptor) \
+    , 0, (char *)protobuf_c_empty_string, 0, 0, 0,NULL, 0, 0 }
+
+
+/*
  * A cluster node's view (absent on a single node). It stays ready while it
  * can route: with etcd unreachable it serves with the table it has, which
  * cannot change meanwhile.
@@ -360,10 +401,12 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
   uint64_t records_taken;
   uint64_t records_refused;
   uint64_t failovers;
+  size_t n_replicas;
+  Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica **replicas;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL }
 
 
 struct  Drey__Admin__V1__ReadinessDetails
@@ -478,6 +521,9 @@ void   drey__admin__v1__readiness_details__data_disk__init
 /* Drey__Admin__V1__ReadinessDetails__Eviction methods */
 void   drey__admin__v1__readiness_details__eviction__init
                      (Drey__Admin__V1__ReadinessDetails__Eviction         *message);
+/* Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica methods */
+void   drey__admin__v1__readiness_details__cluster__partition_replica__init
+                     (Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica         *message);
 /* Drey__Admin__V1__ReadinessDetails__Cluster methods */
 void   drey__admin__v1__readiness_details__cluster__init
                      (Drey__Admin__V1__ReadinessDetails__Cluster         *message);
@@ -541,6 +587,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__DataDisk_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__Eviction_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Eviction *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Cluster *message,
                   void *closure_data);
@@ -598,6 +647,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__reco
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data_disk__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__partition_replica__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS

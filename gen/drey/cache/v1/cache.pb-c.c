@@ -1992,7 +1992,7 @@ const ProtobufCMessageDescriptor drey__cache__v1__value__descriptor =
   (ProtobufCMessageInit) drey__cache__v1__value__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__cache__v1__get_request__field_descriptors[2] =
+static const ProtobufCFieldDescriptor drey__cache__v1__get_request__field_descriptors[3] =
 {
   {
     "cache",
@@ -2018,15 +2018,28 @@ static const ProtobufCFieldDescriptor drey__cache__v1__get_request__field_descri
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "allow_stale",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetRequest, allow_stale),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__cache__v1__get_request__field_indices_by_name[] = {
+  2,   /* field[2] = allow_stale */
   0,   /* field[0] = cache */
   1,   /* field[1] = key */
 };
 static const ProtobufCIntRange drey__cache__v1__get_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor drey__cache__v1__get_request__descriptor =
 {
@@ -2036,14 +2049,14 @@ const ProtobufCMessageDescriptor drey__cache__v1__get_request__descriptor =
   "Drey__Cache__V1__GetRequest",
   "drey.cache.v1",
   sizeof(Drey__Cache__V1__GetRequest),
-  2,
+  3,
   drey__cache__v1__get_request__field_descriptors,
   drey__cache__v1__get_request__field_indices_by_name,
   1,  drey__cache__v1__get_request__number_ranges,
   (ProtobufCMessageInit) drey__cache__v1__get_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__cache__v1__get_response__field_descriptors[4] =
+static const ProtobufCFieldDescriptor drey__cache__v1__get_response__field_descriptors[6] =
 {
   {
     "found",
@@ -2093,17 +2106,43 @@ static const ProtobufCFieldDescriptor drey__cache__v1__get_response__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_backup",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetResponse, from_backup),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "lag_ms",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetResponse, lag_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__cache__v1__get_response__field_indices_by_name[] = {
   3,   /* field[3] = expires_at */
   0,   /* field[0] = found */
+  4,   /* field[4] = from_backup */
+  5,   /* field[5] = lag_ms */
   1,   /* field[1] = value */
   2,   /* field[2] = version */
 };
 static const ProtobufCIntRange drey__cache__v1__get_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor drey__cache__v1__get_response__descriptor =
 {
@@ -2113,14 +2152,14 @@ const ProtobufCMessageDescriptor drey__cache__v1__get_response__descriptor =
   "Drey__Cache__V1__GetResponse",
   "drey.cache.v1",
   sizeof(Drey__Cache__V1__GetResponse),
-  4,
+  6,
   drey__cache__v1__get_response__field_descriptors,
   drey__cache__v1__get_response__field_indices_by_name,
   1,  drey__cache__v1__get_response__number_ranges,
   (ProtobufCMessageInit) drey__cache__v1__get_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__cache__v1__get_many_request__field_descriptors[2] =
+static const ProtobufCFieldDescriptor drey__cache__v1__get_many_request__field_descriptors[3] =
 {
   {
     "cache",
@@ -2146,15 +2185,28 @@ static const ProtobufCFieldDescriptor drey__cache__v1__get_many_request__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "allow_stale",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetManyRequest, allow_stale),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__cache__v1__get_many_request__field_indices_by_name[] = {
+  2,   /* field[2] = allow_stale */
   0,   /* field[0] = cache */
   1,   /* field[1] = keys */
 };
 static const ProtobufCIntRange drey__cache__v1__get_many_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor drey__cache__v1__get_many_request__descriptor =
 {
@@ -2164,7 +2216,7 @@ const ProtobufCMessageDescriptor drey__cache__v1__get_many_request__descriptor =
   "Drey__Cache__V1__GetManyRequest",
   "drey.cache.v1",
   sizeof(Drey__Cache__V1__GetManyRequest),
-  2,
+  3,
   drey__cache__v1__get_many_request__field_descriptors,
   drey__cache__v1__get_many_request__field_indices_by_name,
   1,  drey__cache__v1__get_many_request__number_ranges,
@@ -2261,7 +2313,7 @@ const ProtobufCMessageDescriptor drey__cache__v1__get_many_response__result__des
   (ProtobufCMessageInit) drey__cache__v1__get_many_response__result__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__cache__v1__get_many_response__field_descriptors[1] =
+static const ProtobufCFieldDescriptor drey__cache__v1__get_many_response__field_descriptors[3] =
 {
   {
     "results",
@@ -2275,14 +2327,40 @@ static const ProtobufCFieldDescriptor drey__cache__v1__get_many_response__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_backup",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetManyResponse, from_backup),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "lag_ms",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cache__V1__GetManyResponse, lag_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__cache__v1__get_many_response__field_indices_by_name[] = {
+  1,   /* field[1] = from_backup */
+  2,   /* field[2] = lag_ms */
   0,   /* field[0] = results */
 };
 static const ProtobufCIntRange drey__cache__v1__get_many_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor drey__cache__v1__get_many_response__descriptor =
 {
@@ -2292,7 +2370,7 @@ const ProtobufCMessageDescriptor drey__cache__v1__get_many_response__descriptor 
   "Drey__Cache__V1__GetManyResponse",
   "drey.cache.v1",
   sizeof(Drey__Cache__V1__GetManyResponse),
-  1,
+  3,
   drey__cache__v1__get_many_response__field_descriptors,
   drey__cache__v1__get_many_response__field_indices_by_name,
   1,  drey__cache__v1__get_many_response__number_ranges,

@@ -144,10 +144,18 @@ struct  Drey__Cache__V1__GetRequest
   ProtobufCMessage base;
   char *cache;
   char *key;
+  /*
+   * On a cluster with replicas: the node called may answer from its own
+   * in-sync backup copy of the key's partition (no hop to the primary, and
+   * an answer while the primary is gone), at the cost of missing the writes
+   * acknowledged during the last lag_ms of the answer. Off: the primary
+   * answers (linearizable under its lease).
+   */
+  protobuf_c_boolean allow_stale;
 };
 #define DREY__CACHE__V1__GET_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__get_request__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Drey__Cache__V1__GetResponse
@@ -160,10 +168,16 @@ struct  Drey__Cache__V1__GetResponse
    * Set only when the entry expires.
    */
   Google__Protobuf__Timestamp *expires_at;
+  /*
+   * A backup answered (allow_stale): it had every write its primary
+   * acknowledged up to lag_ms ago, and may miss those since.
+   */
+  protobuf_c_boolean from_backup;
+  uint64_t lag_ms;
 };
 #define DREY__CACHE__V1__GET_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__get_response__descriptor) \
-    , 0, NULL, 0, NULL }
+    , 0, NULL, 0, NULL, 0, 0 }
 
 
 struct  Drey__Cache__V1__GetManyRequest
@@ -172,10 +186,14 @@ struct  Drey__Cache__V1__GetManyRequest
   char *cache;
   size_t n_keys;
   char **keys;
+  /*
+   * As GetRequest.allow_stale, per key.
+   */
+  protobuf_c_boolean allow_stale;
 };
 #define DREY__CACHE__V1__GET_MANY_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__get_many_request__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0 }
 
 
 struct  Drey__Cache__V1__GetManyResponse__Result
@@ -197,10 +215,16 @@ struct  Drey__Cache__V1__GetManyResponse
   ProtobufCMessage base;
   size_t n_results;
   Drey__Cache__V1__GetManyResponse__Result **results;
+  /*
+   * Some keys were answered by backups (allow_stale); lag_ms is the
+   * largest lag among them.
+   */
+  protobuf_c_boolean from_backup;
+  uint64_t lag_ms;
 };
 #define DREY__CACHE__V1__GET_MANY_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__cache__v1__get_many_response__descriptor) \
-    , 0,NULL }
+    , 0,NULL, 0, 0 }
 
 
 typedef enum {

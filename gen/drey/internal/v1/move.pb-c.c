@@ -322,6 +322,57 @@ void   drey__internal__v1__replicate_response__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__replicate_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__internal__v1__beat_request__mark__init
+                     (Drey__Internal__V1__BeatRequest__Mark         *message)
+{
+  static const Drey__Internal__V1__BeatRequest__Mark init_value = DREY__INTERNAL__V1__BEAT_REQUEST__MARK__INIT;
+  *message = init_value;
+}
+void   drey__internal__v1__beat_request__init
+                     (Drey__Internal__V1__BeatRequest         *message)
+{
+  static const Drey__Internal__V1__BeatRequest init_value = DREY__INTERNAL__V1__BEAT_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__beat_request__get_packed_size
+                     (const Drey__Internal__V1__BeatRequest *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__beat_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__beat_request__pack
+                     (const Drey__Internal__V1__BeatRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__beat_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__beat_request__pack_to_buffer
+                     (const Drey__Internal__V1__BeatRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__beat_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__BeatRequest *
+       drey__internal__v1__beat_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__BeatRequest *)
+     protobuf_c_message_unpack (&drey__internal__v1__beat_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__beat_request__free_unpacked
+                     (Drey__Internal__V1__BeatRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__beat_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   drey__internal__v1__hash_request__init
                      (Drey__Internal__V1__HashRequest         *message)
 {
@@ -983,6 +1034,121 @@ const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descrip
   (ProtobufCMessageInit) drey__internal__v1__replicate_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor drey__internal__v1__beat_request__mark__field_descriptors[3] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__BeatRequest__Mark, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "epoch",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__BeatRequest__Mark, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__BeatRequest__Mark, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__beat_request__mark__field_indices_by_name[] = {
+  1,   /* field[1] = epoch */
+  0,   /* field[0] = partition */
+  2,   /* field[2] = sequence */
+};
+static const ProtobufCIntRange drey__internal__v1__beat_request__mark__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__beat_request__mark__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.BeatRequest.Mark",
+  "Mark",
+  "Drey__Internal__V1__BeatRequest__Mark",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__BeatRequest__Mark),
+  3,
+  drey__internal__v1__beat_request__mark__field_descriptors,
+  drey__internal__v1__beat_request__mark__field_indices_by_name,
+  1,  drey__internal__v1__beat_request__mark__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__beat_request__mark__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__beat_request__field_descriptors[2] =
+{
+  {
+    "partitions",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__BeatRequest, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "marks",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Internal__V1__BeatRequest, n_marks),
+    offsetof(Drey__Internal__V1__BeatRequest, marks),
+    &drey__internal__v1__beat_request__mark__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__beat_request__field_indices_by_name[] = {
+  1,   /* field[1] = marks */
+  0,   /* field[0] = partitions */
+};
+static const ProtobufCIntRange drey__internal__v1__beat_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.BeatRequest",
+  "BeatRequest",
+  "Drey__Internal__V1__BeatRequest",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__BeatRequest),
+  2,
+  drey__internal__v1__beat_request__field_descriptors,
+  drey__internal__v1__beat_request__field_indices_by_name,
+  1,  drey__internal__v1__beat_request__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__beat_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor drey__internal__v1__hash_request__field_descriptors[2] =
 {
   {
@@ -1179,13 +1345,15 @@ void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Servic
                                      &drey__internal__v1__partitions__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }
-static const ProtobufCMethodDescriptor drey__internal__v1__replica__method_descriptors[2] =
+static const ProtobufCMethodDescriptor drey__internal__v1__replica__method_descriptors[3] =
 {
   { "Apply", &drey__internal__v1__replicate_request__descriptor, &drey__internal__v1__replicate_response__descriptor },
   { "Hash", &drey__internal__v1__hash_request__descriptor, &drey__internal__v1__hash_response__descriptor },
+  { "Beat", &drey__internal__v1__beat_request__descriptor, &drey__internal__v1__replicate_response__descriptor },
 };
 const unsigned drey__internal__v1__replica__method_indices_by_name[] = {
   0,        /* Apply */
+  2,        /* Beat */
   1         /* Hash */
 };
 const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor =
@@ -1195,7 +1363,7 @@ const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor =
   "Replica",
   "Drey__Internal__V1__Replica",
   "drey.internal.v1",
-  2,
+  3,
   drey__internal__v1__replica__method_descriptors,
   drey__internal__v1__replica__method_indices_by_name
 };
@@ -1214,6 +1382,14 @@ void drey__internal__v1__replica__hash(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__internal__v1__replica__descriptor);
   service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__internal__v1__replica__beat(ProtobufCService *service,
+                                       const Drey__Internal__V1__BeatRequest *input,
+                                       Drey__Internal__V1__ReplicateResponse_Closure closure,
+                                       void *closure_data)
+{
+  assert(service->descriptor == &drey__internal__v1__replica__descriptor);
+  service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
                                         Drey__Internal__V1__Replica_ServiceDestroy destroy)

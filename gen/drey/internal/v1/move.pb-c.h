@@ -22,6 +22,8 @@ typedef struct Drey__Internal__V1__DropRequest Drey__Internal__V1__DropRequest;
 typedef struct Drey__Internal__V1__DropResponse Drey__Internal__V1__DropResponse;
 typedef struct Drey__Internal__V1__ReplicateRequest Drey__Internal__V1__ReplicateRequest;
 typedef struct Drey__Internal__V1__ReplicateResponse Drey__Internal__V1__ReplicateResponse;
+typedef struct Drey__Internal__V1__BeatRequest Drey__Internal__V1__BeatRequest;
+typedef struct Drey__Internal__V1__BeatRequest__Mark Drey__Internal__V1__BeatRequest__Mark;
 typedef struct Drey__Internal__V1__HashRequest Drey__Internal__V1__HashRequest;
 typedef struct Drey__Internal__V1__PartitionHash Drey__Internal__V1__PartitionHash;
 typedef struct Drey__Internal__V1__HashResponse Drey__Internal__V1__HashResponse;
@@ -192,6 +194,37 @@ struct  Drey__Internal__V1__ReplicateResponse
 #define DREY__INTERNAL__V1__REPLICATE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__replicate_response__descriptor) \
     , 0, 0 }
+
+
+struct  Drey__Internal__V1__BeatRequest__Mark
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  int64_t epoch;
+  /*
+   * The sequence number of the partition's last write the primary
+   * applied (and so acknowledged); 0: none yet.
+   */
+  uint64_t sequence;
+};
+#define DREY__INTERNAL__V1__BEAT_REQUEST__MARK__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__beat_request__mark__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Drey__Internal__V1__BeatRequest
+{
+  ProtobufCMessage base;
+  /*
+   * the cluster's count
+   */
+  uint32_t partitions;
+  size_t n_marks;
+  Drey__Internal__V1__BeatRequest__Mark **marks;
+};
+#define DREY__INTERNAL__V1__BEAT_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__beat_request__descriptor) \
+    , 0, 0,NULL }
 
 
 struct  Drey__Internal__V1__HashRequest
@@ -372,6 +405,28 @@ Drey__Internal__V1__ReplicateResponse *
 void   drey__internal__v1__replicate_response__free_unpacked
                      (Drey__Internal__V1__ReplicateResponse *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__BeatRequest__Mark methods */
+void   drey__internal__v1__beat_request__mark__init
+                     (Drey__Internal__V1__BeatRequest__Mark         *message);
+/* Drey__Internal__V1__BeatRequest methods */
+void   drey__internal__v1__beat_request__init
+                     (Drey__Internal__V1__BeatRequest         *message);
+size_t drey__internal__v1__beat_request__get_packed_size
+                     (const Drey__Internal__V1__BeatRequest   *message);
+size_t drey__internal__v1__beat_request__pack
+                     (const Drey__Internal__V1__BeatRequest   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__beat_request__pack_to_buffer
+                     (const Drey__Internal__V1__BeatRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__BeatRequest *
+       drey__internal__v1__beat_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__beat_request__free_unpacked
+                     (Drey__Internal__V1__BeatRequest *message,
+                      ProtobufCAllocator *allocator);
 /* Drey__Internal__V1__HashRequest methods */
 void   drey__internal__v1__hash_request__init
                      (Drey__Internal__V1__HashRequest         *message);
@@ -452,6 +507,12 @@ typedef void (*Drey__Internal__V1__ReplicateRequest_Closure)
 typedef void (*Drey__Internal__V1__ReplicateResponse_Closure)
                  (const Drey__Internal__V1__ReplicateResponse *message,
                   void *closure_data);
+typedef void (*Drey__Internal__V1__BeatRequest__Mark_Closure)
+                 (const Drey__Internal__V1__BeatRequest__Mark *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__BeatRequest_Closure)
+                 (const Drey__Internal__V1__BeatRequest *message,
+                  void *closure_data);
 typedef void (*Drey__Internal__V1__HashRequest_Closure)
                  (const Drey__Internal__V1__HashRequest *message,
                   void *closure_data);
@@ -506,6 +567,10 @@ struct Drey__Internal__V1__Replica_Service
                const Drey__Internal__V1__HashRequest *input,
                Drey__Internal__V1__HashResponse_Closure closure,
                void *closure_data);
+  void (*beat)(Drey__Internal__V1__Replica_Service *service,
+               const Drey__Internal__V1__BeatRequest *input,
+               Drey__Internal__V1__ReplicateResponse_Closure closure,
+               void *closure_data);
 };
 typedef void (*Drey__Internal__V1__Replica_ServiceDestroy)(Drey__Internal__V1__Replica_Service *);
 void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
@@ -515,7 +580,8 @@ void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *ser
 #define DREY__INTERNAL__V1__REPLICA__INIT(function_prefix__) \
     { DREY__INTERNAL__V1__REPLICA__BASE_INIT,\
       function_prefix__ ## apply,\
-      function_prefix__ ## hash  }
+      function_prefix__ ## hash,\
+      function_prefix__ ## beat  }
 void drey__internal__v1__replica__apply(ProtobufCService *service,
                                         const Drey__Internal__V1__ReplicateRequest *input,
                                         Drey__Internal__V1__ReplicateResponse_Closure closure,
@@ -523,6 +589,10 @@ void drey__internal__v1__replica__apply(ProtobufCService *service,
 void drey__internal__v1__replica__hash(ProtobufCService *service,
                                        const Drey__Internal__V1__HashRequest *input,
                                        Drey__Internal__V1__HashResponse_Closure closure,
+                                       void *closure_data);
+void drey__internal__v1__replica__beat(ProtobufCService *service,
+                                       const Drey__Internal__V1__BeatRequest *input,
+                                       Drey__Internal__V1__ReplicateResponse_Closure closure,
                                        void *closure_data);
 
 /* --- descriptors --- */
@@ -534,6 +604,8 @@ extern const ProtobufCMessageDescriptor drey__internal__v1__drop_request__descri
 extern const ProtobufCMessageDescriptor drey__internal__v1__drop_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__beat_request__mark__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__hash_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__partition_hash__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__hash_response__descriptor;
