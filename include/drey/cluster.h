@@ -132,6 +132,7 @@ uint32_t drey_cluster_replication_factor(const drey_cluster *c);
  * in-sync backups and is applied once every copy has it (replicate.c). */
 drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r);
 void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc);
+int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r);
 /* After drey_cluster_join: the node's Watch streams follow the partitions
  * they cover at their owners (src/cluster/subscribe.c; see watch.h). */
 void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w);

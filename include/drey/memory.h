@@ -53,16 +53,21 @@ bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
 #define DREY_MEMORY_MAX_EVICTIONS 4096
 
 /* drey_memory_admit, evicting under the store's policy: when the write
- * needs room, *evicted (arena memory) names entries whose bytes make it;
- * when they cannot (nothing evictable is left), the write is refused with
- * MEMORY_PRESSURE and nothing is chosen. */
+ * needs room, *evicted (arena memory) names entries whose bytes make it
+ * (*evicted_bytes: theirs), chosen among those `only` allows (NULL: any),
+ * enough for the room here and for `others` (the room of other copies that
+ * evict the same entries; INT64_MAX: none); when they cannot (nothing
+ * evictable is left), the write is refused with MEMORY_PRESSURE and
+ * nothing is chosen. Without a policy only this node's room counts (the
+ * other copies' is the replicator's to check). */
 /* A write that would open a new cache past max_caches is refused
  * (RESOURCE_EXHAUSTED TOO_MANY_CACHES, st filled): every cache holds a slot
  * of the store's registry, which must not grow without bound. */
 bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st);
 
-bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,
-                                const drey_store_victim **evicted, size_t *n_evicted, drey_status *st);
+bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
+                                int64_t others, drey_arena *arena, const drey_store_victim **evicted,
+                                size_t *n_evicted, int64_t *evicted_bytes, drey_status *st);
 
 typedef struct drey_memory_stats {
     drey_level state; /* HIGH: used >= high; CRITICAL: used >= critical */

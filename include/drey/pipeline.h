@@ -148,6 +148,10 @@ struct drey_request {
      * error, with ErrorInfo metadata outcome=unknown (other copies may or
      * may not have it); 0: answered as applied. */
     drey_error answer_unknown;
+    /* The entries a write may evict (the route row's: a replicated
+     * partition's write evicts only its own partition's entries, which
+     * every copy of the partition then evicts alike); keep NULL: any. */
+    drey_store_filter evict_only;
     /* Given to the method as drey_apply.keep (the route row's). */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *keep_ctx;
@@ -166,6 +170,10 @@ struct drey_request {
 typedef struct drey_replicator {
     drey_stage_result (*prepare)(void *ctx, drey_request *r);
     void (*appended)(void *ctx, drey_request *r, int rc);
+    /* Memory admission: the least room the write's other copies have
+     * (INT64_MAX: no other, or none known), so that a write evicting to
+     * fit evicts enough for every copy (its victims go everywhere). */
+    int64_t (*memory_room)(void *ctx, const drey_request *r);
     void *ctx;
 } drey_replicator;
 

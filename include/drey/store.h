@@ -225,8 +225,14 @@ drey_evict_policy drey_store_policy(const drey_store *s);
  * bytes chosen; less than need_bytes when nothing more is evictable under
  * the policy. Nothing is removed: the caller journals the choice and removes
  * the victims with drey_store_txn_evict(). Internal caches ('#...') are
- * never chosen. */
+ * never chosen, nor entries `only` says no to (NULL: any may be). */
+typedef struct drey_store_filter {
+    bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
+    void *ctx;
+} drey_store_filter;
+
 int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_bytes, size_t max_victims,
+                                const drey_store_filter *only,
                                 void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg);
 
 /* An entry chosen for eviction, as a write's journal record names it. */

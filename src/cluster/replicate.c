@@ -120,6 +120,16 @@ static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
     return r;
 }
 
+/* What is left of a backup's memory room: what it said, less what was sent
+ * to it since; INT64_MAX when it was not heard lately (room_refusal lets
+ * the write through as a probe then). */
+static int64_t memory_left(const drey_cluster__room *room) {
+    if (drey_mono_ns() - atomic_load(&room->heard_ns) > ROOM_FRESH_NS && atomic_load(&room->sent_journal) == 0)
+        return INT64_MAX;
+    int64_t m = atomic_load(&room->memory), ms = atomic_load(&room->sent_memory);
+    return m == INT64_MAX ? INT64_MAX : ms >= m ? 0 : m - ms;
+}
+
 /* NONE, or the refusal of a write that would not fit on the backup (what
  * it lately said it has room for, less what was sent to it since). */
 static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_need, int64_t memory_need,
@@ -132,10 +142,9 @@ static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_
         *have = js >= j ? 0 : j - js;
         return DREY_ERR_JOURNAL_DISK_QUOTA;
     }
-    int64_t m = atomic_load(&room->memory);
-    int64_t ms = atomic_load(&room->sent_memory);
-    if (memory_need > 0 && m != INT64_MAX && (ms >= m || memory_need > m - ms)) {
-        *have = ms >= m ? 0 : (uint64_t)(m - ms);
+    int64_t m = memory_left(room);
+    if (memory_need > 0 && memory_need > m) {
+        *have = (uint64_t)m;
         return DREY_ERR_MEMORY_PRESSURE;
     }
     return DREY_ERR_NONE;
@@ -222,7 +231,8 @@ static void drain(drey_cluster *c, uint32_t p) {
         ln->queued--;
         pthread_mutex_unlock(&ln->mu);
         drey_request *r = rec->r;
-        if (rec->local_err != 0) {
+        if (rec->local_err != 0 && rec->n_durable == 0) {
+            /* No copy has it durable (a dropped backup's copy is replaced): refused. */
             drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
             drey_status_init(st);
             drey_status_set(st, DREY_ERR_JOURNAL_WRITE_FAILED);
@@ -231,10 +241,14 @@ static void drain(drey_cluster *c, uint32_t p) {
         } else {
             r->now_ms = rec->time_ms;
             /* Applied in any case: every copy that has the record applies
-             * it. Answered as of unknown outcome when this node may no
+             * it (also here when this node's own journal failed it: the
+             * backups applied it, and the copies must not differ).
+             * Answered as of unknown outcome then, when this node may no
              * longer lead the partition, or when backups were dropped and
              * fewer copies than --min-in-sync have it. */
-            if (rec->unknown || !drey_cluster__lease_valid(c))
+            if (rec->local_err != 0)
+                r->answer_unknown = DREY_ERR_JOURNAL_WRITE_FAILED;
+            else if (rec->unknown || !drey_cluster__lease_valid(c))
                 r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
             else if ((uint32_t)1 + rec->n_durable < c->opts.min_in_sync)
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
@@ -357,7 +371,7 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
     }
     /* What the backups journal: this record inside an Apply request. */
     uint64_t journal_need = ((uint64_t)r->entry.len + 128 + 40 + 7) & ~(uint64_t)7;
-    int64_t memory_need = r->growth > 0 ? r->growth : 0;
+    int64_t memory_need = r->growth > 0 ? r->growth : 0; /* net of what it evicts: every copy evicts it */
     drey_cluster__room *rooms[DREY_CLUSTER_MAX_REPLICAS] = {0};
     for (uint8_t i = 0; i < part->n_replicas; i++) {
         const char *id = t->nodes[part->replicas[i]].id;
@@ -415,6 +429,22 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
 out:
     drey_cluster__topology_unref(t);
     return res;
+}
+
+int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r) {
+    drey_cluster *c = cluster;
+    if (r->route_note == NULL)
+        return INT64_MAX;
+    uint32_t p = drey_cluster__held_partition(r);
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    int64_t least = INT64_MAX;
+    for (uint8_t i = 0; p < t->n_parts && i < t->parts[p].n_replicas; i++) {
+        drey_cluster__room *room = room_of(c, t->nodes[t->parts[p].replicas[i]].id);
+        int64_t m = room != NULL ? memory_left(room) : INT64_MAX;
+        least = m < least ? m : least;
+    }
+    drey_cluster__topology_unref(t);
+    return least;
 }
 
 void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {

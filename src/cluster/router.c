@@ -633,6 +633,11 @@ static void waiter_wake(drey_cluster__waiter *w) {
     reroute(f);
 }
 
+static bool in_partition(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len) {
+    const hold *h = ctx;
+    return drey_placement_partition(cache, cache_len, key, key_len, h->c->n_parts) == h->partition;
+}
+
 /* A write this node runs for partition p: counted in (the mover waits for
  * the count to drain), or parked while p is frozen. The count goes up
  * before the freeze is looked at, and the mover freezes before it looks at
@@ -646,6 +651,10 @@ static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, 
         r->on_release = write_done;
         r->release_arg = h;
         r->route_note = h;
+        /* Its record's victims are evicted by every copy of p: only p's
+         * entries (another partition's copies elsewhere would differ). */
+        if (c->rf > 1)
+            r->evict_only = (drey_store_filter){.keep = in_partition, .ctx = h};
         return DREY_STAGE_NEXT;
     }
     if (atomic_fetch_sub(&ps->inflight, 1) == 1) {

@@ -490,6 +490,7 @@ int main(int argc, char **argv, char **envp) {
         if (drey_cluster_replication_factor(cluster) > 1)
             drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
                                                                       .appended = drey_cluster_replicate_appended,
+                                                                      .memory_room = drey_cluster_replicate_memory_room,
                                                                       .ctx = cluster});
         drey_cluster_attach_watch(cluster, watch);
         drey_admin_set_cluster(admin, cluster);

@@ -117,22 +117,29 @@ bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st)
     return false;
 }
 
-bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, drey_arena *arena,
-                                const drey_store_victim **evicted, size_t *n_evicted, drey_status *st) {
+bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
+                                int64_t others, drey_arena *arena, const drey_store_victim **evicted,
+                                size_t *n_evicted, int64_t *evicted_bytes, drey_status *st) {
     *evicted = NULL;
     *n_evicted = 0;
+    *evicted_bytes = 0;
     if (growth <= 0)
         return true;
     int64_t used = drey_store_bytes(m->store);
-    if (growth <= m->critical - used)
+    int64_t room = m->critical - used;
+    bool policy = drey_store_policy(m->store) != DREY_EVICT_NONE;
+    int64_t tightest = policy && others < room ? others : room;
+    if (growth <= tightest)
         return true;
-    if (drey_store_policy(m->store) == DREY_EVICT_NONE)
+    if (!policy)
         return refuse(m, used, growth, st);
     /* Room for this write only (Redis evicts per command the same way):
      * evicting further ahead would journal victims no write needed yet. */
-    int64_t need = growth - (m->critical - used);
+    int64_t need = growth - tightest;
     victims vs = {.arena = arena};
-    int64_t chosen = drey_store_evict_choose(m->store, now_ms, need, DREY_MEMORY_MAX_EVICTIONS, add_victim, &vs);
+    int64_t chosen = drey_store_evict_choose(m->store, now_ms, need, DREY_MEMORY_MAX_EVICTIONS, only, add_victim, &vs);
+    if (chosen < need && growth <= room)
+        return true; /* it fits here: the copy it does not fit on refuses it (the replicator) */
     if (chosen < need) {
         bool ok = refuse(m, used, growth, st);
         drey_status_add_metadata(st, "evictionPolicy", "%s", drey_evict_policy_name(drey_store_policy(m->store)));
@@ -142,6 +149,7 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
     atomic_fetch_add_explicit(&m->evicting, 1, memory_order_relaxed);
     *evicted = vs.v;
     *n_evicted = vs.n;
+    *evicted_bytes = chosen;
     return true;
 }
 

@@ -171,6 +171,7 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     r->growth = growth; /* a replicated write's backups must have room for it too */
     if (o->memory == NULL)
         return DREY_STAGE_NEXT;
+    int64_t evicted_bytes;
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     /* A write that adds an entry may open a cache: within --max-caches. */
     const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(r->msg->descriptor, "cache");
@@ -181,9 +182,13 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     }
     /* With --eviction the victims ride in the write's journal record and go
      * when it applies: a write refused from here on evicted nothing. */
-    if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), r->arena, &r->write.evicted,
-                                   &r->write.n_evicted, st))
+    const drey_replicator *rep = drey_pipeline__replicator(p);
+    int64_t others = rep != NULL && rep->memory_room != NULL ? rep->memory_room(rep->ctx, r) : INT64_MAX;
+    if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), &r->evict_only, others, r->arena,
+                                   &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
+        r->growth -= evicted_bytes; /* its backups evict the same entries */
         return DREY_STAGE_NEXT;
+    }
     r->status = st;
     return DREY_STAGE_REJECT;
 }

@@ -212,7 +212,12 @@ static size_t shard_evictable(const drey_store *s, const shard *sh) {
  * many were eligible (0: no shard holds anything the policy may evict).
  * Thorough: probe whole shards, not SAMPLE_BUCKETS buckets from a random
  * one (after a sample found nothing, so a rare eligible entry is found). */
-static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
+static bool allowed(const drey_store_filter *only, const entry *e) {
+    return only == NULL || only->keep == NULL ||
+           only->keep(only->ctx, (const char *)e->data, e->cache_len, (const char *)e->data + e->cache_len, e->key_len);
+}
+
+static size_t populate(drey_store *s, int64_t now_ms, bool thorough, const drey_store_filter *only) {
     uint64_t mono = access_ms();
     uint32_t now_lfu = lfu_now();
     size_t start = (size_t)rnd(), eligible = 0;
@@ -227,7 +232,7 @@ static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
         for (size_t p = 0; p < probes && eligible < SAMPLES; p++, b = (b + 1) & sh->mask) {
             for (const entry *e = sh->buckets[b]; e != NULL && eligible < SAMPLES; e = e->next) {
                 uint64_t score;
-                if (score_of(s, e, now_ms, mono, now_lfu, &score)) {
+                if (allowed(only, e) && score_of(s, e, now_ms, mono, now_lfu, &score)) {
                     pool_insert(s, e, score);
                     eligible++;
                 }
@@ -243,9 +248,9 @@ static size_t populate(drey_store *s, int64_t now_ms, bool thorough) {
  * since it was sampled scores lower now: it goes back into the pool with
  * its new score when another candidate now beats it (Redis evicts on the
  * stale score; this keeps a key read a moment ago). Pool lock held. */
-static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, const drey_store_item *victim,
-                                                                   size_t bytes),
-                         void *arg, const uint64_t *taken, size_t n_taken, uint64_t *version) {
+static size_t pop_victim(drey_store *s, int64_t now_ms, const drey_store_filter *only,
+                         void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg,
+                         const uint64_t *taken, size_t n_taken, uint64_t *version) {
     uint64_t mono = access_ms();
     uint32_t now_lfu = lfu_now();
     for (size_t rescored = 0; s->pool_len > 0;) {
@@ -263,7 +268,10 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, co
             while (e != NULL && !drey_store__matches(e, &k))
                 e = e->next;
             uint64_t now_score;
-            if (e != NULL && e->version == pe.version && score_of(s, e, now_ms, mono, now_lfu, &now_score)) {
+            /* A candidate another choice sampled may be one this one may
+             * not take: it goes (it is sampled again when wanted). */
+            if (e != NULL && e->version == pe.version && allowed(only, e) &&
+                score_of(s, e, now_ms, mono, now_lfu, &now_score)) {
                 if (rescored < 2 * EVICT_POOL && s->pool_len > 0 && now_score < s->pool[s->pool_len - 1].score) {
                     rescored++;
                     pool_insert(s, e, now_score);
@@ -291,6 +299,7 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, void (*fn)(void *arg, co
 }
 
 int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_bytes, size_t max_victims,
+                                const drey_store_filter *only,
                                 void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg) {
     if (s->policy == DREY_EVICT_NONE || need_bytes <= 0 || max_victims == 0)
         return 0;
@@ -301,11 +310,11 @@ int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_byte
     int64_t chosen = 0;
     pthread_mutex_lock(&s->pool_mu);
     while (chosen < need_bytes && n < max_victims && empty < EMPTY_ROUNDS) {
-        size_t found = populate(s, now_ms, empty > 0);
+        size_t found = populate(s, now_ms, empty > 0, only);
         if (found == 0 && s->pool_len == 0)
             break; /* nothing the policy may evict */
         uint64_t version = 0;
-        size_t bytes = pop_victim(s, now_ms, fn, arg, taken, n, &version);
+        size_t bytes = pop_victim(s, now_ms, only, fn, arg, taken, n, &version);
         if (bytes == 0) {
             empty++;
             continue;

@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
                 key_of(s, &k, buf, i); /* the oldest */
             } else {
                 victim v;
-                if (drey_store_evict_choose(s, 1, (int64_t)one, 1, take, &v) == 0) {
+                if (drey_store_evict_choose(s, 1, (int64_t)one, 1, NULL, take, &v) == 0) {
                     fprintf(stderr, "nothing evictable at write %zu\n", i);
                     return 1;
                 }

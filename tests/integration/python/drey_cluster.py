@@ -497,11 +497,12 @@ def metric(node, name, labels=None):
 
 
 def wait_until(fn, timeout=30, what="condition"):
+    """what: a description, or a function giving it (what was last seen)."""
     deadline = time.monotonic() + timeout
     while True:
         v = fn()
         if v:
             return v
         if time.monotonic() >= deadline:
-            raise AssertionError("timed out waiting for %s" % what)
+            raise AssertionError("timed out waiting for %s" % (what() if callable(what) else what))
         time.sleep(0.01)  # paces the polling only

@@ -41,7 +41,12 @@ def details(node, part="cluster"):
 class Scenario:
     """A three-node cluster with factor 2 and the three workloads."""
 
-    def __init__(self, test, ids=("n1", "n2", "n3"), durable=True, extra_flags=(), started=3):
+    def __init__(self, test, ids=("n1", "n2", "n3"), durable=True, extra_flags=(), started=3, node_flags=None,
+                 prepare=None):
+        """node_flags: id -> more flags for that node; prepare(cl) runs
+        before the nodes start (a data directory elsewhere, say)."""
+        self.node_flags = node_flags or {}
+        self.prepare = prepare
         self.test = test
         self.cl = NemesisCluster(ids=ids, partitions=PARTS, durable=durable, replication_factor=2,
                                  lease_ttl="%ds" % LEASE_TTL_S,
@@ -54,7 +59,10 @@ class Scenario:
     def __enter__(self):
         self.cl.__enter__()
         try:
-            self.cl.start(self.started)
+            if self.prepare is not None:
+                self.prepare(self.cl)
+            for i in self.cl.ids[:self.started]:
+                self.cl.launch(i, flags=self.node_flags.get(i, ()))
             self.settle()
             client = Client(self.cl.live, rpc_timeout=3, attempts=60, backoff=0.05)
             self.workloads = [RegisterWorkload(client, threads=2), SetWorkload(client, threads=2, name="set"),
@@ -101,20 +109,27 @@ class Scenario:
         for a backup."""
         nodes = self.running()
         started = time.time()
+        why = ["nothing sampled"]  # the last sample's reason, for the timeout's message
+
+        def unsettled(reason):
+            why[0] = reason
+            return None
 
         def sample():
             tables = [self.table(n, joining=True) for n in nodes]
             if any(t != tables[0] for t in tables):
-                return None
+                return unsettled("the nodes' tables differ: %s" % tables)
             ids = {n.id for n in nodes}
-            for primary, replicas, joining in tables[0].values():
+            for p, (primary, replicas, joining) in tables[0].items():
                 if primary not in ids or len(replicas) != 1 or replicas[0] == primary or replicas[0] not in ids:
-                    return None
+                    return unsettled("partition %d: primary %s, in sync %s" % (p, primary, replicas))
                 if joining:
-                    return None
-            if not all(details(n)["underReplicatedPartitions"] == 0 and details(n)["replicationPending"] == 0
-                       for n in nodes):
-                return None
+                    return unsettled("partition %d: copies under way to %s" % (p, joining))
+            for n in nodes:
+                d = details(n)
+                if d["underReplicatedPartitions"] != 0 or d["replicationPending"] != 0:
+                    return unsettled("%s: %s under-replicated, %s pending" % (
+                        n.id, d["underReplicatedPartitions"], d["replicationPending"]))
             return tables[0]
 
         def settled():
@@ -126,7 +141,8 @@ class Scenario:
             time.sleep(1.5)
             return sample() == first
 
-        wait_until(settled, timeout=timeout, what="the replication factor restored on every partition")
+        wait_until(settled, timeout=timeout,
+                   what=lambda: "the replication factor restored on every partition (%s)" % why[0])
         return time.time() - started
 
     def stop_and_check(self, min_ok=10):
@@ -690,6 +706,58 @@ class Heartbeats(DreyTestCase):
                 time.sleep(0.3)  # spacing the attempts, not waiting for anything
             self.assertEqual(details(n1)["inSyncShrinks"], shrinks, "n3 was dropped")
             self.assertTrue(all(r == ("n3",) for p, (pr, r) in s.table(n1).items() if p in led))
+
+
+class EvictionWithReplicas(DreyTestCase):
+    """--eviction with backups: a write's victims ride in its record and
+    every copy of its partition evicts them, so they are chosen only among
+    that partition's entries (another partition's copies live elsewhere and
+    would differ), and enough of them for the copy with the least room."""
+    SERVER_FLAGS = None
+    LIMIT = 1 << 20
+    VALUE = b"e" * 16384
+
+    def test_evictions_stay_in_the_partition_and_fit_every_copy(self):
+        with Scenario(self, durable=False,
+                      extra_flags=("--eviction=allkeys-lru", "--memory-limit=%d" % self.LIMIT)) as s:
+            for w in s.workloads:
+                w.stop()
+            s.settle()
+            table = s.table(s.cl.nodes["n1"])
+            # p led by x and backed by y; r led by y, backed by the third node
+            p, x, y, r = next((p, pr, b, r) for p, (pr, (b,)) in table.items() for r, (rpr, (rb,)) in table.items()
+                              if rpr == b and rb not in (pr, b))
+            nodes = s.cl.nodes
+
+            def put(node, key):
+                set_, sreq, _ = nodes[node].cache.methods["Set"]
+                return set_(sreq(key=key, value=make_value(self.VALUE)), timeout=10)
+
+            # the oldest entries anywhere: one per other partition
+            sentinels = [s.key_in(q, "sentinel") for q in range(PARTS) if q not in (p, r)]
+            for k in sentinels:
+                put("n1", k)
+            # y's memory half full of r (its own partition)
+            r_keys = [s.key_in(r, "r%d" % i) for i in range(200)][:int(self.LIMIT * 0.45) // len(self.VALUE)]
+            for k in r_keys:
+                put(y, k)
+            # three times x's memory into p: each write evicts p's oldest,
+            # enough for y, which has the less room
+            p_keys = []
+            for i in range(3 * self.LIMIT // len(self.VALUE)):
+                k = s.key_in(p, "p%d" % i)
+                put(x, k)
+                p_keys.append(k)
+            gm, gmreq, _ = nodes["n1"].cache.methods["GetMany"]
+            live = lambda keys: {e.key for e in gm(gmreq(keys=keys), timeout=10).results if e.found}
+            self.assertEqual(live(sentinels), set(sentinels), "a write evicted another partition's entry")
+            self.assertEqual(live(r_keys), set(r_keys), "a write to p evicted r's entries")
+            kept = live(p_keys)
+            self.assertLess(len(kept), len(p_keys), "nothing was evicted")
+            self.assertIn(p_keys[-1], kept)
+            self.assertGreater(details(nodes[x], "eviction")["evictedEntries"], 0)
+            self.assertEqual(details(nodes[y], "eviction")["refusedWrites"], 0)
+            s.assert_replicas_equal()
 
 
 if __name__ == "__main__":

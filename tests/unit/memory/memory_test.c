@@ -534,22 +534,31 @@ Test(memory, with_a_policy_a_full_node_admits_with_victims_that_make_room) {
     drey_status_init(&st);
     const drey_store_victim *v;
     size_t n;
+    int64_t evb;
     /* room left: no victims */
-    cr_assert(drey_memory_admit_evicting(mem, crit - used, 0, &a, &v, &n, &st));
+    cr_assert(drey_memory_admit_evicting(mem, crit - used, 0, NULL, INT64_MAX, &a, &v, &n, &evb, &st));
     cr_assert(eq(sz, n, 0));
     /* 2.5 entries past critical: three victims */
     int64_t one = (int64_t)drey_store_entry_bytes(0, 4, 1000);
-    cr_assert(drey_memory_admit_evicting(mem, crit - used + one * 5 / 2, 0, &a, &v, &n, &st));
+    cr_assert(drey_memory_admit_evicting(mem, crit - used + one * 5 / 2, 0, NULL, INT64_MAX, &a, &v, &n, &evb, &st));
     cr_assert(eq(sz, n, 3));
+    cr_assert(eq(i64, evb, one * 3), "the victims' bytes");
+    /* another copy with less room: enough victims for it too */
+    cr_assert(drey_memory_admit_evicting(mem, crit - used + one * 5 / 2, 0, NULL, one / 2, &a, &v, &n, &evb, &st));
+    cr_assert(ge(i64, evb, crit - used + one * 2), "evicted for the tighter copy");
+    /* this node's room, another's short and nothing more to evict for it:
+     * admitted here, for the copy's own check to refuse */
+    cr_assert(drey_memory_admit_evicting(mem, crit - used, 0, NULL, -((int64_t)1 << 40), &a, &v, &n, &evb, &st));
+    cr_assert(eq(sz, n, 0));
     for (size_t i = 0; i < n; i++) {
         cr_assert(eq(sz, v[i].cache_len, 0));
         cr_assert(eq(sz, v[i].key_len, 4));
         cr_assert(gt(u64, v[i].version, 0));
     }
     cr_assert(eq(i64, drey_store_bytes(store), used), "admission only chooses: nothing was removed");
-    cr_assert(eq(u64, stats().evicting_admissions, 1));
+    cr_assert(eq(u64, stats().evicting_admissions, 2));
     /* more than everything there is: refused, with the policy said */
-    cr_assert(not(drey_memory_admit_evicting(mem, 200000, 0, &a, &v, &n, &st)));
+    cr_assert(not(drey_memory_admit_evicting(mem, 200000, 0, NULL, INT64_MAX, &a, &v, &n, &evb, &st)));
     cr_assert(eq(int, st.error, DREY_ERR_MEMORY_PRESSURE));
     cr_assert(eq(str, (char *)metadata_of(&st, "evictionPolicy"), "allkeys-lru"));
     cr_assert_not_null(metadata_of(&st, "evictableBytes"));
@@ -567,12 +576,13 @@ Test(memory, volatile_policies_refuse_when_only_entries_without_expiry_are_left)
     drey_status_init(&st);
     const drey_store_victim *v;
     size_t n;
-    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, &a, &v, &n, &st)));
+    int64_t evb;
+    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, NULL, INT64_MAX, &a, &v, &n, &evb, &st)));
     cr_assert(eq(str, (char *)metadata_of(&st, "evictableBytes"), "0"));
     /* without a policy the refusal is today's, metadata and all */
     drey_store_set_policy(store, DREY_EVICT_NONE);
     drey_status_init(&st);
-    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, &a, &v, &n, &st)));
+    cr_assert(not(drey_memory_admit_evicting(mem, 10, 0, NULL, INT64_MAX, &a, &v, &n, &evb, &st)));
     cr_assert_null(metadata_of(&st, "evictionPolicy"));
     drey_arena_destroy(&a);
 }

@@ -71,7 +71,7 @@ static void collect(void *arg, const drey_store_item *it, size_t bytes) {
 /* Chooses and removes one victim; returns false when nothing was chosen. */
 static bool evict_one(char *cache, char *key) {
     victims v = {0};
-    int64_t got = drey_store_evict_choose(s, 1000, 1, 8, collect, &v);
+    int64_t got = drey_store_evict_choose(s, 1000, 1, 8, NULL, collect, &v);
     if (got == 0)
         return false;
     cr_assert(eq(sz, v.n, 1));
@@ -194,7 +194,7 @@ Test(evict, a_victim_rewritten_since_is_not_removed) {
     with_policy(DREY_EVICT_ALLKEYS_LRU);
     put("", "a", 0);
     victims v = {0};
-    cr_assert(gt(i64, drey_store_evict_choose(s, 1000, 1, 8, collect, &v), 0));
+    cr_assert(gt(i64, drey_store_evict_choose(s, 1000, 1, 8, NULL, collect, &v), 0));
     put("", "a", 0); /* a new version */
     drey_key k = key_of("", "a");
     drey_store_txn t;
@@ -207,6 +207,41 @@ Test(evict, a_victim_rewritten_since_is_not_removed) {
     cr_assert(eq(u64, st.evictions, 0));
 }
 
+static bool only_cache_b(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len) {
+    (void)ctx;
+    (void)key;
+    (void)key_len;
+    return cache_len == 1 && cache[0] == 'b';
+}
+
+/* A cluster's write evicts only entries of its own partition (every copy
+ * of the partition then evicts the same ones): the filter is obeyed even
+ * when better candidates elsewhere were pooled by an earlier choice. */
+Test(evict, a_filter_limits_the_victims) {
+    with_policy(DREY_EVICT_ALLKEYS_LRU);
+    char k[32];
+    for (int i = 0; i < 20; i++) {
+        snprintf(k, sizeof k, "a%03d", i);
+        put("a", k, 0); /* older: better victims */
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof k, "b%03d", i);
+        put("b", k, 0);
+    }
+    victims warm = {0};
+    cr_assert(gt(i64, drey_store_evict_choose(s, 1000, 1, 1, NULL, collect, &warm), 0));
+    cr_assert(eq(str, warm.cache[0], "a"));
+    drey_store_filter only = {.keep = only_cache_b};
+    victims v = {0};
+    size_t one = drey_store_entry_bytes(1, 4, 100);
+    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 3, 8, &only, collect, &v), (int64_t)one * 3));
+    for (size_t i = 0; i < v.n; i++)
+        cr_assert(eq(str, v.cache[i], "b"), "a victim outside the filter: %s/%s", v.cache[i], v.key[i]);
+    /* more than the filter allows: what there is */
+    victims w = {0};
+    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 100, 8, &only, collect, &w), (int64_t)one * 5));
+}
+
 Test(evict, choose_stops_at_need_or_max_victims_and_counts_per_cache) {
     with_policy(DREY_EVICT_ALLKEYS_LRU);
     char k[32];
@@ -216,10 +251,10 @@ Test(evict, choose_stops_at_need_or_max_victims_and_counts_per_cache) {
     }
     size_t one = drey_store_entry_bytes(1, 4, 100);
     victims v = {0};
-    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 2 + 1, 8, collect, &v), (int64_t)one * 3));
+    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 2 + 1, 8, NULL, collect, &v), (int64_t)one * 3));
     cr_assert(eq(sz, v.n, 3));
     victims w = {0};
-    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 100, 2, collect, &w), (int64_t)one * 2));
+    cr_assert(eq(i64, drey_store_evict_choose(s, 1000, (int64_t)one * 100, 2, NULL, collect, &w), (int64_t)one * 2));
     for (size_t i = 0; i < v.n; i++) {
         drey_key key = key_of("c", v.key[i]);
         drey_store_txn t;

@@ -1,0 +1,100 @@
+"""A backup's disk fills up for real while clients write (replication
+factor 2 on three durable nodes; n3's data directory is a small tmpfs with
+no journal quota, so its journal meets ENOSPC): n3 refuses the records it
+cannot journal and its primaries take it out of their in-sync sets, never
+waiting on it; writes go on with the other copies; n3's own partitions
+(it leads some) fail their writes as a full disk does, without a copy
+differing from another. Once space is freed n3 is given its copies back,
+and after healing nothing acknowledged is lost and every backup hashes like
+its primary.
+
+The test re-executes itself under `unshare --mount --propagation private`
+(drey_harness.enter_private_mount_namespace) so the tmpfs cannot leak;
+where that or the mount is not permitted it is skipped with the reason."""
+import errno
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+from drey_cluster import wait_until
+from drey_harness import DreyTestCase, enter_private_mount_namespace, main
+from test_replication import Scenario, details
+
+SKIP_REASON = None
+
+
+def fill(path):
+    """Writes path until its filesystem is full; returns the bytes written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    total = 0
+    try:
+        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
+            buf = b"\xaa" * chunk
+            while True:
+                try:
+                    n = os.write(fd, buf)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+                total += n
+                if n < chunk:
+                    break
+    finally:
+        os.close(fd)
+    return total
+
+
+class BackupDiskFull(DreyTestCase):
+    SERVER_FLAGS = None
+
+    @classmethod
+    def setUpClass(cls):
+        if SKIP_REASON:
+            raise unittest.SkipTest(SKIP_REASON)
+        super().setUpClass()
+
+    def setUp(self):
+        tmp = tempfile.mkdtemp(prefix="drey-repl-diskfull-", dir=os.environ.get("TEST_TMPDIR"))
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.mnt = os.path.join(tmp, "mnt")
+        os.mkdir(self.mnt)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", self.mnt],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a tmpfs in the private mount namespace: %s" % r.stderr.strip())
+        self.addCleanup(subprocess.run, ["umount", "-l", self.mnt], capture_output=True, timeout=30)
+
+    def test_a_backup_whose_disk_fills_is_dropped_not_waited_for(self):
+        data = os.path.join(self.mnt, "n3")
+
+        def on_tmpfs(cl):
+            os.mkdir(data)
+            cl.data_dirs["n3"] = data
+
+        with Scenario(self, extra_flags=("--segment-bytes=256KiB",), prepare=on_tmpfs,
+                      node_flags={"n3": ("--journal-max-bytes=0", "--snapshot-every=0",
+                                         "--snapshot-every-bytes=0")}) as s:
+            s.progress()
+            n1 = s.cl.nodes["n1"]
+            backed = lambda: [p for p, (_, r) in s.table(n1).items() if "n3" in r]
+            self.assertTrue(backed())
+            filler = os.path.join(self.mnt, "filler")
+            self.assertGreater(fill(filler), 0)
+            shrinks = lambda: sum(details(s.cl.nodes[i])["inSyncShrinks"] for i in ("n1", "n2"))
+            before = shrinks()
+            # n3's preallocated segment takes records a while; then its
+            # journal cannot grow and it refuses them
+            wait_until(lambda: shrinks() > before and not backed(), timeout=120,
+                       what="n3 out of every in-sync set")
+            print("n3 dropped from the in-sync sets once its disk was full (%d shrinks)" % (shrinks() - before))
+            s.progress()  # writes go on without it
+            os.unlink(filler)
+            s.stop_and_check()
+
+
+if __name__ == "__main__":
+    SKIP_REASON = enter_private_mount_namespace(__file__)
+    main()
