@@ -2,9 +2,12 @@
 factor 2 on three durable nodes; n3's data directory is a small tmpfs with
 no journal quota, so its journal meets ENOSPC): n3 refuses the records it
 cannot journal and its primaries take it out of their in-sync sets, never
-waiting on it; writes go on with the other copies; n3's own partitions
-(it leads some) fail their writes as a full disk does, without a copy
-differing from another. Once space is freed n3 is given its copies back,
+waiting on it; writes go on with the other copies. n3 also leads some
+partitions: a write its own journal cannot take, but whose record its
+backups took, is applied on n3 too and answered UNAVAILABLE
+JOURNAL_WRITE_FAILED, outcome unknown (a retry with its request_id finds
+it), so no copy differs from another (refusing it left n3 without a write
+its backups had: the replicas check caught that). Once space is freed n3 is given its copies back,
 and after healing nothing acknowledged is lost and every backup hashes like
 its primary.
 
