@@ -304,7 +304,7 @@ static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int6
     pthread_mutex_lock(&c->shrink_mu);
     s->next = c->shrinks;
     c->shrinks = s;
-    pthread_cond_signal(&c->shrink_cond);
+    pthread_cond_broadcast(&c->shrink_cond); /* the beater waits on it too: a signal could wake only that */
     pthread_mutex_unlock(&c->shrink_mu);
 }
 
