@@ -200,8 +200,13 @@ void *drey_cluster__beater_main(void *arg);
 /* Raises *a to v (never lowers it). */
 void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v);
 void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v);
-/* This node may lead partitions now: its lease is valid by its own clock. */
+/* This node's lease is valid by its own clock. */
 bool drey_cluster__lease_valid(drey_cluster *c);
+/* This node may lead the partitions t names it primary of: its lease is
+ * valid, and t is at least as new as its registration under that lease (a
+ * node that lost its lease and registered again may have been replaced
+ * meanwhile: it leads nothing until its table says whether). */
+bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t);
 /* The partition of a write the route row held for this node (router.c). */
 uint32_t drey_cluster__held_partition(const drey_request *r);
 /* Answers every write still waiting for its backups (this node stops),
@@ -290,7 +295,9 @@ struct drey_cluster {
     _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
-    int64_t registered_revision; /* of this process's first registration */
+    /* Of this process's latest registration (the first: its join; again
+     * after a lost lease). */
+    _Atomic int64_t registered_revision;
     pthread_mutex_t rooms_mu;    /* adding a room; reading one needs no lock */
     drey_cluster__room rooms[DREY_CLUSTER_MAX_ROOMS];
     _Atomic size_t n_rooms;

@@ -43,7 +43,9 @@
  * name another primary only after etcd expired the lease, which is later.
  * A write whose lease lapsed while it waited for its backups is still
  * applied (every copy has it) but answered UNAVAILABLE: its outcome is
- * unknown to the caller, as a timeout's would be.
+ * unknown to the caller, as a timeout's would be. One still waiting when
+ * this node learns it was deposed is answered so without being applied
+ * here: this copy is replaced before it serves again.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -198,6 +200,10 @@ bool drey_cluster__lease_valid(drey_cluster *c) {
     return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
 }
 
+bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
+    return drey_cluster__lease_valid(c) && t->revision >= atomic_load(&c->registered_revision);
+}
+
 static bool complete(const drey_cluster__rec *rec) {
     if (!rec->sent || !rec->local_done)
         return false;
@@ -231,7 +237,19 @@ static void drain(drey_cluster *c, uint32_t p) {
         ln->queued--;
         pthread_mutex_unlock(&ln->mu);
         drey_request *r = rec->r;
-        if (rec->local_err != 0 && rec->n_durable == 0) {
+        if (rec->unknown) {
+            /* This node no longer leads the partition (or stops): not
+             * applied here. Its copy is replaced by a fresh one before it
+             * serves the partition again, and applying now could land on
+             * top of that copy (a cut primary hearing of its successor as
+             * the copy to it begins). Whether the others have it is for a
+             * retry with the request_id to find out. */
+            drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
+            drey_status_init(st);
+            drey_status_set(st, DREY_ERR_LEASE_EXPIRED);
+            drey_status_add_metadata(st, "outcome", "unknown");
+            drey_request_fail(r, st);
+        } else if (rec->local_err != 0 && rec->n_durable == 0) {
             /* No copy has it durable (a dropped backup's copy is replaced): refused. */
             drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
             drey_status_init(st);
@@ -240,15 +258,15 @@ static void drain(drey_cluster *c, uint32_t p) {
             drey_request_fail(r, st);
         } else {
             r->now_ms = rec->time_ms;
-            /* Applied in any case: every copy that has the record applies
-             * it (also here when this node's own journal failed it: the
-             * backups applied it, and the copies must not differ).
-             * Answered as of unknown outcome then, when this node may no
-             * longer lead the partition, or when backups were dropped and
-             * fewer copies than --min-in-sync have it. */
+            /* Applied: every copy that has the record applies it (also
+             * here when this node's own journal failed it: the backups
+             * applied it, and the copies must not differ). Answered as of
+             * unknown outcome then, when the lease lapsed meanwhile (the
+             * partition may be another's soon), or when backups were
+             * dropped and fewer copies than --min-in-sync have it. */
             if (rec->local_err != 0)
                 r->answer_unknown = DREY_ERR_JOURNAL_WRITE_FAILED;
-            else if (rec->unknown || !drey_cluster__lease_valid(c))
+            else if (!drey_cluster__lease_valid(c))
                 r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
             else if ((uint32_t)1 + rec->n_durable < c->opts.min_in_sync)
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
@@ -359,7 +377,7 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         res = refuse(r, DREY_ERR_NOT_PRIMARY, p);
         goto out;
     }
-    if (!drey_cluster__lease_valid(c)) {
+    if (!drey_cluster__may_lead(c, t)) {
         res = refuse(r, DREY_ERR_LEASE_EXPIRED, p);
         goto out;
     }
@@ -513,9 +531,8 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
 
 /* 1: the backup is out of the set (by this write or another); 0: try again;
  * -1: this node no longer leads the partition (it was deposed after its
- * lease lapsed): its waiting writes are applied here, as every record this
- * node journaled is, and answered as of unknown outcome: the new primary
- * may or may not have them. */
+ * lease lapsed): its waiting writes are answered as of unknown outcome
+ * (the new primary may or may not have them), not applied here (drain). */
 static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
     drey_cluster__entry e;
     pthread_mutex_lock(&c->mu);
@@ -672,9 +689,9 @@ void *drey_cluster__beater_main(void *arg) {
         }
         pthread_mutex_unlock(&c->shrink_mu);
         /* A primary whose lease lapsed says nothing: another may lead. */
-        if (c->rf > 1 && drey_cluster__lease_valid(c)) {
+        if (c->rf > 1) {
             drey_cluster__topology *t = drey_cluster__acquire(c);
-            for (size_t n = 0; t->self >= 0 && n < t->n_nodes; n++) {
+            for (size_t n = 0; t->self >= 0 && drey_cluster__may_lead(c, t) && n < t->n_nodes; n++) {
                 if ((int32_t)n != t->self && t->nodes[n].member && t->nodes[n].internal[0] != '\0')
                     beat_node(c, t, (int32_t)n);
             }

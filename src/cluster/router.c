@@ -136,7 +136,7 @@ static int owner(drey_cluster *c, drey_request *r, const drey_cluster__topology 
     if (o >= 0 && o == t->self) {
         /* Another node may lead it once etcd expired the lease: not before
          * it lapsed by this node's clock. */
-        if (c->rf > 1 && !drey_cluster__lease_valid(c)) {
+        if (c->rf > 1 && !drey_cluster__may_lead(c, t)) {
             *refusal = unavailable(c, r, p, DREY_ERR_LEASE_EXPIRED);
             return -1;
         }
