@@ -1,8 +1,9 @@
 """The history checkers catch what they are for: each violation below is a
 lost or reordered write a cluster under faults could produce, and a clean
-history passes. (The checkers run against real clusters in
-test_cluster_moves and test_nemesis; here they are tried on histories made
-by hand.)"""
+history passes; likewise each illegal edit of a partition's entry. (The
+checkers run against real clusters in test_cluster_moves, test_nemesis,
+test_replication and test_replication_faults; here they are tried on
+histories made by hand.)"""
 import unittest
 
 from drey_checkers import (Entry, History, check_counter, check_register, check_set, check_table_history,

@@ -13,7 +13,9 @@ waiting), and then:
   its acknowledged and attempted increments;
 - every live node routes with the same table, one primary per partition;
 - each partition's primary and backup hold the same entries, versions and
-  expiries (drey.internal.v1.Replica/Hash, like etcd's HashKV).
+  expiries (drey.internal.v1.Replica/Hash, like etcd's HashKV);
+- every revision of every partition's entry in etcd is a legal edit of
+  the one before (check_table_history).
 
 The backup's side is tested through the internal listener too: it takes
 records only from its primary, in sequence, of an epoch no older than its

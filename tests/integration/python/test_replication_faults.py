@@ -61,6 +61,19 @@ def wait_restored(s, what, timeout=RESTORE_BOUND_S):
     return time.time() - started
 
 
+def read_retrying(fn, req, timeout=15):
+    """fn(req), again while it is refused UNAVAILABLE (a node whose lease
+    renewal came late on this busy machine refuses for a moment)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return fn(req, timeout=5)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.time() > deadline:
+                raise
+        time.sleep(0.05)  # a client's retry backoff
+
+
 class Faults(DreyTestCase):
     SERVER_FLAGS = None
 
@@ -166,9 +179,19 @@ class Faults(DreyTestCase):
             self.assertEqual(RpcFailure(e.exception).reason, "LEASE_EXPIRED")
             s.cl.heal()
             wait_until(lambda: "n1" in names(s, n2), timeout=30, what="n1 to hold a copy again")
-            g = get2(greq(key=key), timeout=5)
+            for w in s.workloads:
+                w.stop()
+            s.settle()  # n1 has its partitions back by now, by moves
+            # Only this test writes the key: "during" (unknown outcome,
+            # invoked before "after" was) may not come back over the
+            # acknowledged "after" with its older version, and no refused
+            # write may appear. Fails about one run in four (server bug,
+            # not worked around: n1 ends as the partition's primary serving
+            # "during" at the version it gave it while cut, its backup
+            # differs; see the report on branch h-faults).
+            g = read_retrying(get2, greq(key=key))
             self.assertEqual((value_of(g.value), g.version), ("after", r.version),
-                             "a write refused by the cut primary was applied")
+                             "partition %d: the acknowledged write (\"after\", version %d) was lost" % (p, r.version))
             s.stop_and_check()
             # Back by copies: in each partition n1 is named in after the cut,
             # first as syncing (a backup being copied to) or joining (a
