@@ -185,7 +185,7 @@ class Faults(DreyTestCase):
             # Only this test writes the key: "during" (unknown outcome,
             # invoked before "after" was) may not come back over the
             # acknowledged "after" with its older version, and no refused
-            # write may appear. Fails about one run in five (6 of 31 here):
+            # write may appear. Fails about one run in four (8 of 34 here):
             # a server bug, not worked around. n1 ends as the partition's
             # primary serving "during" at the version it gave it while cut,
             # its backup differs: the records it still waited on when the
