@@ -23,12 +23,21 @@ the acknowledged increments and the acknowledged plus unknown ones (below:
 an acknowledged increment lost; above: one applied twice, or a refused one
 applied).
 
+The partition table (check_table_history): every revision of each
+partition's entry in etcd, read back after a scenario, moves only as its
+writers move it: a new primary had every acknowledged write, a backup
+counts as in sync only once its copy is complete (the rules are in the
+function's docstring).
+
 The workloads below make such histories: threads calling random live nodes,
 each failed attempt retried through another node with the same request_id
 (as a client wanting exactly-once effects does), recording when each
 operation was invoked and completed and what it learnt.
 """
+import base64
 import bisect
+import http.client
+import json
 import random
 import threading
 import time
@@ -177,6 +186,154 @@ def counter_totals(history):
         if o.outcome in ("ok", "unknown"):
             tried += o.delta
         out[o.key] = (acked, tried)
+    return out
+
+
+# --- the partition table's history ------------------------------------------------
+
+class Entry(tuple):
+    """One revision of a partition's entry (drey.internal.v1.PartitionEntry):
+    primary ("" while unassigned), replicas (the in-sync backups), syncing
+    (backups being copied to), joining (a move's target, "" for none)."""
+    __slots__ = ()
+
+    def __new__(cls, primary="", replicas=(), syncing=(), joining=""):
+        return tuple.__new__(cls, (primary, frozenset(replicas), frozenset(syncing), joining))
+
+    primary = property(lambda self: self[0])
+    replicas = property(lambda self: self[1])
+    syncing = property(lambda self: self[2])
+    joining = property(lambda self: self[3])
+
+    def __repr__(self):
+        return "Entry(%r, %s, syncing=%s, joining=%r)" % (self.primary, sorted(self.replicas), sorted(self.syncing),
+                                                          self.joining)
+
+
+def check_table_history(history, replication_factor=None):
+    """Violations of the legal transitions of each partition's entry.
+    history: partition -> [(epoch, Entry)], every revision of its etcd key
+    in order (read_table_history); replication_factor: checks the count of
+    copies too when given.
+
+    Every change of an entry is one etcd transaction compared on the
+    epoch (mod_revision) its writer read (src/cluster/entry.c), so
+    consecutive revisions are exactly one writer's edit of the previous
+    entry. The writers and their edits:
+      - the first assignment (member.c, assign): an unassigned entry gets a
+        primary and in-sync backups, all empty copies, so in sync from the
+        start;
+      - the controller's repair (repair.c): drops backups and copies on
+        nodes that are gone, promotes the first in-sync backup of a
+        primary that is gone (clearing syncing and joining), adds a
+        `syncing` backup on a node not holding the partition;
+      - the controller's rebalance (member.c): sets `joining` on an entry
+        without one, or clears it;
+      - the primary's move (move.c): a copy done moves its target from
+        syncing to replicas; a handover makes `joining` the primary,
+        drops it from the replicas, clears joining and syncing, and keeps
+        the old primary as a backup while the partition would have too
+        few copies without it;
+      - the primary dropping a backup that did not acknowledge
+        (replicate.c), and a restarted node stepping out of every role,
+        handing a partition it led to a live in-sync backup (repair.c).
+    From which these rules, each the one a wrong writer breaks:
+      1. epochs strictly increase: each revision is a newer write;
+      2. every entry is well formed: the primary is neither an in-sync nor
+         a syncing backup, no node is both, the move target is not the
+         primary, and with a factor, 1 + in-sync + syncing <= factor (no
+         writer adds a copy beyond it);
+      3. an assigned partition keeps a primary: no writer clears it (with
+         no live copy the partition waits for its primary);
+      4. a new primary was in the previous entry's in-sync set (a
+         failover, a step-down) or its move target (a handover), or the
+         partition had none (the first assignment): anyone else would
+         lead without every acknowledged write;
+      5. a node enters the in-sync set only from syncing (its copy
+         finished), or as the old primary at a handover to the move
+         target, or at the first assignment: any other way counts a copy
+         that may lack acknowledged writes as in sync, and a failover to
+         it would lose them.
+    """
+    problems = []
+    for p in sorted(history):
+        prev_epoch, prev = 0, Entry()
+        for epoch, e in history[p]:
+            where = "partition %d at epoch %d" % (p, epoch)
+            if epoch <= prev_epoch:
+                problems.append("%s: the epoch does not increase (after %d)" % (where, prev_epoch))
+            if e.primary and (e.primary in e.replicas or e.primary in e.syncing):
+                problems.append("%s: the primary %s is its own backup: %r" % (where, e.primary, e))
+            if e.replicas & e.syncing:
+                problems.append("%s: %s both in sync and syncing" % (where, ", ".join(sorted(e.replicas & e.syncing))))
+            if e.joining and e.joining == e.primary:
+                problems.append("%s: the primary %s is its own move target" % (where, e.primary))
+            if replication_factor is not None and 1 + len(e.replicas) + len(e.syncing) > replication_factor:
+                problems.append("%s: more copies than the factor %d: %r" % (where, replication_factor, e))
+            if prev.primary and not e.primary:
+                problems.append("%s: the primary %s was cleared" % (where, prev.primary))
+            first = not prev.primary
+            if e.primary and e.primary != prev.primary and not first and \
+                    e.primary not in prev.replicas and e.primary != prev.joining:
+                problems.append("%s: new primary %s was neither in sync nor the move target in %r" %
+                                (where, e.primary, prev))
+            if not first:
+                handover = e.primary != prev.primary and e.primary == prev.joining
+                for x in sorted(e.replicas - prev.replicas):
+                    if x not in prev.syncing and not (handover and x == prev.primary):
+                        problems.append("%s: %s entered the in-sync set without a copy (was not syncing) in %r" %
+                                        (where, x, prev))
+            prev_epoch, prev = epoch, e
+    return problems
+
+
+def _etcd_json(port, path, body, timeout=10):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = json.loads(r.read() or b"{}")
+    finally:
+        c.close()
+    if r.status != 200 or "error" in data:
+        raise AssertionError("etcd %s: %d %s" % (path, r.status, data))
+    return data
+
+
+def read_table_history(cluster):
+    """partition -> [(epoch, Entry)]: every revision of every
+    <prefix>partitions/NNNNN key, oldest first, read from the cluster's
+    etcd directly (not through a node's proxy) with its JSON gateway:
+    each key's newest revision, then the one before it (a range at
+    mod_revision - 1), back to its creation. The harness's etcd never
+    compacts (no --auto-compaction-*), and the count read must be the
+    key's version (etcd's count of its writes): a history with a gap
+    would hide a transition."""
+    b64 = lambda s: base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+    port = cluster.etcd.client_port
+    base = cluster.prefix + "partitions/"
+    now = _etcd_json(port, "/v3/kv/range", {"key": b64(base), "range_end": b64(base[:-1] + "0")})
+    out = {}
+    for kv in now.get("kvs", []):
+        key = base64.b64decode(kv["key"])
+        p = int(key[len(base):])
+        revs = []
+        rev = int(kv["mod_revision"])
+        while rev >= int(kv["create_revision"]):
+            got = _etcd_json(port, "/v3/kv/range", {"key": kv["key"], "revision": rev}).get("kvs", [])
+            if not got:
+                break
+            x = got[0]
+            pe = cluster.pb.meta.PartitionEntry.FromString(base64.b64decode(x.get("value", "")))
+            revs.append((int(x["mod_revision"]), Entry(pe.primary, pe.replicas, pe.syncing,
+                                                       pe.joining[0] if pe.joining else "")))
+            rev = int(x["mod_revision"]) - 1
+        if len(revs) != int(kv["version"]):
+            raise AssertionError("partition %d: read %d revisions of its entry, etcd counts %s" %
+                                 (p, len(revs), kv["version"]))
+        out[p] = revs[::-1]
+    if len(out) != cluster.partitions:
+        raise AssertionError("%d partition entries in etcd, the cluster has %d" % (len(out), cluster.partitions))
     return out
 
 

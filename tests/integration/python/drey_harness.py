@@ -133,7 +133,8 @@ def protos():
         runs = [
             ["-I" + proto_dir, "-I" + WKT_DIR,
              "drey/cache/v1/cache.proto", "drey/admin/v1/admin.proto", "drey/journal/v1/journal.proto",
-             "drey/cluster/v1/cluster.proto", "drey/internal/v1/move.proto", "drey/internal/v1/peer.proto",
+             "drey/cluster/v1/cluster.proto", "drey/internal/v1/move.proto", "drey/internal/v1/meta.proto",
+             "drey/internal/v1/peer.proto",
              "drey/internal/v1/subscribe.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"],
             ["-I" + GRPC_PROTO_DIR,
              "health/v1/health.proto", "reflection/v1/reflection.proto", "reflection/v1alpha/reflection.proto"],
@@ -152,6 +153,7 @@ def protos():
         p.journal = importlib.import_module("drey.journal.v1.journal_pb2")
         p.cluster = importlib.import_module("drey.cluster.v1.cluster_pb2")
         p.move = importlib.import_module("drey.internal.v1.move_pb2")
+        p.meta = importlib.import_module("drey.internal.v1.meta_pb2")
         p.peer = importlib.import_module("drey.internal.v1.peer_pb2")
         p.subscribe = importlib.import_module("drey.internal.v1.subscribe_pb2")
         p.status = importlib.import_module("google.rpc.status_pb2")

@@ -1,11 +1,13 @@
 """The history checkers catch what they are for: each violation below is a
 lost or reordered write a cluster under faults could produce, and a clean
-history passes. (The checkers run against real clusters in
-test_cluster_moves and test_nemesis; here they are tried on histories made
-by hand.)"""
+history passes; likewise each illegal edit of a partition's entry. (The
+checkers run against real clusters in test_cluster_moves, test_nemesis,
+test_replication and test_replication_faults; here they are tried on
+histories made by hand.)"""
 import unittest
 
-from drey_checkers import History, check_counter, check_register, check_set, counter_totals, set_outcomes
+from drey_checkers import (Entry, History, check_counter, check_register, check_set, check_table_history,
+                           counter_totals, set_outcomes)
 
 
 def history(*ops):
@@ -109,6 +111,86 @@ class Counter(unittest.TestCase):
 
     def test_an_increment_applied_twice(self):
         self.assertTrue(any("applied twice" in p for p in check_counter(2, 3, 4)))
+
+
+# One partition's life in a three-node cluster with factor 2, through every
+# writer's edit (check_table_history's docstring): each bad history below
+# is this one with one step wrong.
+LIFE = [
+    (10, Entry("n1", ["n2"])),                          # the first assignment
+    (14, Entry("n1", [])),                              # n1 drops n2, which did not acknowledge
+    (15, Entry("n1", [], syncing=["n3"])),              # repair: a new backup, copied to
+    (19, Entry("n1", ["n3"])),                          # the copy done: in sync
+    (22, Entry("n1", ["n3"], joining="n2")),            # rebalance: move it to n2
+    (30, Entry("n2", ["n3"])),                          # the handover (n1 not kept: 2 copies)
+    (31, Entry("n2", ["n3"], joining="n1")),            # moved back...
+    (35, Entry("n1", ["n3"])),
+    (36, Entry("n1", ["n3"], joining="n3")),            # ...and to its backup,
+    (40, Entry("n3", ["n1"])),                          # which keeps the old primary as its backup
+    (44, Entry("n1", [])),                              # n3 died: its backup promoted
+    (45, Entry("n1", [], syncing=["n2"])),
+]
+
+
+def table(*changes):
+    """LIFE with changes: {epoch: Entry or None (left out)}, as a
+    one-partition history."""
+    c = dict(changes)
+    return {7: [(ep, c.get(ep, e)) for ep, e in LIFE if c.get(ep, e) is not None]}
+
+
+class TableHistory(unittest.TestCase):
+    def violations(self, *changes, rf=2):
+        return check_table_history(table(*changes), replication_factor=rf)
+
+    def assertFound(self, problems, words):
+        """The rule broken is found (a wrong entry may break others too)."""
+        self.assertTrue(any(words in p for p in problems), problems)
+
+    def test_a_clean_life_passes(self):
+        self.assertEqual(self.violations(), [])
+        self.assertEqual(check_table_history({0: [], 1: LIFE[:1]}), [])
+
+    def test_an_epoch_that_does_not_increase(self):
+        h = table()
+        h[7][5] = (22, h[7][5][1])
+        self.assertFound(check_table_history(h), "the epoch does not increase")
+
+    def test_a_primary_that_is_its_own_backup(self):
+        self.assertFound(self.violations((19, Entry("n1", ["n3", "n1"]))), "is its own backup")
+        self.assertFound(self.violations((15, Entry("n1", [], syncing=["n1"]))), "is its own backup")
+
+    def test_a_node_in_sync_and_syncing(self):
+        self.assertFound(self.violations((15, Entry("n1", ["n3"], syncing=["n3"]))),
+                        "both in sync and syncing")
+
+    def test_a_primary_that_is_its_move_target(self):
+        self.assertFound(self.violations((22, Entry("n1", ["n3"], joining="n1"))), "its own move target")
+
+    def test_more_copies_than_the_factor(self):
+        problems = self.violations((45, Entry("n1", [], syncing=["n3", "n2"])))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("more copies than the factor 2", problems[0])
+        self.assertEqual(self.violations((45, Entry("n1", [], syncing=["n3", "n2"])), rf=3), [])
+
+    def test_a_primary_cleared(self):
+        self.assertFound(self.violations((45, Entry("", []))), "was cleared")
+
+    def test_a_new_primary_that_was_not_in_sync(self):
+        # n3 was syncing, not in sync, when n1 lost the partition
+        self.assertFound(self.violations((19, None), (22, Entry("n1", [], syncing=["n3"])),
+                                        (30, Entry("n3", []))),
+                        "new primary n3 was neither in sync nor the move target")
+        # a node the entry never named
+        self.assertFound(self.violations((44, Entry("n4", []))), "new primary n4")
+
+    def test_a_backup_in_sync_without_a_copy(self):
+        # repair naming n3 in sync at once, skipping the copy
+        self.assertFound(self.violations((15, None)), "n3 entered the in-sync set without a copy")
+        # the old primary kept at a failover (not a handover): it may lack writes the new one took
+        self.assertFound(self.violations((44, Entry("n1", ["n3"]))), "n3 entered the in-sync set")
+        # the move target named in sync when its move was cancelled (its copy unfinished)
+        self.assertFound(self.violations((35, Entry("n2", ["n3", "n1"]))), "n1 entered the in-sync set")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ waiting), and then:
   its acknowledged and attempted increments;
 - every live node routes with the same table, one primary per partition;
 - each partition's primary and backup hold the same entries, versions and
-  expiries (drey.internal.v1.Replica/Hash, like etcd's HashKV).
+  expiries (drey.internal.v1.Replica/Hash, like etcd's HashKV);
+- every revision of every partition's entry in etcd is a legal edit of
+  the one before (check_table_history).
 
 The backup's side is tested through the internal listener too: it takes
 records only from its primary, in sequence, of an epoch no older than its
@@ -24,7 +26,8 @@ import time
 
 import grpc
 
-from drey_checkers import Client, CounterWorkload, RegisterWorkload, SetWorkload
+from drey_checkers import Client, CounterWorkload, RegisterWorkload, SetWorkload, check_table_history, \
+    read_table_history
 from drey_cluster import metric, partition, peer_channel, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
 from drey_nemesis import NemesisCluster
@@ -39,16 +42,18 @@ def details(node, part="cluster"):
 
 
 class Scenario:
-    """A three-node cluster with factor 2 and the three workloads."""
+    """A three-node cluster with factor 2 (or the nodes and factor given)
+    and the three workloads."""
 
-    def __init__(self, test, ids=("n1", "n2", "n3"), durable=True, extra_flags=(), started=3, node_flags=None,
-                 prepare=None):
+    def __init__(self, test, ids=("n1", "n2", "n3"), durable=True, extra_flags=(), started=3, replication_factor=2,
+                 node_flags=None, prepare=None):
         """node_flags: id -> more flags for that node; prepare(cl) runs
         before the nodes start (a data directory elsewhere, say)."""
         self.node_flags = node_flags or {}
         self.prepare = prepare
         self.test = test
-        self.cl = NemesisCluster(ids=ids, partitions=PARTS, durable=durable, replication_factor=2,
+        self.rf = replication_factor
+        self.cl = NemesisCluster(ids=ids, partitions=PARTS, durable=durable, replication_factor=replication_factor,
                                  lease_ttl="%ds" % LEASE_TTL_S,
                                  extra_flags=("--fsync=always",) + tuple(extra_flags) if durable
                                  else tuple(extra_flags))
@@ -104,11 +109,12 @@ class Scenario:
         return next(k for k in ("%s-%d" % (prefix, i) for i in range(100000)) if partition("", k, PARTS) == p)
 
     def settle(self, timeout=60):
-        """Until every running node has the same complete table with a
-        backup for every partition, no copy under way, and nothing waits
-        for a backup."""
+        """Until every running node has the same complete table with the
+        factor's backups for every partition (as many as the running nodes
+        allow), no copy under way, and nothing waits for a backup."""
         nodes = self.running()
         started = time.time()
+        backups = min(self.rf, len(nodes)) - 1
         why = ["nothing sampled"]  # the last sample's reason, for the timeout's message
 
         def unsettled(reason):
@@ -121,7 +127,8 @@ class Scenario:
                 return unsettled("the nodes' tables differ: %s" % tables)
             ids = {n.id for n in nodes}
             for p, (primary, replicas, joining) in tables[0].items():
-                if primary not in ids or len(replicas) != 1 or replicas[0] == primary or replicas[0] not in ids:
+                if primary not in ids or len(replicas) != backups or primary in replicas or \
+                        not set(replicas) <= ids:
                     return unsettled("partition %d: primary %s, in sync %s" % (p, primary, replicas))
                 if joining:
                     return unsettled("partition %d: copies under way to %s" % (p, joining))
@@ -167,6 +174,9 @@ class Scenario:
         self.test.assertGreater(sum(metric(n, "drey_cluster_replication_ack_seconds_count")
                                     for n in self.running()), 0, "no acknowledgement was timed")
         self.assert_replicas_equal()
+        history = read_table_history(self.cl)
+        print("table history: %d revisions of %d entries" % (sum(map(len, history.values())), len(history)))
+        self.test.assertEqual(check_table_history(history, self.rf), [], "illegal partition table transitions")
 
     # --- a node's own copy, through its internal listener ---
 
