@@ -185,12 +185,10 @@ class Faults(DreyTestCase):
             # Only this test writes the key: "during" (unknown outcome,
             # invoked before "after" was) may not come back over the
             # acknowledged "after" with its older version, and no refused
-            # write may appear. Fails about one run in four (8 of 34 here):
-            # a server bug, not worked around. n1 ends as the partition's
-            # primary serving "during" at the version it gave it while cut,
-            # its backup differs: the records it still waited on when the
-            # heal came are applied after the fresh copy the move brought
-            # (see the report on branch h-faults).
+            # write may appear. (It did, 8 runs in 34, while n1 applied the
+            # writes it still waited on once it heard it was replaced: on
+            # top of the fresh copy the move had begun to bring it; n1 then
+            # led the partition serving "during" at its older version.)
             g = read_retrying(get2, greq(key=key))
             self.assertEqual((value_of(g.value), g.version), ("after", r.version),
                              "partition %d: the acknowledged write (\"after\", version %d) was lost" % (p, r.version))
