@@ -226,8 +226,10 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->records_taken = cs.records_taken;
         c->records_refused = cs.records_refused;
         c->failovers = cs.failovers;
-        drey_cluster_replica *reps = drey_arena_alloc(arena, (cs.partitions ? cs.partitions : 1) * sizeof *reps);
-        c->n_replicas = drey_cluster_get_replicas(cl, reps, cs.partitions);
+        /* Those it held a moment ago, and a few the table may have given it since. */
+        size_t cap = (size_t)cs.owned + cs.backup_of + 16;
+        drey_cluster_replica *reps = drey_arena_alloc(arena, cap * sizeof *reps);
+        c->n_replicas = drey_cluster_get_replicas(cl, reps, cap);
         c->replicas = drey_arena_alloc(arena, (c->n_replicas ? c->n_replicas : 1) * sizeof *c->replicas);
         for (size_t i = 0; i < c->n_replicas; i++) {
             RD_(Cluster__PartitionReplica) *pr = NEW(arena, RD_(Cluster__PartitionReplica),

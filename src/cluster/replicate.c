@@ -724,7 +724,7 @@ size_t drey_cluster_get_replicas(drey_cluster *c, drey_cluster_replica *out, siz
         o->epoch = part->epoch;
         o->sequence = atomic_load(&c->pstate[p].applied);
         if (primary) {
-            for (uint8_t i = 0; i < part->n_replicas && i < 4; i++)
+            for (uint8_t i = 0; i < part->n_replicas && i < sizeof o->in_sync / sizeof o->in_sync[0]; i++)
                 snprintf(o->in_sync[o->n_in_sync++], sizeof o->in_sync[0], "%s", t->nodes[part->replicas[i]].id);
             drey_cluster__line *ln = &c->lines[p];
             pthread_mutex_lock(&ln->mu);

@@ -190,17 +190,25 @@ static bool allows_stale(const drey_request *r) {
     return false;
 }
 
-/* A Get answered here from this node's backup copy. */
-static drey_stage_result answer_stale(drey_request *r, uint64_t lag_ms) {
+/* A read of msg (r's, or a part of it) answered by this node's store
+ * here in the route row; NULL with r->status set when it fails. */
+static ProtobufCMessage *read_here(drey_request *r, const ProtobufCMessage *msg) {
     drey_status st;
     drey_status_init(&st);
     drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
-    Drey__Cache__V1__GetResponse *resp = (void *)r->method->apply(r->method->ctx, &ax, r->msg);
+    ProtobufCMessage *resp = r->method->apply(r->method->ctx, &ax, msg);
     if (resp == NULL) {
         r->status = drey_arena_alloc(r->arena, sizeof st);
         *r->status = st;
-        return DREY_STAGE_REJECT;
     }
+    return resp;
+}
+
+/* A Get answered here from this node's backup copy. */
+static drey_stage_result answer_stale(drey_request *r, uint64_t lag_ms) {
+    Drey__Cache__V1__GetResponse *resp = (void *)read_here(r, r->msg);
+    if (resp == NULL)
+        return DREY_STAGE_REJECT;
     resp->from_backup = true;
     resp->lag_ms = lag_ms;
     drey_request_reply(r, &resp->base);
@@ -475,15 +483,9 @@ static drey_stage_result route_get_many(drey_cluster *c, drey_request *r, const 
         if (groups[k] >= 0)
             continue;
         Drey__Cache__V1__GetManyRequest sub = sub_request(r->arena, req, &parts[k]);
-        drey_status st;
-        drey_status_init(&st);
-        drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
-        Drey__Cache__V1__GetManyResponse *resp = (void *)r->method->apply(r->method->ctx, &ax, &sub.base);
-        if (resp == NULL) {
-            r->status = drey_arena_alloc(r->arena, sizeof st);
-            *r->status = st;
+        Drey__Cache__V1__GetManyResponse *resp = (void *)read_here(r, &sub.base);
+        if (resp == NULL)
             return DREY_STAGE_REJECT;
-        }
         for (size_t i = 0; i < parts[k].n; i++)
             g->results[parts[k].index[i]] = resp->results[i];
     }
