@@ -401,7 +401,6 @@ class Cluster:
 
     def topology(self, node):
         """The first drey.cluster.v1.Topology a node's WatchTopology sends."""
-        from drey_harness import ServiceClient as SC  # noqa: F401  (same channel helper)
         stub = node.channel.unary_stream(
             "/drey.cluster.v1.Cluster/WatchTopology",
             request_serializer=self.pb.cluster.WatchTopologyRequest.SerializeToString,

@@ -3,11 +3,9 @@ and returns only once dreyd has drained and exited (so the kubelet's own
 SIGTERM, which would cut the grace period short, never lands mid-drain);
 it gives up at --wait on a process that does not exit, and says so when
 there is nothing to signal."""
-import os
 import signal
 import subprocess
 import time
-import unittest
 
 from drey_cluster import drey_cli
 from drey_harness import DreyServer, DreyTestCase, main

@@ -16,12 +16,11 @@ key's owner, its answer (a refusal's details included) relayed in order.
 import json
 import re
 import subprocess
-import unittest
 
 import grpc
 
 from drey_cluster import Cluster, Router, drey_bench, partition
-from drey_harness import BidiStream, DreyTestCase, RpcFailure, main, make_value, value_of
+from drey_harness import BidiStream, DreyTestCase, main, make_value, value_of
 from drey_tokens import details, http_get, ops_port, poll
 
 PARTITIONS = 64

@@ -16,7 +16,6 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import unittest
 

@@ -7,7 +7,7 @@ goes counts no more, so cache names that come and go never exhaust the node.
 """
 import grpc
 
-from drey_harness import DreyTestCase, RpcFailure, main, make_value
+from drey_harness import DreyTestCase, RpcFailure, main
 from drey_tokens import metadata_keys_have_units
 
 

@@ -11,7 +11,6 @@ back (keeping its slot) for --slowdown-max-delay, and the others wait in the
 queue, so what is running and waiting is read from /health/ready/details.
 """
 
-import queue
 import threading
 
 import grpc
