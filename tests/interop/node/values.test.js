@@ -99,7 +99,8 @@ for (const [name, sent, out] of CASES) {
 
 test('Get of an absent key: found false, no value, version 0', async () => {
   const got = await unary(client, 'Get', { key: uniqueKey('absent') });
-  assert.deepEqual(got, { found: false, value: null, version: '0', expires_at: null });
+  // from_backup and lag_ms: only a cluster's backup answering an allow_stale read sets them
+  assert.deepEqual(got, { found: false, value: null, version: '0', expires_at: null, from_backup: false, lag_ms: '0' });
 });
 
 test('every write gets a new, larger version; overwrites replace the value', async () => {
@@ -171,7 +172,7 @@ test('SetMany then GetMany: one result per key in request order', async () => {
 });
 
 test('GetMany and SetMany accept empty batches', async () => {
-  assert.deepEqual(await unary(client, 'GetMany', { keys: [] }), { results: [] });
+  assert.deepEqual(await unary(client, 'GetMany', { keys: [] }), { results: [], from_backup: false, lag_ms: '0' });
   assert.deepEqual(await unary(client, 'SetMany', { entries: [] }), { results: [] });
 });
 
