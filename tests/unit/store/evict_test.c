@@ -222,15 +222,15 @@ Test(evict, a_filter_limits_the_victims) {
     char k[32];
     for (int i = 0; i < 20; i++) {
         snprintf(k, sizeof k, "a%03d", i);
-        put("a", k, 0); /* older: better victims */
+        put("a", k, 0);
     }
     for (int i = 0; i < 5; i++) {
         snprintf(k, sizeof k, "b%03d", i);
         put("b", k, 0);
     }
+    /* an unfiltered choice leaves sampled candidates of both caches pooled */
     victims warm = {0};
     cr_assert(gt(i64, drey_store_evict_choose(s, 1000, 1, 1, NULL, collect, &warm), 0));
-    cr_assert(eq(str, warm.cache[0], "a"));
     drey_store_filter only = {.keep = only_cache_b};
     victims v = {0};
     size_t one = drey_store_entry_bytes(1, 4, 100);
