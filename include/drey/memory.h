@@ -65,6 +65,9 @@ bool drey_memory_admit(drey_memory *m, int64_t growth, drey_status *st);
  * of the store's registry, which must not grow without bound. */
 bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st);
 
+/* An eviction policy is in force (the store's). */
+bool drey_memory_evicts(const drey_memory *m);
+
 bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
                                 int64_t others, drey_arena *arena, const drey_store_victim **evicted,
                                 size_t *n_evicted, int64_t *evicted_bytes, drey_status *st);

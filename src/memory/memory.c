@@ -117,6 +117,10 @@ bool drey_memory_admit_cache(drey_memory *m, const char *cache, drey_status *st)
     return false;
 }
 
+bool drey_memory_evicts(const drey_memory *m) {
+    return drey_store_policy(m->store) != DREY_EVICT_NONE;
+}
+
 bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
                                 int64_t others, drey_arena *arena, const drey_store_victim **evicted,
                                 size_t *n_evicted, int64_t *evicted_bytes, drey_status *st) {
@@ -127,7 +131,7 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
         return true;
     int64_t used = drey_store_bytes(m->store);
     int64_t room = m->critical - used;
-    bool policy = drey_store_policy(m->store) != DREY_EVICT_NONE;
+    bool policy = drey_memory_evicts(m);
     int64_t tightest = policy && others < room ? others : room;
     if (growth <= tightest)
         return true;

@@ -183,7 +183,10 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     /* With --eviction the victims ride in the write's journal record and go
      * when it applies: a write refused from here on evicted nothing. */
     const drey_replicator *rep = drey_pipeline__replicator(p);
-    int64_t others = rep != NULL && rep->memory_room != NULL ? rep->memory_room(rep->ctx, r) : INT64_MAX;
+    /* Only a write that evicts makes room on the other copies; without a policy the replicator checks their room. */
+    int64_t others = growth > 0 && rep != NULL && rep->memory_room != NULL && drey_memory_evicts(o->memory)
+                         ? rep->memory_room(rep->ctx, r)
+                         : INT64_MAX;
     if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), &r->evict_only, others, r->arena,
                                    &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
         r->growth -= evicted_bytes; /* its backups evict the same entries */

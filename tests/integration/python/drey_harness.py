@@ -27,6 +27,7 @@ Run a file directly while iterating:
 
 import atexit
 import contextlib
+import errno
 import http.client
 import importlib
 import json
@@ -823,6 +824,53 @@ def main():
 # --- a private mount namespace ----------------------------------------------
 
 _NS_ENV = "DREY_TEST_PRIVATE_MOUNT_NS"
+
+
+def mount_tmpfs(test, size_bytes, prefix="drey-tmpfs-"):
+    """A size-limited tmpfs for test (in the private mount namespace that
+    enter_private_mount_namespace gave the process), unmounted and removed
+    at cleanup; skips the test where mounting is not permitted. Returns
+    its mount point."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+    test.addCleanup(shutil.rmtree, tmp, True)
+    mnt = os.path.join(tmp, "mnt")
+    os.mkdir(mnt)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % size_bytes, "tmpfs", mnt],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        test.skipTest("cannot mount a tmpfs in the private mount namespace: %s" % r.stderr.strip())
+    test.addCleanup(subprocess.run, ["umount", "-l", mnt], capture_output=True, timeout=30)
+    # the mount is private: the first process's namespace does not see it
+    try:
+        with open("/proc/1/mountinfo") as f:
+            test.assertNotIn(" %s " % mnt, f.read(), "the tmpfs leaked out of the mount namespace")
+    except PermissionError:
+        pass
+    st = os.statvfs(mnt)
+    test.assertLessEqual(st.f_blocks * st.f_frsize, size_bytes)
+    return mnt
+
+
+def fill_filesystem(path):
+    """Writes path until its filesystem is full; returns the bytes written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    total = 0
+    try:
+        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
+            buf = b"\xaa" * chunk
+            while True:
+                try:
+                    n = os.write(fd, buf)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+                total += n
+                if n < chunk:
+                    break
+    finally:
+        os.close(fd)
+    return total
 
 
 def enter_private_mount_namespace(script):

@@ -14,43 +14,18 @@ that or the mount is not permitted it is skipped with the reason."""
 
 import errno
 import os
-import shutil
-import subprocess
-import tempfile
 import unittest
 
 import grpc
 
 from drey_harness import (ADMIN_SERVICE, CACHE_SERVICE, HEALTH_SERVICE, DreyServer, DreyTestCase,
-                          enter_private_mount_namespace, main, make_value, RpcFailure, ServiceClient,
-                          storage_tool, value_of)
+                          enter_private_mount_namespace, fill_filesystem, main, make_value, mount_tmpfs, RpcFailure,
+                          ServiceClient, storage_tool, value_of)
 
 WAIT = 30.0
 SEGMENT = 256 * 1024
 BIG = "z" * 16384  # 16 KiB values: a segment is full after ~16 of them
 SKIP_REASON = None
-
-
-def fill(path):
-    """Writes path until the filesystem is full; returns the bytes written."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    total = 0
-    try:
-        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
-            buf = b"\xaa" * chunk
-            while True:
-                try:
-                    n = os.write(fd, buf)
-                except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        raise
-                    break
-                total += n
-                if n < chunk:
-                    break
-    finally:
-        os.close(fd)
-    return total
 
 
 class DiskFullTest(DreyTestCase):
@@ -63,23 +38,7 @@ class DiskFullTest(DreyTestCase):
         super().setUpClass()
 
     def setUp(self):
-        tmp = tempfile.mkdtemp(prefix="drey-diskfull-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        self.mnt = os.path.join(tmp, "mnt")
-        os.mkdir(self.mnt)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", self.mnt],
-                           capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            self.skipTest("cannot mount a tmpfs in the private mount namespace: %s" % r.stderr.strip())
-        self.addCleanup(subprocess.run, ["umount", "-l", self.mnt], capture_output=True, timeout=30)
-        # the mount is private: the first process's namespace does not see it
-        try:
-            with open("/proc/1/mountinfo") as f:
-                self.assertNotIn(" %s " % self.mnt, f.read(), "the tmpfs leaked out of the mount namespace")
-        except PermissionError:
-            pass
-        st = os.statvfs(self.mnt)
-        self.assertLessEqual(st.f_blocks * st.f_frsize, 4 << 20)
+        self.mnt = mount_tmpfs(self, 4 << 20, "drey-diskfull-")
         self.data_dir = os.path.join(self.mnt, "data")
 
     def boot(self):
@@ -105,7 +64,7 @@ class DiskFullTest(DreyTestCase):
             acked["before-%d" % i] = (i, r.version)
 
         filler = os.path.join(self.mnt, "filler")
-        self.assertGreater(fill(filler), 0)
+        self.assertGreater(fill_filesystem(filler), 0)
         self.assertEqual(os.statvfs(self.mnt).f_bavail, 0, "the tmpfs is not full")
 
         # writes go on into the preallocated segment, then the next segment

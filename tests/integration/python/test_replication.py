@@ -84,6 +84,10 @@ class Scenario:
             w.stop_flag.set()
         self.cl.__exit__(*exc)
 
+    def stop_workloads(self):
+        for w in self.workloads:
+            w.stop()
+
     def progress(self, ops=30, timeout=60):
         """Until the workloads have completed `ops` more operations (whatever
         their outcome): a nemesis is held while clients write for a count
@@ -153,8 +157,7 @@ class Scenario:
         return time.time() - started
 
     def stop_and_check(self, min_ok=10):
-        for w in self.workloads:
-            w.stop()
+        self.stop_workloads()
         self.cl.heal()
         for n in self.cl.nodes.values():
             if n.server.proc.poll() is None:
@@ -318,8 +321,7 @@ class Replication(DreyTestCase):
         with Scenario(self) as s:
             s.cl.restart_with_clock_offset("n2", 30)
             s.progress(ops=100)
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.cl.restart("n2", env={"FAKETIME": "+0"})  # its own clock again
             s.stop_and_check()
 
@@ -380,8 +382,7 @@ class Replication(DreyTestCase):
         critical level is refused by the primary, MEMORY_PRESSURE naming the
         backup, and written nowhere."""
         with Scenario(self, durable=False) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             used = details(s.cl.nodes["n3"], "memory")["usedBytes"]
             limit = int(used) + (2 << 20)
             s.cl.restart("n3", flags=list(s.cl.launched["n3"][0]) + ["--memory-limit=%d" % limit])
@@ -414,8 +415,7 @@ class MinInSync(DreyTestCase):
         # two nodes: nobody can replace the lost copy
         with Scenario(self, ids=("n1", "n3"), started=2, durable=False, extra_flags=("--min-in-sync=2",)) as s:
             n1 = s.cl.nodes["n1"]
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             p = next(p for p, (primary, r) in s.table(n1).items() if primary == "n1" and r == ("n3",))
             key = s.key_in(p, "mis")
             set_, sreq, _ = n1.cache.methods["Set"]
@@ -449,8 +449,7 @@ class BackupSide(DreyTestCase):
 
     def test_a_backup_takes_records_only_from_its_primary_in_sequence(self):
         with Scenario(self, durable=False) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()
             n1 = s.cl.nodes["n1"]
             table = s.table(n1)
@@ -533,8 +532,7 @@ class StaleReads(DreyTestCase):
 
     def test_a_backup_answers_stale_reads_and_says_how_stale(self):
         with Scenario(self, durable=False) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()
             p = 3
             key = s.key_in(p, "stale")
@@ -618,8 +616,7 @@ class StaleReads(DreyTestCase):
 
     def test_stale_reads_go_on_while_a_primary_is_gone(self):
         with Scenario(self, durable=False) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()
             p = 5
             key = s.key_in(p, "gone")
@@ -663,8 +660,7 @@ class Heartbeats(DreyTestCase):
 
     def test_an_unreachable_idle_backup_is_dropped_without_a_write(self):
         with Scenario(self, durable=False) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()
             n1 = s.cl.nodes["n1"]
             backed = lambda: [p for p, (_, r) in s.table(n1).items() if "n3" in r]
@@ -730,8 +726,7 @@ class EvictionWithReplicas(DreyTestCase):
     def test_evictions_stay_in_the_partition_and_fit_every_copy(self):
         with Scenario(self, durable=False,
                       extra_flags=("--eviction=allkeys-lru", "--memory-limit=%d" % self.LIMIT)) as s:
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()
             table = s.table(s.cl.nodes["n1"])
             # p led by x and backed by y; r led by y, backed by the third node

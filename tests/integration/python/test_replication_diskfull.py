@@ -14,40 +14,14 @@ its primary.
 The test re-executes itself under `unshare --mount --propagation private`
 (drey_harness.enter_private_mount_namespace) so the tmpfs cannot leak;
 where that or the mount is not permitted it is skipped with the reason."""
-import errno
 import os
-import shutil
-import subprocess
-import tempfile
 import unittest
 
 from drey_cluster import wait_until
-from drey_harness import DreyTestCase, enter_private_mount_namespace, main
+from drey_harness import DreyTestCase, enter_private_mount_namespace, fill_filesystem, main, mount_tmpfs
 from test_replication import Scenario, details
 
 SKIP_REASON = None
-
-
-def fill(path):
-    """Writes path until its filesystem is full; returns the bytes written."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    total = 0
-    try:
-        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
-            buf = b"\xaa" * chunk
-            while True:
-                try:
-                    n = os.write(fd, buf)
-                except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        raise
-                    break
-                total += n
-                if n < chunk:
-                    break
-    finally:
-        os.close(fd)
-    return total
 
 
 class BackupDiskFull(DreyTestCase):
@@ -60,15 +34,7 @@ class BackupDiskFull(DreyTestCase):
         super().setUpClass()
 
     def setUp(self):
-        tmp = tempfile.mkdtemp(prefix="drey-repl-diskfull-", dir=os.environ.get("TEST_TMPDIR"))
-        self.addCleanup(shutil.rmtree, tmp, True)
-        self.mnt = os.path.join(tmp, "mnt")
-        os.mkdir(self.mnt)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", self.mnt],
-                           capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            self.skipTest("cannot mount a tmpfs in the private mount namespace: %s" % r.stderr.strip())
-        self.addCleanup(subprocess.run, ["umount", "-l", self.mnt], capture_output=True, timeout=30)
+        self.mnt = mount_tmpfs(self, 24 << 20, "drey-repl-diskfull-")
 
     def test_a_backup_whose_disk_fills_is_dropped_not_waited_for(self):
         data = os.path.join(self.mnt, "n3")
@@ -85,7 +51,7 @@ class BackupDiskFull(DreyTestCase):
             backed = lambda: [p for p, (_, r) in s.table(n1).items() if "n3" in r]
             self.assertTrue(backed())
             filler = os.path.join(self.mnt, "filler")
-            self.assertGreater(fill(filler), 0)
+            self.assertGreater(fill_filesystem(filler), 0)
             shrinks = lambda: sum(details(s.cl.nodes[i])["inSyncShrinks"] for i in ("n1", "n2"))
             before = shrinks()
             # n3's preallocated segment takes records a while; then its

@@ -179,8 +179,7 @@ class Faults(DreyTestCase):
             self.assertEqual(RpcFailure(e.exception).reason, "LEASE_EXPIRED")
             s.cl.heal()
             wait_until(lambda: "n1" in names(s, n2), timeout=30, what="n1 to hold a copy again")
-            for w in s.workloads:
-                w.stop()
+            s.stop_workloads()
             s.settle()  # n1 has its partitions back by now, by moves
             # Only this test writes the key: "during" (unknown outcome,
             # invoked before "after" was) may not come back over the
