@@ -32,6 +32,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/partition.h"
 #include "drey/placement.h"
 #include "internal.h"
 
@@ -396,6 +397,9 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
     c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd}, err, cap);
     if (c->etcd == NULL || !check_config(c, err, cap))
         return -1;
+    /* Before anything moves: a partition's move then costs its entries. */
+    if (c->opts.store != NULL)
+        drey_partition_index(c->opts.store, c->n_parts);
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
     c->pstate = drey_xcalloc(c->n_parts, sizeof *c->pstate);
