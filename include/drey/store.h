@@ -247,8 +247,9 @@ typedef uint32_t (*drey_store_partition_fn)(const char *cache, size_t cache_len,
 #define DREY_STORE_MAX_PARTITIONS 65536
 
 /* Keeps entries per partition from now on: moves every entry present into
- * its partition's tables, with every stripe write-locked (about 100 ms per
- * million entries; a node does it once, at join, before it serves). Keys
+ * its partition's tables, with every stripe write-locked (0.3 to 0.5 s per
+ * million entries, tests/bench/store_memory; a node does it once, at join,
+ * before it serves). Keys
  * made before are stale (see drey_store_key). Calling it again with the
  * same n and fn changes nothing. False, and nothing changed, for n = 0 or
  * n > DREY_STORE_MAX_PARTITIONS. */
