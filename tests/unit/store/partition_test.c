@@ -845,3 +845,56 @@ Test(store_partition, the_largest_count_works) {
     cr_assert_geq(w.t.entries, 1);
     cr_assert(!w.strays);
 }
+
+/* A table with many caches (the per-cache rows grow, and rows leave from
+ * the middle of probe runs): each cache's figures within the partition stay
+ * its figures, and the listing names exactly the caches that hold entries. */
+static void count_listed(void *arg, const drey_cache_stats *c) {
+    size_t *n = arg;
+    (*n)++;
+    cr_assert_gt(c->entries, 0);
+}
+
+Test(store_partition, a_table_keeps_many_caches_apart) {
+    const uint32_t n = 256, p = 11; /* one table per partition */
+    cr_assert(drey_store_set_partitions(s, n, test_part));
+    enum { CACHES = 300, KEYS = 3 };
+    static char names[CACHES][16], keys[CACHES][KEYS][24];
+    for (int c = 0; c < CACHES; c++) {
+        snprintf(names[c], sizeof names[c], "c%d", c);
+        size_t found = 0;
+        for (unsigned i = 0; found < KEYS; i++) {
+            snprintf(keys[c][found], sizeof keys[c][found], "k%u", i);
+            found += group_of(names[c], strlen(names[c]), keys[c][found], strlen(keys[c][found]), n) == p;
+        }
+    }
+    bool held[CACHES][KEYS] = {{false}};
+    rng = 42;
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 400; i++) {
+            int c = (int)(rnd() % CACHES), k = (int)(rnd() % KEYS);
+            if (rnd() % 2) {
+                put(names[c], keys[c][k], "value", rnd() % 4 == 0 ? T0 + 1000 : 0);
+                held[c][k] = true;
+            } else {
+                del(names[c], keys[c][k]);
+                held[c][k] = false;
+            }
+        }
+        size_t holding = 0;
+        for (int c = 0; c < CACHES; c++) {
+            drey_cache_stats in_p, whole;
+            drey_store_partition_cache_stats(s, p, names[c], strlen(names[c]), &in_p);
+            drey_store_cache_stats(s, names[c], strlen(names[c]), &whole);
+            uint64_t want = (uint64_t)held[c][0] + held[c][1] + held[c][2];
+            cr_assert_eq(in_p.entries, want, "round %d, cache %s", round, names[c]);
+            cr_assert_eq(in_p.entries, whole.entries);
+            cr_assert_eq(in_p.bytes, whole.bytes);
+            cr_assert_eq(in_p.expiring, whole.expiring);
+            holding += want > 0;
+        }
+        size_t listed = 0;
+        drey_store_partition_list_caches(s, p, count_listed, &listed);
+        cr_assert_eq(listed, holding, "round %d: the caches holding entries, each once", round);
+    }
+}
