@@ -159,7 +159,7 @@ typedef struct drey_cluster_status {
     uint32_t rf, backup_of, under_replicated;
     bool lease_valid;
     uint64_t replication_pending, replicated, replica_failures, isr_shrinks, backups_added, records_taken,
-        records_refused, failovers;
+        records_refused, failovers, handovers_done, copies_refused;
 } drey_cluster_status;
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);

@@ -85,6 +85,9 @@ typedef enum drey_error {
     DREY_ERR_STALE_EPOCH,
     DREY_ERR_OUT_OF_SEQUENCE,
     DREY_ERR_NOT_REPLICA,
+    DREY_ERR_IN_SYNC_COPY,
+    DREY_ERR_COPY_NOT_PLANNED,
+    DREY_ERR_NOT_CAUGHT_UP,
     DREY_ERR_COUNT_
 } drey_error;
 

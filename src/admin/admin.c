@@ -226,6 +226,8 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->records_taken = cs.records_taken;
         c->records_refused = cs.records_refused;
         c->failovers = cs.failovers;
+        c->handovers_done = cs.handovers_done;
+        c->copies_refused = cs.copies_refused;
         /* Those it held a moment ago, and a few the table may have given it since. */
         size_t cap = (size_t)cs.owned + cs.backup_of + 16;
         drey_cluster_replica *reps = drey_arena_alloc(arena, cap * sizeof *reps);
@@ -432,6 +434,11 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
                 (double)c->records_refused);
         counter(out, "drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.",
                 (double)c->failovers);
+        counter(out, "drey_cluster_handovers_total", "Primary roles this node handed to an in-sync backup.",
+                (double)c->handovers_done);
+        counter(out, "drey_cluster_copies_refused_total",
+                "Imports, handover checks and drops this node refused (a copy not planned, or an in-sync one).",
+                (double)c->copies_refused);
         /* The worst partition per role: per-partition series are in the
          * readiness details. */
         uint64_t lag[2] = {0, 0}; /* primary, backup */

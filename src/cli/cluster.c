@@ -290,14 +290,17 @@ static int status(const char *etcd, const char *prefix, const char *token) {
         }
         printf("}");
     }
-    /* Moves planned or under way: the owner copies, then hands over. */
+    /* Moves planned or under way: the owner copies, then hands over; or
+     * hands the role to an in-sync backup with no copy. */
     printf("],\"moves\":[");
     first = true;
     for (uint32_t p = 0; p < owners_cap; p++) {
-        if (entries[p] == NULL || entries[p]->n_joining == 0)
+        const Drey__Internal__V1__PartitionEntry *pe = entries[p];
+        bool copy = pe != NULL && pe->n_joining > 0;
+        if (pe == NULL || (!copy && pe->handover[0] == '\0'))
             continue;
-        printf("%s{\"partition\":%u,\"from\":\"%s\",\"to\":\"%s\"}", first ? "" : ",", p, entries[p]->primary,
-               entries[p]->joining[0]);
+        printf("%s{\"partition\":%u,\"from\":\"%s\",\"to\":\"%s\",\"copy\":%s}", first ? "" : ",", p, pe->primary,
+               copy ? pe->joining[0] : pe->handover, copy ? "true" : "false");
         first = false;
     }
     printf("]}\n");

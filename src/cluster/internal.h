@@ -135,6 +135,9 @@ void drey_cluster__thaw(drey_cluster *c, uint32_t p);
 /* Scan, Clear, ListCaches, GetCacheStats: every node's share (fanout.c). */
 drey_stage_result drey_cluster__route_cache_wide(drey_cluster *c, drey_request *r, drey_cluster__topology *t);
 
+/* The ErrorInfo reason of a peer's answer into out ("" for none). */
+void drey_cluster__answer_reason(const drey_answer *a, char *out, size_t cap);
+
 /* The metadata of a call to another node: the caller's token, this node's
  * id, the partition's epoch (0: none); h holds 3 (router.c). */
 size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h);
@@ -220,7 +223,8 @@ typedef struct drey_cluster__entry {
     char primary[DREY_CLUSTER_MAX_ID];
     char replicas[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
     char syncing[DREY_CLUSTER_MAX_REPLICAS][DREY_CLUSTER_MAX_ID];
-    char joining[DREY_CLUSTER_MAX_ID]; /* "": no move */
+    char joining[DREY_CLUSTER_MAX_ID];  /* a move's target, never in replicas; "": no move */
+    char handover[DREY_CLUSTER_MAX_ID]; /* an in-sync backup to hand the primary role to; "": none */
     size_t n_replicas, n_syncing;
 } drey_cluster__entry;
 
@@ -230,6 +234,9 @@ bool drey_cluster__entry_has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const c
 /* Removes id from the list (if there); returns whether it was there. */
 bool drey_cluster__entry_remove(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
 void drey_cluster__entry_add(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
+/* Takes id out of the in-sync set, and a handover to it with it; returns
+ * whether it was there. */
+bool drey_cluster__entry_drop_replica(drey_cluster__entry *e, const char *id);
 
 /* Adds to t: if p's entry is still at epoch, put e (in a). */
 void drey_cluster__txn_put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
@@ -310,8 +317,15 @@ struct drey_cluster {
     drey_cluster__shrink *shrinks; /* under shrink_mu */
     bool shrink_stop;
     _Atomic uint64_t replicated, replica_failures, isr_shrinks, records_taken, records_refused;
+    _Atomic uint64_t copies_refused; /* Imports, Confirms and Drops refused here (router.c) */
 
     _Atomic uint64_t failovers;     /* as controller: partitions given a new primary */
+    _Atomic uint64_t handovers_done; /* as primary: roles handed to an in-sync backup */
+    /* The controller thread's own: each partition's primary as it last
+     * saw it, and since when (drey_mono_ms), for the rebalance's settle
+     * time (controller.c). */
+    char (*seen_primary)[DREY_CLUSTER_MAX_ID];
+    int64_t *primary_since_ms;
     _Atomic uint64_t backups_added; /* as primary: copies that joined the in-sync set */
 
     drey_cluster__subs *subs; /* drey_cluster_attach_watch */
@@ -324,16 +338,17 @@ void drey_cluster__publish_locked(drey_cluster *c);
 void drey_cluster__notify_watchers_locked(drey_cluster *c);
 void drey_cluster__close_watchers(drey_cluster *c);
 
-/* Commits the controller's compared table writes (none: nothing to do).
- * False when etcd refused or failed, said in the log: it looks again. */
-bool drey_cluster__commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops);
 /* The registered member named id, or NULL; needs c->mu. */
 const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id);
 
-/* The controller's repairs: failover, dropped and new backups (repair.c).
- * False when etcd refused or failed; *changed when it wrote. */
-bool drey_cluster__repair(drey_cluster *c, bool *changed);
-/* A restarted node leaves the entries that name it (repair.c). */
+struct drey_cluster__plan;
+/* The table and the members into pl (plan.h), for planning; returns each
+ * entry's epoch (n_parts, malloc'd). Takes c->mu (controller.c). */
+int64_t *drey_cluster__snapshot(drey_cluster *c, struct drey_cluster__plan *pl);
+/* The controller's look: assign, repair, rebalance, and write what changed
+ * (controller.c). */
+void drey_cluster__control(drey_cluster *c);
+/* A restarted node leaves the entries that name it (controller.c). */
 int drey_cluster__step_down(drey_cluster *c, char *err, size_t cap);
 
 /* The controller's loop (member.c). */

@@ -11,12 +11,10 @@
  *
  * The controller thread of every node stands for controller (a transaction
  * that puts <prefix>controller under the node's lease if nobody holds it).
- * The node that holds it reconciles the partition table: today, the first
- * assignment of unassigned partitions by rendezvous hashing once the
- * cluster's initial_nodes are members. Each write compares the entry's
- * mod_revision (its epoch) with the one this node saw, so a deposed or
- * stale controller changes nothing; a new controller resumes from whatever
- * the table says.
+ * The node that holds it reconciles the partition table (controller.c):
+ * each write compares the entry's mod_revision (its epoch) with the one
+ * this node saw, so a deposed or stale controller changes nothing; a new
+ * controller resumes from whatever the table says.
  *
  * A lost lease (etcd unreachable past the TTL, or the node paused) takes the
  * node out of the membership; the controller thread registers it again with
@@ -605,6 +603,8 @@ void drey_cluster_destroy(drey_cluster *c) {
     free((char *)c->opts.etcd);
     free((char *)c->opts.build);
     free(c->prefix);
+    free(c->seen_primary);
+    free(c->primary_since_ms);
     free(c);
 }
 
@@ -627,228 +627,12 @@ static bool campaign(drey_cluster *c) {
     return won;
 }
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id) {
     for (size_t i = 0; i < c->n_members; i++) {
         if (strcmp(c->members[i]->id, id) == 0)
             return c->members[i];
     }
     return NULL;
-}
-
-bool drey_cluster__commit_table_writes(drey_cluster *c, const drey_etcd_txn *t, drey_arena *a, size_t ops) {
-    if (ops == 0)
-        return true;
-    Etcdserverpb__TxnResponse *resp;
-    drey_etcd_status st;
-    bool ok = drey_etcd_txn_commit(c->etcd, t, CALL_MS, a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-    if (!ok)
-        DREY_LOG_WARN("a partition table write did not apply (the table moved on, or etcd failed); the controller "
-                      "will look again", DREY_LOG_STR("error", st.message));
-    return ok;
-}
-
-/* The first assignment: every partition without an owner gets the node
- * rendezvous hashing ranks first among the members, once there are enough
- * of them. Returns false when etcd refused or failed (retried later). */
-static bool assign_unowned(drey_cluster *c) {
-    pthread_mutex_lock(&c->mu);
-    size_t n = c->n_members;
-    uint32_t unowned = 0;
-    for (uint32_t p = 0; p < c->n_parts; p++)
-        unowned += c->entries[p] == NULL || c->entries[p]->primary[0] == '\0';
-    bool first = unowned == c->n_parts;
-    if (unowned == 0 || n == 0 || (first && n < c->initial_nodes)) {
-        pthread_mutex_unlock(&c->mu);
-        return true;
-    }
-    char **ids = drey_xcalloc(n, sizeof *ids);
-    int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
-    bool *want = drey_xcalloc(c->n_parts, sizeof *want);
-    for (size_t i = 0; i < n; i++)
-        ids[i] = xstrdup(c->members[i]->id);
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        epochs[p] = c->epochs[p];
-        want[p] = c->entries[p] == NULL || c->entries[p]->primary[0] == '\0';
-    }
-    pthread_mutex_unlock(&c->mu);
-
-    qsort(ids, n, sizeof *ids, cmp_str);
-    /* Every copy starts empty, so the backups are in sync from the start. */
-    uint32_t r = drey_placement_replicas(c->rf, n);
-    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * r * sizeof *assign);
-    drey_placement_assign((const char *const *)ids, n, c->n_parts, c->rf, assign);
-    bool ok = true;
-    for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {
-        drey_arena a;
-        drey_arena_init(&a, NULL, 0);
-        drey_etcd_txn t;
-        drey_etcd_txn_init(&t, &a);
-        size_t ops = 0;
-        uint32_t p = p0;
-        for (; p < c->n_parts && ops < DREY_CLUSTER_TXN_OPS; p++) {
-            if (!want[p])
-                continue;
-            drey_cluster__entry e;
-            drey_cluster__entry_of(NULL, &e);
-            snprintf(e.primary, sizeof e.primary, "%s", ids[assign[p * r]]);
-            for (uint32_t k = 1; k < r; k++)
-                drey_cluster__entry_add(e.replicas, &e.n_replicas, ids[assign[p * r + k]]);
-            drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], &e);
-            ops++;
-        }
-        p0 = p;
-        ok = drey_cluster__commit_table_writes(c, &t, &a, ops);
-        drey_arena_destroy(&a);
-    }
-    if (ok)
-        DREY_LOG_INFO("partitions assigned", DREY_LOG_UINT("partitions", unowned), DREY_LOG_UINT("nodes", n));
-    for (size_t i = 0; i < n; i++)
-        free(ids[i]);
-    free(ids);
-    free(epochs);
-    free(want);
-    free(assign);
-    return ok;
-}
-
-/* A node the placement counts: a member that is not leaving, or a node that
- * owns partitions but is not a member now (down: its data waits for it on
- * its disk, so its partitions stay planned where they are). */
-typedef struct planned {
-    char **ids;   /* sorted */
-    size_t n;
-    bool *member; /* by index: registered now */
-    uint32_t *moving_out;
-} planned;
-
-static int planned_index(const planned *pl, const char *id) {
-    for (size_t i = 0; i < pl->n; i++) {
-        if (strcmp(pl->ids[i], id) == 0)
-            return (int)i;
-    }
-    return -1;
-}
-
-/* Plans moves toward the placement of the nodes that should hold data: a
- * partition whose owner is not the one rendezvous hashing ranks first gets
- * that node as `joining` (its owner then moves it: move.c), at most
- * max_moves per owner at a time; a plan whose new node left is cancelled.
- * Only once every partition has an owner. */
-static bool rebalance(drey_cluster *c) {
-    pthread_mutex_lock(&c->mu);
-    planned pl = {.ids = drey_xcalloc(c->n_members + c->n_parts, sizeof *pl.ids)};
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        if (c->entries[p] == NULL || c->entries[p]->primary[0] == '\0') {
-            pthread_mutex_unlock(&c->mu);
-            free(pl.ids);
-            return true;
-        }
-    }
-    for (size_t i = 0; i < c->n_members; i++) {
-        if (!c->members[i]->draining)
-            pl.ids[pl.n++] = xstrdup(c->members[i]->id);
-    }
-    size_t n_live = pl.n;
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        const char *o = c->entries[p]->primary;
-        bool known = false;
-        for (size_t i = 0; i < c->n_members && !known; i++)
-            known = strcmp(c->members[i]->id, o) == 0;
-        for (size_t i = n_live; i < pl.n && !known; i++)
-            known = strcmp(pl.ids[i], o) == 0;
-        if (!known)
-            pl.ids[pl.n++] = xstrdup(o);
-    }
-    qsort(pl.ids, pl.n, sizeof *pl.ids, cmp_str);
-    pl.member = drey_xcalloc(pl.n ? pl.n : 1, sizeof *pl.member);
-    pl.moving_out = drey_xcalloc(pl.n ? pl.n : 1, sizeof *pl.moving_out);
-    for (size_t i = 0; i < c->n_members; i++) {
-        int k = planned_index(&pl, c->members[i]->id);
-        if (k >= 0)
-            pl.member[k] = true;
-    }
-    /* What the table says, copied out of the lock. */
-    drey_cluster__entry *ent = drey_xcalloc(c->n_parts, sizeof *ent);
-    int64_t *epochs = drey_xcalloc(c->n_parts, sizeof *epochs);
-    bool *owner_member = drey_xcalloc(c->n_parts, sizeof *owner_member);
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        drey_cluster__entry_of(c->entries[p], &ent[p]);
-        epochs[p] = c->epochs[p];
-        for (size_t i = 0; i < c->n_members && !owner_member[p]; i++)
-            owner_member[p] = strcmp(c->members[i]->id, ent[p].primary) == 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-
-    bool ok = true;
-    if (pl.n == 0)
-        goto out;
-    /* The same placement as the first assignment's, so that a cluster
-     * that did not change plans nothing. */
-    uint32_t r = drey_placement_replicas(c->rf, pl.n);
-    uint32_t *assign = drey_xmalloc((size_t)c->n_parts * r * sizeof *assign);
-    drey_placement_assign((const char *const *)pl.ids, pl.n, c->n_parts, c->rf, assign);
-    for (uint32_t p = 0; p < c->n_parts; p++) {
-        int k = planned_index(&pl, ent[p].primary);
-        if (ent[p].joining[0] != '\0' && k >= 0)
-            pl.moving_out[k]++;
-    }
-    uint32_t planned_now = 0, cancelled = 0;
-    for (uint32_t p0 = 0; p0 < c->n_parts && ok;) {
-        drey_arena a;
-        drey_arena_init(&a, NULL, 0);
-        drey_etcd_txn t;
-        drey_etcd_txn_init(&t, &a);
-        size_t ops = 0;
-        uint32_t p = p0;
-        for (; p < c->n_parts && ops < DREY_CLUSTER_TXN_OPS; p++) {
-            drey_cluster__entry *e = &ent[p];
-            int k = planned_index(&pl, e->primary);
-            if (e->joining[0] != '\0') {
-                int j = planned_index(&pl, e->joining);
-                if (j < 0 || !pl.member[j]) { /* gone, or leaving itself */
-                    e->joining[0] = '\0';
-                    drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], e);
-                    ops++;
-                    cancelled++;
-                }
-                continue;
-            }
-            const char *want = pl.ids[assign[p * r]];
-            if (strcmp(want, e->primary) == 0 || !owner_member[p] || !pl.member[assign[p * r]])
-                continue;
-            if (k >= 0 && pl.moving_out[k] >= c->opts.max_moves)
-                continue;
-            if (k < 0 && planned_now >= c->opts.max_moves)
-                continue; /* a draining owner: not in the list, counted together */
-            snprintf(e->joining, sizeof e->joining, "%s", want);
-            drey_cluster__txn_put_entry(c, &t, &a, p, epochs[p], e);
-            ops++;
-            planned_now++;
-            if (k >= 0)
-                pl.moving_out[k]++;
-        }
-        p0 = p;
-        ok = drey_cluster__commit_table_writes(c, &t, &a, ops);
-        drey_arena_destroy(&a);
-    }
-    if (ok && (planned_now > 0 || cancelled > 0))
-        DREY_LOG_INFO("partition moves planned", DREY_LOG_UINT("planned", planned_now),
-                      DREY_LOG_UINT("cancelled", cancelled), DREY_LOG_UINT("nodes", n_live));
-    free(assign);
-out:
-    free(ent);
-    free(epochs);
-    free(owner_member);
-    for (size_t i = 0; i < pl.n; i++)
-        free(pl.ids[i]);
-    free(pl.ids);
-    free(pl.member);
-    free(pl.moving_out);
-    return ok;
 }
 
 void *drey_cluster__controller_main(void *arg) {
@@ -872,10 +656,8 @@ void *drey_cluster__controller_main(void *arg) {
         } else if (vacant) {
             leader = campaign(c);
         }
-        bool repaired = false;
-        /* Moves are planned on a table the repairs are in: the next look. */
-        if (leader && !lost && assign_unowned(c) && drey_cluster__repair(c, &repaired) && !repaired)
-            rebalance(c);
+        if (leader && !lost)
+            drey_cluster__control(c);
         pthread_mutex_lock(&c->mu);
         if (c->leaving)
             break;

@@ -1,9 +1,27 @@
 /*
- * move — handing a partition this node owns to the node the controller
- * named `joining` in its entry.
+ * move — handing a partition this node leads to another node, or copying
+ * it to a new backup, as the controller planned in its entry.
  *
+ * THE RULE: a copy in the partition's in-sync set is never replaced,
+ * truncated or partly overwritten. Every write the primary acknowledged is
+ * on every in-sync copy, and a failover promotes one of them: a copy that
+ * is being rebuilt must be out of that set (in etcd, compared on the
+ * epoch) before its first chunk lands, or a failover mid-copy would
+ * promote it with part of the partition. So:
+ *   - the primary role goes to an in-sync backup by a handover, with no
+ *     copy at all (`handover` in the entry);
+ *   - a copy goes only to a node the entry names `joining` (a move) or
+ *     `syncing` (a new backup), never one of `replicas`; this node refuses
+ *     to start one onto a node its table names in sync, and the receiver
+ *     refuses an Import while it holds an in-sync copy, or one the entry
+ *     at the Import's epoch does not name it the target of (router.c);
+ *   - a copy joins the in-sync set only once complete (the last chunk goes
+ *     with the partition's writes paused), in one write compared on the
+ *     epoch the copy was planned at.
+ *
+ * A move or a new backup:
  *   1. copy: walk the store a shard at a time and send the partition's
- *      entries (remembered outcomes included) to the new node as Import
+ *      entries (remembered outcomes included) to the target as Import
  *      calls of about a megabyte, the first one replacing whatever it held
  *      of the partition, at --cluster-move-rate. Writes go on meanwhile and
  *      record the keys they changed (router.c);
@@ -12,17 +30,25 @@
  *   3. freeze: new writes of the partition wait, the ones running finish;
  *      the last changed keys go with this node's version counter, so
  *      versions keep increasing on the new owner;
- *   4. hand over: one etcd transaction, compared on the epoch the
- *      controller planned the move at, names the new node primary. This
- *      node applies it to its own table at once, so the waiting writes,
- *      routed again, are forwarded there; the new owner, hearing of it
- *      from a forwarded call before its watch did, waits for its table;
- *   5. drop: this node's copy goes in one journaled write.
+ *   4. flip: one etcd transaction, compared on the epoch the controller
+ *      planned at, names the target primary (a move) or an in-sync backup
+ *      (a new backup). This node applies it to its own table at once, so
+ *      the waiting writes, routed again, go where it says; the new owner,
+ *      hearing of it from a forwarded call before its watch did, waits
+ *      for its table;
+ *   5. drop (a move): this node's copy goes in one journaled write, unless
+ *      the partition came back to it meanwhile (the Drop names the epoch).
  *
- * Any failure before the handover (the new node gone, its journal full, a
- * deadline) thaws the partition: this node is still its owner and nothing
- * was lost; the move is tried again a second later, or replanned by the
- * controller. A handover whose outcome etcd did not confirm keeps the
+ * A handover: freeze as in 3; ask the backup to confirm it applied every
+ * write up to the partition's last sequence (Replica/Confirm: every write
+ * was acknowledged by it before it was answered, so this is a check, not a
+ * wait); flip as in 4, this node staying an in-sync backup (it has every
+ * write). The pause is one round trip to the backup and one to etcd.
+ *
+ * Any failure before the flip (the target gone, its journal full, a
+ * deadline) thaws the partition: this node is still its primary and
+ * nothing was lost; the move is tried again a second later, or replanned by
+ * the controller. A flip whose outcome etcd did not confirm keeps the
  * partition frozen until the entry is read back: thawing it then could let
  * two nodes take its writes.
  *
@@ -49,8 +75,9 @@
 #define PEER_CALL_MS 10000
 #define ETCD_CALL_MS 2000
 #define RETRY_MS 1000
+#define CONFIRM_MS 1000
 
-/* --- one call to the new owner, waited for --------------------------------------- */
+/* --- one call to the target, waited for ----------------------------------------- */
 
 typedef struct sync_call {
     pthread_mutex_t mu;
@@ -58,6 +85,7 @@ typedef struct sync_call {
     bool done;
     int code;
     char message[256];
+    char reason[64]; /* the ErrorInfo reason, if any */
 } sync_call;
 
 static void sync_done(void *arg, const drey_answer *a) {
@@ -68,21 +96,57 @@ static void sync_done(void *arg, const drey_answer *a) {
     if (n > 0)
         memcpy(s->message, a->message, n);
     s->message[n] = '\0';
+    drey_cluster__answer_reason(a, s->reason, sizeof s->reason);
     s->done = true;
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->mu);
 }
 
+typedef enum move_kind {
+    MOVE,     /* the primary role to `joining`, by a copy */
+    SYNC,     /* a copy to a new backup (`syncing`); this node stays primary */
+    HANDOVER, /* the primary role to an in-sync backup, without a copy */
+} move_kind;
+
 typedef struct mover {
     drey_cluster *c;
     uint32_t partition;
-    bool sync; /* a new backup's copy: it joins the in-sync set, this node stays primary */
+    move_kind kind;
     const char *target, *address;
-    int64_t epoch;
+    int64_t epoch; /* the entry's, when the move was planned */
     uint64_t entries, bytes;
     int64_t next_send_ns; /* the rate cap's schedule */
     char err[300];
 } mover;
+
+/* Calls path on the target with the packed request; 0 or the gRPC code,
+ * with the reason (if any) in reason and what happened in mv->err. */
+static int call_target(mover *mv, const char *path, const uint8_t *buf, size_t len, char *reason, size_t cap) {
+    drey_cluster *c = mv->c;
+    char epoch[24];
+    snprintf(epoch, sizeof epoch, "%" PRId64, mv->epoch);
+    drey_cluster__header h[] = {
+        {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)},
+        {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
+    };
+    sync_call s = {.done = false};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    drey_cluster__pcall *pc = drey_cluster__peers_call(c->peers, mv->target, mv->address, path, buf, len, h, 2,
+                                                       drey_mono_ns() + PEER_CALL_MS * 1000000LL, sync_done, &s);
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cond, &s.mu); /* the call's deadline bounds it */
+    pthread_mutex_unlock(&s.mu);
+    drey_cluster__pcall_release(pc);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cond);
+    if (s.code != 0)
+        snprintf(mv->err, sizeof mv->err, "%s at %s: %s (code %d)", strrchr(path, '/') + 1, mv->target,
+                 s.message, s.code);
+    snprintf(reason, cap, "%s", s.reason);
+    return s.code;
+}
 
 static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req) {
     drey_cluster *c = mv->c;
@@ -98,30 +162,11 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
         int64_t start = mv->next_send_ns > now ? mv->next_send_ns : now;
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
-    char epoch[24];
-    snprintf(epoch, sizeof epoch, "%" PRId64, mv->epoch);
-    drey_cluster__header h[] = {
-        {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)},
-        {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
-    };
-    sync_call s = {.done = false};
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_cond_init(&s.cond, NULL);
-    drey_cluster__pcall *pc = drey_cluster__peers_call(c->peers, mv->target, mv->address, DREY_PARTITION_IMPORT_PATH,
-                                                       buf, len, h, 2, drey_mono_ns() + PEER_CALL_MS * 1000000LL,
-                                                       sync_done, &s);
-    pthread_mutex_lock(&s.mu);
-    while (!s.done)
-        pthread_cond_wait(&s.cond, &s.mu); /* the call's deadline bounds it */
-    pthread_mutex_unlock(&s.mu);
-    drey_cluster__pcall_release(pc);
-    pthread_mutex_destroy(&s.mu);
-    pthread_cond_destroy(&s.cond);
+    char reason[64];
+    int code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason);
     free(buf);
-    if (s.code != 0) {
-        snprintf(mv->err, sizeof mv->err, "import at %s: %s (code %d)", mv->target, s.message, s.code);
+    if (code != 0)
         return false;
-    }
     mv->entries += req->n_entries;
     mv->bytes += len;
     return true;
@@ -319,13 +364,13 @@ static bool freeze(drey_cluster *c, uint32_t p) {
     return wait_zero(c, &c->pstate[p].inflight);
 }
 
-/* --- 4: the handover ------------------------------------------------------------------ */
+/* --- 4: the flip ------------------------------------------------------------------------ */
 
-typedef enum handover { HANDED_OVER, KEPT, UNKNOWN } handover;
+typedef enum flip { FLIPPED, KEPT, UNKNOWN } flip;
 
-/* Whether the entry says the handover (or the new backup) happened. */
+/* Whether the entry says the flip happened. */
 static bool done_in(const mover *mv, const Drey__Internal__V1__PartitionEntry *e) {
-    if (!mv->sync)
+    if (mv->kind != SYNC)
         return strcmp(e->primary, mv->target) == 0;
     for (size_t i = 0; i < e->n_replicas; i++) {
         if (strcmp(e->replicas[i], mv->target) == 0)
@@ -334,20 +379,20 @@ static bool done_in(const mover *mv, const Drey__Internal__V1__PartitionEntry *e
     return false;
 }
 
-static handover read_back(mover *mv, const char *key) {
+static flip read_back(mover *mv, const char *key) {
     drey_cluster *c = mv->c;
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
-    handover h = UNKNOWN;
+    flip h = UNKNOWN;
     if (drey_etcd_get(c->etcd, key, false, ETCD_CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK) {
         h = KEPT;
         if (resp->n_kvs == 1) {
             Drey__Internal__V1__PartitionEntry *e = drey__internal__v1__partition_entry__unpack(
                 drey_arena_protobuf_allocator(&a), resp->kvs[0]->value.len, resp->kvs[0]->value.data);
             if (e != NULL && done_in(mv, e)) {
-                h = HANDED_OVER;
+                h = FLIPPED;
                 drey_cluster__apply_own_write(c, key, resp->kvs[0]->value.data, resp->kvs[0]->value.len,
                                               resp->kvs[0]->mod_revision);
             }
@@ -357,12 +402,15 @@ static handover read_back(mover *mv, const char *key) {
     return h;
 }
 
-/* The entry after the handover: the new node primary; the backups stay
- * (they have every write up to the freeze, and the new primary continues
- * the partition's sequence), and so does this node as one while the
- * partition would have fewer copies than the replication factor without
- * it. For a new backup: this node stays primary, the backup joins the set.
- * False when the entry is no longer the one planned. */
+/* The entry after the flip, false when it is no longer the one planned:
+ *   - a move: the target primary; the backups stay (they have every write
+ *     up to the freeze, and the new primary continues the partition's
+ *     sequence), and so does this node as one while the partition would
+ *     have fewer copies than the factor without it; the copies under way
+ *     were this node's (the new primary plans its own);
+ *   - a handover: the target primary, this node an in-sync backup in its
+ *     place (it has every write); the rest stays;
+ *   - a new backup: it joins the in-sync set, this node stays primary. */
 static bool next_entry(mover *mv, drey_cluster__entry *e, bool *keep_copy) {
     drey_cluster *c = mv->c;
     pthread_mutex_lock(&c->mu);
@@ -373,22 +421,34 @@ static bool next_entry(mover *mv, drey_cluster__entry *e, bool *keep_copy) {
     if (!same)
         return false;
     *keep_copy = true;
-    if (mv->sync) {
-        drey_cluster__entry_remove(e->syncing, &e->n_syncing, mv->target);
+    switch (mv->kind) {
+    case SYNC:
+        if (!drey_cluster__entry_remove(e->syncing, &e->n_syncing, mv->target))
+            return false;
         drey_cluster__entry_add(e->replicas, &e->n_replicas, mv->target);
         return true;
-    }
-    drey_cluster__entry_remove(e->replicas, &e->n_replicas, mv->target);
-    snprintf(e->primary, sizeof e->primary, "%s", mv->target);
-    e->joining[0] = '\0';
-    e->n_syncing = 0; /* copies from this node: the new primary plans its own */
-    *keep_copy = 1 + e->n_replicas < c->rf;
-    if (*keep_copy)
+    case HANDOVER:
+        if (strcmp(e->handover, mv->target) != 0 || !drey_cluster__entry_drop_replica(e, mv->target))
+            return false;
+        snprintf(e->primary, sizeof e->primary, "%s", mv->target);
         drey_cluster__entry_add(e->replicas, &e->n_replicas, c->opts.node_id);
-    return true;
+        return true;
+    case MOVE:
+        if (strcmp(e->joining, mv->target) != 0 || drey_cluster__entry_has(e->replicas, e->n_replicas, mv->target))
+            return false;
+        snprintf(e->primary, sizeof e->primary, "%s", mv->target);
+        e->joining[0] = '\0';
+        e->handover[0] = '\0';
+        e->n_syncing = 0;
+        *keep_copy = 1 + e->n_replicas < c->rf;
+        if (*keep_copy)
+            drey_cluster__entry_add(e->replicas, &e->n_replicas, c->opts.node_id);
+        return true;
+    }
+    return false;
 }
 
-static handover hand_over(mover *mv, bool *keep_copy) {
+static flip flip_entry(mover *mv, bool *keep_copy) {
     drey_cluster *c = mv->c;
     drey_cluster__entry e;
     if (!next_entry(mv, &e, keep_copy)) {
@@ -396,7 +456,7 @@ static handover hand_over(mover *mv, bool *keep_copy) {
         return KEPT;
     }
     switch (drey_cluster__cas_entry(c, mv->partition, mv->epoch, &e, mv->err, sizeof mv->err)) {
-    case DREY_CLUSTER_CAS_APPLIED: return HANDED_OVER;
+    case DREY_CLUSTER_CAS_APPLIED: return FLIPPED;
     case DREY_CLUSTER_CAS_REFUSED: return KEPT;
     case DREY_CLUSTER_CAS_UNKNOWN: break;
     }
@@ -407,7 +467,7 @@ static handover hand_over(mover *mv, bool *keep_copy) {
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
     const char *key = drey_cluster__partition_key(c, &a, mv->partition);
-    handover h;
+    flip h;
     do {
         pthread_mutex_lock(&c->mu);
         bool leaving = c->leaving;
@@ -420,6 +480,31 @@ static handover hand_over(mover *mv, bool *keep_copy) {
     } while ((h = read_back(mv, key)) == UNKNOWN);
     drey_arena_destroy(&a);
     return h;
+}
+
+/* A handover's check: the target has applied every write of the
+ * partition up to seq. Every one was acknowledged by it before it was
+ * answered, so this waits at most for its apply to be noted (and for its
+ * table, if its watch is behind), CONFIRM_MS in all. */
+static bool confirm(mover *mv, uint64_t seq) {
+    drey_cluster *c = mv->c;
+    Drey__Internal__V1__ConfirmRequest req = DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT;
+    req.partition = mv->partition;
+    req.partitions = c->n_parts;
+    req.epoch = mv->epoch;
+    req.sequence = seq;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__confirm_request__pack(&req, buf);
+    int64_t until = drey_mono_ns() + CONFIRM_MS * 1000000LL;
+    for (;;) {
+        char reason[64];
+        int code = call_target(mv, DREY_REPLICA_CONFIRM_PATH, buf, len, reason, sizeof reason);
+        if (code == 0)
+            return true;
+        if (strcmp(reason, "NOT_CAUGHT_UP") != 0 || drey_mono_ns() > until)
+            return false;
+        drey_cluster__nap_ms(2);
+    }
 }
 
 /* --- 5: the drop, a journaled write of this node ------------------------------------- */
@@ -488,7 +573,7 @@ static const drey_request_ops local_ops = {
     .peer_is = local_peer_is,
 };
 
-static bool drop(drey_cluster *c, uint32_t p) {
+static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_DROP_PATH);
     if (m == NULL || c->opts.pipeline == NULL)
         return false;
@@ -501,6 +586,7 @@ static bool drop(drey_cluster *c, uint32_t p) {
     drey__internal__v1__drop_request__init(req);
     req->partition = p;
     req->partitions = c->n_parts;
+    req->epoch = epoch;
     size_t len = drey__internal__v1__drop_request__get_packed_size(req);
     uint8_t *bytes = drey_arena_alloc(&a, len ? len : 1);
     drey__internal__v1__drop_request__pack(req, bytes);
@@ -512,7 +598,7 @@ static bool drop(drey_cluster *c, uint32_t p) {
         pthread_cond_wait(&d.cond, &d.mu); /* the journal answers every write */
     pthread_mutex_unlock(&d.mu);
     if (!d.ok)
-        DREY_LOG_WARN("the copy of a partition handed over could not be dropped; it stays in memory unserved",
+        DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
                       DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", d.error));
     drey_arena_destroy(&a);
     pthread_mutex_destroy(&d.mu);
@@ -520,19 +606,18 @@ static bool drop(drey_cluster *c, uint32_t p) {
     return d.ok;
 }
 
-/* --- one move --------------------------------------------------------------------------- */
+/* --- one move ------------------------------------------------------------------------------ */
 
 static uint64_t elapsed_us(int64_t since_ns) {
     return (uint64_t)((drey_mono_ns() - since_ns) / 1000);
 }
 
-static bool move_partition(mover *mv) {
+/* 1 to 3 of a copy: true with the partition frozen and all of it sent;
+ * *froze once it is frozen. */
+static bool copy_out(mover *mv, bool *froze) {
     drey_cluster *c = mv->c;
     uint32_t p = mv->partition;
-    drey_cluster__pstate *ps = &c->pstate[p];
-    int64_t started = drey_mono_ns();
-    atomic_store(&c->moving, (int64_t)p);
-    atomic_store(&ps->moving, true);
+    atomic_store(&c->pstate[p].moving, true);
     /* A Clear that began before the move finishes before the copy does:
      * Clears that begin after it are refused (fanout.c). */
     bool ok = wait_zero(c, &c->clearing);
@@ -556,14 +641,11 @@ static bool move_partition(mover *mv) {
         ok = send_changes(mv, d, false);
         free_dirty(d);
     }
-    handover h = KEPT;
-    bool keep_copy = true;
-    int64_t paused = drey_mono_ns();
-    bool froze = ok;
+    *froze = ok;
     if (ok && !freeze(c, p)) {
-        ok = false;
         snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
                  FREEZE_DRAIN_MS);
+        return false;
     }
     if (ok) {
         size_t n;
@@ -571,11 +653,41 @@ static bool move_partition(mover *mv) {
         ok = send_changes(mv, d, true);
         free_dirty(d);
     }
-    if (ok)
-        h = hand_over(mv, &keep_copy);
+    return ok;
+}
+
+/* A handover's part before the flip: true with the partition frozen and
+ * the target confirmed to have every write of it. */
+static bool ready_handover(mover *mv, bool *froze) {
+    drey_cluster *c = mv->c;
+    *froze = true;
+    if (!freeze(c, mv->partition)) {
+        snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
+                 FREEZE_DRAIN_MS);
+        return false;
+    }
+    /* Every write up to this one was answered, so acknowledged by every
+     * in-sync backup: the target among them. */
+    return confirm(mv, atomic_load(&c->pstate[mv->partition].seq));
+}
+
+static const char *kind_name(move_kind k) {
+    return k == MOVE ? "move" : k == SYNC ? "new backup" : "handover";
+}
+
+static bool run(mover *mv) {
+    drey_cluster *c = mv->c;
+    uint32_t p = mv->partition;
+    drey_cluster__pstate *ps = &c->pstate[p];
+    int64_t started = drey_mono_ns();
+    atomic_store(&c->moving, (int64_t)p);
+    bool froze = false, keep_copy = true;
+    bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
+    int64_t paused = drey_mono_ns();
+    flip h = ok ? flip_entry(mv, &keep_copy) : KEPT;
     atomic_store(&ps->moving, false);
     if (h == UNKNOWN)
-        return false; /* stopping with the handover unconfirmed: stay paused */
+        return false; /* stopping with the flip unconfirmed: stay paused */
     drey_cluster__thaw(c, p);
     if (froze) {
         uint64_t pause = elapsed_us(paused);
@@ -588,59 +700,85 @@ static bool move_partition(mover *mv) {
     atomic_store(&c->moving, -1);
     atomic_fetch_add(&c->moved_entries, mv->entries);
     atomic_fetch_add(&c->moved_bytes, mv->bytes);
-    if (h != HANDED_OVER) {
+    if (h != FLIPPED) {
         atomic_fetch_add(&c->moves_failed, 1);
-        DREY_LOG_WARN(mv->sync ? "a copy to a new backup did not complete" :
-                                 "a partition move did not complete; this node keeps the partition",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
+        DREY_LOG_WARN("a partition's move did not complete; this node keeps leading it",
+                      DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
+                      DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
         return false;
     }
-    atomic_fetch_add(mv->sync ? &c->backups_added : &c->moves_done, 1);
-    DREY_LOG_INFO(mv->sync ? "partition copied to a new backup" : "partition handed over",
-                  DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target),
-                  DREY_LOG_UINT("entries", mv->entries), DREY_LOG_UINT("bytes", mv->bytes),
-                  DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
+    atomic_fetch_add(mv->kind == SYNC ? &c->backups_added : mv->kind == MOVE ? &c->moves_done : &c->handovers_done,
+                     1);
+    DREY_LOG_INFO(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
+                  DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
+                  DREY_LOG_STR("to", mv->target), DREY_LOG_UINT("entries", mv->entries),
+                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
                   DREY_LOG_UINT("took_ms", elapsed_us(started) / 1000));
-    if (!keep_copy)
-        drop(c, p);
+    if (!keep_copy) {
+        pthread_mutex_lock(&c->mu);
+        int64_t epoch = c->epochs[p]; /* the flip's, or newer: the Drop is refused if that names this node */
+        pthread_mutex_unlock(&c->mu);
+        drop(c, p, epoch);
+    }
     return true;
 }
 
 /* --- the loop ------------------------------------------------------------------------------ */
+
+/* The next planned move out of this node whose last try is not too
+ * recent, handovers first (they copy nothing); needs c->mu. */
+static bool next_move(drey_cluster *c, const int64_t *retry_at, mover *mv) {
+    int64_t now = drey_mono_ms();
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t p = 0; p < c->n_parts; p++) {
+            const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+            if (e == NULL || strcmp(e->primary, c->opts.node_id) != 0 || retry_at[p] > now)
+                continue;
+            drey_cluster__entry x;
+            drey_cluster__entry_of(e, &x);
+            const char *target = NULL;
+            if (pass == 0 && x.handover[0] != '\0' && drey_cluster__entry_has(x.replicas, x.n_replicas, x.handover)) {
+                mv->kind = HANDOVER;
+                target = e->handover;
+            } else if (pass == 1 && x.joining[0] != '\0') {
+                /* Never a copy onto an in-sync backup (the rule above): the
+                 * controller turns such a plan into a handover. */
+                if (drey_cluster__entry_has(x.replicas, x.n_replicas, x.joining))
+                    continue;
+                mv->kind = MOVE; /* before the backups: the new primary restores the ones it wants */
+                target = e->joining[0];
+            } else if (pass == 1 && x.n_syncing > 0 &&
+                       !drey_cluster__entry_has(x.replicas, x.n_replicas, x.syncing[0])) {
+                mv->kind = SYNC;
+                target = e->syncing[0];
+            } else {
+                continue;
+            }
+            const Drey__Internal__V1__Member *to = drey_cluster__member_locked(c, target);
+            if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
+                continue; /* the controller replans it */
+            mv->partition = p;
+            mv->target = drey_xstrdup(to->id);
+            mv->address = drey_xstrdup(to->internal);
+            mv->epoch = c->epochs[p];
+            return true;
+        }
+    }
+    return false;
+}
 
 void *drey_cluster__mover_main(void *arg) {
     drey_cluster *c = arg;
     int64_t *retry_at = drey_xcalloc(c->n_parts, sizeof *retry_at);
     pthread_mutex_lock(&c->mu);
     while (!c->leaving) {
-        /* The first planned move out of this node whose last try is not
-         * too recent. */
         mover mv = {.c = c};
-        bool found = false;
-        int64_t now = drey_mono_ms();
-        for (uint32_t p = 0; p < c->n_parts && !found; p++) {
-            const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
-            if (e == NULL || (e->n_joining == 0 && e->n_syncing == 0) || strcmp(e->primary, c->opts.node_id) != 0 ||
-                retry_at[p] > now)
-                continue;
-            /* A move first: the new primary restores the backups it wants. */
-            const char *target = e->n_joining > 0 ? e->joining[0] : e->syncing[0];
-            const Drey__Internal__V1__Member *to = drey_cluster__member_locked(c, target);
-            if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
-                continue; /* the controller replans it */
-            mv.sync = e->n_joining == 0;
-            mv.partition = p;
-            mv.target = drey_xstrdup(to->id);
-            mv.address = drey_xstrdup(to->internal);
-            mv.epoch = c->epochs[p];
-            found = true;
-        }
-        if (!found) {
+        if (!next_move(c, retry_at, &mv)) {
             drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(RETRY_MS));
             continue;
         }
         pthread_mutex_unlock(&c->mu);
-        if (!move_partition(&mv))
+        if (!run(&mv))
             retry_at[mv.partition] = drey_mono_ms() + RETRY_MS;
         free((char *)mv.target);
         free((char *)mv.address);

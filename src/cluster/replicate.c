@@ -545,7 +545,7 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
         return 1;
     if (!drey_cluster__lease_valid(c))
         return 0; /* etcd may have expired it: another primary may be coming */
-    drey_cluster__entry_remove(e.replicas, &e.n_replicas, s->backup);
+    drey_cluster__entry_drop_replica(&e, s->backup);
     char err[200];
     drey_cluster__cas r = drey_cluster__cas_entry(c, s->partition, epoch, &e, err, sizeof err);
     if (r == DREY_CLUSTER_CAS_APPLIED) {

@@ -239,24 +239,30 @@ size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t e
     return n;
 }
 
-/* Whether a is the owner's NOT_PRIMARY. */
-static bool is_not_primary(const drey_answer *a) {
-    if (a->code != GRPC_STATUS_UNAVAILABLE || a->details == NULL)
-        return false;
+void drey_cluster__answer_reason(const drey_answer *a, char *out, size_t cap) {
+    out[0] = '\0';
+    if (a->code == GRPC_STATUS_OK || a->details == NULL)
+        return;
     Google__Rpc__Status *st = google__rpc__status__unpack(NULL, a->details_len, a->details);
-    bool yes = false;
-    for (size_t i = 0; st != NULL && i < st->n_details && !yes; i++) {
+    for (size_t i = 0; st != NULL && i < st->n_details && out[0] == '\0'; i++) {
         const Google__Protobuf__Any *any = st->details[i];
         if (strcmp(any->type_url, "type.googleapis.com/google.rpc.ErrorInfo") != 0)
             continue;
         Google__Rpc__ErrorInfo *ei = google__rpc__error_info__unpack(NULL, any->value.len, any->value.data);
-        yes = ei != NULL && strcmp(ei->reason, "NOT_PRIMARY") == 0;
+        if (ei != NULL)
+            snprintf(out, cap, "%s", ei->reason);
         if (ei != NULL)
             google__rpc__error_info__free_unpacked(ei, NULL);
     }
     if (st != NULL)
         google__rpc__status__free_unpacked(st, NULL);
-    return yes;
+}
+
+/* Whether a is the owner's NOT_PRIMARY. */
+static bool is_not_primary(const drey_answer *a) {
+    char reason[32];
+    drey_cluster__answer_reason(a, reason, sizeof reason);
+    return a->code == GRPC_STATUS_UNAVAILABLE && strcmp(reason, "NOT_PRIMARY") == 0;
 }
 
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f);
@@ -773,6 +779,112 @@ static void accept_beat(drey_cluster *c, drey_request *r, const drey_cluster__to
     }
 }
 
+/* --- copies and handovers (move.c) --------------------------------------------------- */
+
+static drey_stage_result refuse_copy(drey_cluster *c, drey_request *r, drey_error e, uint32_t p,
+                                     const drey_cluster__topology *t, int64_t asked) {
+    atomic_fetch_add(&c->copies_refused, 1);
+    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+    drey_status_init(r->status);
+    drey_status_set(r->status, e);
+    drey_status_add_metadata(r->status, "partition", "%u", p);
+    if (p < t->n_parts)
+        drey_status_add_metadata(r->status, "epoch", "%lld", (long long)t->parts[p].epoch);
+    drey_status_add_metadata(r->status, "asked_epoch", "%lld", (long long)asked);
+    return DREY_STAGE_REJECT;
+}
+
+static bool copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; i < t->parts[p].n_joining; i++) {
+        if (t->parts[p].joining[i] == node)
+            return true;
+    }
+    return false;
+}
+
+static bool sent_by_primary(const drey_request *r, const drey_cluster__topology *t, uint32_t p) {
+    int32_t o = t->parts[p].primary;
+    return o >= 0 && r->forwarded_by != NULL && strcmp(t->nodes[o].id, r->forwarded_by) == 0;
+}
+
+/* A chunk of a copy (a move's or a new backup's). Taken only when this
+ * node's table has the partition at the epoch the copy was planned at,
+ * led by the sender, with this node the copy's target (joining or
+ * syncing). Never while this node holds an in-sync copy, whatever the
+ * epochs say: that copy has every acknowledged write and may be promoted.
+ * A copy from a newer table than this node's waits (a second at most) for
+ * the table: the target hearing of the plan from the primary before its
+ * watch did. */
+static drey_stage_result accept_import(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, fwd **fp) {
+    const Drey__Internal__V1__ImportRequest *imp = (const void *)r->msg;
+    uint32_t p = imp->partition;
+    if (p >= t->n_parts || imp->partitions != t->n_parts)
+        return refuse_copy(c, r, DREY_ERR_MALFORMED_REQUEST, p, t, imp->epoch);
+    if (t->self >= 0 && t->parts[p].primary == t->self)
+        return refuse_copy(c, r, DREY_ERR_PARTITION_OWNED, p, t, imp->epoch);
+    if (t->self >= 0 && is_replica(t, p, t->self))
+        return refuse_copy(c, r, DREY_ERR_IN_SYNC_COPY, p, t, imp->epoch);
+    if (imp->epoch > t->parts[p].epoch && c->opts.timers != NULL && (*fp == NULL || !(*fp)->awaited)) {
+        fwd *f = *fp = fwd_of(c, r, *fp);
+        f->awaited = true;
+        f->revision = t->revision;
+        await_table(f, imp->epoch);
+        return DREY_STAGE_PARKED;
+    }
+    if (imp->epoch < t->parts[p].epoch)
+        return refuse_copy(c, r, DREY_ERR_STALE_EPOCH, p, t, imp->epoch);
+    if (imp->epoch != t->parts[p].epoch || t->self < 0 || !copy_target(t, p, t->self) || !sent_by_primary(r, t, p))
+        return refuse_copy(c, r, DREY_ERR_COPY_NOT_PLANNED, p, t, imp->epoch);
+    if (imp->last) {
+        atomic_store(&c->pstate[p].seq, imp->sequence); /* the primary's next record follows it */
+        atomic_store(&c->pstate[p].applied, imp->sequence);
+    }
+    return DREY_STAGE_NEXT;
+}
+
+/* A handover's check: this node backs the partition in sync at the
+ * epoch, under the sender, and has applied every write up to the
+ * sequence. The answer comes from here; the method changes nothing. */
+static drey_stage_result accept_confirm(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    const Drey__Internal__V1__ConfirmRequest *req = (const void *)r->msg;
+    uint32_t p = req->partition;
+    if (p >= t->n_parts || req->partitions != t->n_parts)
+        return refuse_copy(c, r, DREY_ERR_MALFORMED_REQUEST, p, t, req->epoch);
+    if (req->epoch > t->parts[p].epoch) /* the plan is newer than this node's table */
+        return refuse_copy(c, r, DREY_ERR_NOT_CAUGHT_UP, p, t, req->epoch);
+    if (req->epoch < t->parts[p].epoch)
+        return refuse_copy(c, r, DREY_ERR_STALE_EPOCH, p, t, req->epoch);
+    if (t->self < 0 || !is_replica(t, p, t->self) || !sent_by_primary(r, t, p))
+        return refuse_copy(c, r, DREY_ERR_NOT_REPLICA, p, t, req->epoch);
+    const drey_cluster__pstate *ps = &c->pstate[p];
+    uint64_t applied = atomic_load(&ps->applied), seq = atomic_load(&ps->seq);
+    if (seq == DREY_CLUSTER_SEQ_BROKEN)
+        return refuse_copy(c, r, DREY_ERR_OUT_OF_SEQUENCE, p, t, req->epoch);
+    if (applied < req->sequence)
+        return refuse_copy(c, r, DREY_ERR_NOT_CAUGHT_UP, p, t, req->epoch);
+    Drey__Internal__V1__ConfirmResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
+    drey__internal__v1__confirm_response__init(resp);
+    resp->applied = applied;
+    drey_request_reply(r, &resp->base);
+    return DREY_STAGE_ANSWERED;
+}
+
+/* This node's own Drop of a copy it no longer holds a role for: refused
+ * if its table names it in the partition again (a copy came back since). */
+static drey_stage_result accept_drop(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    const Drey__Internal__V1__DropRequest *req = (const void *)r->msg;
+    uint32_t p = req->partition;
+    if (p >= t->n_parts || req->partitions != t->n_parts)
+        return refuse_copy(c, r, DREY_ERR_MALFORMED_REQUEST, p, t, req->epoch);
+    if (t->self >= 0 && t->parts[p].primary == t->self)
+        return refuse_copy(c, r, DREY_ERR_PARTITION_OWNED, p, t, req->epoch);
+    if (t->self >= 0 && is_replica(t, p, t->self))
+        return refuse_copy(c, r, DREY_ERR_IN_SYNC_COPY, p, t, req->epoch);
+    if (t->self >= 0 && copy_target(t, p, t->self))
+        return refuse_copy(c, r, DREY_ERR_STALE_EPOCH, p, t, req->epoch);
+    return DREY_STAGE_NEXT;
+}
+
 /* --- the row, continued ------------------------------------------------------------ */
 
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f) {
@@ -798,19 +910,15 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         goto out;
     }
     if (d == &drey__internal__v1__import_request__descriptor && t->n_parts > 0) {
-        /* Only a partition's primary moves it, and only to another node. */
-        const Drey__Internal__V1__ImportRequest *imp = (const void *)r->msg;
-        p = imp->partition;
-        if (p < t->n_parts && t->parts[p].primary >= 0 && t->parts[p].primary == t->self) {
-            r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-            drey_status_init(r->status);
-            drey_status_set(r->status, DREY_ERR_PARTITION_OWNED);
-            drey_status_add_metadata(r->status, "partition", "%u", p);
-            res = DREY_STAGE_REJECT;
-        } else if (p < t->n_parts && imp->last) {
-            atomic_store(&c->pstate[p].seq, imp->sequence); /* the primary's next record follows it */
-            atomic_store(&c->pstate[p].applied, imp->sequence);
-        }
+        res = accept_import(c, r, t, &f);
+        goto out;
+    }
+    if (d == &drey__internal__v1__confirm_request__descriptor && t->n_parts > 0) {
+        res = accept_confirm(c, r, t);
+        goto out;
+    }
+    if (d == &drey__internal__v1__drop_request__descriptor && t->n_parts > 0) {
+        res = accept_drop(c, r, t);
         goto out;
     }
     if (cache == NULL || t->n_parts == 0 || d == &drey__cache__v1__watch_request__descriptor)
@@ -918,5 +1026,7 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     out->backups_added = atomic_load(&c->backups_added);
     out->records_taken = atomic_load(&c->records_taken);
     out->records_refused = atomic_load(&c->records_refused);
+    out->handovers_done = atomic_load(&c->handovers_done);
+    out->copies_refused = atomic_load(&c->copies_refused);
     out->failovers = atomic_load(&c->failovers);
 }

@@ -305,6 +305,7 @@ int main(int argc, char **argv, char **envp) {
     };
     drey_commit *commit = drey_commit_create(&copts);
     drey_partition_replica *replica = drey_partition_replica_create(commit, memory);
+    drey_partition *partitions = drey_partition_create(store);
     drey_pipeline_options popts = {
         .limits = {
             .max_cache_name_bytes = (size_t)cfg.max_cache_name_bytes,
@@ -385,7 +386,7 @@ int main(int argc, char **argv, char **envp) {
         }
     }
     /* Always: a journal written as a cluster node replays anywhere. */
-    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
+    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, partitions) ||
         !drey_partition_register_replica(methods, replica) ||
         !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
@@ -552,6 +553,7 @@ out:
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
     drey_partition_replica_destroy(replica);
+    drey_partition_destroy(partitions);
     drey_method_table_destroy(methods);
     drey_admin_destroy(admin);
     drey_health_destroy(health);

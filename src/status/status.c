@@ -130,6 +130,15 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                   "needs a fresh copy"},
     [DREY_ERR_NOT_REPLICA] = {DREY_ERR_NOT_REPLICA, GRPC_STATUS_FAILED_PRECONDITION, "NOT_REPLICA",
                               "this node is not an in-sync backup of the partition, or the sender not its primary"},
+    [DREY_ERR_IN_SYNC_COPY] = {DREY_ERR_IN_SYNC_COPY, GRPC_STATUS_FAILED_PRECONDITION, "IN_SYNC_COPY",
+                               "this node holds an in-sync copy of the partition: it has every acknowledged write "
+                               "and a failover may promote it, so no import replaces it"},
+    [DREY_ERR_COPY_NOT_PLANNED] = {DREY_ERR_COPY_NOT_PLANNED, GRPC_STATUS_FAILED_PRECONDITION, "COPY_NOT_PLANNED",
+                                   "the partition's entry at the import's epoch does not name this node the target "
+                                   "of a copy from the sender"},
+    [DREY_ERR_NOT_CAUGHT_UP] = {DREY_ERR_NOT_CAUGHT_UP, GRPC_STATUS_FAILED_PRECONDITION, "NOT_CAUGHT_UP",
+                                "this backup has not applied every write of the partition up to the sequence asked "
+                                "(or its table is older than the epoch): ask again"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

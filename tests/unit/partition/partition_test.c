@@ -22,6 +22,7 @@
 #define T0 1700000000000LL
 
 static write_stack s;
+static drey_partition *parts;
 static drey_arena arena;
 
 static void setup(void) {
@@ -31,13 +32,15 @@ static void setup(void) {
     drey_commit_options co = {.store = s.store, .methods = s.methods, .idempotency_retention_ms = 60000,
                               .partitioned = true};
     s.commit = drey_commit_create(&co);
-    cr_assert(drey_partition_register(s.methods, s.store));
+    parts = drey_partition_create(s.store);
+    cr_assert(drey_partition_register(s.methods, parts));
     drey_arena_init(&arena, NULL, 0);
 }
 
 static void teardown(void) {
     drey_arena_destroy(&arena);
     stack_destroy(&s);
+    drey_partition_destroy(parts);
 }
 
 TestSuite(partition, .init = setup, .fini = teardown, .timeout = 60);
@@ -178,6 +181,39 @@ Test(partition, an_import_replaces_a_stale_copy_and_keeps_versions) {
     cr_assert_not_null(apply(DREY_PARTITION_IMPORT_PATH, &more.base, &st));
     cr_assert(!read_entry(s.store, "c", "k0", T0, &e));
     cr_assert(read_entry(s.store, "c", (const char *)b.key.data, T0, &e));
+}
+
+/* A Drop decided at epoch 10 (its node handed the partition over) that
+ * reaches the journal after an Import of epoch 12 (the partition came back
+ * to the node meanwhile) would erase the copy coming in: it removes
+ * nothing, live and on replay (the same records in the same order). An
+ * import of an older epoch does not hold a newer drop back. */
+Test(partition, a_drop_spares_a_copy_imported_at_a_newer_epoch) {
+    uint32_t p = part("c", "k0");
+    Drey__Internal__V1__MovedEntry a = moved("k0", "came back", 900, 0);
+    Drey__Internal__V1__MovedEntry *list[] = {&a};
+    Drey__Internal__V1__ImportRequest imp = DREY__INTERNAL__V1__IMPORT_REQUEST__INIT;
+    imp.partition = p;
+    imp.partitions = N;
+    imp.replace = true;
+    imp.entries = list;
+    imp.n_entries = 1;
+    imp.epoch = 12;
+    drey_status st;
+    cr_assert_not_null(apply(DREY_PARTITION_IMPORT_PATH, &imp.base, &st));
+    Drey__Internal__V1__DropRequest drop = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    drop.partition = p;
+    drop.partitions = N;
+    drop.epoch = 10;
+    Drey__Internal__V1__DropResponse *resp = (void *)apply(DREY_PARTITION_DROP_PATH, &drop.base, &st);
+    cr_assert_not_null(resp);
+    cr_assert_eq(resp->entries, 0);
+    entry_copy e;
+    cr_assert(read_entry(s.store, "c", "k0", T0, &e), "the newer copy stays");
+    drop.epoch = 12;
+    resp = (void *)apply(DREY_PARTITION_DROP_PATH, &drop.base, &st);
+    cr_assert_eq(resp->entries, 1, "a drop as new as the import removes it");
+    cr_assert(!read_entry(s.store, "c", "k0", T0, &e));
 }
 
 Test(partition, a_drop_removes_exactly_its_partition_outcomes_included) {

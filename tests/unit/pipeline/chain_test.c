@@ -185,6 +185,7 @@ typedef struct fixture_opts {
 
 typedef struct fixture {
     drey_store *store;
+    drey_partition *partitions;
     drey_cache *cache;
     drey_method_table *methods;
     drey_commit *commit;
@@ -234,7 +235,8 @@ static void fixture_open(const fixture_opts *o) {
     f.methods = drey_method_table_create();
     cr_assert(drey_cache_register(f.cache, f.methods));
     cr_assert(drey_method_table_add_service(f.methods, &drey__admin__v1__admin__descriptor, admin_specs, 2, NULL));
-    cr_assert(drey_partition_register(f.methods, f.store));
+    f.partitions = drey_partition_create(f.store);
+    cr_assert(drey_partition_register(f.methods, f.partitions));
     drey_commit_options co = {.store = f.store, .methods = f.methods, .idempotency_retention_ms = 60000};
     f.commit = drey_commit_create(&co);
     f.timers = drey_timers_create();
@@ -297,6 +299,7 @@ static void fixture_close(void) {
     drey_commit_destroy(f.commit);
     drey_method_table_destroy(f.methods);
     drey_cache_destroy(f.cache);
+    drey_partition_destroy(f.partitions);
     drey_store_destroy(f.store);
     drey_io_fault_destroy(f.fs);
     pthread_mutex_destroy(&f.mu);

@@ -1349,7 +1349,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__pa
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__partition_replica__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[36] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[38] =
 {
   {
     "node_id",
@@ -1783,15 +1783,41 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "handovers_done",
+    37,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, handovers_done),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "copies_refused",
+    38,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, copies_refused),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   24,   /* field[24] = backup_partitions */
   31,   /* field[31] = backups_added */
   1,   /* field[1] = controller */
+  37,   /* field[37] = copies_refused */
   13,   /* field[13] = draining */
   3,   /* field[3] = etcd_reachable */
   34,   /* field[34] = failovers */
   9,   /* field[9] = forwarded_calls */
+  36,   /* field[36] = handovers_done */
   30,   /* field[30] = in_sync_shrinks */
   2,   /* field[2] = is_controller */
   26,   /* field[26] = lease_valid */
@@ -1825,7 +1851,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 36 }
+  { 0, 38 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1835,7 +1861,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  36,
+  38,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,

@@ -403,10 +403,19 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
   uint64_t failovers;
   size_t n_replicas;
   Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica **replicas;
+  /*
+   * As primary: roles handed to an in-sync backup without a copy.
+   */
+  uint64_t handovers_done;
+  /*
+   * Imports, handover checks and drops this node refused: a copy that
+   * would have replaced an in-sync one, or one no longer planned.
+   */
+  uint64_t copies_refused;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0 }
 
 
 struct  Drey__Admin__V1__ReadinessDetails
