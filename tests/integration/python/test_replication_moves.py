@@ -16,6 +16,8 @@ and counter workloads write to the partition being moved:
   began: every acknowledged write is still there;
 - a slow move onto a node holding no copy, the primary killed after one,
   two or three of its chunks: the partial copy is never promoted;
+- a new backup half copied when the primary dies: the partition waits for
+  its primary instead of failing over to the half copy;
 - the target of a slow move killed mid-move: the primary keeps the
   partition and the move is tried again;
 - a hand-made Import to an in-sync backup is refused and changes nothing.
@@ -176,6 +178,37 @@ class Moves(DreyTestCase):
 
     def test_a_slow_move_loses_nothing_when_its_target_dies_between_chunks(self):
         self.slow_move("target", random.choice([1, 2]))
+
+
+    def test_a_new_backup_half_copied_is_never_promoted(self):
+        """The backup killed, a new one copied at 1 MiB/s, the primary
+        killed after the copy's first chunk: the half copy is not in the
+        in-sync set, so the partition waits for its primary (its data is
+        on its disk) instead of failing over to it."""
+        with Scenario(self, extra_flags=SLOW, partition=P) as s:
+            via = s.running()[0]
+            primary, (backup,) = s.table(via)[P]
+            third = next(i for i in s.cl.ids if i not in (primary, backup))
+            acked = load_bulk(s, s.cl.nodes[primary])
+            s.cl.kill(backup)
+            t = s.cl.nodes[third]
+            wait_until(lambda: s.hashes(t, [P])[P][0] >= (1 << 20) // BULK_VALUE, timeout=60,
+                       what="a first chunk at the new backup %s" % third)
+            epoch, e = read_entry(s.cl, P)
+            self.assertEqual((e.primary, e.replicas, e.syncing), (primary, frozenset(), frozenset([third])))
+            s.cl.kill(primary)
+            # past the primary's lease: the controller has looked, and waits
+            wait_until(lambda: details(t)["members"] == 1, timeout=30, what="%s alone" % third)
+            s.progress(ops=20)
+            _, e = read_entry(s.cl, P)
+            self.assertEqual(e.primary, primary, "the partition went to a copy that was not in sync: %r" % (e,))
+            s.cl.restart(primary)
+            lost = missing_bulk(s.cl.nodes[primary], acked)
+            self.assertEqual(lost, [], "%d of %d acknowledged writes lost" % (len(lost), len(acked)))
+            s.cl.restart(backup)
+            wait_until(s.restored, timeout=90, what="the factor restored")
+            s.progress()
+            s.stop_and_check()
 
 
 class CopyRules(DreyTestCase):
