@@ -88,8 +88,6 @@ Google__Protobuf__Struct *drey_cli_json_parse(const char *text, drey_arena *aren
     return s;
 }
 
-static json_t *json_of_struct(const Google__Protobuf__Struct *s);
-
 static json_t *json_of_value(const Google__Protobuf__Value *v) {
     if (v == NULL)
         return json_null();
@@ -102,7 +100,7 @@ static json_t *json_of_value(const Google__Protobuf__Value *v) {
     }
     case GOOGLE__PROTOBUF__VALUE__KIND_STRING_VALUE: return json_string(v->string_value);
     case GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE: return json_boolean(v->bool_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE: return json_of_struct(v->struct_value);
+    case GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE: return drey_cli_json_of_struct(v->struct_value);
     case GOOGLE__PROTOBUF__VALUE__KIND_LIST_VALUE: {
         json_t *arr = json_array();
         for (size_t i = 0; v->list_value != NULL && i < v->list_value->n_values; i++)
@@ -113,7 +111,7 @@ static json_t *json_of_value(const Google__Protobuf__Value *v) {
     }
 }
 
-static json_t *json_of_struct(const Google__Protobuf__Struct *s) {
+json_t *drey_cli_json_of_struct(const Google__Protobuf__Struct *s) {
     json_t *obj = json_object();
     for (size_t i = 0; s != NULL && i < s->n_fields; i++)
         json_object_set_new(obj, s->fields[i]->key, json_of_value(s->fields[i]->value));
@@ -121,7 +119,7 @@ static json_t *json_of_struct(const Google__Protobuf__Struct *s) {
 }
 
 void drey_cli_json_print(FILE *out, const Google__Protobuf__Struct *s) {
-    json_t *obj = json_of_struct(s);
+    json_t *obj = drey_cli_json_of_struct(s);
     char *text = json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
     fputs(text != NULL ? text : "{}", out);
     free(text);
