@@ -111,10 +111,25 @@ static json_t *json_of_value(const Google__Protobuf__Value *v) {
     }
 }
 
+static int by_key(const void *a, const void *b) {
+    return strcmp((*(Google__Protobuf__Struct__FieldsEntry *const *)a)->key,
+                  (*(Google__Protobuf__Struct__FieldsEntry *const *)b)->key);
+}
+
+/* Keys sorted: a Struct is a map, whose order means nothing, and output
+ * that does not change from one run to the next is easier to compare. */
 json_t *drey_cli_json_of_struct(const Google__Protobuf__Struct *s) {
     json_t *obj = json_object();
-    for (size_t i = 0; s != NULL && i < s->n_fields; i++)
-        json_object_set_new(obj, s->fields[i]->key, json_of_value(s->fields[i]->value));
+    size_t n = s != NULL ? s->n_fields : 0;
+    Google__Protobuf__Struct__FieldsEntry **sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (sorted == NULL)
+        abort();
+    if (n > 0)
+        memcpy(sorted, s->fields, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, by_key);
+    for (size_t i = 0; i < n; i++)
+        json_object_set_new(obj, sorted[i]->key, json_of_value(sorted[i]->value));
+    free(sorted);
     return obj;
 }
 

@@ -410,9 +410,12 @@ static Google__Protobuf__Duration *ttl_opt(drey_cli *c, bool *bad) {
     return duration_of(c, ms);
 }
 
-/* A random request_id: a write the CLI sends again to another endpoint
- * (failover) is then applied once. */
+/* With several endpoints, a random request_id: a write the CLI sends
+ * again to another endpoint (failover) is then applied once. With one
+ * there is no second try, and no outcome for the node to remember. */
 static char *request_id(drey_cli *c) {
+    if (c->n_endpoints < 2)
+        return "";
     uint8_t r[16];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
         for (size_t i = 0; i < sizeof r; i++)
@@ -949,45 +952,70 @@ static int cmd_ready(drey_cli *c, char **a) {
 
 /* --- watch ------------------------------------------------------------------------- */
 
+/* Signals: SIGINT and SIGTERM are blocked from the start (before gRPC makes
+ * its threads) and taken by one thread: it cancels the stream a command is
+ * reading (watch, call), which then ends normally, or else exits as an
+ * interrupted program does. SIGUSR2 ends the thread at exit. */
 typedef struct interrupter {
-    pthread_t thread;
-    sigset_t set, old;
-    drey_client_stream *stream;
     volatile sig_atomic_t fired;
 } interrupter;
 
-/* Ctrl-C (or SIGTERM) cancels the stream from a thread of its own: the
- * main thread is blocked in a read, and gRPC's cancel may be called from
- * any thread. */
-static void *interrupter_run(void *arg) {
-    interrupter *it = arg;
-    int sig;
-    if (sigwait(&it->set, &sig) == 0 && sig != SIGUSR2) {
-        it->fired = 1;
-        drey_client_stream_cancel(it->stream);
+static pthread_mutex_t sig_mu = PTHREAD_MUTEX_INITIALIZER;
+static drey_client_stream *sig_stream; /* the stream being read, under sig_mu */
+static interrupter *sig_owner;
+static pthread_t sig_thread;
+static sigset_t sig_set;
+
+static void *signal_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&sig_set, &sig) != 0)
+            continue;
+        if (sig == SIGUSR2)
+            return NULL;
+        pthread_mutex_lock(&sig_mu);
+        if (sig_stream != NULL) {
+            sig_owner->fired = 1;
+            drey_client_stream_cancel(sig_stream);
+            pthread_mutex_unlock(&sig_mu);
+            continue;
+        }
+        pthread_mutex_unlock(&sig_mu);
+        fflush(stdout);
+        _exit(128 + sig);
     }
-    return NULL;
+}
+
+static void signals_start(void) {
+    sigemptyset(&sig_set);
+    sigaddset(&sig_set, SIGINT);
+    sigaddset(&sig_set, SIGTERM);
+    sigaddset(&sig_set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &sig_set, NULL);
+    pthread_create(&sig_thread, NULL, signal_thread, NULL);
+}
+
+static void signals_stop(void) {
+    pthread_kill(sig_thread, SIGUSR2);
+    pthread_join(sig_thread, NULL);
 }
 
 static void interrupter_start(interrupter *it, drey_client_stream *s) {
-    it->stream = s;
     it->fired = 0;
-    sigemptyset(&it->set);
-    sigaddset(&it->set, SIGINT);
-    sigaddset(&it->set, SIGTERM);
-    sigaddset(&it->set, SIGUSR2);
-    pthread_sigmask(SIG_BLOCK, &it->set, &it->old);
-    pthread_create(&it->thread, NULL, interrupter_run, it);
+    pthread_mutex_lock(&sig_mu);
+    sig_stream = s;
+    sig_owner = it;
+    pthread_mutex_unlock(&sig_mu);
 }
 
+/* Before the stream is finished (freed). */
 static void interrupter_stop(interrupter *it) {
-    pthread_kill(it->thread, SIGUSR2); /* wakes it if no signal came */
-    pthread_join(it->thread, NULL);
-    /* A signal still pending is consumed before the mask goes back. */
-    struct timespec zero = {0, 0};
-    while (sigtimedwait(&it->set, NULL, &zero) > 0) {
-    }
-    pthread_sigmask(SIG_SETMASK, &it->old, NULL);
+    (void)it;
+    pthread_mutex_lock(&sig_mu);
+    sig_stream = NULL;
+    sig_owner = NULL;
+    pthread_mutex_unlock(&sig_mu);
 }
 
 static int cmd_watch(drey_cli *c, char **a) {
@@ -1044,9 +1072,9 @@ static int cmd_watch(drey_cli *c, char **a) {
         drey_arena_reset(&ev_arena);
         seen++;
     }
+    interrupter_stop(&it);
     drey_client_stream_cancel(s);
     drey_client_stream_finish(s, &ev_arena, &st);
-    interrupter_stop(&it);
     int rc = DREY_EXIT_OK;
     if (!it.fired && (limit == 0 || seen < limit) && st.code != GRPC_STATUS_OK && st.code != GRPC_STATUS_CANCELLED)
         rc = drey_cli_report(c, &st);
@@ -1576,8 +1604,8 @@ static int cmd_call(drey_cli *c, char **a) {
                 json_decref(doc);
                 drey_arena_reset(&sa);
             }
-            drey_client_stream_finish(s, &sa, &st);
             interrupter_stop(&it);
+            drey_client_stream_finish(s, &sa, &st);
             if (rc == DREY_EXIT_OK && st.code != GRPC_STATUS_OK && !it.fired)
                 rc = report_decoded(c, &r, &st);
             drey_arena_destroy(&sa);
@@ -2208,6 +2236,7 @@ int main(int argc, char **argv) {
     drey_cli c;
     memset(&c, 0, sizeof c);
     drey_arena_init(&c.arena, NULL, 0);
+    signals_start();
     parsed p;
     int rc = DREY_EXIT_USAGE;
     if (!parse_args(argc - 1, argv + 1, &p)) {
@@ -2235,5 +2264,6 @@ out:
     free(c.token);
     free(c.endpoints_buf);
     drey_arena_destroy(&c.arena);
+    signals_stop();
     return rc;
 }
