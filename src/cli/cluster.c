@@ -350,7 +350,9 @@ static void ask_member(drey_cli *c, view *v, member *m) {
                 if (strcmp(json_string_value(json_array_get(pt->in_sync, r)), m->id) != 0)
                     continue;
                 pt->backups_said++;
-                if (pr->lag_ms > pt->lag_ms)
+                /* UINT64_MAX: the backup has not heard from its primary
+                 * since it started: no figure yet. */
+                if (pr->lag_ms != UINT64_MAX && pr->lag_ms > pt->lag_ms)
                     pt->lag_ms = pr->lag_ms;
             }
         }

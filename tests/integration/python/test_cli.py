@@ -478,10 +478,17 @@ class ClusterView(unittest.TestCase):
             self.assertEqual({r["partition"]: r["primary"] for r in e["table"]},
                              {r["partition"]: r["primary"] for r in doc["table"]})
             # stats counts copies with replicas, and says so
-            run("drey mset a 1 b 2 c 3", addr=a)
+            for k in ("a", "b", "c"):  # mset is atomic, so one partition only: three sets
+                self.assertEqual(run("drey set %s 1" % k, addr=a)[0], 0)
+            rc, _, err = run("drey mset a 1 b 2 c 3", addr=a)
+            self.assertEqual(rc, 1)
+            self.assertIn("CROSS_PARTITION", err)
             rc, out, err = run("drey stats -o json", addr=a)
             self.assertEqual(rc, 0, err)
             row = json.loads(out.splitlines()[0])
+            wait_until(lambda: json.loads(run("drey stats -o json", addr=a)[1].splitlines()[0])["copies"] == 6,
+                       timeout=30, what="every write on its backup")
+            row = json.loads(run("drey stats -o json", addr=a)[1].splitlines()[0])
             self.assertEqual((row["copies"], row["replicationFactor"]), (6, 2))
             self.assertNotIn("entries", row)
             rc, out, err = run("drey stats", addr=a)
