@@ -26,6 +26,7 @@ typedef struct drey_admin_options {
     drey_memory *memory;
     drey_bp *backpressure;    /* may be NULL */
     drey_store *store;
+    size_t metrics_principals; /* principals with series of their own; the rest are "other" */
 } drey_admin_options;
 
 /* A durable node's storage is set once recovery is done; until then Snapshot

@@ -66,6 +66,7 @@ typedef struct drey_config {
     int64_t memory_limit_bytes;
     char *eviction;                 /* none, allkeys-lru, allkeys-lfu, volatile-lru, volatile-ttl */
     char *ops_listen;               /* the HTTP listener: health, details, metrics */
+    int64_t metrics_principals;     /* principals with series of their own; the rest are "other" */
     char *cluster_etcd;             /* etcd endpoints; "" = a single node */
     char *cluster_prefix;           /* the cluster's keys in etcd */
     int64_t cluster_lease_ttl_ms;
@@ -84,12 +85,14 @@ typedef struct drey_config {
 void drey_config_defaults(drey_config *cfg);
 
 /* What --help asked for: the option list, the README's option table
- * (--help-markdown) or the README's error catalogue (--help-errors). */
+ * (--help-markdown), the README's error catalogue (--help-errors) or the
+ * version (--version). */
 typedef enum drey_config_help {
     DREY_CONFIG_HELP_NONE,
     DREY_CONFIG_HELP_TEXT,
     DREY_CONFIG_HELP_MARKDOWN,
     DREY_CONFIG_HELP_ERRORS,
+    DREY_CONFIG_HELP_VERSION, /* --version */
 } drey_config_help;
 
 /* Applies DREY_* variables from envp, then argv[first..argc). Writes a clear

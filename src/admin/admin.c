@@ -14,6 +14,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/version.h"
 
 struct drey_admin {
     drey_admin_options opts;
@@ -282,12 +283,16 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         }
     }
     d->backpressure = b;
+
+    RD_(Build) *bi = NEW(arena, RD_(Build), drey__admin__v1__readiness_details__build__init);
+    bi->version = (char *)drey_version();
+    bi->revision = (char *)drey_version_revision();
+    bi->type = (char *)drey_version_build();
+    d->build = bi;
     return d;
 }
 
 /* --- metrics --------------------------------------------------------------- */
-
-#define TOP_PRINCIPALS 10
 
 static void gauge(FILE *out, const char *name, const char *help, double v) {
     drey_metrics_header(out, name, "gauge", help);
@@ -499,21 +504,24 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
     evictions_by_cache(out, a->opts.store);
 
     if (a->opts.backpressure != NULL) {
-        drey_bp_principal_stats top[TOP_PRINCIPALS];
-        size_t n = drey_bp_top_principals(a->opts.backpressure, top, TOP_PRINCIPALS);
-        drey_metrics_header(out, "drey_principal_admitted_total", "counter",
-                            "Calls admitted, for the principals with the most refusals (top 10).");
+        size_t cap = a->opts.metrics_principals;
+        drey_bp_principal_stats *top = drey_xcalloc(cap > 0 ? cap : 1, sizeof *top), rest;
+        size_t n = drey_bp_busiest_principals(a->opts.backpressure, top, cap, &rest);
+        static const char *const help[2] = {
+            "Calls admitted, for the busiest principals (--metrics-principals) and principal=\"other\" for the rest.",
+            "Calls refused by backpressure, for the same principals and principal=\"other\".",
+        };
+        static const char *const names[2] = {"drey_principal_admitted_total", "drey_principal_rejected_total"};
         char labels[256];
-        for (size_t i = 0; i < n; i++) {
-            drey_metrics_labels(labels, sizeof labels, "principal", top[i].name, NULL);
-            drey_metrics_sample(out, "drey_principal_admitted_total", labels, (double)top[i].admitted);
+        for (int f = 0; f < 2; f++) {
+            drey_metrics_header(out, names[f], "counter", help[f]);
+            for (size_t i = 0; i <= n; i++) {
+                const drey_bp_principal_stats *p = i < n ? &top[i] : &rest;
+                drey_metrics_labels(labels, sizeof labels, "principal", p->name, NULL);
+                drey_metrics_sample(out, names[f], labels, (double)(f == 0 ? p->admitted : p->rejected));
+            }
         }
-        drey_metrics_header(out, "drey_principal_rejected_total", "counter",
-                            "Calls refused by backpressure, for the same top 10 principals.");
-        for (size_t i = 0; i < n; i++) {
-            drey_metrics_labels(labels, sizeof labels, "principal", top[i].name, NULL);
-            drey_metrics_sample(out, "drey_principal_rejected_total", labels, (double)top[i].rejected);
-        }
+        free(top);
     }
     drey_arena_destroy(&arena);
 }

@@ -29,6 +29,7 @@ typedef struct drey_cluster__part {
     uint8_t n_replicas, n_joining;
     int32_t replicas[DREY_CLUSTER_MAX_REPLICAS]; /* in-sync backups, indexes into nodes */
     int32_t joining[DREY_CLUSTER_MAX_REPLICAS];  /* being copied to: a move's target, new backups */
+    int32_t next_primary; /* a move's or a handover's target; -1: none */
 } drey_cluster__part;
 
 /* An immutable table, shared by reference: routing acquires the current

@@ -92,6 +92,10 @@ void drey_cluster__publish_locked(drey_cluster *c) {
             pt->joining[pt->n_joining++] = node_index(t, &cap, e->joining[i]);
         for (size_t i = 0; e != NULL && i < e->n_syncing && pt->n_joining < DREY_CLUSTER_MAX_REPLICAS; i++)
             pt->joining[pt->n_joining++] = node_index(t, &cap, e->syncing[i]);
+        pt->next_primary = e == NULL                ? -1
+                           : e->n_joining > 0        ? node_index(t, &cap, e->joining[0])
+                           : e->handover[0] != '\0' ? node_index(t, &cap, e->handover)
+                                                     : -1;
     }
     t->self = -1;
     for (size_t i = 0; i < t->n_nodes; i++) {
@@ -146,6 +150,7 @@ static void send_topology(drey_call *call, const drey_cluster__topology *t) {
         pp->joining = drey_arena_alloc(&a, (pp->n_joining ? pp->n_joining : 1) * sizeof *pp->joining);
         for (size_t i = 0; i < pp->n_joining; i++)
             pp->joining[i] = t->nodes[t->parts[p].joining[i]].id;
+        pp->next_primary = t->parts[p].next_primary >= 0 ? t->nodes[t->parts[p].next_primary].id : "";
         msg.partitions[p] = pp;
     }
     drey_call_send(call, &msg.base);

@@ -238,6 +238,10 @@ static const option options[] = {
     {"ops-listen", OPT_STRING, FIELD(ops_listen), "127.0.0.1:9090", 0, 0,
      "Address of the operators' HTTP listener: /health/live, /health/ready, /health/ready/details, /metrics "
      "(details and metrics need a JWT from outside loopback); empty: none."},
+    {"metrics-principals", OPT_INT, FIELD(metrics_principals), "10", 0, 1000,
+     "Principals with series of their own in drey_principal_admitted_total and drey_principal_rejected_total: the "
+     "busiest ones (calls admitted plus refused); every other principal is summed in principal=\"other\", so "
+     "connection principals (conn:<id>, one per connection) cannot grow the exposition."},
     {"memory-limit", OPT_BYTES, FIELD(memory_limit_bytes), "0", 0, (int64_t)1 << 50,
      "Memory for entries; 0: 80% of the cgroup limit or of RAM. High at 80% and critical at 95% of it; writes "
      "that would grow past critical get RESOURCE_EXHAUSTED MEMORY_PRESSURE."},
@@ -442,6 +446,10 @@ bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char 
             *help = DREY_CONFIG_HELP_ERRORS;
             continue;
         }
+        if (strcmp(arg, "--version") == 0) {
+            *help = DREY_CONFIG_HELP_VERSION;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0) {
             fprintf(err, "dreyd: unexpected argument (options start with --); see dreyd --help\n");
             return false;
@@ -484,9 +492,13 @@ void drey_config_free(drey_config *cfg) {
 }
 
 void drey_config_print_help(FILE *out) {
-    fprintf(out, "usage: dreyd [--option=value ...]\n\n"
+    fprintf(out, "usage: dreyd [--option=value | --option value ...]\n"
+                 "       dreyd storage inspect|verify|dump|repair DIR   (offline tools; dreyd storage --help)\n"
+                 "       dreyd --version | --help | --help-markdown | --help-errors\n\n"
                  "Every option can also be set by the environment variable DREY_<NAME>\n"
-                 "(upper case, '-' as '_'); a flag wins over the variable.\n\n");
+                 "(upper case, '-' as '_'); a flag wins over the variable.\n\n"
+                 "Exit status: 0 after a drain (SIGTERM, SIGINT) or --help/--version; 1 when it cannot\n"
+                 "start (a listener, recovery, the cluster) or fails while serving; 2 on a bad option.\n\n");
     for (size_t i = 0; i < N_OPTIONS; i++) {
         char var[96];
         env_name(&options[i], var, sizeof var);

@@ -44,6 +44,7 @@
 #include "drey/storage.h"
 #include "drey/store.h"
 #include "drey/timer.h"
+#include "drey/version.h"
 #include "drey/watch.h"
 
 /* jemalloc's options, read before main runs (MALLOC_CONF in the environment
@@ -166,6 +167,8 @@ int main(int argc, char **argv, char **envp) {
             drey_config_print_markdown(stdout);
         else if (help == DREY_CONFIG_HELP_ERRORS)
             print_error_catalogue(stdout);
+        else if (help == DREY_CONFIG_HELP_VERSION)
+            drey_version_print(stdout, "dreyd");
         else
             drey_config_print_help(stdout);
         drey_config_free(&cfg);
@@ -204,6 +207,9 @@ int main(int argc, char **argv, char **envp) {
         return 2;
     }
     drey_log_set_level(level);
+    /* First, so every log says what wrote it. */
+    DREY_LOG_INFO("dreyd", DREY_LOG_STR("version", drey_version()), DREY_LOG_STR("revision", drey_version_revision()),
+                  DREY_LOG_STR("build", drey_version_build()));
     gpr_set_log_function(grpc_log_to_json);
     bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
     if (!jwt && !drey_config_listen_is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
@@ -280,6 +286,7 @@ int main(int argc, char **argv, char **envp) {
     drey_metrics *metrics = drey_metrics_create();
     drey_ops *ops = NULL;
     drey_admin_options adm = {
+        .metrics_principals = (size_t)cfg.metrics_principals,
         .durable = !cfg.ephemeral,
         .fsync_policy = cfg.fsync,
         .memory = memory,
@@ -342,6 +349,8 @@ int main(int argc, char **argv, char **envp) {
     int internal_port = 0;
 
     int rc = 0;
+    char build_id[160];
+    snprintf(build_id, sizeof build_id, "drey %s %s", drey_version(), drey_version_revision());
     if (clustered) {
         drey_server_options io = {
             .listen = cfg.internal_listen,
@@ -366,7 +375,7 @@ int main(int argc, char **argv, char **envp) {
             .tls_key = cfg.internal_tls_key,
             .tls_ca = cfg.internal_tls_ca,
             .peer_addresses = cfg.cluster_peer_address,
-            .build = "drey",
+            .build = build_id,
             .timers = timers,
             .store = store,
             .pipeline = pipeline,
@@ -403,6 +412,7 @@ int main(int argc, char **argv, char **envp) {
     for (size_t i = 0; i < n_methods && i < 64; i++)
         method_names[i] = drey_server_method_path(server, i);
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
+    drey_metrics_add_collector(metrics, drey_metrics_collect_process, NULL);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
     drey_server_set_call_observer(server, observe_call, metrics);

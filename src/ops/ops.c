@@ -10,6 +10,8 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -35,6 +37,19 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return rc;
+}
+
+/* libmicrohttpd's own complaints (a client speaking HTTP/2 or garbage to
+ * this port, say) would go to stderr as bare text: every line dreyd writes
+ * is JSON. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        line[--n] = '\0';
+    DREY_LOG_WARN("ops listener", DREY_LOG_STR("detail", line));
 }
 
 static bool from_loopback(struct MHD_Connection *c) {
@@ -140,7 +155,7 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
         flags |= MHD_USE_IPv6;
     o->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, o, MHD_OPTION_SOCK_ADDR, res->ai_addr,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)10, MHD_OPTION_END);
+                                 (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     freeaddrinfo(res);
     if (o->daemon == NULL) {
         snprintf(err, err_cap, "ops listener: cannot listen on %s (in use?)", opts->listen);

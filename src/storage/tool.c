@@ -207,6 +207,13 @@ static int repair(drey_io *io, const char *dir, FILE *out, FILE *err) {
 }
 
 int drey_storage_tool(int argc, char **argv, FILE *out, FILE *err) {
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(out);
+            fprintf(out, "Exit status: 0 done; 1 damaged (verify) or failed; 2 usage.\n");
+            return 0;
+        }
+    }
     if (argc != 2)
         return usage(err);
     const char *cmd = argv[0], *dir = argv[1];

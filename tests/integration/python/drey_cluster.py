@@ -402,7 +402,7 @@ class Cluster:
     # --- the table ---
 
     def status(self):
-        out = self.cli("cluster", "status", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix)
+        out = self.cli("cluster", "status", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix, "-o", "json")
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 

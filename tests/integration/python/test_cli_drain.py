@@ -52,7 +52,7 @@ class Drain(DreyTestCase):
 
     def test_usage_errors(self):
         for args, needle in ((["--pid=abc"], "not a process id"), (["--pid=0"], "not a process id"),
-                             (["--wait=soon"], "not a duration"), (["--bogus"], "unknown argument")):
+                             (["--wait=soon"], "not a duration"), (["--bogus"], "unknown option")):
             out = drain(*args)
             self.assertEqual(out.returncode, 2, args)
             self.assertIn(needle, out.stderr)

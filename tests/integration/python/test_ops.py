@@ -140,6 +140,19 @@ class EndpointsTest(OpsCase):
         code, _, _ = curl(self.url("/health/ready"), "-I")  # HEAD
         self.assertEqual(code, 200)
 
+    def test_a_client_speaking_http2_to_the_ops_port_is_answered_and_logged_as_json(self):
+        """A gRPC client dialling the wrong port (a cluster member's old
+        address reused by this listener, say) sends HTTP/2's preface: the
+        listener answers 505 and says so in a JSON line, never bare text
+        on stderr (the harness checks every line when the node stops)."""
+        srv = self.node()
+        with socket.create_connection(("127.0.0.1", self.ops), timeout=10) as sk:
+            sk.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            self.assertIn(b" 505 ", sk.recv(4096))
+        srv.wait_log(lambda r: r.get("msg") == "ops listener" and "HTTP version" in r.get("detail", ""), 10,
+                     what="the listener's complaint as a JSON line")
+        srv.stop()
+
     def test_details_have_every_field_of_the_readiness_document(self):
         self.node()
         tok = mint(self.hs, sub="ops")

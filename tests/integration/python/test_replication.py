@@ -595,7 +595,8 @@ class StaleReads(DreyTestCase):
             self.assertEqual(st["unanswered"], [])
             row = st["table"][p]
             self.assertEqual((row["primary"], row["inSync"], row["pending"]), (primary.id, [backup.id], 0))
-            self.assertIsInstance(row["lagMs"], int)
+            # idle: a lag under a second is heartbeat noise, not shown
+            self.assertTrue("lagMs" not in row or row["lagMs"] >= 1000, row)
             # a member that does not answer (paused for less than its lease)
             s.cl.pause(other.id)
             try:

@@ -214,6 +214,12 @@ void   drey__admin__v1__readiness_details__cluster__init
   static const Drey__Admin__V1__ReadinessDetails__Cluster init_value = DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__build__init
+                     (Drey__Admin__V1__ReadinessDetails__Build         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Build init_value = DREY__ADMIN__V1__READINESS_DETAILS__BUILD__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message)
 {
@@ -1868,7 +1874,71 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[11] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__build__field_descriptors[3] =
+{
+  {
+    "version",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Build, version),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "revision",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Build, revision),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "type",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Build, type),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__build__field_indices_by_name[] = {
+  1,   /* field[1] = revision */
+  2,   /* field[2] = type */
+  0,   /* field[0] = version */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__build__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__build__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Build",
+  "Build",
+  "Drey__Admin__V1__ReadinessDetails__Build",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Build),
+  3,
+  drey__admin__v1__readiness_details__build__field_descriptors,
+  drey__admin__v1__readiness_details__build__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__build__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__build__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[12] =
 {
   {
     "ready",
@@ -2002,9 +2072,22 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "build",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, build),
+    &drey__admin__v1__readiness_details__build__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
   3,   /* field[3] = backpressure */
+  11,   /* field[11] = build */
   10,   /* field[10] = cluster */
   6,   /* field[6] = compaction */
   8,   /* field[8] = data_disk */
@@ -2019,7 +2102,7 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
 static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 12 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -2029,7 +2112,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  11,
+  12,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__number_ranges,

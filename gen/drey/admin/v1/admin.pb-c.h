@@ -32,6 +32,7 @@ typedef struct Drey__Admin__V1__ReadinessDetails__DataDisk Drey__Admin__V1__Read
 typedef struct Drey__Admin__V1__ReadinessDetails__Eviction Drey__Admin__V1__ReadinessDetails__Eviction;
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster Drey__Admin__V1__ReadinessDetails__Cluster;
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica;
+typedef struct Drey__Admin__V1__ReadinessDetails__Build Drey__Admin__V1__ReadinessDetails__Build;
 
 
 /* --- enums --- */
@@ -418,6 +419,31 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
     , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0 }
 
 
+/*
+ * What this node runs: the same as `dreyd --version`, its first log line
+ * and the metric drey_build_info.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Build
+{
+  ProtobufCMessage base;
+  /*
+   * the release (VERSION)
+   */
+  char *version;
+  /*
+   * the git commit it was built from; "unknown" outside git
+   */
+  char *revision;
+  /*
+   * compilation mode, allocator, sanitizers: "opt jemalloc"
+   */
+  char *type;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__BUILD__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__build__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+
+
 struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
@@ -437,10 +463,11 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__DataDisk *data_disk;
   Drey__Admin__V1__ReadinessDetails__Eviction *eviction;
   Drey__Admin__V1__ReadinessDetails__Cluster *cluster;
+  Drey__Admin__V1__ReadinessDetails__Build *build;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -536,6 +563,9 @@ void   drey__admin__v1__readiness_details__cluster__partition_replica__init
 /* Drey__Admin__V1__ReadinessDetails__Cluster methods */
 void   drey__admin__v1__readiness_details__cluster__init
                      (Drey__Admin__V1__ReadinessDetails__Cluster         *message);
+/* Drey__Admin__V1__ReadinessDetails__Build methods */
+void   drey__admin__v1__readiness_details__build__init
+                     (Drey__Admin__V1__ReadinessDetails__Build         *message);
 /* Drey__Admin__V1__ReadinessDetails methods */
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message);
@@ -602,6 +632,9 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica_Clos
 typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Cluster *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Build_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Build *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
                  (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
@@ -657,6 +690,7 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__data
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__eviction__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__partition_replica__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__build__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS
