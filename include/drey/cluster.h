@@ -160,6 +160,10 @@ typedef struct drey_cluster_status {
     bool lease_valid;
     uint64_t replication_pending, replicated, replica_failures, isr_shrinks, backups_added, records_taken,
         records_refused, failovers, handovers_done, copies_refused;
+    /* The controller: moves its last look held back by the settle time (a
+     * partition whose primary just changed); UINT32_MAX: that look
+     * repaired and planned no move. 0 on other nodes. */
+    uint32_t moves_waiting;
 } drey_cluster_status;
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);

@@ -229,6 +229,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->failovers = cs.failovers;
         c->handovers_done = cs.handovers_done;
         c->copies_refused = cs.copies_refused;
+        c->moves_waiting = cs.moves_waiting;
         /* Those it held a moment ago, and a few the table may have given it since. */
         size_t cap = (size_t)cs.owned + cs.backup_of + 16;
         drey_cluster_replica *reps = drey_arena_alloc(arena, cap * sizeof *reps);
@@ -439,6 +440,10 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
                 (double)c->records_refused);
         counter(out, "drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.",
                 (double)c->failovers);
+        if (c->moves_waiting != UINT32_MAX)
+            gauge(out, "drey_cluster_moves_waiting",
+                  "The controller: moves held back while their partitions settle after a change of primary.",
+                  (double)c->moves_waiting);
         counter(out, "drey_cluster_handovers_total", "Primary roles this node handed to an in-sync backup.",
                 (double)c->handovers_done);
         counter(out, "drey_cluster_copies_refused_total",

@@ -115,6 +115,8 @@ void drey_cluster__control(drey_cluster *c) {
     bool repaired = any_changed(&pl);
     if (!repaired)
         drey_cluster__plan_rebalance(&pl, &st);
+    /* Unknown while repairs come first: waiting until a look says none. */
+    atomic_store(&c->moves_waiting, repaired ? UINT32_MAX : st.waiting);
     bool ok = write_plan(c, &pl, epochs);
     if (ok && st.assigned > 0)
         DREY_LOG_INFO("partitions assigned", DREY_LOG_UINT("partitions", st.assigned),

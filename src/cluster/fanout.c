@@ -124,11 +124,13 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
         r->status->retry_delay_ms = 500;
         return DREY_STAGE_REJECT;
     }
-    atomic_store(&f->pending, f->n);
+    size_t n = f->n; /* f is freed by the last answer, which may come before the loop ends */
+    atomic_store(&f->pending, n);
     drey_cluster__header h[3];
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
-    for (size_t i = 0; i < f->n; i++) {
+    for (size_t i = 0; i < n; i++)
         f->slots[i].fan = f;
+    for (size_t i = 0; i < n; i++) {
         atomic_fetch_add(&c->forwarded, 1);
         /* Bounded by the caller's deadline, like GetMany's parts. */
         drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to[i]->id, to[i]->internal, r->method->path,

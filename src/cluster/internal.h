@@ -47,6 +47,10 @@ typedef struct drey_cluster__topology {
 } drey_cluster__topology;
 
 void drey_cluster__topology_unref(drey_cluster__topology *t);
+/* Whether t names node (an index, -1: none) one of p's in-sync backups, or
+ * the target of one of p's copies under way. */
+bool drey_cluster__in_sync(const drey_cluster__topology *t, uint32_t p, int32_t node);
+bool drey_cluster__copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node);
 
 /* --- peers: calls to other nodes' internal listeners ---------------------- */
 
@@ -327,6 +331,9 @@ struct drey_cluster {
      * time (controller.c). */
     char (*seen_primary)[DREY_CLUSTER_MAX_ID];
     int64_t *primary_since_ms;
+    /* Its last look's moves held back by the settle time (UINT32_MAX: the
+     * look repaired instead, and did not plan). */
+    _Atomic uint32_t moves_waiting;
     _Atomic uint64_t backups_added; /* as primary: copies that joined the in-sync set */
 
     drey_cluster__subs *subs; /* drey_cluster_attach_watch */

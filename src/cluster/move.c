@@ -163,7 +163,13 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
     char reason[64];
-    int code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason);
+    int code;
+    int64_t until = drey_mono_ns() + CONFIRM_MS * 1000000LL;
+    /* The target's table may not have the plan yet (its watch is a moment
+     * behind this node's): it says so, and is asked again. */
+    while ((code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason)) != 0 &&
+           strcmp(reason, "NOT_CAUGHT_UP") == 0 && drey_mono_ns() < until)
+        drey_cluster__nap_ms(2);
     free(buf);
     if (code != 0)
         return false;

@@ -56,10 +56,9 @@
 #include "drey/clock.h"
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/log.h"
+#include "drey/partition.h"
 #include "internal.h"
 
-#define REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
-#define REPLICA_BEAT_PATH "/drey.internal.v1.Replica/Beat"
 #define BEAT_NS 250000000LL
 /* A backup's room is heard with acknowledgements and heartbeats: once it
  * was not heard for this long (it does not answer, say) and nothing is in
@@ -514,7 +513,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     for (uint8_t i = 0; i < rec->n_backups; i++)
         room_sent(rec, i, +1);
     for (uint8_t i = 0; i < rec->n_backups; i++)
-        rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], REPLICA_APPLY_PATH, buf,
+        rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], DREY_REPLICA_APPLY_PATH, buf,
                                                  len, h, 2, deadline, acked, &rec->index[i]);
     /* Until here nothing may complete it: its memory is the request's. */
     pthread_mutex_lock(&ln->mu);
@@ -672,7 +671,7 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
     drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
     int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
     drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, t->nodes[n].id, t->nodes[n].internal,
-                                                         REPLICA_BEAT_PATH, buf, len, &h, 1, deadline, beat_done, b));
+                                                         DREY_REPLICA_BEAT_PATH, buf, len, &h, 1, deadline, beat_done, b));
     free(buf);
     free(mp);
     free(marks);

@@ -41,6 +41,22 @@ void drey_cluster__topology_unref(drey_cluster__topology *t) {
     free(t);
 }
 
+bool drey_cluster__in_sync(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_replicas; i++) {
+        if (t->parts[p].replicas[i] == node)
+            return true;
+    }
+    return false;
+}
+
+bool drey_cluster__copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_joining; i++) {
+        if (t->parts[p].joining[i] == node)
+            return true;
+    }
+    return false;
+}
+
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c) {
     pthread_mutex_lock(&c->mu);
     drey_cluster__topology *t = c->topo;

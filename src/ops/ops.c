@@ -153,9 +153,10 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    o->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, o, MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    /* The logger first: libmicrohttpd says so otherwise (on its own logger). */
+    o->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, o, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                 MHD_OPTION_SOCK_ADDR, res->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     freeaddrinfo(res);
     if (o->daemon == NULL) {
         snprintf(err, err_cap, "ops listener: cannot listen on %s (in use?)", opts->listen);

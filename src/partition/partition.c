@@ -218,9 +218,9 @@ void drey_partition_destroy(drey_partition *ps) {
 
 bool drey_partition_register(drey_method_table *t, drey_partition *ps) {
     const drey_method_spec specs[] = {
-        {.name = "Import", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
+        {.name = "Import", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
          .growth = import_growth, .versions_brought = import_versions},
-        {.name = "Drop", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
+        {.name = "Drop", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,
                                          sizeof specs / sizeof specs[0], ps);

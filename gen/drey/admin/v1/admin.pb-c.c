@@ -1355,7 +1355,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__pa
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__partition_replica__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[38] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[39] =
 {
   {
     "node_id",
@@ -1813,6 +1813,18 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "moves_waiting",
+    39,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moves_waiting),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   24,   /* field[24] = backup_partitions */
@@ -1832,6 +1844,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
   19,   /* field[19] = moved_entries */
   17,   /* field[17] = moves_done */
   18,   /* field[18] = moves_failed */
+  38,   /* field[38] = moves_waiting */
   14,   /* field[14] = moving_in */
   16,   /* field[16] = moving_now */
   15,   /* field[15] = moving_out */
@@ -1857,7 +1870,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 38 }
+  { 0, 39 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1867,7 +1880,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  38,
+  39,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,

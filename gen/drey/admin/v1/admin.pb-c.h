@@ -413,10 +413,16 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
    * would have replaced an in-sync one, or one no longer planned.
    */
   uint64_t copies_refused;
+  /*
+   * The controller: moves its last look would plan but held back while
+   * their partitions settle after a change of primary (a few seconds);
+   * 4294967295 while that look repaired instead. 0 on other nodes.
+   */
+  uint32_t moves_waiting;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0, 0 }
 
 
 /*
