@@ -124,7 +124,7 @@ typedef struct taken {
  * is here. */
 static void record_done(void *arg) {
     taken *k = arg;
-    drey_cluster__pstate *ps = &k->c->pstate[k->partition];
+    drey_cluster__partition *ps = &k->c->partitions[k->partition];
     if (k->r->failed) {
         atomic_store(&ps->seq, DREY_CLUSTER_SEQ_BROKEN);
         return;
@@ -139,9 +139,9 @@ static drey_stage_result take_record(drey_cluster *c, drey_request *r, const dre
     if (!known(t, p, req->partitions))
         return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->records_refused);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
-    uint64_t last = atomic_load(&c->pstate[p].seq);
+    uint64_t last = atomic_load(&c->partitions[p].seq);
     drey_error e = drey_cluster__take_record(&h, req->epoch, req->sequence, last);
-    if (e == DREY_ERR_NONE && !atomic_compare_exchange_strong(&c->pstate[p].seq, &last, req->sequence))
+    if (e == DREY_ERR_NONE && !atomic_compare_exchange_strong(&c->partitions[p].seq, &last, req->sequence))
         e = DREY_ERR_OUT_OF_SEQUENCE;
     if (e != DREY_ERR_NONE) {
         refuse(r, e, p, t, &c->records_refused);
@@ -167,7 +167,7 @@ static drey_stage_result take_beat(drey_cluster *c, drey_request *r, const drey_
         const Drey__Internal__V1__BeatRequest__Mark *m = req->marks[i];
         if (m->partition >= t->n_parts)
             continue;
-        drey_cluster__pstate *ps = &c->pstate[m->partition];
+        drey_cluster__partition *ps = &c->partitions[m->partition];
         drey_cluster__holding h = holding(t, m->partition, r->forwarded_by);
         if (drey_cluster__beat_marks_current(&h, m->epoch, m->sequence, atomic_load(&ps->applied),
                                              atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN))
@@ -186,8 +186,8 @@ static drey_stage_result take_import(drey_cluster *c, drey_request *r, const dre
     if (e != DREY_ERR_NONE)
         return refuse(r, e, p, t, &c->copies_refused);
     if (imp->last) {
-        atomic_store(&c->pstate[p].seq, imp->sequence); /* the primary's next record follows it */
-        atomic_store(&c->pstate[p].applied, imp->sequence);
+        atomic_store(&c->partitions[p].seq, imp->sequence); /* the primary's next record follows it */
+        atomic_store(&c->partitions[p].applied, imp->sequence);
     }
     return DREY_STAGE_NEXT;
 }
@@ -197,7 +197,7 @@ static drey_stage_result take_confirm(drey_cluster *c, drey_request *r, const dr
     uint32_t p = req->partition;
     if (!known(t, p, req->partitions))
         return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->copies_refused);
-    const drey_cluster__pstate *ps = &c->pstate[p];
+    const drey_cluster__partition *ps = &c->partitions[p];
     uint64_t applied = atomic_load(&ps->applied);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     drey_error e = drey_cluster__take_confirm(&h, req->epoch, req->sequence, applied,

@@ -234,9 +234,9 @@ static bool moving_out(drey_cluster *c) {
 static void clear_done(void *arg) {
     drey_cluster *c = arg;
     if (atomic_fetch_sub(&c->clearing, 1) == 1) {
-        pthread_mutex_lock(&c->move_mu);
-        pthread_cond_broadcast(&c->move_cond);
-        pthread_mutex_unlock(&c->move_mu);
+        pthread_mutex_lock(&c->clear_mu);
+        pthread_cond_broadcast(&c->clear_cond);
+        pthread_mutex_unlock(&c->clear_mu);
     }
 }
 

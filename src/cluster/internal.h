@@ -8,6 +8,7 @@
 #include "drey/cluster.h"
 #include "drey/etcd.h"
 #include "drey/internal/v1/meta.pb-c.h"
+#include "partition.h"
 
 #define DREY_CLUSTER_MAX_ID 128
 /* Operations per partition-table transaction: below etcd's --max-txn-ops (128). */
@@ -97,46 +98,6 @@ void drey_cluster__pcall_release(drey_cluster__pcall *c);
 
 /* --- moves ------------------------------------------------------------------ */
 
-/* Per partition, read on the request path without a lock. */
-/* A backup's sequence after a record it took failed: it takes no more
- * until a fresh copy. */
-#define DREY_CLUSTER_SEQ_BROKEN (UINT64_MAX - 1)
-
-typedef struct drey_cluster__pstate {
-    /* The sequence number of the partition's last write: assigned by its
-     * primary (under the chain's order lock), taken in order by a backup,
-     * carried by a copy's last chunk. */
-    _Atomic uint64_t seq;
-    _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
-    _Atomic bool moving;       /* being copied out: answered writes record their keys */
-    _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
-    _Atomic bool owned;        /* this node is its primary in the published table (watch subscriptions) */
-    /* The sequence number of the last write applied here (a primary's
-     * acknowledged, a backup's taken and applied), and, on a backup, the
-     * monotonic time it last knew it had every write its primary
-     * acknowledged (0: never): what a stale read may miss (replicate.c). */
-    _Atomic uint64_t applied;
-    _Atomic int64_t current_ns;
-} drey_cluster__pstate;
-
-/* A key a write changed while its partition was being copied out. */
-typedef struct drey_cluster__dirty {
-    struct drey_cluster__dirty *next;
-    uint32_t partition;
-    uint32_t cache_len, key_len;
-    char data[]; /* cache then key */
-} drey_cluster__dirty;
-
-/* A request waiting for its partition to thaw. */
-typedef struct drey_cluster__waiter {
-    struct drey_cluster__waiter *next;
-    uint32_t partition;
-    void (*wake)(struct drey_cluster__waiter *w); /* routes it again */
-} drey_cluster__waiter;
-
-/* Ends p's freeze and routes its waiting writes again (router.c). */
-void drey_cluster__thaw(drey_cluster *c, uint32_t p);
-
 /* Scan, Clear, ListCaches, GetCacheStats: every node's share (fanout.c). */
 drey_stage_result drey_cluster__route_cache_wide(drey_cluster *c, drey_request *r, drey_cluster__topology *t);
 
@@ -167,16 +128,6 @@ void drey_cluster__nap_ms(int64_t ms);
 
 /* --- replication (replicate.c) ------------------------------------------------ */
 
-typedef struct drey_cluster__rec drey_cluster__rec;
-
-/* A partition's writes on this primary, in sequence, until they applied. */
-typedef struct drey_cluster__line {
-    pthread_mutex_t mu;
-    drey_cluster__rec *head, *tail;
-    size_t queued;
-    bool draining; /* a thread is applying its complete head */
-} drey_cluster__line;
-
 /* A backup to take out of a partition's in-sync set. */
 typedef struct drey_cluster__shrink {
     struct drey_cluster__shrink *next;
@@ -205,9 +156,6 @@ void *drey_cluster__shrinker_main(void *arg);
 /* The primaries' heartbeats to their backups (replicate.c); stops with the
  * shrinker. */
 void *drey_cluster__beater_main(void *arg);
-/* Raises *a to v (never lowers it). */
-void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v);
-void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v);
 /* This node's lease is valid by its own clock. */
 bool drey_cluster__lease_valid(drey_cluster *c);
 /* This node may lead the partitions t names it primary of: its lease is
@@ -220,6 +168,8 @@ uint32_t drey_cluster__held_partition(const drey_request *r);
 /* Answers every write still waiting for its backups (this node stops),
  * as commit unknown. */
 void drey_cluster__abandon_lines(drey_cluster *c);
+/* Writes this node leads that wait for their backups. */
+size_t drey_cluster__pending_writes(drey_cluster *c);
 
 /* --- partition entries ------------------------------------------------------ */
 
@@ -295,16 +245,13 @@ struct drey_cluster {
     pthread_t controller_thread, mover_thread;
     bool controller_running, mover_running;
 
-    drey_cluster__pstate *pstate; /* n_parts */
-    pthread_mutex_t move_mu;
-    pthread_cond_t move_cond;     /* a frozen partition's last write answered */
-    /* Under move_mu. */
-    drey_cluster__dirty *dirty;
-    drey_cluster__waiter *waiters;
+    drey_cluster__partition *partitions; /* n_parts, made at join (partition.h) */
 
     _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
     _Atomic int64_t moving; /* the partition being moved out, or -1 */
     _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
+    pthread_mutex_t clear_mu;
+    pthread_cond_t clear_cond; /* clearing reached 0 */
 
     _Atomic uint64_t forwarded, not_primary, retried, unavailable;
     /* Of this process's latest registration (the first: its join; again
@@ -313,7 +260,6 @@ struct drey_cluster {
     pthread_mutex_t rooms_mu;    /* adding a room; reading one needs no lock */
     drey_cluster__room rooms[DREY_CLUSTER_MAX_ROOMS];
     _Atomic size_t n_rooms;
-    drey_cluster__line *lines; /* n_parts */
     int64_t lease_margin_ns;
     pthread_t shrinker_thread, beater_thread;
     bool shrinker_running;

@@ -357,8 +357,8 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
-    pthread_mutex_init(&c->move_mu, NULL);
-    pthread_cond_init(&c->move_cond, NULL);
+    pthread_mutex_init(&c->clear_mu, NULL);
+    pthread_cond_init(&c->clear_cond, NULL);
     pthread_mutex_init(&c->shrink_mu, NULL);
     pthread_mutex_init(&c->rooms_mu, NULL);
     pthread_mutex_init(&c->lease_mu, NULL);
@@ -396,10 +396,9 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
         return -1;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
-    c->pstate = drey_xcalloc(c->n_parts, sizeof *c->pstate);
-    c->lines = drey_xcalloc(c->n_parts, sizeof *c->lines);
+    c->partitions = drey_xcalloc(c->n_parts, sizeof *c->partitions);
     for (uint32_t p = 0; p < c->n_parts; p++)
-        pthread_mutex_init(&c->lines[p].mu, NULL);
+        drey_cluster__partition_init(&c->partitions[p], p);
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
     set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
@@ -433,16 +432,6 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
                   DREY_LOG_UINT("partitions", c->n_parts), DREY_LOG_INT("revision", rev),
                   DREY_LOG_INT("lease_ttl_s", c->lease.ttl_s));
     return 0;
-}
-
-static size_t pending_writes(drey_cluster *c) {
-    size_t n = 0;
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++) {
-        pthread_mutex_lock(&c->lines[p].mu);
-        n += c->lines[p].queued;
-        pthread_mutex_unlock(&c->lines[p].mu);
-    }
-    return n;
 }
 
 static void stop_shrinker(drey_cluster *c) {
@@ -481,7 +470,7 @@ void drey_cluster_leave(drey_cluster *c) {
      * within the replication timeout); what is left is answered as of
      * unknown outcome. */
     int64_t until = drey_mono_ms() + c->opts.replication_timeout_ms + 1000;
-    while (pending_writes(c) > 0 && drey_mono_ms() < until)
+    while (drey_cluster__pending_writes(c) > 0 && drey_mono_ms() < until)
         drey_cluster__nap_ms(10);
     stop_shrinker(c);
     drey_cluster__abandon_lines(c);
@@ -571,9 +560,9 @@ void drey_cluster_destroy(drey_cluster *c) {
         next = s->next;
         free(s);
     }
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
-        pthread_mutex_destroy(&c->lines[p].mu);
-    free(c->lines);
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
+        drey_cluster__partition_destroy(&c->partitions[p]);
+    free(c->partitions);
     pthread_mutex_destroy(&c->shrink_mu);
     pthread_mutex_destroy(&c->rooms_mu);
     pthread_mutex_destroy(&c->lease_mu);
@@ -587,13 +576,8 @@ void drey_cluster_destroy(drey_cluster *c) {
     }
     free(c->entries);
     free(c->epochs);
-    free(c->pstate);
-    for (drey_cluster__dirty *d = c->dirty, *next; d != NULL; d = next) {
-        next = d->next;
-        free(d);
-    }
-    pthread_mutex_destroy(&c->move_mu);
-    pthread_cond_destroy(&c->move_cond);
+    pthread_mutex_destroy(&c->clear_mu);
+    pthread_cond_destroy(&c->clear_cond);
     drey_cluster__topology_unref(c->topo);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cond);

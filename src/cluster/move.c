@@ -257,7 +257,7 @@ static bool send_chunk(mover *mv, chunk *ch, bool replace, bool last) {
     if (last) {
         req.last = true;
         req.min_version = drey_store_last_version(mv->c->opts.store);
-        req.sequence = atomic_load(&mv->c->pstate[ch->partition].seq);
+        req.sequence = atomic_load(&mv->c->partitions[ch->partition].seq);
     }
     bool ok = call_import(mv, &req);
     chunk_reset(ch);
@@ -285,35 +285,6 @@ static bool copy(mover *mv) {
     }
     chunk_destroy(&ch);
     return ok;
-}
-
-/* The keys the partition's writes changed since the last call. */
-static drey_cluster__dirty *take_dirty(drey_cluster *c, uint32_t p, size_t *n) {
-    drey_cluster__dirty *mine = NULL, **pp;
-    *n = 0;
-    pthread_mutex_lock(&c->move_mu);
-    pp = &c->dirty;
-    while (*pp != NULL) {
-        drey_cluster__dirty *d = *pp;
-        if (d->partition == p) {
-            *pp = d->next;
-            d->next = mine;
-            mine = d;
-            (*n)++;
-        } else {
-            pp = &d->next;
-        }
-    }
-    pthread_mutex_unlock(&c->move_mu);
-    return mine;
-}
-
-static void free_dirty(drey_cluster__dirty *d) {
-    while (d != NULL) {
-        drey_cluster__dirty *next = d->next;
-        free(d);
-        d = next;
-    }
 }
 
 typedef struct read_into {
@@ -348,26 +319,25 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     return ok;
 }
 
-/* Until the count is 0 (whoever takes it to 0 broadcasts move_cond), for
- * FREEZE_DRAIN_MS at most. */
-static bool wait_zero(drey_cluster *c, _Atomic uint32_t *count) {
+/* Until no Clear runs on this node (whoever ends the last broadcasts
+ * clear_cond), for FREEZE_DRAIN_MS at most. */
+static bool no_clear(drey_cluster *c) {
     int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
-    pthread_mutex_lock(&c->move_mu);
-    bool zero;
-    while (!(zero = atomic_load(count) == 0)) {
-        if (drey_cond_wait_until(&c->move_cond, &c->move_mu, until) == ETIMEDOUT) {
-            zero = atomic_load(count) == 0;
+    pthread_mutex_lock(&c->clear_mu);
+    bool none;
+    while (!(none = atomic_load(&c->clearing) == 0)) {
+        if (drey_cond_wait_until(&c->clear_cond, &c->clear_mu, until) == ETIMEDOUT) {
+            none = atomic_load(&c->clearing) == 0;
             break;
         }
     }
-    pthread_mutex_unlock(&c->move_mu);
-    return zero;
+    pthread_mutex_unlock(&c->clear_mu);
+    return none;
 }
 
 /* 3: no new writes, and the running ones answered. */
 static bool freeze(drey_cluster *c, uint32_t p) {
-    atomic_store(&c->pstate[p].frozen, true);
-    return wait_zero(c, &c->pstate[p].inflight);
+    return drey_cluster__partition_freeze(&c->partitions[p], drey_deadline_after_ms(FREEZE_DRAIN_MS));
 }
 
 /* --- 4: the flip ------------------------------------------------------------------------ */
@@ -622,42 +592,35 @@ static uint64_t elapsed_us(int64_t since_ns) {
  * *froze once it is frozen. */
 static bool copy_out(mover *mv, bool *froze) {
     drey_cluster *c = mv->c;
-    uint32_t p = mv->partition;
-    atomic_store(&c->pstate[p].moving, true);
+    drey_cluster__partition *pt = &c->partitions[mv->partition];
+    atomic_store(&pt->moving, true);
     /* A Clear that began before the move finishes before the copy does:
      * Clears that begin after it are refused (fanout.c). */
-    bool ok = wait_zero(c, &c->clearing);
+    bool ok = no_clear(c);
     if (!ok)
         snprintf(mv->err, sizeof mv->err, "a Clear on this node did not finish");
     ok = ok && copy(mv);
     for (int round = 0; ok && round < CATCH_UP_ROUNDS; round++) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         if (n < CATCH_UP_KEYS) {
-            /* Few enough for the pause: they go with the last ones. */
-            pthread_mutex_lock(&c->move_mu);
-            for (drey_cluster__dirty *x = d, *next; x != NULL; x = next) {
-                next = x->next;
-                x->next = c->dirty;
-                c->dirty = x;
-            }
-            pthread_mutex_unlock(&c->move_mu);
+            drey_cluster__partition_give_back(pt, d); /* few enough for the pause: they go with the last ones */
             break;
         }
         ok = send_changes(mv, d, false);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
     *froze = ok;
-    if (ok && !freeze(c, p)) {
+    if (ok && !freeze(c, mv->partition)) {
         snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
                  FREEZE_DRAIN_MS);
         return false;
     }
     if (ok) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         ok = send_changes(mv, d, true);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
     return ok;
 }
@@ -674,7 +637,7 @@ static bool ready_handover(mover *mv, bool *froze) {
     }
     /* Every write up to this one was answered, so acknowledged by every
      * in-sync backup: the target among them. */
-    return confirm(mv, atomic_load(&c->pstate[mv->partition].seq));
+    return confirm(mv, atomic_load(&c->partitions[mv->partition].seq));
 }
 
 static const char *kind_name(move_kind k) {
@@ -684,17 +647,17 @@ static const char *kind_name(move_kind k) {
 static bool run(mover *mv) {
     drey_cluster *c = mv->c;
     uint32_t p = mv->partition;
-    drey_cluster__pstate *ps = &c->pstate[p];
+    drey_cluster__partition *pt = &c->partitions[p];
     int64_t started = drey_mono_ns();
     atomic_store(&c->moving, (int64_t)p);
     bool froze = false, keep_copy = true;
     bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
     int64_t paused = drey_mono_ns();
     flip h = ok ? flip_entry(mv, &keep_copy) : KEPT;
-    atomic_store(&ps->moving, false);
+    atomic_store(&pt->moving, false);
     if (h == UNKNOWN)
         return false; /* stopping with the flip unconfirmed: stay paused */
-    drey_cluster__thaw(c, p);
+    drey_cluster__partition_thaw(pt);
     if (froze) {
         uint64_t pause = elapsed_us(paused);
         atomic_store(&c->pause_last_us, pause);
@@ -702,7 +665,7 @@ static bool run(mover *mv) {
             atomic_store(&c->pause_max_us, pause);
     }
     size_t n;
-    free_dirty(take_dirty(c, p, &n));
+    drey_cluster__dirty_free(drey_cluster__partition_take_dirty(pt, &n));
     atomic_store(&c->moving, -1);
     atomic_fetch_add(&c->moved_entries, mv->entries);
     atomic_fetch_add(&c->moved_bytes, mv->bytes);

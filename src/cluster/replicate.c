@@ -219,7 +219,7 @@ static bool complete(const drey_cluster__rec *rec) {
  * it looks at the head again) and leave, so applies never run concurrently
  * or out of order, and none runs under the line's lock. */
 static void drain(drey_cluster *c, uint32_t p) {
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     if (ln->draining) {
         pthread_mutex_unlock(&ln->mu);
@@ -271,7 +271,7 @@ static void drain(drey_cluster *c, uint32_t p) {
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
             drey_pipeline_resume(r);
         }
-        atomic_store(&c->pstate[p].applied, rec->seq);
+        atomic_store(&c->partitions[p].applied, rec->seq);
         rec_unref(rec);
         pthread_mutex_lock(&ln->mu);
     }
@@ -282,7 +282,7 @@ static void drain(drey_cluster *c, uint32_t p) {
 /* Marks every record of p's line (all backups done, or its outcome
  * unknown) and drains it. */
 static void settle(drey_cluster *c, uint32_t p, const char *backup, bool unknown) {
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     for (drey_cluster__rec *rec = ln->head; rec != NULL; rec = rec->next) {
         for (uint8_t i = 0; i < rec->n_backups; i++) {
@@ -295,15 +295,26 @@ static void settle(drey_cluster *c, uint32_t p, const char *backup, bool unknown
     drain(c, p);
 }
 
+size_t drey_cluster__pending_writes(drey_cluster *c) {
+    size_t n = 0;
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++) {
+        drey_cluster__line *ln = &c->partitions[p].line;
+        pthread_mutex_lock(&ln->mu);
+        n += ln->queued;
+        pthread_mutex_unlock(&ln->mu);
+    }
+    return n;
+}
+
 void drey_cluster__abandon_lines(drey_cluster *c) {
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
         settle(c, p, NULL, true);
 }
 
 static void local_durable(void *arg, const drey_journal_record *jr, int err) {
     (void)jr;
     drey_cluster__rec *rec = arg;
-    drey_cluster__line *ln = &rec->c->lines[rec->partition];
+    drey_cluster__line *ln = &rec->c->partitions[rec->partition].line;
     pthread_mutex_lock(&ln->mu);
     rec->local_done = true;
     rec->local_err = err;
@@ -329,7 +340,7 @@ static void acked(void *arg, const drey_answer *a) {
     uint8_t *index = arg;
     drey_cluster__rec *rec = rec_of_index(index);
     drey_cluster *c = rec->c;
-    drey_cluster__line *ln = &c->lines[rec->partition];
+    drey_cluster__line *ln = &c->partitions[rec->partition].line;
     room_sent(rec, *index, -1);
     if (a->code == 0) {
         if (rec->room[*index] != NULL)
@@ -429,10 +440,10 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         rec->room[i] = rooms[i];
     }
     rec->n_backups = part->n_replicas;
-    rec->seq = atomic_fetch_add(&c->pstate[p].seq, 1) + 1;
+    rec->seq = atomic_fetch_add(&c->partitions[p].seq, 1) + 1;
     r->entry.done = local_durable;
     r->entry.arg = rec;
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     if (ln->tail != NULL)
         ln->tail->next = rec;
@@ -467,7 +478,7 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
 void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     drey_cluster *c = cluster;
     drey_cluster__rec *rec = r->replica_note;
-    drey_cluster__line *ln = &c->lines[rec->partition];
+    drey_cluster__line *ln = &c->partitions[rec->partition].line;
     if (rc != 0) {
         /* Refused before the journal: it goes nowhere, and leaves the
          * line and the sequence as they were (still under the order lock:
@@ -482,7 +493,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
         ln->tail = prev;
         ln->queued--;
         pthread_mutex_unlock(&ln->mu);
-        atomic_fetch_sub(&c->pstate[rec->partition].seq, 1);
+        atomic_fetch_sub(&c->partitions[rec->partition].seq, 1);
         r->replica_note = NULL;
         free(rec);
         return;
@@ -587,18 +598,6 @@ void *drey_cluster__shrinker_main(void *arg) {
 
 /* --- heartbeats ------------------------------------------------------------------ */
 
-void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v) {
-    uint64_t was = atomic_load(a);
-    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
-    }
-}
-
-void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v) {
-    int64_t was = atomic_load(a);
-    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
-    }
-}
-
 /* A heartbeat in flight: what it named, to take the backup out of those
  * sets if it goes unanswered. */
 typedef struct beat {
@@ -654,7 +653,7 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
             drey__internal__v1__beat_request__mark__init(&marks[j]);
             marks[j].partition = p;
             marks[j].epoch = part->epoch;
-            marks[j].sequence = atomic_load(&c->pstate[p].applied);
+            marks[j].sequence = atomic_load(&c->partitions[p].applied);
             mp[j] = &marks[j];
             b->partitions[j] = p;
             b->epochs[j] = part->epoch;
@@ -721,18 +720,18 @@ size_t drey_cluster_get_replicas(drey_cluster *c, drey_cluster_replica *out, siz
         o->partition = p;
         o->primary = primary;
         o->epoch = part->epoch;
-        o->sequence = atomic_load(&c->pstate[p].applied);
+        o->sequence = atomic_load(&c->partitions[p].applied);
         if (primary) {
             for (uint8_t i = 0; i < part->n_replicas && i < sizeof o->in_sync / sizeof o->in_sync[0]; i++)
                 snprintf(o->in_sync[o->n_in_sync++], sizeof o->in_sync[0], "%s", t->nodes[part->replicas[i]].id);
-            drey_cluster__line *ln = &c->lines[p];
+            drey_cluster__line *ln = &c->partitions[p].line;
             pthread_mutex_lock(&ln->mu);
             o->pending = ln->queued;
             if (ln->head != NULL && ln->head->sent && now > ln->head->sent_ns) /* sent: sent_ns is written */
                 o->lag_ms = (uint64_t)(now - ln->head->sent_ns) / 1000000;
             pthread_mutex_unlock(&ln->mu);
         } else {
-            int64_t at = atomic_load(&c->pstate[p].current_ns);
+            int64_t at = atomic_load(&c->partitions[p].current_ns);
             o->lag_ms = at == 0 ? UINT64_MAX : now > at ? (uint64_t)(now - at) / 1000000 : 0;
         }
     }

@@ -67,7 +67,7 @@ typedef struct fwd {
     int64_t retry_until_ns;
     bool retried, awaited;
     drey_timer timer;
-    drey_cluster__waiter waiter; /* its partition is frozen */
+    drey_cluster__parked parked; /* its partition is frozen */
 } fwd;
 
 /* A local write of a partition, counted while it runs. */
@@ -154,7 +154,7 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
 bool drey_cluster__stale_copy(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, uint64_t *lag_ms) {
     if (t->self < 0 || !drey_cluster__in_sync(t, p, t->self))
         return false;
-    const drey_cluster__pstate *ps = &c->pstate[p];
+    const drey_cluster__partition *ps = &c->partitions[p];
     int64_t at = atomic_load(&ps->current_ns);
     if (at == 0 || atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN)
         return false;
@@ -367,52 +367,34 @@ static fwd *fwd_of(drey_cluster *c, drey_request *r, fwd *f) {
     return f;
 }
 
-/* --- writes of a partition being moved out --------------------------------------- */
+/* --- writes of the partitions this node leads ------------------------------------- */
 
-static void record_key(drey_cluster *c, uint32_t p, const char *cache, size_t cache_len, const char *key,
-                       size_t key_len) {
-    drey_cluster__dirty *d = drey_xmalloc(sizeof *d + cache_len + key_len);
-    d->partition = p;
-    d->cache_len = (uint32_t)cache_len;
-    d->key_len = (uint32_t)key_len;
-    memcpy(d->data, cache, cache_len);
-    memcpy(d->data + cache_len, key, key_len);
-    pthread_mutex_lock(&c->move_mu);
-    d->next = c->dirty;
-    c->dirty = d;
-    pthread_mutex_unlock(&c->move_mu);
-}
-
-/* The write was applied or refused: its keys (and its outcome's) are what
- * the copy may have missed. */
+/* The write was applied or refused: while its partition is copied out,
+ * its keys (and its outcome's) are what the copy may have missed. */
 static void write_done(void *arg) {
     hold *h = arg;
     drey_cluster *c = h->c;
-    drey_cluster__pstate *ps = &c->pstate[h->partition];
-    if (atomic_load(&ps->moving)) {
+    drey_cluster__partition *pt = &c->partitions[h->partition];
+    if (atomic_load(&pt->moving)) {
         const ProtobufCMessage *m = h->r->msg;
         const char *cache = drey_method_request_cache(m);
         size_t n = drey_method_request_key_count(m);
         for (size_t i = 0; cache != NULL && i < n; i++) {
             const char *k = drey_method_request_key(m, i);
             if (k != NULL)
-                record_key(c, h->partition, cache, strlen(cache), k, strlen(k));
+                drey_cluster__partition_note_key(pt, cache, strlen(cache), k, strlen(k));
         }
         if (h->r->write.request_id != NULL && h->r->write.request_id[0] != '\0' && c->opts.commit != NULL) {
             drey_key ok;
             drey_commit_outcome_key(c->opts.commit, &h->r->write, h->r->arena, &ok);
-            record_key(c, h->partition, ok.cache, ok.cache_len, ok.key, ok.key_len);
+            drey_cluster__partition_note_key(pt, ok.cache, ok.cache_len, ok.key, ok.key_len);
         }
     }
-    if (atomic_fetch_sub(&ps->inflight, 1) == 1 && atomic_load(&ps->frozen)) {
-        pthread_mutex_lock(&c->move_mu);
-        pthread_cond_broadcast(&c->move_cond);
-        pthread_mutex_unlock(&c->move_mu);
-    }
+    drey_cluster__partition_leave(pt);
 }
 
-static void waiter_wake(drey_cluster__waiter *w) {
-    fwd *f = (fwd *)((char *)w - offsetof(fwd, waiter));
+static void parked_wake(drey_cluster__parked *w) {
+    fwd *f = (fwd *)((char *)w - offsetof(fwd, parked));
     reroute(f);
 }
 
@@ -421,70 +403,29 @@ static bool in_partition(void *ctx, const char *cache, size_t cache_len, const c
     return drey_placement_partition(cache, cache_len, key, key_len, h->c->n_parts) == h->partition;
 }
 
-/* A write this node runs for partition p: counted in (the mover waits for
- * the count to drain), or parked while p is frozen. The count goes up
- * before the freeze is looked at, and the mover freezes before it looks at
- * the count, so no write slips past both. */
+/* A write this node runs for partition p: counted in (a move's freeze
+ * waits for it), or parked while p is frozen, routed again at the thaw. */
 static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, uint32_t p) {
-    drey_cluster__pstate *ps = &c->pstate[p];
-    atomic_fetch_add(&ps->inflight, 1);
-    if (!atomic_load(&ps->frozen)) {
-        hold *h = drey_arena_alloc(r->arena, sizeof *h);
-        *h = (hold){.c = c, .r = r, .partition = p};
-        r->on_release = write_done;
-        r->release_arg = h;
-        r->route_note = h;
-        /* Its record's victims are evicted by every copy of p: only p's
-         * entries (another partition's copies elsewhere would differ). */
-        if (c->rf > 1)
-            r->evict_only = (drey_store_filter){.keep = in_partition, .ctx = h};
-        return DREY_STAGE_NEXT;
+    while (!drey_cluster__partition_enter(&c->partitions[p])) {
+        fwd *f = *fp = fwd_of(c, r, *fp);
+        f->parked.wake = parked_wake;
+        if (drey_cluster__partition_park(&c->partitions[p], &f->parked))
+            return DREY_STAGE_PARKED;
     }
-    if (atomic_fetch_sub(&ps->inflight, 1) == 1) {
-        pthread_mutex_lock(&c->move_mu);
-        pthread_cond_broadcast(&c->move_cond);
-        pthread_mutex_unlock(&c->move_mu);
-    }
-    fwd *f = *fp = fwd_of(c, r, *fp);
-    f->waiter = (drey_cluster__waiter){.partition = p, .wake = waiter_wake};
-    pthread_mutex_lock(&c->move_mu);
-    bool still = atomic_load(&ps->frozen); /* thawed meanwhile: go on at once */
-    if (still) {
-        f->waiter.next = c->waiters;
-        c->waiters = &f->waiter;
-    }
-    pthread_mutex_unlock(&c->move_mu);
-    if (!still)
-        return hold_write(c, r, fp, p);
-    return DREY_STAGE_PARKED;
+    hold *h = drey_arena_alloc(r->arena, sizeof *h);
+    *h = (hold){.c = c, .r = r, .partition = p};
+    r->on_release = write_done;
+    r->release_arg = h;
+    r->route_note = h;
+    /* Its record's victims are evicted by every copy of p: only p's
+     * entries (another partition's copies elsewhere would differ). */
+    if (c->rf > 1)
+        r->evict_only = (drey_store_filter){.keep = in_partition, .ctx = h};
+    return DREY_STAGE_NEXT;
 }
 
 uint32_t drey_cluster__held_partition(const drey_request *r) {
     return ((const hold *)r->route_note)->partition;
-}
-
-void drey_cluster__thaw(drey_cluster *c, uint32_t p) {
-    pthread_mutex_lock(&c->move_mu);
-    atomic_store(&c->pstate[p].frozen, false);
-    drey_cluster__waiter *mine = NULL, **pp = &c->waiters;
-    while (*pp != NULL) {
-        drey_cluster__waiter *w = *pp;
-        if (w->partition == p) {
-            *pp = w->next;
-            w->next = mine;
-            mine = w;
-        } else {
-            pp = &w->next;
-        }
-    }
-    pthread_mutex_unlock(&c->move_mu);
-    /* The list holds the newest first, so mine is oldest first: the order
-     * they came in. */
-    while (mine != NULL) {
-        drey_cluster__waiter *next = mine->next;
-        mine->wake(mine);
-        mine = next;
-    }
 }
 
 /* --- the row, continued ------------------------------------------------------------ */

@@ -50,11 +50,7 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     out->retried = atomic_load(&c->retried);
     out->unavailable = atomic_load(&c->unavailable);
     out->lease_valid = drey_cluster__lease_valid(c);
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++) {
-        pthread_mutex_lock(&c->lines[p].mu);
-        out->replication_pending += c->lines[p].queued;
-        pthread_mutex_unlock(&c->lines[p].mu);
-    }
+    out->replication_pending = drey_cluster__pending_writes(c);
     out->replicated = atomic_load(&c->replicated);
     out->replica_failures = atomic_load(&c->replica_failures);
     out->isr_shrinks = atomic_load(&c->isr_shrinks);

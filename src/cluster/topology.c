@@ -121,8 +121,8 @@ void drey_cluster__publish_locked(drey_cluster *c) {
     snprintf(t->controller, sizeof t->controller, "%s", c->controller);
     /* For watch subscriptions: an owner reports a partition's changes only
      * while it owns it (not the copy it receives, nor the one it drops). */
-    for (uint32_t p = 0; c->pstate != NULL && p < c->n_parts; p++)
-        atomic_store(&c->pstate[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
+        atomic_store(&c->partitions[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
     drey_cluster__topology *old = c->topo;
     c->topo = t;
     drey_cluster__topology_unref(old);
