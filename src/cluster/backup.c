@@ -20,6 +20,7 @@
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "partition.h"
 
 /* --- the rules -------------------------------------------------------------------- */
 
@@ -137,19 +138,19 @@ static drey_stage_result take_record(drey_cluster *c, drey_request *r, const dre
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)r->msg;
     uint32_t p = req->partition;
     if (!known(t, p, req->partitions))
-        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->records_refused);
+        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.records_refused);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     uint64_t last = atomic_load(&c->partitions[p].seq);
     drey_error e = drey_cluster__take_record(&h, req->epoch, req->sequence, last);
     if (e == DREY_ERR_NONE && !atomic_compare_exchange_strong(&c->partitions[p].seq, &last, req->sequence))
         e = DREY_ERR_OUT_OF_SEQUENCE;
     if (e != DREY_ERR_NONE) {
-        refuse(r, e, p, t, &c->records_refused);
+        refuse(r, e, p, t, &c->backup.records_refused);
         if (e == DREY_ERR_OUT_OF_SEQUENCE)
             drey_status_add_metadata(r->status, "expected", "%llu", (unsigned long long)last + 1);
         return DREY_STAGE_REJECT;
     }
-    atomic_fetch_add(&c->records_taken, 1);
+    atomic_fetch_add(&c->backup.records_taken, 1);
     taken *k = drey_arena_alloc(r->arena, sizeof *k);
     *k = (taken){.c = c, .r = r, .partition = p, .seq = req->sequence, .received_ns = drey_mono_ns()};
     r->on_release = record_done;
@@ -180,11 +181,11 @@ static drey_stage_result take_import(drey_cluster *c, drey_request *r, const dre
     const Drey__Internal__V1__ImportRequest *imp = (const void *)r->msg;
     uint32_t p = imp->partition;
     if (!known(t, p, imp->partitions))
-        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->copies_refused);
+        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.copies_refused);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     drey_error e = drey_cluster__take_import(&h, imp->epoch);
     if (e != DREY_ERR_NONE)
-        return refuse(r, e, p, t, &c->copies_refused);
+        return refuse(r, e, p, t, &c->backup.copies_refused);
     if (imp->last) {
         atomic_store(&c->partitions[p].seq, imp->sequence); /* the primary's next record follows it */
         atomic_store(&c->partitions[p].applied, imp->sequence);
@@ -196,14 +197,14 @@ static drey_stage_result take_confirm(drey_cluster *c, drey_request *r, const dr
     const Drey__Internal__V1__ConfirmRequest *req = (const void *)r->msg;
     uint32_t p = req->partition;
     if (!known(t, p, req->partitions))
-        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->copies_refused);
+        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.copies_refused);
     const drey_cluster__partition *ps = &c->partitions[p];
     uint64_t applied = atomic_load(&ps->applied);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     drey_error e = drey_cluster__take_confirm(&h, req->epoch, req->sequence, applied,
                                               atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN);
     if (e != DREY_ERR_NONE)
-        return refuse(r, e, p, t, &c->copies_refused);
+        return refuse(r, e, p, t, &c->backup.copies_refused);
     Drey__Internal__V1__ConfirmResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
     drey__internal__v1__confirm_response__init(resp);
     resp->applied = applied;
@@ -215,10 +216,10 @@ static drey_stage_result take_drop(drey_cluster *c, drey_request *r, const drey_
     const Drey__Internal__V1__DropRequest *req = (const void *)r->msg;
     uint32_t p = req->partition;
     if (!known(t, p, req->partitions))
-        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->copies_refused);
+        return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.copies_refused);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     drey_error e = drey_cluster__take_drop(&h);
-    return e == DREY_ERR_NONE ? DREY_STAGE_NEXT : refuse(r, e, p, t, &c->copies_refused);
+    return e == DREY_ERR_NONE ? DREY_STAGE_NEXT : refuse(r, e, p, t, &c->backup.copies_refused);
 }
 
 static const struct {

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "drey/status.h"
+#include "internal.h"
 
 /* What this node's table says about one partition, seen from one request. */
 typedef struct drey_cluster__holding {
@@ -64,5 +65,9 @@ drey_error drey_cluster__take_drop(const drey_cluster__holding *h);
  * no older than the table's, to an in-sync copy that has applied it. */
 bool drey_cluster__beat_marks_current(const drey_cluster__holding *h, int64_t epoch, uint64_t seq, uint64_t applied,
                                       bool broken);
+
+/* DREY_ROUTE_PEER: this node's part as a backup or a copy's target, by the
+ * method's row; the route row hands such requests here with its table. */
+drey_stage_result drey_cluster__backup_take(drey_cluster *c, drey_request *r, const drey_cluster__topology *t);
 
 #endif

@@ -29,6 +29,8 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "peers.h"
+#include "router.h"
 
 /* --- gathering every node's answer ------------------------------------------------ */
 
@@ -131,7 +133,7 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
     for (size_t i = 0; i < n; i++)
         f->slots[i].fan = f;
     for (size_t i = 0; i < n; i++) {
-        atomic_fetch_add(&c->forwarded, 1);
+        atomic_fetch_add(&c->route.forwarded, 1);
         /* Bounded by the caller's deadline, like GetMany's parts. */
         drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to[i]->id, to[i]->internal, r->method->path,
                                                              r->bytes, r->len, h, nh,
@@ -225,7 +227,7 @@ static void clear_gathered(fan *f) {
 
 /* Whether any partition is being moved out of this node now. */
 static bool moving_out(drey_cluster *c) {
-    return atomic_load(&c->moving) >= 0;
+    return atomic_load(&c->mover.moving) >= 0;
 }
 
 /* A Clear's share here: counted while it runs, so that a move does not
@@ -233,15 +235,15 @@ static bool moving_out(drey_cluster *c) {
  * refused while a move is under way. */
 static void clear_done(void *arg) {
     drey_cluster *c = arg;
-    if (atomic_fetch_sub(&c->clearing, 1) == 1) {
-        pthread_mutex_lock(&c->clear_mu);
-        pthread_cond_broadcast(&c->clear_cond);
-        pthread_mutex_unlock(&c->clear_mu);
+    if (atomic_fetch_sub(&c->clears.count, 1) == 1) {
+        pthread_mutex_lock(&c->clears.mu);
+        pthread_cond_broadcast(&c->clears.cond);
+        pthread_mutex_unlock(&c->clears.mu);
     }
 }
 
 static drey_stage_result local_clear(drey_cluster *c, drey_request *r) {
-    atomic_fetch_add(&c->clearing, 1);
+    atomic_fetch_add(&c->clears.count, 1);
     if (!moving_out(c)) {
         r->on_release = clear_done;
         r->release_arg = c;
@@ -386,7 +388,7 @@ static drey_stage_result route_scan(drey_cluster *c, drey_request *r, const drey
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
     char *hs = drey_arena_sprintf(r->arena, "%08x", hash);
     h[nh++] = (drey_cluster__header){DREY_SCAN_OWNERS, hs, strlen(hs)};
-    atomic_fetch_add(&c->forwarded, 1);
+    atomic_fetch_add(&c->route.forwarded, 1);
     drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, bytes, len, h,
                                                          nh, r->ops->deadline_mono_ns(r->door), scan_answered, sc));
     return DREY_STAGE_PARKED;

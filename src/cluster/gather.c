@@ -16,6 +16,7 @@
 
 #include "drey/placement.h"
 #include "router.h"
+#include "peers.h"
 
 typedef struct gather {
     drey_request *r;
@@ -171,7 +172,7 @@ drey_stage_result drey_cluster__route_keys(drey_cluster *c, drey_request *r, con
         if (groups[k] < 0)
             continue;
         const drey_cluster__node *to = &t->nodes[groups[k]];
-        atomic_fetch_add(&c->forwarded, 1);
+        atomic_fetch_add(&c->route.forwarded, 1);
         left--;
         /* Not cancelled with the caller: the deadline bounds them. */
         drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path,

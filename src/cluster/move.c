@@ -67,6 +67,10 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "mover.h"
+#include "partition.h"
+#include "peers.h"
+#include "table.h"
 
 #define CHUNK_BYTES (1u << 20)
 #define CATCH_UP_ROUNDS 4
@@ -158,7 +162,7 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
          * node's disk and network from its clients. */
         int64_t now = drey_mono_ns();
         if (mv->next_send_ns > now)
-            drey_cluster__nap_ms((mv->next_send_ns - now) / 1000000);
+            drey_nap_ms((mv->next_send_ns - now) / 1000000);
         int64_t start = mv->next_send_ns > now ? mv->next_send_ns : now;
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
@@ -169,7 +173,7 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
      * behind this node's): it says so, and is asked again. */
     while ((code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason)) != 0 &&
            strcmp(reason, "NOT_CAUGHT_UP") == 0 && drey_mono_ns() < until)
-        drey_cluster__nap_ms(2);
+        drey_nap_ms(2);
     free(buf);
     if (code != 0)
         return false;
@@ -323,15 +327,15 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
  * clear_cond), for FREEZE_DRAIN_MS at most. */
 static bool no_clear(drey_cluster *c) {
     int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
-    pthread_mutex_lock(&c->clear_mu);
+    pthread_mutex_lock(&c->clears.mu);
     bool none;
-    while (!(none = atomic_load(&c->clearing) == 0)) {
-        if (drey_cond_wait_until(&c->clear_cond, &c->clear_mu, until) == ETIMEDOUT) {
-            none = atomic_load(&c->clearing) == 0;
+    while (!(none = atomic_load(&c->clears.count) == 0)) {
+        if (drey_cond_wait_until(&c->clears.cond, &c->clears.mu, until) == ETIMEDOUT) {
+            none = atomic_load(&c->clears.count) == 0;
             break;
         }
     }
-    pthread_mutex_unlock(&c->clear_mu);
+    pthread_mutex_unlock(&c->clears.mu);
     return none;
 }
 
@@ -452,7 +456,7 @@ static flip flip_entry(mover *mv, bool *keep_copy) {
             h = UNKNOWN;
             break;
         }
-        drey_cluster__nap_ms(100);
+        drey_nap_ms(100);
     } while ((h = read_back(mv, key)) == UNKNOWN);
     drey_arena_destroy(&a);
     return h;
@@ -479,7 +483,7 @@ static bool confirm(mover *mv, uint64_t seq) {
             return true;
         if (strcmp(reason, "NOT_CAUGHT_UP") != 0 || drey_mono_ns() > until)
             return false;
-        drey_cluster__nap_ms(2);
+        drey_nap_ms(2);
     }
 }
 
@@ -649,7 +653,7 @@ static bool run(mover *mv) {
     uint32_t p = mv->partition;
     drey_cluster__partition *pt = &c->partitions[p];
     int64_t started = drey_mono_ns();
-    atomic_store(&c->moving, (int64_t)p);
+    atomic_store(&c->mover.moving, (int64_t)p);
     bool froze = false, keep_copy = true;
     bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
     int64_t paused = drey_mono_ns();
@@ -660,28 +664,28 @@ static bool run(mover *mv) {
     drey_cluster__partition_thaw(pt);
     if (froze) {
         uint64_t pause = elapsed_us(paused);
-        atomic_store(&c->pause_last_us, pause);
-        if (pause > atomic_load(&c->pause_max_us))
-            atomic_store(&c->pause_max_us, pause);
+        atomic_store(&c->mover.pause_last_us, pause);
+        if (pause > atomic_load(&c->mover.pause_max_us))
+            atomic_store(&c->mover.pause_max_us, pause);
     }
     size_t n;
     drey_cluster__dirty_free(drey_cluster__partition_take_dirty(pt, &n));
-    atomic_store(&c->moving, -1);
-    atomic_fetch_add(&c->moved_entries, mv->entries);
-    atomic_fetch_add(&c->moved_bytes, mv->bytes);
+    atomic_store(&c->mover.moving, -1);
+    atomic_fetch_add(&c->mover.moved_entries, mv->entries);
+    atomic_fetch_add(&c->mover.moved_bytes, mv->bytes);
     if (h != FLIPPED) {
-        atomic_fetch_add(&c->moves_failed, 1);
+        atomic_fetch_add(&c->mover.moves_failed, 1);
         DREY_LOG_WARN("a partition's move did not complete; this node keeps leading it",
                       DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                       DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
         return false;
     }
-    atomic_fetch_add(mv->kind == SYNC ? &c->backups_added : mv->kind == MOVE ? &c->moves_done : &c->handovers_done,
+    atomic_fetch_add(mv->kind == SYNC ? &c->mover.backups_added : mv->kind == MOVE ? &c->mover.moves_done : &c->mover.handovers_done,
                      1);
     DREY_LOG_INFO(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
                   DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                   DREY_LOG_STR("to", mv->target), DREY_LOG_UINT("entries", mv->entries),
-                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
+                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->mover.pause_last_us)),
                   DREY_LOG_UINT("took_ms", elapsed_us(started) / 1000));
     if (!keep_copy) {
         pthread_mutex_lock(&c->mu);

@@ -9,6 +9,7 @@
 
 #include "drey/alloc.h"
 #include "drey/placement.h"
+#include "table.h"
 
 void drey_cluster__plan_init(drey_cluster__plan *pl, uint32_t n_parts, uint32_t rf, uint32_t max_moves,
                              size_t max_members) {

@@ -58,6 +58,10 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "partition.h"
+#include "peers.h"
+#include "primary.h"
+#include "table.h"
 
 #define BEAT_NS 250000000LL
 /* A backup's room is heard with acknowledgements and heartbeats: once it
@@ -98,26 +102,26 @@ typedef struct drey_cluster__rec {
 /* --- the backups' room ------------------------------------------------------------ */
 
 static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
-    size_t n = atomic_load(&c->n_rooms);
+    size_t n = atomic_load(&c->primary.n_rooms);
     for (size_t i = 0; i < n; i++) {
-        if (strcmp(c->rooms[i].id, id) == 0)
-            return &c->rooms[i];
+        if (strcmp(c->primary.rooms[i].id, id) == 0)
+            return &c->primary.rooms[i];
     }
-    pthread_mutex_lock(&c->rooms_mu);
+    pthread_mutex_lock(&c->primary.rooms_mu);
     drey_cluster__room *r = NULL;
-    n = atomic_load(&c->n_rooms);
+    n = atomic_load(&c->primary.n_rooms);
     for (size_t i = 0; i < n && r == NULL; i++) {
-        if (strcmp(c->rooms[i].id, id) == 0)
-            r = &c->rooms[i];
+        if (strcmp(c->primary.rooms[i].id, id) == 0)
+            r = &c->primary.rooms[i];
     }
     if (r == NULL && n < DREY_CLUSTER_MAX_ROOMS) {
-        r = &c->rooms[n];
+        r = &c->primary.rooms[n];
         snprintf(r->id, sizeof r->id, "%s", id);
         atomic_store(&r->journal, UINT64_MAX);
         atomic_store(&r->memory, INT64_MAX);
-        atomic_store(&c->n_rooms, n + 1); /* published once filled */
+        atomic_store(&c->primary.n_rooms, n + 1); /* published once filled */
     }
-    pthread_mutex_unlock(&c->rooms_mu);
+    pthread_mutex_unlock(&c->primary.rooms_mu);
     return r;
 }
 
@@ -190,17 +194,6 @@ static drey_cluster__rec *rec_of_index(uint8_t *index) {
 
 uint32_t drey_cluster_replication_factor(const drey_cluster *c) {
     return c->rf;
-}
-
-bool drey_cluster__lease_valid(drey_cluster *c) {
-    pthread_mutex_lock(&c->lease_mu);
-    int64_t until = c->keepalive != NULL ? drey_etcd_keepalive_valid_until_ns(c->keepalive) : 0;
-    pthread_mutex_unlock(&c->lease_mu);
-    return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
-}
-
-bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
-    return drey_cluster__lease_valid(c) && t->revision >= atomic_load(&c->registered_revision);
 }
 
 static bool complete(const drey_cluster__rec *rec) {
@@ -329,11 +322,11 @@ static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int6
     s->epoch = epoch;
     snprintf(s->backup, sizeof s->backup, "%s", backup);
     snprintf(s->why, sizeof s->why, "%s", why);
-    pthread_mutex_lock(&c->shrink_mu);
-    s->next = c->shrinks;
-    c->shrinks = s;
-    pthread_cond_broadcast(&c->shrink_cond); /* the beater waits on it too: a signal could wake only that */
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    s->next = c->primary.shrinks;
+    c->primary.shrinks = s;
+    pthread_cond_broadcast(&c->primary.shrink_cond); /* the beater waits on it too: a signal could wake only that */
+    pthread_mutex_unlock(&c->primary.shrink_mu);
 }
 
 static void acked(void *arg, const drey_answer *a) {
@@ -349,7 +342,7 @@ static void acked(void *arg, const drey_answer *a) {
         rec->acked[*index] = true;
         rec->n_durable++;
         pthread_mutex_unlock(&ln->mu);
-        atomic_fetch_add(&c->replicated, 1);
+        atomic_fetch_add(&c->primary.replicated, 1);
         if (c->opts.metrics != NULL)
             drey_metrics_observe_replica_ack(c->opts.metrics, (drey_mono_ns() - rec->sent_ns) / 1000);
         drain(c, rec->partition);
@@ -358,7 +351,7 @@ static void acked(void *arg, const drey_answer *a) {
         char why[200];
         snprintf(why, sizeof why, "%.*s (code %d)", (int)(a->message_len < 150 ? a->message_len : 150),
                  a->message != NULL ? a->message : "", a->code);
-        atomic_fetch_add(&c->replica_failures, 1);
+        atomic_fetch_add(&c->primary.replica_failures, 1);
         request_shrink(c, rec->partition, rec->backups[*index], rec->epoch, why);
     }
     rec_unref(rec);
@@ -559,7 +552,7 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
     char err[200];
     drey_cluster__cas r = drey_cluster__cas_entry(c, s->partition, epoch, &e, err, sizeof err);
     if (r == DREY_CLUSTER_CAS_APPLIED) {
-        atomic_fetch_add(&c->isr_shrinks, 1);
+        atomic_fetch_add(&c->primary.isr_shrinks, 1);
         DREY_LOG_WARN("a backup was taken out of a partition's in-sync set", DREY_LOG_UINT("partition", s->partition),
                       DREY_LOG_STR("backup", s->backup), DREY_LOG_STR("reason", s->why));
         return 1;
@@ -569,30 +562,30 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
 
 void *drey_cluster__shrinker_main(void *arg) {
     drey_cluster *c = arg;
-    pthread_mutex_lock(&c->shrink_mu);
-    while (!c->shrink_stop) {
-        drey_cluster__shrink *s = c->shrinks;
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    while (!c->primary.shrink_stop) {
+        drey_cluster__shrink *s = c->primary.shrinks;
         if (s == NULL) {
-            pthread_cond_wait(&c->shrink_cond, &c->shrink_mu);
+            pthread_cond_wait(&c->primary.shrink_cond, &c->primary.shrink_mu);
             continue;
         }
-        c->shrinks = s->next;
-        pthread_mutex_unlock(&c->shrink_mu);
+        c->primary.shrinks = s->next;
+        pthread_mutex_unlock(&c->primary.shrink_mu);
         int done;
         while ((done = shrink_once(c, s)) == 0) {
-            pthread_mutex_lock(&c->shrink_mu);
-            bool stop = c->shrink_stop;
-            pthread_mutex_unlock(&c->shrink_mu);
+            pthread_mutex_lock(&c->primary.shrink_mu);
+            bool stop = c->primary.shrink_stop;
+            pthread_mutex_unlock(&c->primary.shrink_mu);
             if (stop)
                 break;
-            drey_cluster__nap_ms(50); /* etcd, or our table, has to move on */
+            drey_nap_ms(50); /* etcd, or our table, has to move on */
         }
         if (done != 0)
             settle(c, s->partition, done == 1 ? s->backup : NULL, done < 0);
         free(s);
-        pthread_mutex_lock(&c->shrink_mu);
+        pthread_mutex_lock(&c->primary.shrink_mu);
     }
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_unlock(&c->primary.shrink_mu);
     return NULL;
 }
 
@@ -679,13 +672,13 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
 void *drey_cluster__beater_main(void *arg) {
     drey_cluster *c = arg;
     int64_t next = drey_mono_ns();
-    pthread_mutex_lock(&c->shrink_mu);
-    while (!c->shrink_stop) {
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    while (!c->primary.shrink_stop) {
         if (drey_mono_ns() < next) {
-            drey_cond_wait_until(&c->shrink_cond, &c->shrink_mu, next);
+            drey_cond_wait_until(&c->primary.shrink_cond, &c->primary.shrink_mu, next);
             continue;
         }
-        pthread_mutex_unlock(&c->shrink_mu);
+        pthread_mutex_unlock(&c->primary.shrink_mu);
         /* A primary whose lease lapsed says nothing: another may lead. */
         if (c->rf > 1) {
             drey_cluster__topology *t = drey_cluster__acquire(c);
@@ -696,9 +689,9 @@ void *drey_cluster__beater_main(void *arg) {
             drey_cluster__topology_unref(t);
         }
         next = drey_mono_ns() + BEAT_NS;
-        pthread_mutex_lock(&c->shrink_mu);
+        pthread_mutex_lock(&c->primary.shrink_mu);
     }
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_unlock(&c->primary.shrink_mu);
     return NULL;
 }
 

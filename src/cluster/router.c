@@ -46,11 +46,14 @@
 #include "drey/placement.h"
 #include "google/rpc/error_details.pb-c.h"
 #include "google/rpc/status.pb-c.h"
+#include "backup.h"
 #include "router.h"
+#include "partition.h"
+#include "peers.h"
+#include "table.h"
 
 #define RETRY_WAIT_NS 1000000000LL
 #define RETRY_POLL_NS 10000000LL
-#define UNAVAILABLE_RETRY_MS 500
 
 /* What fwd.call holds besides a call's handle. */
 #define CALL_DONE ((drey_cluster__pcall *)1)      /* answered (or being) */
@@ -70,109 +73,12 @@ typedef struct fwd {
     drey_cluster__parked parked; /* its partition is frozen */
 } fwd;
 
-/* A local write of a partition, counted while it runs. */
-typedef struct hold {
-    drey_cluster *c;
-    drey_request *r;
-    uint32_t partition;
-} hold;
+typedef drey_cluster__note hold;
 
 /* --- what a request names --------------------------------------------------- */
 
 static uint32_t partition_of(const drey_cluster__topology *t, const char *cache, const char *key) {
     return drey_placement_partition(cache, strlen(cache), key, strlen(key), t->n_parts);
-}
-
-/* --- refusals ---------------------------------------------------------------- */
-
-static drey_stage_result not_primary(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p) {
-    atomic_fetch_add(&c->not_primary, 1);
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, DREY_ERR_NOT_PRIMARY);
-    drey_status_add_metadata(st, "partition", "%u", p);
-    drey_status_add_metadata(st, "epoch", "%lld", (long long)t->parts[p].epoch);
-    drey_status_add_metadata(st, "primary", "%s", t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "");
-    r->status = st;
-    return DREY_STAGE_REJECT;
-}
-
-/* PARTITION_UNAVAILABLE (no owner to reach), or LEASE_EXPIRED (this node
- * owns it but may not lead it now). */
-static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e) {
-    if (e == DREY_ERR_PARTITION_UNAVAILABLE)
-        atomic_fetch_add(&c->unavailable, 1);
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, e);
-    drey_status_add_metadata(st, "partition", "%u", p);
-    st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
-    r->status = st;
-    return DREY_STAGE_REJECT;
-}
-
-/* The epoch the forwarding node's table had for the partition; 0: none. */
-static int64_t forwarded_epoch(drey_request *r) {
-    size_t len;
-    const char *v = r->ops->metadata(r->door, DREY_FORWARD_EPOCH, &len);
-    char buf[24];
-    if (v == NULL || len == 0 || len >= sizeof buf)
-        return 0;
-    memcpy(buf, v, len);
-    buf[len] = '\0';
-    return strtoll(buf, NULL, 10);
-}
-
-int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
-                        const drey_cluster__node **node, drey_stage_result *refusal, bool may_await) {
-    int32_t o = t->parts[p].primary;
-    if (o >= 0 && o == t->self) {
-        /* Another node may lead it once etcd expired the lease: not before
-         * it lapsed by this node's clock. */
-        if (c->rf > 1 && !drey_cluster__may_lead(c, t)) {
-            *refusal = unavailable(c, r, p, DREY_ERR_LEASE_EXPIRED);
-            return -1;
-        }
-        return 1;
-    }
-    if (r->forwarded_by != NULL) {
-        if (may_await && c->opts.timers != NULL && forwarded_epoch(r) > t->revision)
-            return DREY_CLUSTER_OWNER_AWAIT;
-        *refusal = not_primary(c, r, t, p);
-        return -1;
-    }
-    if (o < 0 || !t->nodes[o].member || t->nodes[o].internal[0] == '\0') {
-        *refusal = unavailable(c, r, p, DREY_ERR_PARTITION_UNAVAILABLE);
-        return -1;
-    }
-    *node = &t->nodes[o];
-    return 0;
-}
-
-/* --- stale reads ---------------------------------------------------------------------- */
-
-bool drey_cluster__stale_copy(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, uint64_t *lag_ms) {
-    if (t->self < 0 || !drey_cluster__in_sync(t, p, t->self))
-        return false;
-    const drey_cluster__partition *ps = &c->partitions[p];
-    int64_t at = atomic_load(&ps->current_ns);
-    if (at == 0 || atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN)
-        return false;
-    int64_t now = drey_mono_ns();
-    *lag_ms = now > at ? (uint64_t)((now - at) / 1000000) : 0;
-    return true;
-}
-
-ProtobufCMessage *drey_cluster__read_here(drey_request *r, const ProtobufCMessage *msg) {
-    drey_status st;
-    drey_status_init(&st);
-    drey_apply ax = {.now_ms = drey_wall_ms(), .arena = r->arena, .status = &st};
-    ProtobufCMessage *resp = r->method->apply(r->method->ctx, &ax, msg);
-    if (resp == NULL) {
-        r->status = drey_arena_alloc(r->arena, sizeof st);
-        *r->status = st;
-    }
-    return resp;
 }
 
 /* A read answered here from this node's backup copy. */
@@ -185,48 +91,6 @@ static drey_stage_result answer_stale(drey_request *r, uint64_t lag_ms) {
     return DREY_STAGE_ANSWERED;
 }
 
-const drey_cluster__node *drey_cluster__live_backup(const drey_cluster__topology *t, uint32_t p) {
-    for (uint8_t i = 0; i < t->parts[p].n_replicas; i++) {
-        const drey_cluster__node *n = &t->nodes[t->parts[p].replicas[i]];
-        if (t->parts[p].replicas[i] != t->self && n->member && n->internal[0] != '\0')
-            return n;
-    }
-    return NULL;
-}
-
-/* --- forwarding -------------------------------------------------------------- */
-
-size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h) {
-    size_t n = 0, len;
-    const char *auth = r->ops->metadata(r->door, "authorization", &len);
-    if (auth != NULL)
-        h[n++] = (drey_cluster__header){"authorization", auth, len};
-    h[n++] = (drey_cluster__header){DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
-    const char *e = drey_arena_sprintf(r->arena, "%lld", (long long)epoch);
-    h[n++] = (drey_cluster__header){DREY_FORWARD_EPOCH, e, strlen(e)};
-    return n;
-}
-
-void drey_cluster__answer_reason(const drey_answer *a, char *out, size_t cap) {
-    out[0] = '\0';
-    if (a->code == GRPC_STATUS_OK || a->details == NULL)
-        return;
-    Google__Rpc__Status *st = google__rpc__status__unpack(NULL, a->details_len, a->details);
-    for (size_t i = 0; st != NULL && i < st->n_details && out[0] == '\0'; i++) {
-        const Google__Protobuf__Any *any = st->details[i];
-        if (strcmp(any->type_url, "type.googleapis.com/google.rpc.ErrorInfo") != 0)
-            continue;
-        Google__Rpc__ErrorInfo *ei = google__rpc__error_info__unpack(NULL, any->value.len, any->value.data);
-        if (ei != NULL)
-            snprintf(out, cap, "%s", ei->reason);
-        if (ei != NULL)
-            google__rpc__error_info__free_unpacked(ei, NULL);
-    }
-    if (st != NULL)
-        google__rpc__status__free_unpacked(st, NULL);
-}
-
-/* Whether a is the owner's NOT_PRIMARY. */
 static bool is_not_primary(const drey_answer *a) {
     char reason[32];
     drey_cluster__answer_reason(a, reason, sizeof reason);
@@ -263,7 +127,7 @@ static void retry(void *arg) {
         return;
     }
     if (f->retried)
-        atomic_fetch_add(&f->c->retried, 1);
+        atomic_fetch_add(&f->c->route.retried, 1);
     reroute(f);
 }
 
@@ -308,7 +172,7 @@ static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64
     drey_request *r = f->r;
     drey_cluster__header h[3];
     size_t n = drey_cluster__forward_headers(c, r, epoch, h);
-    atomic_fetch_add(&c->forwarded, 1);
+    atomic_fetch_add(&c->route.forwarded, 1);
     drey_cluster__pcall *p = drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes,
                                                       r->len, h, n, r->ops->deadline_mono_ns(r->door),
                                                       forwarded_done, f);
@@ -424,10 +288,6 @@ static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, 
     return DREY_STAGE_NEXT;
 }
 
-uint32_t drey_cluster__held_partition(const drey_request *r) {
-    return ((const hold *)r->route_note)->partition;
-}
-
 /* --- the row, continued ------------------------------------------------------------ */
 
 /* A request for partition p: run here, forward once, wait for the table,
@@ -453,7 +313,7 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
     f->revision = t->revision;
     if (o == DREY_CLUSTER_OWNER_AWAIT) {
         f->awaited = true;
-        await_table(f, forwarded_epoch(r));
+        await_table(f, drey_cluster__forwarded_epoch(r));
     } else {
         forward(c, f, to, t->parts[p].epoch);
     }

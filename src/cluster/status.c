@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "internal.h"
+#include "primary.h"
+#include "table.h"
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     memset(out, 0, sizeof *out);
@@ -14,7 +16,7 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     snprintf(out->node_id, sizeof out->node_id, "%s", c->opts.node_id);
     snprintf(out->controller, sizeof out->controller, "%s", t->controller);
     out->is_controller = strcmp(t->controller, c->opts.node_id) == 0;
-    out->moves_waiting = out->is_controller ? atomic_load(&c->moves_waiting) : 0;
+    out->moves_waiting = out->is_controller ? atomic_load(&c->ctl.moves_waiting) : 0;
     out->partitions = t->n_parts;
     out->revision = t->revision;
     out->rf = t->rf;
@@ -38,26 +40,26 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
         out->moving_in += strcmp(e->joining[0], c->opts.node_id) == 0;
     }
     pthread_mutex_unlock(&c->mu);
-    out->moving_now = atomic_load(&c->moving);
-    out->moves_done = atomic_load(&c->moves_done);
-    out->moves_failed = atomic_load(&c->moves_failed);
-    out->moved_entries = atomic_load(&c->moved_entries);
-    out->moved_bytes = atomic_load(&c->moved_bytes);
-    out->pause_last_us = atomic_load(&c->pause_last_us);
-    out->pause_max_us = atomic_load(&c->pause_max_us);
-    out->forwarded = atomic_load(&c->forwarded);
-    out->not_primary = atomic_load(&c->not_primary);
-    out->retried = atomic_load(&c->retried);
-    out->unavailable = atomic_load(&c->unavailable);
+    out->moving_now = atomic_load(&c->mover.moving);
+    out->moves_done = atomic_load(&c->mover.moves_done);
+    out->moves_failed = atomic_load(&c->mover.moves_failed);
+    out->moved_entries = atomic_load(&c->mover.moved_entries);
+    out->moved_bytes = atomic_load(&c->mover.moved_bytes);
+    out->pause_last_us = atomic_load(&c->mover.pause_last_us);
+    out->pause_max_us = atomic_load(&c->mover.pause_max_us);
+    out->forwarded = atomic_load(&c->route.forwarded);
+    out->not_primary = atomic_load(&c->route.not_primary);
+    out->retried = atomic_load(&c->route.retried);
+    out->unavailable = atomic_load(&c->route.unavailable);
     out->lease_valid = drey_cluster__lease_valid(c);
     out->replication_pending = drey_cluster__pending_writes(c);
-    out->replicated = atomic_load(&c->replicated);
-    out->replica_failures = atomic_load(&c->replica_failures);
-    out->isr_shrinks = atomic_load(&c->isr_shrinks);
-    out->backups_added = atomic_load(&c->backups_added);
-    out->records_taken = atomic_load(&c->records_taken);
-    out->records_refused = atomic_load(&c->records_refused);
-    out->handovers_done = atomic_load(&c->handovers_done);
-    out->copies_refused = atomic_load(&c->copies_refused);
-    out->failovers = atomic_load(&c->failovers);
+    out->replicated = atomic_load(&c->primary.replicated);
+    out->replica_failures = atomic_load(&c->primary.replica_failures);
+    out->isr_shrinks = atomic_load(&c->primary.isr_shrinks);
+    out->backups_added = atomic_load(&c->mover.backups_added);
+    out->records_taken = atomic_load(&c->backup.records_taken);
+    out->records_refused = atomic_load(&c->backup.records_refused);
+    out->handovers_done = atomic_load(&c->mover.handovers_done);
+    out->copies_refused = atomic_load(&c->backup.copies_refused);
+    out->failovers = atomic_load(&c->ctl.failovers);
 }

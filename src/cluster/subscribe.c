@@ -60,6 +60,9 @@
 #include "drey/placement.h"
 #include "drey/watch.h"
 #include "internal.h"
+#include "peers.h"
+#include "subscribe.h"
+#include "table.h"
 
 #define SUBSCRIBE_PATH "/drey.internal.v1.Subscriber/Subscribe"
 /* How soon a table change reaches the watches, and their retries. */

@@ -18,6 +18,7 @@
 #include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/log.h"
 #include "internal.h"
+#include "table.h"
 
 struct topo_watcher {
     topo_watcher *next, *prev;
