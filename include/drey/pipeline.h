@@ -215,6 +215,23 @@ void drey_pipeline_drain_peers(drey_pipeline *p);
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,
                        const drey_method *method, const ProtobufCMessage *msg, const uint8_t *bytes, size_t len);
 
+/* A metadata header of a request a node sends (to a peer, or to itself). */
+typedef struct drey_request_header {
+    const char *key;
+    const char *value;
+    size_t len;
+} drey_request_header;
+
+/* This node calling its own chain in-process, as a peer would over the
+ * internal listener (src/pipeline/local.c): method m with the request's
+ * packed bytes and the forwarding headers a peer's call carries (self:
+ * this node's id, which the headers name in DREY_FORWARDED_BY). done runs
+ * once with the answer as a peer's would come, on whatever thread answers
+ * it; a request that does not decode is answered MALFORMED_REQUEST. */
+void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint8_t *bytes, size_t len,
+                              const char *self, const drey_request_header *headers, size_t n_headers,
+                              int64_t deadline_ns, void (*done)(void *arg, const drey_answer *a), void *arg);
+
 /* Runs r through the chain; it is answered through its door, now or later. */
 void drey_pipeline_submit(drey_pipeline *p, drey_request *r);
 

@@ -3,8 +3,8 @@
  * it holds.
  *
  * ListCaches, GetCacheStats and Clear go to every member (this node too,
- * through its own internal listener, so that each node's part runs the
- * same chain), each answering from its own store; the answers are combined
+ * in-process through its own chain, so that each node's part runs the same
+ * chain), each answering from its own store; the answers are combined
  * here: figures summed per cache, a Clear answered once every node has
  * cleared. A Clear is not atomic across nodes: a failure means some nodes
  * may have cleared their share, and a retry (with its request_id, each node
@@ -132,12 +132,19 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
     for (size_t i = 0; i < n; i++)
         f->slots[i].fan = f;
+    int64_t deadline = r->ops->deadline_mono_ns(r->door);
     for (size_t i = 0; i < n; i++) {
+        /* This node's own share through its own chain, in-process (never
+         * over its own TLS); the others' bounded by the caller's deadline,
+         * like GetMany's parts. */
+        if (t->self >= 0 && to[i] == &t->nodes[t->self] && c->opts.pipeline != NULL) {
+            drey_pipeline_call_local(c->opts.pipeline, r->method, r->bytes, r->len, c->opts.node_id, h, nh, deadline,
+                                     fan_done, &f->slots[i]);
+            continue;
+        }
         atomic_fetch_add(&c->route.forwarded, 1);
-        /* Bounded by the caller's deadline, like GetMany's parts. */
         drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to[i]->id, to[i]->internal, r->method->path,
-                                                             r->bytes, r->len, h, nh,
-                                                             r->ops->deadline_mono_ns(r->door), fan_done,
+                                                             r->bytes, r->len, h, nh, deadline, fan_done,
                                                              &f->slots[i]));
     }
     return DREY_STAGE_PARKED;

@@ -489,101 +489,35 @@ static bool confirm(mover *mv, uint64_t seq) {
 
 /* --- 5: the drop, a journaled write of this node ------------------------------------- */
 
-typedef struct local_door {
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    bool done, ok;
-    char error[128];
-    const char *self;
-} local_door;
-
-static void local_finish(local_door *d, bool ok, const char *error) {
-    pthread_mutex_lock(&d->mu);
-    d->ok = ok;
-    snprintf(d->error, sizeof d->error, "%s", error);
-    d->done = true;
-    pthread_cond_signal(&d->cond);
-    pthread_mutex_unlock(&d->mu);
-}
-
-static void local_reply(void *door, const ProtobufCMessage *response) {
-    (void)response;
-    local_finish(door, true, "");
-}
-
-static void local_fail(void *door, const drey_status *st) {
-    local_finish(door, false, drey_error_lookup(st->error)->reason);
-}
-
-static void local_relay(void *door, const drey_answer *a) {
-    local_finish(door, a->code == 0, "relayed");
-}
-
-/* The node calling itself: it is the peer its metadata names. */
-static const char *local_metadata(void *door, const char *key, size_t *len) {
-    local_door *d = door;
-    if (strcmp(key, DREY_FORWARDED_BY) != 0)
-        return NULL;
-    *len = strlen(d->self);
-    return d->self;
-}
-
-static const char *local_peer(void *door) {
-    (void)door;
-    return "node:self";
-}
-
-static int64_t local_deadline(void *door) {
-    (void)door;
-    return INT64_MAX;
-}
-
-static bool local_peer_is(void *door, const char *id, size_t len) {
-    local_door *d = door;
-    return strlen(d->self) == len && memcmp(d->self, id, len) == 0;
-}
-
-static const drey_request_ops local_ops = {
-    .reply = local_reply,
-    .fail = local_fail,
-    .relay = local_relay,
-    .metadata = local_metadata,
-    .peer = local_peer,
-    .deadline_mono_ns = local_deadline,
-    .peer_is = local_peer_is,
-};
-
+/* The Drop goes through this node's own chain, in-process, as a peer's
+ * would (journaled like any write); the table's check (backup.c) and the
+ * partition's imported epoch (src/partition) keep it off a copy that came
+ * back. */
 static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_DROP_PATH);
     if (m == NULL || c->opts.pipeline == NULL)
         return false;
-    local_door d = {.self = c->opts.node_id};
-    pthread_mutex_init(&d.mu, NULL);
-    pthread_cond_init(&d.cond, NULL);
-    drey_arena a;
-    drey_arena_init(&a, NULL, 0);
-    Drey__Internal__V1__DropRequest *req = drey_arena_alloc(&a, sizeof *req);
-    drey__internal__v1__drop_request__init(req);
-    req->partition = p;
-    req->partitions = c->n_parts;
-    req->epoch = epoch;
-    size_t len = drey__internal__v1__drop_request__get_packed_size(req);
-    uint8_t *bytes = drey_arena_alloc(&a, len ? len : 1);
-    drey__internal__v1__drop_request__pack(req, bytes);
-    drey_request *r = drey_arena_calloc(&a, sizeof *r);
-    drey_request_init(r, &local_ops, &d, &a, m, &req->base, bytes, len);
-    drey_pipeline_submit(c->opts.pipeline, r);
-    pthread_mutex_lock(&d.mu);
-    while (!d.done)
-        pthread_cond_wait(&d.cond, &d.mu); /* the journal answers every write */
-    pthread_mutex_unlock(&d.mu);
-    if (!d.ok)
+    Drey__Internal__V1__DropRequest req = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    req.partition = p;
+    req.partitions = c->n_parts;
+    req.epoch = epoch;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__drop_request__pack(&req, buf);
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    sync_call s = {.done = false};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    drey_pipeline_call_local(c->opts.pipeline, m, buf, len, c->opts.node_id, &h, 1, INT64_MAX, sync_done, &s);
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cond, &s.mu); /* the journal answers every write */
+    pthread_mutex_unlock(&s.mu);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cond);
+    if (s.code != 0)
         DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", d.error));
-    drey_arena_destroy(&a);
-    pthread_mutex_destroy(&d.mu);
-    pthread_cond_destroy(&d.cond);
-    return d.ok;
+                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
+    return s.code == 0;
 }
 
 /* --- one move ------------------------------------------------------------------------------ */

@@ -16,11 +16,7 @@ void drey_cluster__peers_destroy(drey_cluster__peers *p);
  * first call. false with a message in err if spec is malformed. */
 bool drey_cluster__peers_dial_via(drey_cluster__peers *p, const char *spec, char *err, size_t err_cap);
 
-typedef struct drey_cluster__header {
-    const char *key;
-    const char *value;
-    size_t len;
-} drey_cluster__header;
+typedef drey_request_header drey_cluster__header;
 
 /* A call in flight, for cancelling it. */
 typedef struct drey_cluster__pcall drey_cluster__pcall;
