@@ -85,6 +85,8 @@ typedef enum drey_error {
     DREY_ERR_STALE_EPOCH,
     DREY_ERR_OUT_OF_SEQUENCE,
     DREY_ERR_NOT_REPLICA,
+    DREY_ERR_NOT_PERMITTED,
+    DREY_ERR_TENANT_MEMORY_QUOTA,
     DREY_ERR_COUNT_
 } drey_error;
 
