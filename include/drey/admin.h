@@ -10,6 +10,7 @@
 
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/cluster.h"
 #include "drey/memory.h"
@@ -26,6 +27,7 @@ typedef struct drey_admin_options {
     drey_memory *memory;
     drey_bp *backpressure;    /* may be NULL */
     drey_store *store;
+    drey_authz *authz;        /* NULL: no policy (no authz section) */
 } drey_admin_options;
 
 /* A durable node's storage is set once recovery is done; until then Snapshot

@@ -147,7 +147,8 @@ bool drey_authz_has_tenants(drey_authz *a);
 
 /* A refusal: counted (drey_authz_denied_total{verb}), kept among the last
  * denials, and described in st: PERMISSION_DENIED NOT_PERMITTED with
- * ErrorInfo metadata verb, cache and method (never a key or a value). */
+ * ErrorInfo metadata verb, cache and method (never a key or a value).
+ * cache NULL: a node-wide call (""); "" is the default cache. */
 void drey_authz_deny(drey_authz *a, const char *principal, drey_authz_verb verb, const char *cache, size_t cache_len,
                      const char *method, drey_status *st);
 

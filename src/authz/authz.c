@@ -262,10 +262,10 @@ static void copy_field(char *dst, size_t cap, const char *s, size_t n) {
 
 void drey_authz_deny(drey_authz *a, const char *principal, drey_authz_verb verb, const char *cache, size_t cache_len,
                      const char *method, drey_status *st) {
-    if (cache == NULL || cache_len == 0) {
-        cache = verb == DREY_AUTHZ_ADMIN || verb == DREY_AUTHZ_METRICS ? "" : "default";
-        cache_len = strlen(cache);
-    }
+    if (cache == NULL) /* a node-wide call */
+        cache_len = 0, cache = "";
+    else if (cache_len == 0)
+        cache = "default", cache_len = 7;
     if (principal == NULL)
         principal = "";
     if (method == NULL)

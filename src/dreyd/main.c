@@ -24,6 +24,7 @@
 
 #include "drey/admin.h"
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/cache.h"
 #include "drey/clock.h"
@@ -150,6 +151,23 @@ static int64_t journal_horizon(void *ctx, int64_t now_ms) {
     return drey_journal_sweep_horizon(ctx, now_ms);
 }
 
+/* A token's grants, compiled once and kept with it by auth. */
+static void *grants_make(void *ctx, const char *claims, size_t len) {
+    return drey_authz_grants_for(ctx, claims, len);
+}
+
+static void grants_ref(void *g) {
+    drey_authz_grants_ref(g);
+}
+
+static void grants_unref(void *g) {
+    drey_authz_grants_unref(g);
+}
+
+static bool grants_current(void *ctx, const void *g) {
+    return drey_authz_current(ctx, g);
+}
+
 int main(int argc, char **argv, char **envp) {
     if (argc >= 2 && strcmp(argv[1], "storage") == 0)
         return drey_storage_tool(argc - 2, argv + 2, stdout, stderr);
@@ -254,6 +272,21 @@ int main(int argc, char **argv, char **envp) {
         }
         drey_auth_watch(auth, cfg.jwt_reload_interval_ms);
     }
+    drey_authz *authz = NULL;
+    if (cfg.authz_policy[0] != '\0') {
+        authz = drey_authz_create(cfg.authz_policy, err, sizeof err);
+        if (authz == NULL) {
+            DREY_LOG_ERROR("cannot load the authorization policy", DREY_LOG_STR("error", err));
+            drey_auth_destroy(auth);
+            drey_config_free(&cfg);
+            return 2;
+        }
+        drey_authz_watch(authz, cfg.authz_reload_interval_ms);
+        if (auth != NULL)
+            drey_auth_set_attach(auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref,
+                                                           .unref = grants_unref, .current = grants_current,
+                                                           .ctx = authz});
+    }
     drey_timers *timers = drey_timers_create();
     drey_bp_options bo = {
         .max_inflight = (uint32_t)cfg.max_inflight,
@@ -280,6 +313,7 @@ int main(int argc, char **argv, char **envp) {
     drey_metrics *metrics = drey_metrics_create();
     drey_ops *ops = NULL;
     drey_admin_options adm = {
+        .authz = authz,
         .durable = !cfg.ephemeral,
         .fsync_policy = cfg.fsync,
         .memory = memory,
@@ -316,6 +350,7 @@ int main(int argc, char **argv, char **envp) {
         .commit = commit,
         .auth = auth,
         .auth_required = auth != NULL,
+        .authz = authz,
         .backpressure = bp,
         .memory = memory,
         .metrics = metrics,
@@ -404,6 +439,8 @@ int main(int argc, char **argv, char **envp) {
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
+    if (authz != NULL)
+        drey_metrics_add_collector(metrics, drey_authz_collect_metrics, authz);
     drey_server_set_call_observer(server, observe_call, metrics);
     /* Health answers from the start; the node is SERVING once recovered. */
     drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
@@ -423,7 +460,8 @@ int main(int argc, char **argv, char **envp) {
     }
     int ops_port = 0;
     if (cfg.ops_listen[0] != '\0') {
-        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth};
+        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth,
+                               .authz = authz};
         ops = drey_ops_start(&oo, err, sizeof err);
         if (ops == NULL) {
             DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err));
@@ -505,9 +543,11 @@ int main(int argc, char **argv, char **envp) {
 
     int sig;
     while ((sig = wait_signal(&sigs, -1)) == SIGHUP) {
-        if (auth == NULL)
-            continue;
-        drey_auth_reload(auth, err, sizeof err); /* logs its outcome */
+        /* Each logs its outcome. */
+        if (auth != NULL)
+            drey_auth_reload(auth, err, sizeof err);
+        if (authz != NULL)
+            drey_authz_reload(authz, err, sizeof err);
     }
     /* A cluster node first hands its partitions to the others, serving
      * meanwhile: what it owns when it stops is unavailable until it comes
@@ -563,8 +603,9 @@ out:
     drey_timers_destroy(timers);
     if (auth != NULL) {
         drey_auth_stop_watch(auth);
-        drey_auth_destroy(auth);
+        drey_auth_destroy(auth); /* before authz: the token cache holds grants */
     }
+    drey_authz_destroy(authz);
     if (rc == 0)
         DREY_LOG_INFO("stopped");
     drey_config_free(&cfg);
