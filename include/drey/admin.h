@@ -18,6 +18,7 @@
 #include "drey/method.h"
 #include "drey/pipeline.h"
 #include "drey/storage.h"
+#include "drey/tenant.h"
 
 typedef struct drey_admin drey_admin;
 
@@ -28,6 +29,7 @@ typedef struct drey_admin_options {
     drey_bp *backpressure;    /* may be NULL */
     drey_store *store;
     drey_authz *authz;        /* NULL: no policy (no authz section) */
+    drey_tenants *tenants;    /* NULL: no tenants section */
 } drey_admin_options;
 
 /* A durable node's storage is set once recovery is done; until then Snapshot

@@ -142,8 +142,10 @@ drey_authz_grants *drey_authz_grants_for(drey_authz *a, const char *claims, size
 bool drey_authz_current(const drey_authz *a, const drey_authz_grants *g);
 /* The quota of a tenant under the current policy; -1: none. */
 int64_t drey_authz_tenant_limit(drey_authz *a, const char *tenant, size_t len);
-/* Whether the current policy names a tenant claim. */
+/* Whether the current policy names a tenant claim; its name into claim
+ * (cap bytes, NUL-terminated) when claim is not NULL. */
 bool drey_authz_has_tenants(drey_authz *a);
+bool drey_authz_tenant_claim(drey_authz *a, char *claim, size_t cap);
 
 /* A refusal: counted (drey_authz_denied_total{verb}), kept among the last
  * denials, and described in st: PERMISSION_DENIED NOT_PERMITTED with

@@ -56,6 +56,7 @@
 #include "drey/pipeline.h"
 #include "drey/server.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
 #include "drey/watch.h"
 
@@ -136,6 +137,12 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
 /* After drey_cluster_join: the node's Watch streams follow the partitions
  * they cover at their owners (src/cluster/subscribe.c; see watch.h). */
 void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w);
+
+/* After drey_cluster_join, before the node serves: tenants' quotas hold
+ * across the cluster (src/cluster/tenants.c gives the tenant module what it
+ * needs; the sharing is src/tenant/ledger.c). Stop it with
+ * drey_tenants_leave before the cluster leaves. 0, or -1 with err. */
+int drey_cluster_attach_tenants(drey_cluster *c, drey_tenants *t, char *err, size_t err_cap);
 
 /* drey.cluster.v1.Cluster/WatchTopology on the public server. */
 bool drey_cluster_register(drey_cluster *c, drey_server *s);

@@ -35,6 +35,7 @@
 #include "drey/metrics.h"
 #include "drey/server.h"
 #include "drey/status.h"
+#include "drey/tenant.h"
 
 typedef struct drey_pipeline drey_pipeline;
 
@@ -65,6 +66,8 @@ typedef struct drey_pipeline_options {
     /* NULL: no policy, every caller may do everything. Otherwise auth (if
      * any) must have its grants attached (drey_auth_set_attach). */
     drey_authz *authz;
+    /* Tenants' memory quotas (the policy's tenants section); NULL: none. */
+    drey_tenants *tenants;
     drey_bp *backpressure;   /* NULL: no runtime admission */
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
@@ -136,6 +139,13 @@ struct drey_request {
                               idempotency scope: jwt:{sub}, or "" when anonymous) */
     drey_authz_grants *grants; /* the caller's (a reference, let go as it is
                                   answered); NULL without a policy */
+    /* The tenant stage's: the write's tenant, the growth it reserved under
+     * the tenant's quota (released as it is answered), whether it already
+     * waited for a cluster's share of the quota. */
+    uint32_t tenant_id;
+    int64_t tenant_reserved;
+    bool tenant_waited;
+    int64_t tenant_evicted; /* bytes of the tenant's own entries it evicts for its quota */
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;

@@ -122,6 +122,35 @@ static char *rfc3339_ms(drey_arena *a, int64_t ms) {
     return drey_arena_strndup(a, full, strlen(full));
 }
 
+#define TOP_TENANTS 10
+
+static RD_(Tenants__Tenant) *tenant_msg(drey_arena *arena, const drey_tenant_stats *ts) {
+    RD_(Tenants__Tenant) *m = NEW(arena, RD_(Tenants__Tenant), drey__admin__v1__readiness_details__tenants__tenant__init);
+    m->tenant = drey_arena_strndup(arena, ts->tenant, strlen(ts->tenant));
+    m->used_bytes = ts->used_bytes;
+    m->limit_bytes = ts->limit_bytes;
+    m->cluster_used_bytes = ts->cluster_used_bytes;
+    m->granted_bytes = ts->granted_bytes;
+    m->refused_writes = ts->refused_writes;
+    return m;
+}
+
+static RD_(Tenants) *tenant_details(drey_tenants *t, drey_arena *arena) {
+    drey_tenant_stats *top = drey_arena_alloc(arena, TOP_TENANTS * sizeof *top);
+    drey_tenants_summary sum;
+    size_t n = drey_tenants_top(t, top, TOP_TENANTS, &sum);
+    RD_(Tenants) *m = NEW(arena, RD_(Tenants), drey__admin__v1__readiness_details__tenants__init);
+    m->tenants = (uint32_t)sum.tenants;
+    m->refused_writes = sum.refused_writes;
+    m->n_top = n;
+    m->top = drey_arena_alloc(arena, (n ? n : 1) * sizeof *m->top);
+    for (size_t i = 0; i < n; i++)
+        m->top[i] = tenant_msg(arena, &top[i]);
+    m->other = tenant_msg(arena, &sum.other);
+    m->other_tenants = (uint32_t)sum.other_tenants;
+    return m;
+}
+
 static RD_(Authz) *authz_details(drey_authz *z, drey_arena *arena) {
     drey_authz_stats *s = drey_arena_alloc(arena, sizeof *s);
     drey_authz_get_stats(z, s);
@@ -330,6 +359,12 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     d->backpressure = b;
     if (a->opts.authz != NULL)
         d->authz = authz_details(a->opts.authz, arena);
+    char claim[300];
+    if (a->opts.tenants != NULL && a->opts.authz != NULL &&
+        drey_authz_tenant_claim(a->opts.authz, claim, sizeof claim)) {
+        d->tenants = tenant_details(a->opts.tenants, arena);
+        d->tenants->claim = drey_arena_strndup(arena, claim, strlen(claim));
+    }
     return d;
 }
 

@@ -245,8 +245,14 @@ int64_t drey_authz_tenant_limit(drey_authz *a, const char *tenant, size_t len) {
 }
 
 bool drey_authz_has_tenants(drey_authz *a) {
+    return drey_authz_tenant_claim(a, NULL, 0);
+}
+
+bool drey_authz_tenant_claim(drey_authz *a, char *claim, size_t cap) {
     drey_authz_policy *p = current(a);
     bool yes = p->tenant_claim != NULL;
+    if (yes && claim != NULL && cap > 0)
+        snprintf(claim, cap, "%s", p->tenant_claim);
     drey_authz_policy_unref(p);
     return yes;
 }

@@ -44,6 +44,7 @@
 #include "drey/status.h"
 #include "drey/storage.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
 #include "drey/watch.h"
 
@@ -166,6 +167,10 @@ static void grants_unref(void *g) {
 
 static bool grants_current(void *ctx, const void *g) {
     return drey_authz_current(ctx, g);
+}
+
+static int64_t tenant_limit(void *ctx, const char *tenant, size_t len) {
+    return drey_authz_tenant_limit(ctx, tenant, len);
 }
 
 int main(int argc, char **argv, char **envp) {
@@ -306,6 +311,11 @@ int main(int argc, char **argv, char **envp) {
     drey_bp *bp = drey_bp_create(&bo, timers);
     drey_store *store = drey_store_create();
     drey_store_set_policy(store, eviction);
+    /* Always: entries keep their tenants through snapshots and the journal
+     * whether or not a policy names quotas now. */
+    drey_tenants *tenants = drey_tenants_create(store);
+    if (authz != NULL)
+        drey_tenants_set_limits(tenants, tenant_limit, authz);
     drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id, .max_caches = (uint32_t)cfg.max_caches};
     drey_memory *memory = drey_memory_create(&mo, store);
     drey_cache *cache = drey_cache_create(store);
@@ -314,6 +324,7 @@ int main(int argc, char **argv, char **envp) {
     drey_ops *ops = NULL;
     drey_admin_options adm = {
         .authz = authz,
+        .tenants = authz != NULL ? tenants : NULL,
         .durable = !cfg.ephemeral,
         .fsync_policy = cfg.fsync,
         .memory = memory,
@@ -351,6 +362,7 @@ int main(int argc, char **argv, char **envp) {
         .auth = auth,
         .auth_required = auth != NULL,
         .authz = authz,
+        .tenants = tenants,
         .backpressure = bp,
         .memory = memory,
         .metrics = metrics,
@@ -439,8 +451,10 @@ int main(int argc, char **argv, char **envp) {
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
-    if (authz != NULL)
+    if (authz != NULL) {
         drey_metrics_add_collector(metrics, drey_authz_collect_metrics, authz);
+        drey_metrics_add_collector(metrics, drey_tenants_collect_metrics, tenants);
+    }
     drey_server_set_call_observer(server, observe_call, metrics);
     /* Health answers from the start; the node is SERVING once recovered. */
     drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
@@ -524,6 +538,13 @@ int main(int argc, char **argv, char **envp) {
             drey_server_shutdown(internal, 0);
             goto out;
         }
+        if (authz != NULL && drey_cluster_attach_tenants(cluster, tenants, err, sizeof err) != 0) {
+            DREY_LOG_ERROR("cannot share tenants' quotas: the node will not start", DREY_LOG_STR("error", err));
+            rc = 1;
+            drey_server_shutdown(server, 0);
+            drey_server_shutdown(internal, 0);
+            goto out;
+        }
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
         if (drey_cluster_replication_factor(cluster) > 1)
             drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
@@ -570,7 +591,8 @@ int main(int argc, char **argv, char **envp) {
     }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
     /* Out of the membership first, so peers stop forwarding here; calls in
-     * flight still finish. */
+     * flight still finish. The quota ledger goes before the etcd client. */
+    drey_tenants_leave(tenants);
     drey_cluster_leave(cluster);
     /* Streams end now, or the server would wait for them until its timeout. */
     drey_watch_stop(watch);
@@ -588,6 +610,7 @@ out:
     drey_server_destroy(server);
     drey_server_destroy(internal);
     drey_watch_destroy(watch); /* after the server: its streams are over */
+    drey_tenants_leave(tenants); /* before the etcd client goes (a start that failed after joining) */
     drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
@@ -599,6 +622,7 @@ out:
     drey_metrics_destroy(metrics);
     drey_memory_destroy(memory);
     drey_store_destroy(store);
+    drey_tenants_destroy(tenants); /* the store no longer calls in */
     drey_bp_destroy(bp);
     drey_timers_destroy(timers);
     if (auth != NULL) {

@@ -110,6 +110,7 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
             .flags = spec->flags,
             .apply = spec->apply,
             .growth = spec->growth,
+            .tenant_growth = spec->tenant_growth,
             .versions_brought = spec->versions_brought,
             .handle = spec->handle,
             .ctx = ctx,

@@ -194,8 +194,11 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     int64_t others = growth > 0 && rep != NULL && rep->memory_room != NULL && drey_memory_evicts(o->memory)
                          ? rep->memory_room(rep->ctx, r)
                          : INT64_MAX;
-    if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), &r->evict_only, others, r->arena,
-                                   &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
+    /* The tenant stage may have chosen some of the tenant's own entries
+     * already (its quota): they count first. */
+    evicted_bytes = r->tenant_evicted;
+    if (drey_memory_admit_evicting_tenant(o->memory, growth, drey_wall_ms(), &r->evict_only, r->tenant_id, others,
+                                          r->arena, &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
         r->growth -= evicted_bytes; /* its backups evict the same entries */
         return DREY_STAGE_NEXT;
     }

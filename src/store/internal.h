@@ -29,6 +29,7 @@ typedef struct entry {
      * shard's read lock. Untouched when no policy is in force. */
     uint32_t access;
     uint32_t cache_id;     /* the cache slot the entry counts in (registry) */
+    uint32_t tenant;       /* whose write created or last replaced it; 0: nobody's */
     uint16_t key_len;
     uint8_t cache_len;
     uint8_t kind;          /* drey_value_kind */
@@ -118,6 +119,8 @@ struct drey_store {
     size_t pool_len;            /* sorted by score, ascending */
     /* Hears of changes (drey_store_set_observer); NULL: nobody. */
     _Atomic(const drey_store_observer *) observer;
+    /* Tenants' bytes and names (drey_store_set_tenants); account NULL: none. */
+    drey_store_tenants tenants;
 };
 
 cache_slot *drey_store__slot(drey_store *s, uint32_t id);
