@@ -40,6 +40,8 @@ typedef struct tenant {
     bool queued;           /* on the ledger's work list */
     bool release;          /* another node wants some: give back what is not used */
     int64_t reported;      /* the bytes this node last wrote to etcd */
+    int64_t due_ns;        /* on the work list: not before this (monotonic) */
+    int64_t starve_until_ns; /* waiters wait for others' releases until then; 0: none waiting */
     struct tenant *next_work;
 } tenant;
 

@@ -41,10 +41,15 @@
 #define REPORT_EVERY_NS (1000 * 1000000LL)
 #define ETCD_TIMEOUT_MS 2000
 #define TXN_ATTEMPTS 8
+/* A write that needs more than nobody holds waits this long at most for
+ * the other nodes to give back what they do not use, asking again every
+ * RETRY_NS (and at once when one of them changes the tenant's entry). */
+#define STARVE_NS (1000 * 1000000LL)
+#define RETRY_NS (25 * 1000000LL)
 /* What a node asks for beyond its need, so that a tenant writing steadily
- * does not ask etcd at every write: a sixteenth of the quota, at least
- * 64 KiB (never more than the quota lets). */
-#define CHUNK_MIN (64 * 1024)
+ * does not ask etcd at every write: a sixteenth of the quota (never more
+ * than the quota lets), at least a little. */
+#define CHUNK_MIN 4096
 /* What a node keeps beyond its bytes when it gives some back. */
 #define MARGIN_MIN 4096
 
@@ -66,16 +71,23 @@ static int64_t chunk_of(int64_t limit) {
     return c > CHUNK_MIN ? c : CHUNK_MIN;
 }
 
+
 static int64_t margin_of(int64_t limit) {
     int64_t m = limit / 64;
     return m > MARGIN_MIN ? m : MARGIN_MIN;
 }
 
-/* Under l->mu. */
-static void enqueue_locked(ledger *l, tenant *x) {
-    if (x->queued)
+/* On the work list from due_ns on (sooner if it is already on it for
+ * later). Under l->mu. */
+static void enqueue_at_locked(ledger *l, tenant *x, int64_t due_ns) {
+    if (x->queued) {
+        if (due_ns < x->due_ns)
+            x->due_ns = due_ns;
+        pthread_cond_signal(&l->cv);
         return;
+    }
     x->queued = true;
+    x->due_ns = due_ns;
     x->next_work = NULL;
     if (l->work_tail != NULL)
         l->work_tail->next_work = x;
@@ -83,6 +95,28 @@ static void enqueue_locked(ledger *l, tenant *x) {
         l->work_head = x;
     l->work_tail = x;
     pthread_cond_signal(&l->cv);
+}
+
+static void enqueue_locked(ledger *l, tenant *x) {
+    enqueue_at_locked(l, x, 0);
+}
+
+/* The first tenant due at now (unlinked), or NULL with *next the earliest
+ * due time. Under l->mu. */
+static tenant *take_due_locked(ledger *l, int64_t now, int64_t *next) {
+    for (tenant **pp = &l->work_head, *prev = NULL; *pp != NULL; prev = *pp, pp = &(*pp)->next_work) {
+        tenant *x = *pp;
+        if (x->due_ns <= now) {
+            *pp = x->next_work;
+            if (l->work_tail == x)
+                l->work_tail = prev;
+            x->queued = false;
+            return x;
+        }
+        if (*next == 0 || x->due_ns < *next)
+            *next = x->due_ns;
+    }
+    return NULL;
 }
 
 void drey_tenants__ledger_ask(drey_tenants *t, tenant *x, int64_t want, tenant_waiter *w) {
@@ -144,12 +178,14 @@ static char *key_of(ledger *l, const tenant *x) {
 /* --- one tenant's transaction ----------------------------------------------------- */
 
 /* Brings x's entry up to date: more when it wants more, less when another
- * node wants and it holds more than it uses, its bytes in any case. */
-static void settle(ledger *l, tenant *x, int64_t want, bool release) {
+ * node wants and it holds more than it uses, its bytes in any case.
+ * Returns how much of want it could not get (0: all of it). */
+static int64_t settle(ledger *l, tenant *x, int64_t want, bool release) {
     drey_tenants *t = l->t;
     int64_t limit = atomic_load(&x->limit);
+    int64_t short_of = want;
     if (limit < 0)
-        return; /* no quota seen: nothing to share */
+        return 0; /* no quota seen: nothing to share */
     char *key = key_of(l, x);
     for (int attempt = 0; attempt < TXN_ATTEMPTS; attempt++) {
         drey_arena a;
@@ -187,6 +223,7 @@ static void settle(ledger *l, tenant *x, int64_t want, bool release) {
             g += add;
             wants = add < want ? want - add : 0;
         }
+        short_of = wants;
         if (g > limit - others.g)
             g = limit - others.g > 0 ? limit - others.g : 0; /* a lowered quota */
         /* Lower here first: never admit against more than etcd holds. */
@@ -228,6 +265,7 @@ static void settle(ledger *l, tenant *x, int64_t want, bool release) {
         break;
     }
     free(key);
+    return short_of;
 }
 
 /* --- the thread ----------------------------------------------------------------------- */
@@ -264,6 +302,16 @@ static void report(ledger *l) {
     }
 }
 
+/* Resumes waiters (outside l->mu): they look again at the grant. */
+static void wake(tenant_waiter *waiters) {
+    while (waiters != NULL) {
+        tenant_waiter *w = waiters;
+        waiters = w->next;
+        w->resume(w->arg);
+        free(w);
+    }
+}
+
 static void *ledger_main(void *arg) {
     ledger *l = arg;
     pthread_mutex_lock(&l->mu);
@@ -281,30 +329,39 @@ static void *ledger_main(void *arg) {
             pthread_mutex_lock(&l->mu);
             l->next_report_ns = now + REPORT_EVERY_NS;
         }
-        tenant *x = l->work_head;
+        int64_t next = 0;
+        tenant *x = take_due_locked(l, now, &next);
         if (x == NULL) {
-            drey_cond_wait_until(&l->cv, &l->mu, l->next_owned_ns);
+            drey_cond_wait_until(&l->cv, &l->mu, next != 0 && next < l->next_owned_ns ? next : l->next_owned_ns);
             continue;
         }
-        l->work_head = x->next_work;
-        if (l->work_head == NULL)
-            l->work_tail = NULL;
-        x->queued = false;
         int64_t want = x->want;
         bool release = x->release;
         x->want = 0;
         x->release = false;
+        pthread_mutex_unlock(&l->mu);
+        int64_t short_of = settle(l, x, want, release);
+        pthread_mutex_lock(&l->mu);
+        now = drey_mono_ns();
+        if (short_of > 0 && x->waiters != NULL) {
+            /* Nobody holds what is missing: the others give back what they
+             * do not use (they saw "w"); ask again soon, and at once when
+             * one of them changes the entry. */
+            if (x->starve_until_ns == 0)
+                x->starve_until_ns = now + STARVE_NS;
+            if (now < x->starve_until_ns) {
+                if (want > x->want)
+                    x->want = want;
+                enqueue_at_locked(l, x, now + RETRY_NS);
+                continue;
+            }
+        }
+        /* Answered (or given up): the writes look again at the grant. */
+        x->starve_until_ns = 0;
         tenant_waiter *waiters = x->waiters;
         x->waiters = NULL;
         pthread_mutex_unlock(&l->mu);
-        settle(l, x, want, release);
-        /* Answered (or given up): the writes look again at the grant. */
-        while (waiters != NULL) {
-            tenant_waiter *w = waiters;
-            waiters = w->next;
-            w->resume(w->arg);
-            free(w);
-        }
+        wake(waiters);
         pthread_mutex_lock(&l->mu);
     }
     pthread_mutex_unlock(&l->mu);
@@ -336,6 +393,10 @@ static void on_events(void *user, Mvccpb__Event *const *events, size_t n) {
         uint32_t id = drey_tenants_intern(l->t, (const char *)kv->key.data + plen, kv->key.len - plen);
         tenant *x = drey_tenants__get(l->t, id);
         atomic_store(&x->others_used, others.u);
+        pthread_mutex_lock(&l->mu);
+        if (x->starve_until_ns != 0 && x->queued)
+            enqueue_locked(l, x); /* someone changed it: maybe gave some back */
+        pthread_mutex_unlock(&l->mu);
         int64_t limit = atomic_load(&x->limit);
         if (!someone_wants || limit < 0)
             continue;
