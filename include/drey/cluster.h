@@ -51,6 +51,7 @@
 #include <stdint.h>
 
 #include "drey/commit.h"
+#include "drey/etcd.h"
 #include "drey/method.h"
 #include "drey/metrics.h"
 #include "drey/pipeline.h"
@@ -64,6 +65,10 @@ typedef struct drey_cluster drey_cluster;
 
 typedef struct drey_cluster_options {
     const char *etcd;      /* etcd endpoints, comma-separated */
+    /* TLS to https:// endpoints and etcd's authentication (NULL or "":
+     * none); see include/drey/etcd.h. */
+    drey_etcd_tls etcd_tls;
+    const char *etcd_user, *etcd_password_file;
     const char *prefix;    /* where the cluster's keys live in etcd, e.g. "drey/" */
     const char *node_id;
     const char *advertise; /* host:port clients reach this node's public listener at */

@@ -114,8 +114,8 @@ static bool parse_u32(const char *s, uint32_t *out) {
 
 /* Writes the cluster's config once: the same values again are fine, others
  * are refused (the partition count is fixed for the cluster's life). */
-static int init_config(const char *etcd, const char *prefix, uint32_t partitions, uint32_t replication_factor,
-                      uint32_t initial_nodes, char *err, size_t cap) {
+static int init_config(const drey_etcd_options *etcd, const char *prefix, uint32_t partitions,
+                       uint32_t replication_factor, uint32_t initial_nodes, char *err, size_t cap) {
     if (partitions < 1 || partitions > 65536) {
         snprintf(err, cap, "--partitions must be 1 to 65536");
         return -1;
@@ -124,7 +124,7 @@ static int init_config(const char *etcd, const char *prefix, uint32_t partitions
         snprintf(err, cap, "--replication-factor must be 1 to 3");
         return -1;
     }
-    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, cap);
+    drey_etcd *e = drey_etcd_open(etcd, err, cap);
     if (e == NULL)
         return -1;
     Drey__Internal__V1__ClusterConfig cfg = DREY__INTERNAL__V1__CLUSTER_CONFIG__INIT;
@@ -148,7 +148,7 @@ static int init_config(const char *etcd, const char *prefix, uint32_t partitions
     drey_etcd_status st;
     int rc = -1;
     if (drey_etcd_txn_commit(e, &t, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
-        snprintf(err, cap, "cannot reach etcd at %s: %s", etcd, st.message);
+        snprintf(err, cap, "cannot reach etcd at %s: %s", etcd->endpoints, st.message);
     } else if (resp->succeeded) {
         rc = 0;
     } else if (resp->n_responses == 1 && resp->responses[0]->response_range != NULL &&
@@ -172,9 +172,9 @@ static int init_config(const char *etcd, const char *prefix, uint32_t partitions
     return rc;
 }
 
-static int status(const char *etcd, const char *prefix, const char *token) {
+static int status(const drey_etcd_options *etcd, const char *prefix, const char *token) {
     char err[256];
-    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, sizeof err);
+    drey_etcd *e = drey_etcd_open(etcd, err, sizeof err);
     if (e == NULL) {
         fprintf(stderr, "drey cluster: %s\n", err);
         return 2;
@@ -308,14 +308,27 @@ out:
     return rc;
 }
 
+/* --etcd-*, else the variable dreyd reads for the same setting (a pod's
+ * environment configures both), else none. */
+static const char *etcd_flag(int argc, char **argv, const char *name, const char *var) {
+    return flag_value(argc, argv, name, getenv(var));
+}
+
 int drey_cli_cluster(int argc, char **argv) {
-    static const char *const init_flags[] = {"etcd", "prefix", "partitions", "replication-factor", "initial-nodes",
-                                             NULL};
-    static const char *const status_flags[] = {"etcd", "prefix", "token", NULL};
+#define ETCD_FLAGS "etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password-file"
+    static const char *const init_flags[] = {ETCD_FLAGS, "prefix", "partitions", "replication-factor",
+                                             "initial-nodes", NULL};
+    static const char *const status_flags[] = {ETCD_FLAGS, "prefix", "token", NULL};
+#undef ETCD_FLAGS
     if (argc < 1 || (strcmp(argv[0], "init") != 0 && strcmp(argv[0], "status") != 0)) {
         fprintf(stderr, "usage: drey cluster init --etcd=URLS [--prefix=drey/] [--partitions=256] "
                         "[--replication-factor=2] [--initial-nodes=1]\n"
-                        "       drey cluster status --etcd=URLS [--prefix=drey/] [--token=JWT]\n");
+                        "       drey cluster status --etcd=URLS [--prefix=drey/] [--token=JWT]\n"
+                        "etcd over TLS and with its authentication (both commands):\n"
+                        "       [--etcd-ca=PEM] [--etcd-cert=PEM --etcd-key=PEM] "
+                        "[--etcd-user=NAME --etcd-password-file=FILE]\n"
+                        "       (or DREY_CLUSTER_ETCD, DREY_CLUSTER_ETCD_CA, DREY_CLUSTER_ETCD_CERT, "
+                        "DREY_CLUSTER_ETCD_KEY, DREY_CLUSTER_ETCD_USER, DREY_CLUSTER_ETCD_PASSWORD_FILE)\n");
         return 2;
     }
     bool init = strcmp(argv[0], "init") == 0;
@@ -326,12 +339,20 @@ int drey_cli_cluster(int argc, char **argv) {
         fprintf(stderr, "drey cluster: --etcd=URLS is required\n");
         return 2;
     }
+    drey_etcd_options eo = {
+        .endpoints = etcd,
+        .tls = {.ca_file = etcd_flag(argc - 1, argv + 1, "etcd-ca", "DREY_CLUSTER_ETCD_CA"),
+                .cert_file = etcd_flag(argc - 1, argv + 1, "etcd-cert", "DREY_CLUSTER_ETCD_CERT"),
+                .key_file = etcd_flag(argc - 1, argv + 1, "etcd-key", "DREY_CLUSTER_ETCD_KEY")},
+        .user = etcd_flag(argc - 1, argv + 1, "etcd-user", "DREY_CLUSTER_ETCD_USER"),
+        .password_file = etcd_flag(argc - 1, argv + 1, "etcd-password-file", "DREY_CLUSTER_ETCD_PASSWORD_FILE"),
+    };
     const char *prefix_flag = flag_value(argc - 1, argv + 1, "prefix", "drey/");
     size_t pl = strlen(prefix_flag);
     char prefix[256];
     snprintf(prefix, sizeof prefix, "%s%s", prefix_flag, pl > 0 && prefix_flag[pl - 1] == '/' ? "" : "/");
     if (!init)
-        return status(etcd, prefix, flag_value(argc - 1, argv + 1, "token", getenv("DREY_TOKEN")));
+        return status(&eo, prefix, flag_value(argc - 1, argv + 1, "token", getenv("DREY_TOKEN")));
     uint32_t partitions, rf, initial;
     if (!parse_u32(flag_value(argc - 1, argv + 1, "partitions", "256"), &partitions) ||
         !parse_u32(flag_value(argc - 1, argv + 1, "replication-factor", "2"), &rf) ||
@@ -340,7 +361,7 @@ int drey_cli_cluster(int argc, char **argv) {
         return 2;
     }
     char err[320];
-    if (init_config(etcd, prefix, partitions, rf, initial, err, sizeof err) != 0) {
+    if (init_config(&eo, prefix, partitions, rf, initial, err, sizeof err) != 0) {
         fprintf(stderr, "drey cluster init: %s\n", err);
         return 1;
     }

@@ -404,6 +404,10 @@ int main(int argc, char **argv, char **envp) {
         internal = drey_server_create(&io);
         drey_cluster_options co = {
             .etcd = cfg.cluster_etcd,
+            .etcd_tls = {.ca_file = cfg.cluster_etcd_ca, .cert_file = cfg.cluster_etcd_cert,
+                         .key_file = cfg.cluster_etcd_key},
+            .etcd_user = cfg.cluster_etcd_user,
+            .etcd_password_file = cfg.cluster_etcd_password_file,
             .prefix = cfg.cluster_prefix,
             .node_id = node_id,
             .lease_ttl_s = (cfg.cluster_lease_ttl_ms + 999) / 1000,
