@@ -27,6 +27,9 @@
 #include "cluster.h"
 #include "drain.h"
 #include "json.h"
+#include "ops.h"
+
+#include <jansson.h>
 
 enum {
     EXIT_OK = 0,
@@ -56,6 +59,7 @@ typedef struct cli {
     uint64_t if_version;
     value_kind kind;
     bool values;
+    const char *ops; /* --ops: readiness from the ops listener; NULL: $DREY_OPS_LISTEN or gRPC */
 } cli;
 
 typedef struct command {
@@ -408,6 +412,28 @@ static int cmd_snapshot(cli *c, char **args) {
  * so scripts can read either. */
 static int cmd_ready(cli *c, char **args) {
     (void)args;
+    char ops[300];
+    if (drey_cli_ops_address(c->ops, ops, sizeof ops)) {
+        /* The ops listener's document, from loopback: no token needed
+         * (inside a pod: kubectl exec ... drey ready). */
+        char *body, err[320];
+        size_t len;
+        int status = drey_cli_ops_get(ops, "/health/ready/details", &body, &len, err, sizeof err);
+        if (status != 200) {
+            if (status == 0)
+                fprintf(stderr, "drey: ready: %s\n", err);
+            else
+                fprintf(stderr, "drey: ready: %s answered HTTP %d: %s", ops, status, body);
+            free(body);
+            return EXIT_CALL_FAILED;
+        }
+        fwrite(body, 1, len, stdout);
+        json_t *doc = json_loadb(body, len, 0, NULL);
+        bool ready = json_is_true(json_object_get(doc, "ready"));
+        json_decref(doc);
+        free(body);
+        return ready ? EXIT_OK : EXIT_NEGATIVE;
+    }
     Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
     Drey__Admin__V1__ReadinessDetails *resp;
     if (!call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
@@ -533,6 +559,8 @@ static void usage(FILE *out) {
                  "  --addr=HOST:PORT  server address (default $DREY_ADDR, else 127.0.0.1:50051)\n"
                  "  --cache=NAME      cache (namespace); default: the server's default cache\n"
                  "  --token=JWT       bearer token sent with every call (default $DREY_TOKEN)\n"
+                 "  --ops=HOST:PORT   ready: read the ops listener's details from there instead (default\n"
+                 "                    $DREY_OPS_LISTEN, as in a pod: loopback needs no token)\n"
                  "  --timeout=D       deadline of the call (default 5s)\n\n"
                  "Commands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
@@ -559,7 +587,8 @@ typedef struct flag {
     bool set;
 } flag;
 
-enum { F_ADDR, F_CACHE, F_TOKEN, F_TIMEOUT, F_TTL, F_IF_VERSION, F_INT, F_JSON, F_FILE, F_VALUES, F_HELP, N_FLAGS };
+enum { F_ADDR, F_CACHE, F_TOKEN, F_TIMEOUT, F_TTL, F_IF_VERSION, F_INT, F_JSON, F_FILE, F_VALUES, F_HELP, F_OPS,
+       N_FLAGS };
 
 static int run(int argc, char **argv) {
     flag flags[N_FLAGS] = {
@@ -574,6 +603,7 @@ static int run(int argc, char **argv) {
         [F_FILE] = {"file", false, OPT_KIND, NULL, false},
         [F_VALUES] = {"values", false, OPT_VALUES, NULL, false},
         [F_HELP] = {"help", false, 0, NULL, false},
+        [F_OPS] = {"ops", true, 0, NULL, false},
     };
     char **pos = drey_xcalloc((size_t)argc + 1, sizeof *pos);
     int n_pos = 0;
@@ -662,6 +692,7 @@ static int run(int argc, char **argv) {
     c.values = flags[F_VALUES].set;
     if (flags[F_CACHE].set)
         c.cache = flags[F_CACHE].value;
+    c.ops = flags[F_OPS].set ? flags[F_OPS].value : NULL;
 
     const char *addr = flags[F_ADDR].set ? flags[F_ADDR].value : getenv("DREY_ADDR");
     const char *token = flags[F_TOKEN].set ? flags[F_TOKEN].value : getenv("DREY_TOKEN");
