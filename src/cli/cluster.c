@@ -327,8 +327,9 @@ int drey_cli_cluster(int argc, char **argv) {
                         "etcd over TLS and with its authentication (both commands):\n"
                         "       [--etcd-ca=PEM] [--etcd-cert=PEM --etcd-key=PEM] "
                         "[--etcd-user=NAME --etcd-password-file=FILE]\n"
-                        "       (or DREY_CLUSTER_ETCD, DREY_CLUSTER_ETCD_CA, DREY_CLUSTER_ETCD_CERT, "
-                        "DREY_CLUSTER_ETCD_KEY, DREY_CLUSTER_ETCD_USER, DREY_CLUSTER_ETCD_PASSWORD_FILE)\n");
+                        "       (or dreyd's variables, as a pod sets them: DREY_CLUSTER_ETCD, DREY_CLUSTER_PREFIX, "
+                        "DREY_CLUSTER_ETCD_CA, DREY_CLUSTER_ETCD_CERT, DREY_CLUSTER_ETCD_KEY, DREY_CLUSTER_ETCD_USER, "
+                        "DREY_CLUSTER_ETCD_PASSWORD_FILE)\n");
         return 2;
     }
     bool init = strcmp(argv[0], "init") == 0;
@@ -347,7 +348,9 @@ int drey_cli_cluster(int argc, char **argv) {
         .user = etcd_flag(argc - 1, argv + 1, "etcd-user", "DREY_CLUSTER_ETCD_USER"),
         .password_file = etcd_flag(argc - 1, argv + 1, "etcd-password-file", "DREY_CLUSTER_ETCD_PASSWORD_FILE"),
     };
-    const char *prefix_flag = flag_value(argc - 1, argv + 1, "prefix", "drey/");
+    const char *prefix_env = getenv("DREY_CLUSTER_PREFIX");
+    const char *prefix_flag =
+        flag_value(argc - 1, argv + 1, "prefix", prefix_env != NULL && prefix_env[0] != '\0' ? prefix_env : "drey/");
     size_t pl = strlen(prefix_flag);
     char prefix[256];
     snprintf(prefix, sizeof prefix, "%s%s", prefix_flag, pl > 0 && prefix_flag[pl - 1] == '/' ? "" : "/");
