@@ -35,6 +35,9 @@ typedef struct tenant {
      * said they use, and the ledger's own state under ledger->mu. */
     _Atomic int64_t granted;
     _Atomic int64_t others_used;
+    /* The ledger found nothing more to get (monotonic ns): until then a
+     * write beyond the grant is refused without asking etcd again. */
+    _Atomic int64_t exhausted_until_ns;
     tenant_waiter *waiters;
     int64_t want;          /* more bytes asked for (0: nothing asked) */
     bool queued;           /* on the ledger's work list */

@@ -46,6 +46,10 @@
  * RETRY_NS (and at once when one of them changes the tenant's entry). */
 #define STARVE_NS (1000 * 1000000LL)
 #define RETRY_NS (25 * 1000000LL)
+/* A tenant the ledger found no more room for: writes beyond the grant are
+ * refused without asking again for this long (or until another node
+ * changes the tenant's entry). */
+#define EXHAUSTED_NS (100 * 1000000LL)
 /* What a node asks for beyond its need, so that a tenant writing steadily
  * does not ask etcd at every write: a sixteenth of the quota (never more
  * than the quota lets), at least a little. */
@@ -179,11 +183,14 @@ static char *key_of(ledger *l, const tenant *x) {
 
 /* Brings x's entry up to date: more when it wants more, less when another
  * node wants and it holds more than it uses, its bytes in any case.
- * Returns how much of want it could not get (0: all of it). */
-static int64_t settle(ledger *l, tenant *x, int64_t want, bool release) {
+ * Returns how much of want it could not get (0: all of it); *others_slack
+ * is what the other nodes hold beyond the bytes they said they use (what
+ * waiting for them could bring). */
+static int64_t settle(ledger *l, tenant *x, int64_t want, bool release, int64_t *others_slack) {
     drey_tenants *t = l->t;
     int64_t limit = atomic_load(&x->limit);
     int64_t short_of = want;
+    *others_slack = 0;
     if (limit < 0)
         return 0; /* no quota seen: nothing to share */
     char *key = key_of(l, x);
@@ -224,6 +231,7 @@ static int64_t settle(ledger *l, tenant *x, int64_t want, bool release) {
             wants = add < want ? want - add : 0;
         }
         short_of = wants;
+        *others_slack = others.g - others.u;
         if (g > limit - others.g)
             g = limit - others.g > 0 ? limit - others.g : 0; /* a lowered quota */
         /* Lower here first: never admit against more than etcd holds. */
@@ -340,10 +348,13 @@ static void *ledger_main(void *arg) {
         x->want = 0;
         x->release = false;
         pthread_mutex_unlock(&l->mu);
-        int64_t short_of = settle(l, x, want, release);
+        int64_t slack;
+        int64_t short_of = settle(l, x, want, release, &slack);
         pthread_mutex_lock(&l->mu);
         now = drey_mono_ns();
-        if (short_of > 0 && x->waiters != NULL) {
+        /* Worth waiting only if the others hold enough they do not use:
+         * a tenant whose quota is used everywhere is refused at once. */
+        if (short_of > 0 && slack >= short_of && x->waiters != NULL) {
             /* Nobody holds what is missing: the others give back what they
              * do not use (they saw "w"); ask again soon, and at once when
              * one of them changes the entry. */
@@ -356,7 +367,11 @@ static void *ledger_main(void *arg) {
                 continue;
             }
         }
-        /* Answered (or given up): the writes look again at the grant. */
+        /* Answered (or given up): the writes look again at the grant. One
+         * that found nothing to get is not asked again for a moment: the
+         * writes of a tenant at its quota are refused without waiting. */
+        if (short_of > 0)
+            atomic_store(&x->exhausted_until_ns, now + EXHAUSTED_NS);
         x->starve_until_ns = 0;
         tenant_waiter *waiters = x->waiters;
         x->waiters = NULL;
@@ -397,6 +412,8 @@ static void on_events(void *user, Mvccpb__Event *const *events, size_t n) {
         if (x->starve_until_ns != 0 && x->queued)
             enqueue_locked(l, x); /* someone changed it: maybe gave some back */
         pthread_mutex_unlock(&l->mu);
+        if (others.g - others.u > 0)
+            atomic_store(&x->exhausted_until_ns, 0); /* someone holds room again: ask */
         int64_t limit = atomic_load(&x->limit);
         if (!someone_wants || limit < 0)
             continue;

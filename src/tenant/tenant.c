@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "drey/alloc.h"
+#include "drey/clock.h"
 #include "drey/log.h"
 #include "drey/metrics.h"
 #include "drey/placement.h"
@@ -212,7 +213,8 @@ drey_tenant_verdict drey_tenants_admit(drey_tenants *t, const drey_tenant_ask *a
         }
         out->used_bytes = used + pending + (shared ? atomic_load(&x->others_used) : 0);
         out->limit_bytes = a->limit_bytes;
-        if (shared && granted < a->limit_bytes && a->may_wait) {
+        if (shared && granted < a->limit_bytes && a->may_wait &&
+            drey_mono_ns() >= atomic_load(&x->exhausted_until_ns)) {
             tenant_waiter *w = drey_xcalloc(1, sizeof *w);
             w->resume = a->resume;
             w->arg = a->arg;
