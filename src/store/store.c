@@ -356,12 +356,12 @@ static entry **find_slot(shard *sh, const drey_key *k) {
 }
 
 static void view_of(const entry *e, drey_entry_view *v) {
-    v->value.kind = (drey_value_kind)e->kind;
+    v->value.kind = (drey_value_kind)drey_store__kind(e);
     v->value.data = e->data + e->cache_len + e->key_len;
     v->value.len = e->value_len;
     v->version = e->version;
     v->expires_at_ms = e->expires_at_ms;
-    v->tenant = e->tenant;
+    v->tenant = drey_store__tenant(e);
 }
 
 static void item_of(const entry *e, drey_store_item *it) {
@@ -370,7 +370,7 @@ static void item_of(const entry *e, drey_store_item *it) {
     it->key = (const char *)e->data + e->cache_len;
     it->key_len = e->key_len;
     view_of(e, &it->entry);
-    it->tenant = e->tenant;
+    it->tenant = it->entry.tenant;
 }
 
 static void resize(shard *sh, size_t nbuckets) {
@@ -394,8 +394,8 @@ static void resize(shard *sh, size_t nbuckets) {
 
 /* A tenant's entry's bytes: what its accountant hears. */
 static void tenant_account(drey_store *s, const entry *e, int64_t delta) {
-    if (e->tenant != 0 && s->tenants.account != NULL && delta != 0)
-        s->tenants.account(s->tenants.ctx, e->tenant, (const char *)e->data, e->cache_len,
+    if ((e->kind & ENTRY_TENANT) != 0 && s->tenants.account != NULL && delta != 0)
+        s->tenants.account(s->tenants.ctx, drey_store__tenant(e), (const char *)e->data, e->cache_len,
                            (const char *)e->data + e->cache_len, e->key_len, delta);
 }
 
@@ -488,7 +488,7 @@ static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) 
         .cache_len = e->cache_len,
         .key = (const char *)e->data + e->cache_len,
         .key_len = e->key_len,
-        .value = {.kind = (drey_value_kind)e->kind, .data = e->data + e->cache_len + e->key_len, .len = e->value_len},
+        .value = {.kind = (drey_value_kind)drey_store__kind(e), .data = e->data + e->cache_len + e->key_len, .len = e->value_len},
         .version = e->version,
         .expires_at_ms = e->expires_at_ms,
     };
@@ -590,22 +590,25 @@ void drey_store_reserve(drey_store *s, size_t n) {
     }
 }
 
-static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_at_ms, uint64_t version) {
-    entry *e = drey_xmalloc(offsetof(entry, data) + k->cache_len + k->key_len + v->len);
+static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_at_ms, uint64_t version,
+                        uint32_t tenant) {
+    size_t tail = tenant != 0 ? sizeof tenant : 0;
+    entry *e = drey_xmalloc(offsetof(entry, data) + k->cache_len + k->key_len + v->len + tail);
     e->version = version;
     e->expires_at_ms = expires_at_ms;
     e->hash = (uint32_t)k->hash;
     e->value_len = v->len;
     e->access = 0;
     e->cache_id = 0;
-    e->tenant = 0;
     e->key_len = (uint16_t)k->key_len;
     e->cache_len = (uint8_t)k->cache_len;
-    e->kind = (uint8_t)v->kind;
+    e->kind = (uint8_t)((uint8_t)v->kind | (tenant != 0 ? ENTRY_TENANT : 0));
     memcpy(e->data, k->cache, k->cache_len);
     memcpy(e->data + k->cache_len, k->key, k->key_len);
     if (v->len > 0)
         memcpy(e->data + k->cache_len + k->key_len, v->data, v->len);
+    if (tenant != 0)
+        memcpy(e->data + k->cache_len + k->key_len + v->len, &tenant, sizeof tenant);
     return e;
 }
 
@@ -613,8 +616,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
     shard *sh = shard_of(s, k.hash);
-    entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version);
-    e->tenant = item->tenant;
+    entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version, item->tenant);
     pthread_rwlock_wrlock(&sh->lock);
     e->cache_id = slot_for(s, k.cache, k.cache_len);
     e->access = drey_store__access_new(s, 0, false);
@@ -685,8 +687,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
                         uint64_t version) {
     drey_store *s = t->store;
     shard *sh = txn_shard(t, k);
-    entry *e = new_entry(k, v, expires_at_ms, version);
-    e->tenant = t->tenant;
+    entry *e = new_entry(k, v, expires_at_ms, version, t->tenant);
     entry **slot = find_slot(sh, k);
     entry *old = *slot;
     if (old != NULL && !retired(s, old)) {
@@ -697,7 +698,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
         e->next = old->next;
         *slot = e;
         track_expiry(s, sh, e, old->expires_at_ms, expires_at_ms);
-        if (old->tenant != e->tenant) {
+        if (drey_store__tenant(old) != t->tenant) {
             /* The entry changes hands: the old tenant's bytes go, the new
              * one's come (the totals see only the difference). */
             tenant_account(s, old, -(int64_t)entry_bytes(old));
@@ -817,7 +818,7 @@ size_t drey_store_entry_size_tenant(drey_store *s, const drey_key *k, int64_t no
     entry *e = *find_slot(sh, k);
     bool live = e != NULL && is_live(s, e, now_ms);
     size_t n = live ? entry_bytes(e) : 0;
-    *tenant = live ? e->tenant : 0;
+    *tenant = live ? drey_store__tenant(e) : 0;
     pthread_rwlock_unlock(&sh->lock);
     return n;
 }

@@ -99,7 +99,7 @@ class Node:
 def entry_bytes(cache, key, value_len):
     """drey_store_entry_bytes: the entry's allocation (header, cache, key,
     value) and its share of the bucket array."""
-    return 48 + len(cache) + len(key) + value_len + 8
+    return 44 + len(cache) + len(key) + value_len + 8
 
 
 class QuotaTest(DreyTestCase):
