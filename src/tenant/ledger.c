@@ -256,6 +256,7 @@ static int64_t settle(ledger *l, tenant *x, int64_t want, bool release, int64_t 
         drey_etcd_txn_put(&txn, DREY_ETCD_THEN, key, text, strlen(text), 0);
         Etcdserverpb__TxnResponse *tr = NULL;
         grpc_status_code code = drey_etcd_txn_commit(t->ledger->c.etcd, &txn, ETCD_TIMEOUT_MS, &a, &tr, &st);
+        bool succeeded = code == GRPC_STATUS_OK && tr->succeeded; /* tr lives in a */
         free(text);
         drey_arena_destroy(&a);
         if (code != GRPC_STATUS_OK) {
@@ -265,7 +266,7 @@ static int64_t settle(ledger *l, tenant *x, int64_t want, bool release, int64_t 
                           DREY_LOG_STR("error", st.message));
             break;
         }
-        if (!tr->succeeded)
+        if (!succeeded)
             continue; /* another node changed it meanwhile: read again */
         atomic_store(&x->granted, g);
         atomic_store(&x->others_used, others.u);
