@@ -149,7 +149,7 @@ static int64_t limit_of(void *ctx, const char *tenant, size_t len) {
 Test(tenant, the_top_and_one_other_row) {
     drey_tenants_set_limits(tenants, limit_of, NULL);
     for (int i = 0; i < 12; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "t%02d", i);
         put(drey_tenants_intern(tenants, name, 3), "c", name, (size_t)(100 * (i + 1)), 0);
     }
