@@ -83,6 +83,9 @@ typedef struct drey_apply {
      * cluster node's copy of a partition it does not own. NULL: all. */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *keep_ctx;
+    /* A write's tenant (drey_store_tenant_id): the entries it stores belong
+     * to it. 0: none. */
+    uint32_t tenant;
 } drey_apply;
 
 /* The next version for a write to give a key: ax's next reserved one, with
@@ -107,6 +110,10 @@ typedef struct drey_method_spec {
     /* Writes that can grow memory: the bytes the write would add to the
      * store's accounting (new size - old size) if applied now. */
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    /* The same for one tenant: what its entries would grow by (new entries
+     * less the tenant's own entries they replace; another tenant's entry
+     * replaced is not the writer's to count). Writes with growth have it. */
+    int64_t (*tenant_growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms, uint32_t tenant);
     /* Writes that bring versions of their own (entries moving in): the
      * highest. The store's counter is raised to it as the write is ordered,
      * not only as it applies, so that a write ordered after it (whose
@@ -125,6 +132,7 @@ typedef struct drey_method {
     drey_method_route route;
     ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    int64_t (*tenant_growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms, uint32_t tenant);
     uint64_t (*versions_brought)(const ProtobufCMessage *request);
     void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
     void *ctx;                             /* given to drey_method_table_add_service */

@@ -1,8 +1,8 @@
 /*
  * pipeline — the request chain every unary request passes.
  *
- *   ready -> validate -> principal -> backpressure -> idempotency
- *         -> memory -> journal -> apply
+ *   ready -> validate -> principal -> backpressure -> authz -> route
+ *         -> idempotency -> tenant -> memory -> journal -> apply
  *
  * The chain is a table of stages (src/pipeline/pipeline.c), read top to
  * bottom. A stage passes the request on, rejects it with a status (nothing
@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/commit.h"
 #include "drey/journal.h"
@@ -34,6 +35,7 @@
 #include "drey/metrics.h"
 #include "drey/server.h"
 #include "drey/status.h"
+#include "drey/tenant.h"
 
 typedef struct drey_pipeline drey_pipeline;
 
@@ -61,6 +63,11 @@ typedef struct drey_pipeline_options {
     drey_commit *commit;     /* applies writes (idempotency, then the method) */
     drey_auth *auth;         /* NULL: no keys; a request with a token is refused */
     bool auth_required;      /* a request without a token is refused */
+    /* NULL: no policy, every caller may do everything. Otherwise auth (if
+     * any) must have its grants attached (drey_auth_set_attach). */
+    drey_authz *authz;
+    /* Tenants' memory quotas (the policy's tenants section); NULL: none. */
+    drey_tenants *tenants;
     drey_bp *backpressure;   /* NULL: no runtime admission */
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
@@ -130,6 +137,15 @@ struct drey_request {
     const char *forwarded_by; /* the node that forwarded it; NULL: a client's */
     drey_write write;      /* writes: what commit applies (its principal is the
                               idempotency scope: jwt:{sub}, or "" when anonymous) */
+    drey_authz_grants *grants; /* the caller's (a reference, let go as it is
+                                  answered); NULL without a policy */
+    /* The tenant stage's: the write's tenant, the growth it reserved under
+     * the tenant's quota (released as it is answered), whether it already
+     * waited for a cluster's share of the quota. */
+    uint32_t tenant_id;
+    int64_t tenant_reserved;
+    bool tenant_waited;
+    int64_t tenant_evicted; /* bytes of the tenant's own entries it evicts for its quota */
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;

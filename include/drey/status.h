@@ -88,6 +88,8 @@ typedef enum drey_error {
     DREY_ERR_IN_SYNC_COPY,
     DREY_ERR_COPY_NOT_PLANNED,
     DREY_ERR_NOT_CAUGHT_UP,
+    DREY_ERR_NOT_PERMITTED,
+    DREY_ERR_TENANT_MEMORY_QUOTA,
     DREY_ERR_COUNT_
 } drey_error;
 

@@ -37,6 +37,7 @@
 #include "drey/version.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "json.h"
+#include "ops.h"
 #include "pbdyn.h"
 #include "refl.h"
 
@@ -76,7 +77,14 @@ static const option options[] = {
     {"values", 0, true, NULL, "include values"},
     {"prefix", 0, false, "P", "keys starting with P (watch); the cluster's prefix in etcd (cluster: default drey/)"},
     {"count", 0, false, "N", "stop after N events"},
-    {"etcd", 0, false, "URLS", "etcd endpoints, comma-separated http://host:port"},
+    {"etcd", 0, false, "URLS", "etcd endpoints, comma-separated http(s)://host:port (default $DREY_CLUSTER_ETCD)"},
+    {"etcd-ca", 0, false, "FILE", "PEM CA of etcd's https endpoints (default $DREY_CLUSTER_ETCD_CA)"},
+    {"etcd-cert", 0, false, "FILE", "PEM client certificate for etcd (default $DREY_CLUSTER_ETCD_CERT)"},
+    {"etcd-key", 0, false, "FILE", "PEM key of --etcd-cert (default $DREY_CLUSTER_ETCD_KEY)"},
+    {"etcd-user", 0, false, "NAME", "etcd user, with --etcd-password-file (default $DREY_CLUSTER_ETCD_USER)"},
+    {"etcd-password-file", 0, false, "FILE", "the etcd user's password (default $DREY_CLUSTER_ETCD_PASSWORD_FILE)"},
+    {"ops", 0, false, "HOST:PORT", "dreyd's ops listener (default $DREY_OPS_LISTEN): ready reads its details there (no "
+                                   "token from loopback); drain is done once it closes"},
     {"partitions", 0, true, "[N]", "cluster init: partition count (default 256); cluster status: list every partition"},
     {"replication-factor", 0, false, "N", "copies of each partition, 1 to 3 (default 2)"},
     {"initial-nodes", 0, false, "N", "members the controller waits for before the first assignment (default 1)"},
@@ -921,33 +929,65 @@ static void flatten(drey_out *o, const char *path, json_t *v) {
 
 /* The document GET /health/ready/details serves (-o json: the same bytes'
  * schema); text and table: one field per line. */
-static int cmd_ready(drey_cli *c, char **a) {
-    (void)a;
+/* The readiness document: over gRPC, or (--ops, $DREY_OPS_LISTEN) the
+ * same document from the ops listener, which needs no token from loopback
+ * (inside a pod: kubectl exec ... drey ready). NULL, and *rc, if neither
+ * answered; else malloc'd JSON text. */
+static char *readiness_text(drey_cli *c, int *rc) {
+    char ops[300];
+    if (drey_cli_ops_address(drey_cli_opt(c, "ops"), ops, sizeof ops)) {
+        char *body, err[320];
+        size_t len;
+        int status = drey_cli_ops_get(ops, "/health/ready/details", &body, &len, err, sizeof err);
+        if (status == 200 || status == 503)
+            return body;
+        if (status == 0)
+            fprintf(stderr, "drey: ready: %s\n", err);
+        else
+            fprintf(stderr, "drey: ready: the ops listener at %s answered HTTP %d\n", ops, status);
+        free(status != 0 ? body : NULL);
+        *rc = DREY_EXIT_FAILED;
+        return NULL;
+    }
     Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
     Drey__Admin__V1__ReadinessDetails *r;
-    int rc;
     if (!call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
-              &r, &rc))
+              &r, rc))
+        return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    drey_pbjson_write(m, &r->base);
+    fclose(m);
+    return text;
+}
+
+static int cmd_ready(drey_cli *c, char **a) {
+    (void)a;
+    int rc;
+    char *text = readiness_text(c, &rc);
+    if (text == NULL)
         return rc;
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        fprintf(stderr, "drey: ready: the details are not JSON\n");
+        return DREY_EXIT_FAILED;
+    }
+    bool ready = json_is_true(json_object_get(doc, "ready"));
     if (c->format == DREY_OUT_JSON) {
-        drey_pbjson_write(stdout, &r->base);
-        putchar('\n');
+        char *one = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        puts(one);
+        free(one);
     } else {
-        char *text = NULL;
-        size_t len = 0;
-        FILE *m = open_memstream(&text, &len);
-        drey_pbjson_write(m, &r->base);
-        fclose(m);
-        json_t *doc = json_loads(text, 0, NULL);
-        free(text);
         static const char *const cols[] = {"field", "value", NULL};
         drey_out o;
         drey_out_begin(&o, c->format, stdout, cols);
         flatten(&o, "", doc);
         drey_out_flush(&o);
-        json_decref(doc);
     }
-    return r->ready ? DREY_EXIT_OK : DREY_EXIT_NEGATIVE;
+    json_decref(doc);
+    return ready ? DREY_EXIT_OK : DREY_EXIT_NEGATIVE;
 }
 
 /* --- watch ------------------------------------------------------------------------- */
@@ -1775,20 +1815,24 @@ static const command commands[] = {
      "operations from standard input, one a line (get, set, add, rm, del, mget, exists, incr, expire, persist, ttl), "
      "sent on one Pipeline stream; answers in order"},
     {"health", NULL, 0, 1, "", true, cmd_health, "health [SERVICE]", "grpc.health.v1 Check (exit 3: not SERVING)"},
-    {"ready", NULL, 0, 0, "", true, cmd_ready, "ready", "readiness details, one field a line (exit 3: not ready)"},
+    {"ready", NULL, 0, 0, "ops", true, cmd_ready, "ready [--ops HOST:PORT]",
+     "readiness details, one field a line (exit 3: not ready); from the ops listener with --ops"},
     {"snapshot", NULL, 0, 0, "", true, cmd_snapshot, "snapshot", "write a snapshot now and compact the journal"},
     {"call", NULL, 1, 2, "stdin", true, cmd_call, "call SERVICE/METHOD [JSON|-] [--stdin]",
      "call any method through server reflection; request and answers in JSON"},
     {"list", NULL, 0, 1, "", true, cmd_list, "list [SERVICE]", "the services the node serves, or a service's methods"},
     {"describe", NULL, 1, 1, "", true, cmd_describe, "describe SYMBOL", "a service, message or enum, as reflection has it"},
-    {"cluster", "status", 0, 0, "etcd prefix partitions", true, drey_cli_cluster_status,
+    {"cluster", "status", 0, 0, "etcd etcd-ca etcd-cert etcd-key etcd-user etcd-password-file prefix partitions", true,
+     drey_cli_cluster_status,
      "cluster status [--etcd URLS] [--partitions]",
      "members, partitions and moves, from any node (--addr) or from etcd (--etcd)"},
-    {"cluster", "init", 0, 0, "etcd prefix partitions replication-factor initial-nodes", false, drey_cli_cluster_init,
+    {"cluster", "init", 0, 0, "etcd etcd-ca etcd-cert etcd-key etcd-user etcd-password-file prefix partitions replication-factor initial-nodes",
+     false, drey_cli_cluster_init,
      "cluster init --etcd URLS [--partitions N] [--replication-factor N] [--initial-nodes N]",
      "create a cluster's config in etcd (once; the same again is fine)"},
-    {"drain", NULL, 0, 0, "pid pid-file wait", false, drey_cli_drain, "drain [--pid N | --pid-file F] [--wait D]",
-     "SIGTERM dreyd and wait until it has exited (a preStop hook)"},
+    {"drain", NULL, 0, 0, "pid pid-file wait ops", false, drey_cli_drain,
+     "drain [--pid N | --pid-file F] [--wait D] [--ops HOST:PORT]",
+     "SIGTERM dreyd and wait until it has drained: exited, or closed its ops listener (a preStop hook)"},
     {"version", NULL, 0, 0, "", false, cmd_version, "version", "this drey's version, git revision and build"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -190,13 +190,15 @@ typedef struct chunk {
     size_t n_entries, n_removed, cap_entries, cap_removed;
     size_t bytes;
     uint32_t partition, n_parts;
+    drey_store *store; /* names the entries' tenants */
 } chunk;
 
-static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts) {
+static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts, drey_store *store) {
     memset(ch, 0, sizeof *ch);
     drey_arena_init(&ch->arena, NULL, 0);
     ch->partition = partition;
     ch->n_parts = n_parts;
+    ch->store = store;
 }
 
 static Drey__Internal__V1__MovedEntry *push(chunk *ch, bool removed, const char *cache, size_t cache_len,
@@ -229,14 +231,17 @@ static void push_entry(chunk *ch, const char *cache, size_t cache_len, const cha
     e->value = (ProtobufCBinaryData){.len = v->value.len, .data = value};
     e->version = v->version;
     e->expires_at_ms = v->expires_at_ms;
-    ch->bytes += v->value.len;
+    size_t tenant_len;
+    const char *tenant = drey_store_tenant_name(ch->store, v->tenant, &tenant_len);
+    e->tenant = drey_arena_strndup(&ch->arena, tenant, tenant_len); /* its tenant's on the new copy too */
+    ch->bytes += v->value.len + tenant_len;
 }
 
 static void chunk_reset(chunk *ch) {
     free(ch->entries);
     free(ch->removed);
     drey_arena_destroy(&ch->arena);
-    chunk_init(ch, ch->partition, ch->n_parts);
+    chunk_init(ch, ch->partition, ch->n_parts, ch->store);
 }
 
 static void chunk_destroy(chunk *ch) {
@@ -278,7 +283,7 @@ static void export_item(void *arg, const drey_store_item *it) {
 static bool copy(mover *mv) {
     drey_cluster *c = mv->c;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
     bool ok = true, first = true;
     for (size_t sh = 0; sh < DREY_STORE_SHARDS && ok; sh++) {
         drey_store_walk_shard(c->opts.store, sh, drey_wall_ms(), export_item, &ch);
@@ -306,7 +311,7 @@ static void read_dirty(void *arg, const drey_entry_view *v) {
 static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     drey_cluster *c = mv->c;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
     bool ok = true;
     for (drey_cluster__dirty *d = list; d != NULL && ok; d = d->next) {
         drey_key k;

@@ -342,7 +342,11 @@ out:
 }
 
 int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
-    c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd}, err, cap);
+    c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd,
+                                                  .tls = c->opts.etcd_tls,
+                                                  .user = c->opts.etcd_user,
+                                                  .password_file = c->opts.etcd_password_file},
+                             err, cap);
     if (c->etcd == NULL || !check_config(c, err, cap))
         return -1;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);

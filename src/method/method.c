@@ -111,6 +111,7 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
             .route = spec->route,
             .apply = spec->apply,
             .growth = spec->growth,
+            .tenant_growth = spec->tenant_growth,
             .versions_brought = spec->versions_brought,
             .handle = spec->handle,
             .ctx = ctx,

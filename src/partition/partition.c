@@ -162,6 +162,7 @@ static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufC
         drey_value v = {.kind = (drey_value_kind)e->kind, .data = bytes_of(&e->value), .len = (uint32_t)e->value.len};
         drey_store_txn t;
         drey_store_txn_begin(s, &t, &k, 1);
+        t.tenant = drey_store_tenant_id(s, e->tenant, strlen(e->tenant)); /* as it was on the old copy */
         drey_store_txn_put(&t, &k, &v, e->expires_at_ms, e->version);
         drey_store_txn_end(&t);
     }

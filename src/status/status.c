@@ -94,6 +94,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(NODE_WATCH_LIMIT, "NODE_WATCH_LIMIT", "the node has as many Watch streams open as it may (--max-watches)"),
     QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
           "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
+    QUOTA(TENANT_MEMORY_QUOTA, "TENANT_MEMORY_QUOTA",
+          "the write would take its tenant's entries past the tenant's memory quota (tenants.maxBytes)"),
 #undef QUOTA
     [DREY_ERR_CROSS_PARTITION] = {DREY_ERR_CROSS_PARTITION, GRPC_STATUS_INVALID_ARGUMENT, "CROSS_PARTITION",
                                   "the entries of an atomic batch must share a partition (use one {hash tag})"},
@@ -139,6 +141,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     [DREY_ERR_NOT_CAUGHT_UP] = {DREY_ERR_NOT_CAUGHT_UP, GRPC_STATUS_FAILED_PRECONDITION, "NOT_CAUGHT_UP",
                                 "this backup has not applied every write of the partition up to the sequence asked "
                                 "(or its table is older than the epoch): ask again"},
+    [DREY_ERR_NOT_PERMITTED] = {DREY_ERR_NOT_PERMITTED, GRPC_STATUS_PERMISSION_DENIED, "NOT_PERMITTED",
+                                "the caller's roles do not grant this verb on this cache and every key the "
+                                "request names (--authz-policy)"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 

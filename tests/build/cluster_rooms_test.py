@@ -31,7 +31,7 @@ HEADER_OF = {  # a room's files and its header
     "controller.h": ("controller.c",),
     "plan.h": ("plan.c",),
     "subscribe.h": ("subscribe.c",),
-    "internal.h": ("cluster.c", "status.c"),  # the lifecycle and the report: the top
+    "internal.h": ("cluster.c", "status.c", "tenants.c"),  # the lifecycle, the report, the tenants' hook: the top
 }
 SHARED = {"internal.h", "partition.h", "peers.h"}
 

@@ -24,7 +24,7 @@ here=$top/tests/fuzz
 work=${DREY_FUZZ_DIR:-$top/.fuzz}
 cd "$top"
 
-targets_all=(request journal recover snapshot token keys ops config status)
+targets_all=(request journal recover snapshot token keys ops config status authz)
 
 # What each target is for: the sources its coverage is reported over.
 declare -A aims=(
@@ -37,11 +37,12 @@ declare -A aims=(
   [ops]="src/ops/ops.c src/ops/json.c"
   [config]="src/config/config.c"
   [status]="src/client/status.c"
+  [authz]="src/authz/policy.c src/authz/grants.c"
 )
 # Longest input tried (bytes).
 declare -A max_len=(
   [request]=4096 [journal]=4096 [recover]=16384 [snapshot]=8192 [token]=4096 [keys]=8192 [ops]=2048 [config]=1024
-  [status]=2048
+  [status]=2048 [authz]=8192
 )
 
 say() { printf 'fuzz.sh: %s\n' "$*" >&2; }

@@ -162,9 +162,12 @@ class EndpointsTest(OpsCase):
             self.cache.Get(self.pb.cache.GetRequest(key="k"), timeout=RPC_TIMEOUT)
         d = self.get_details()
         want = expected_shape(admin_pb2().ReadinessDetails.DESCRIPTOR)
-        # A single node has no cluster section (test_cluster checks it there).
-        self.assertIsNone(d.pop("cluster"))
-        del want["cluster"]
+        # A single node has no cluster section (test_cluster checks it there),
+        # and a node without --authz-policy no authz or tenants section
+        # (test_authz and test_tenant_quota check them).
+        for section in ("cluster", "authz", "tenants"):
+            self.assertIsNone(d.pop(section), section)
+            del want[section]
 
         def check(obj, shape, where):
             self.assertIsInstance(obj, dict, where)
