@@ -279,9 +279,6 @@ func TestServiceConfigPushback(t *testing.T) {
 	if d.errorInfo == nil || d.errorInfo.Reason != "NODE_RATE_LIMIT" {
 		t.Fatalf("not the rate limit's refusal: %v", d.st.Proto())
 	}
-	if short.Err() != nil {
-		t.Fatalf("the call waited out its deadline")
-	}
 	// With time left it is retried until the bucket has a token again: the
 	// node refused it first.
 	refused := requestsTotal(t, s, "Get", "RESOURCE_EXHAUSTED")
