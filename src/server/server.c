@@ -267,7 +267,7 @@ static bool retry_outlives_deadline(const drey_call *c, int64_t retry_delay_ms) 
     if (retry_delay_ms < 0)
         return false;
     int64_t deadline = drey_call_deadline_mono_ns(c);
-    return deadline != INT64_MAX && deadline - drey_mono_ns() < retry_delay_ms * 1000000;
+    return deadline != INT64_MAX && (deadline - drey_mono_ns()) / 1000000 < retry_delay_ms;
 }
 
 /* The trailers of a failed call: its google.rpc.Status details, and

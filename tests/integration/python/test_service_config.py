@@ -223,6 +223,11 @@ class Pushback(DreyTestCase):
             self.assertEqual(f.reason, "NODE_RATE_LIMIT", f)
             self.assertGreater(f.retry_info.retry_delay.ToMilliseconds(), 300)
             self.assertEqual(trailer(f, PUSHBACK), pushback, timeout)
+        # No RetryInfo, no pushback, however short the deadline.
+        with self.assertRaises(grpc.RpcError) as e:
+            plain.Get(pb.GetRequest(key=""), timeout=0.3)
+        f = RpcFailure(e.exception)
+        self.assertEqual((f.reason, f.retry_info, trailer(f, PUSHBACK)), ("INVALID_KEY", None, []), f)
         # grpcio with the config: gives up at once with the refusal (its
         # backoff, 0.4 s at least, would have ended DEADLINE_EXCEEDED) ...
         with self.assertRaises(grpc.RpcError) as e:
