@@ -266,13 +266,16 @@ func TestServiceConfigPushback(t *testing.T) {
 	retrying := dialAll(t, serviceConfig(t, defaultConfig), s.Addr)
 	plain := s.cache()
 	get := &cachev1.GetRequest{Key: key("k")}
-	if _, err := plain.Get(ctx(t), get); err != nil { // the bucket's one token
-		t.Fatal(err)
-	}
-	// The refusal asks for about a second, the call has 300 ms: drey says
-	// grpc-retry-pushback-ms: -1 and grpc-go gives up at once with it (its
-	// backoff would have ended DEADLINE_EXCEEDED).
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Until a call is admitted: the next token comes a second later, so a
+	// call made now is refused with a RetryInfo of nearly 1 s.
+	pollUntil(t, "a call admitted", callTimeout, func() (bool, string) {
+		_, err := plain.Get(ctx(t), get)
+		return err == nil, fmt.Sprint(err)
+	})
+	// The call has 700 ms: drey says grpc-retry-pushback-ms: -1 and grpc-go
+	// gives up at once with the refusal (its backoff could have waited out
+	// the deadline).
+	short, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	_, err := retrying.Get(short, get)
 	d := statusOf(t, err, codes.ResourceExhausted)

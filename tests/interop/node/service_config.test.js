@@ -17,7 +17,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { test } = require('node:test');
 const {
-  loadApi, startServer, unary, rejects, statusDetails, uniqueKey, grpc,
+  loadApi, startServer, unary, rejects, statusDetails, pollUntil, uniqueKey, grpc,
 } = require('./drey');
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
@@ -141,16 +141,25 @@ test('a retry that would outlive the deadline is stopped by the pushback', async
     const plain = client(server.address, null);
     const retrying = client(server.address, DEFAULT);
     const key = uniqueKey('k');
-    await unary(plain, 'Get', { key }); // the bucket's one token
-    // The refusal asks for about a second, the call has 300 ms: drey says
-    // grpc-retry-pushback-ms: -1 ...
-    let err = await rejects(unary(plain, 'Get', { key }, 300), grpc.status.RESOURCE_EXHAUSTED);
+    // Until a call is admitted: the next token comes a second later, so a
+    // call made now is refused with a RetryInfo of nearly 1 s.
+    const spendTheToken = () => pollUntil(
+      () => unary(plain, 'Get', { key }).then(() => true, (err) => {
+        assert.equal(statusDetails(err).errorInfo.reason, 'NODE_RATE_LIMIT');
+        return false;
+      }),
+      (ok) => ok, { what: 'a call admitted' });
+    // The call has 700 ms: drey says grpc-retry-pushback-ms: -1 ...
+    await spendTheToken();
+    let err = await rejects(unary(plain, 'Get', { key }, 700), grpc.status.RESOURCE_EXHAUSTED);
     assert.deepEqual(err.metadata.get('grpc-retry-pushback-ms'), ['-1']);
+    await spendTheToken();
     err = await rejects(unary(plain, 'Get', { key }), grpc.status.RESOURCE_EXHAUSTED);
     assert.deepEqual(err.metadata.get('grpc-retry-pushback-ms'), []);
     // ... and grpc-js gives up at once with the refusal (its backoff would
-    // have ended DEADLINE_EXCEEDED) ...
-    err = await rejects(unary(retrying, 'Get', { key }, 300), grpc.status.RESOURCE_EXHAUSTED);
+    // have waited out the deadline) ...
+    await spendTheToken();
+    err = await rejects(unary(retrying, 'Get', { key }, 700), grpc.status.RESOURCE_EXHAUSTED);
     assert.equal(statusDetails(err).errorInfo.reason, 'NODE_RATE_LIMIT');
     // ... and with time left retries until the bucket has a token again.
     const refused = await refusedGets(server);
