@@ -303,3 +303,26 @@ void drey_status_encode(const drey_status *st, drey_arena *a, uint8_t **out, siz
     *out = drey_arena_alloc(a, *out_len);
     protobuf_c_message_pack(&s.base, *out);
 }
+
+int64_t drey_status_retry_delay_ms(const uint8_t *details, size_t len) {
+    static const char suffix[] = "/google.rpc.RetryInfo";
+    const size_t n = sizeof suffix - 1;
+    Google__Rpc__Status *s = google__rpc__status__unpack(NULL, len, details);
+    if (s == NULL)
+        return -1;
+    int64_t ms = -1;
+    for (size_t i = 0; i < s->n_details && ms < 0; i++) {
+        const Google__Protobuf__Any *any = s->details[i];
+        size_t tl = any->type_url != NULL ? strlen(any->type_url) : 0;
+        if (tl < n || strcmp(any->type_url + tl - n, suffix) != 0)
+            continue;
+        Google__Rpc__RetryInfo *ri = google__rpc__retry_info__unpack(NULL, any->value.len, any->value.data);
+        if (ri != NULL && ri->retry_delay != NULL && ri->retry_delay->seconds >= 0 && ri->retry_delay->nanos >= 0 &&
+            ri->retry_delay->seconds < INT64_MAX / 1000 - 1)
+            ms = ri->retry_delay->seconds * 1000 + (ri->retry_delay->nanos + 999999) / 1000000;
+        if (ri != NULL)
+            google__rpc__retry_info__free_unpacked(ri, NULL);
+    }
+    google__rpc__status__free_unpacked(s, NULL);
+    return ms;
+}
