@@ -132,8 +132,7 @@ NAMESPACE = enter_private_network_namespace()
 # --- processes ------------------------------------------------------------------------
 
 def descendants(pid):
-    """Every process below pid, from /proc (children before their parents'
-    siblings do not matter: they are all killed)."""
+    """Every process below pid (children, their children, ...), from /proc."""
     parents = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -182,7 +181,8 @@ class Shell:
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], cwd=cwd, env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err)
         self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         self.send("set -eo pipefail\n")
 
     def _read(self):
@@ -246,6 +246,7 @@ class Shell:
                 kill_quietly(pid)
             self.proc.kill()
         self.proc.wait(30)
+        self.reader.join(30)
         self.proc.stdin.close()
         self.proc.stdout.close()
         self.err.close()
