@@ -4,7 +4,7 @@
   (Prometheus text) answer from loopback without a token; /health/ready is
   503 while the node drains, /health/live stays 200.
 * The details document has every field of drey.admin.v1.ReadinessDetails
-  (the README's "same details"), in lowerCamelCase with 64-bit integers as
+  (docs/operations.md's "same details"), in lowerCamelCase with 64-bit integers as
   numbers, and agrees with Admin/GetReadinessDetails over gRPC.
 * /metrics passes `promtool check metrics` after traffic that fills every
   family (refusals and per-principal figures included), and its figures
