@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The README's two commands, and what they share.
 #
-#   bazel/drey.sh serve [dreyd flags]   install what is missing, build, run dreyd
+#   bazel/drey.sh serve [dreyd flags]   install what building and serving need, build dreyd
+#                                       and drey, run dreyd (no test tools, no npm)
 #   bazel/drey.sh test                  install what is missing, run every test,
 #                                       the fuzz targets for a few seconds each,
 #                                       then every test again under ASan+UBSan
-#   bazel/drey.sh deps                  only install what is missing
+#   bazel/drey.sh deps                  only install what is missing (tests' too)
 #
 # Safe to run twice: each step checks before it acts. Needs root (or sudo)
 # only when Debian packages are missing.
@@ -24,11 +25,16 @@ cd "$top"
 # The container image (deploy/image/build.sh, tests/deploy/test_image.py):
 # mmdebstrap, and podman with runc named, as crun refuses the hybrid cgroup
 # layout some machines have.
-packages=(
+# What building and serving need: the compiler, Bazel and the libraries
+# dreyd and drey link (libedit: drey's interactive mode).
+serve_packages=(
   bazel-bootstrap gcc libc6-dev pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
-  libssl-dev libjemalloc-dev libcriterion-dev libjwt-dev libjansson-dev libmicrohttpd-dev
-  python3 python3-grpcio python3-protobuf
+  libssl-dev libjemalloc-dev libjwt-dev libjansson-dev libmicrohttpd-dev libedit-dev
+)
+# What only the tests, benchmarks and fuzzing need on top.
+test_packages=(
+  libcriterion-dev python3 python3-grpcio python3-protobuf
   curl procps util-linux prometheus
   # etcd for the cluster's control plane (the tests start their own), and the
   # protos bazel/gen.sh compiles drey's etcd client from. golang-etcd-server-dev
@@ -37,7 +43,7 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   golang-go golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-3-dev protoc-gen-go-1-3
   mmdebstrap podman runc
-  faketime
+  faketime openssl
   # Pipelined Redis beside pipelined drey (tests/bench/pipeline.py).
   redis-server redis-tools
   clang-14 libfuzzer-14-dev libclang-rt-14-dev llvm-14
@@ -51,10 +57,10 @@ as_root() {
   fi
 }
 
+# install_packages NAME...: the Debian packages named that are missing.
 install_packages() {
   local missing=() p
-  command -v node >/dev/null || packages+=(nodejs npm)
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -80,7 +86,9 @@ install_node_modules() {
 }
 
 deps() {
-  install_packages
+  local node=()
+  command -v node >/dev/null || node=(nodejs npm)
+  install_packages "${serve_packages[@]}" "${test_packages[@]}" "${node[@]}"
   install_node_modules
 }
 
@@ -90,8 +98,8 @@ case "${1:-}" in
     ;;
   serve)
     shift
-    install_packages
-    bazel build //:dreyd
+    install_packages "${serve_packages[@]}"
+    bazel build //:dreyd //:drey
     exec "$top/bazel-bin/dreyd" "$@"
     ;;
   test)

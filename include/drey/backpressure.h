@@ -117,4 +117,12 @@ typedef struct drey_bp_principal_stats {
 } drey_bp_principal_stats;
 size_t drey_bp_top_principals(drey_bp *bp, drey_bp_principal_stats *out, size_t n);
 
+/* The metrics' view: the n busiest principals (most calls admitted plus
+ * refused; ties by name, so the set is stable between scrapes), and in
+ * *rest every other tracked principal's figures summed, named "other". A
+ * flood of connection principals then adds to one series, never new ones.
+ * Returns how many were written to out. */
+size_t drey_bp_busiest_principals(drey_bp *bp, drey_bp_principal_stats *out, size_t n,
+                                  drey_bp_principal_stats *rest);
+
 #endif

@@ -65,11 +65,19 @@ typedef struct drey_client_options {
     const drey_client_header *headers; /* more request headers for every call */
     size_t n_headers;
     int max_recv_message_bytes;        /* 0: gRPC's default (4 MiB); -1: unlimited */
+    /* TLS: any of these set (or tls true) makes the channel TLS. */
+    bool tls;                    /* TLS with the system's roots when tls_ca is not given */
+    const char *tls_ca;          /* PEM file of the CA(s) that sign the server's certificate */
+    const char *tls_cert;        /* PEM certificate chain of this client (mutual TLS) ... */
+    const char *tls_key;         /* ... and its private key */
+    const char *tls_server_name; /* the name checked in the server's certificate, instead of the target's host */
 } drey_client_options;
 
-/* Opens a channel (insecure; the connection is made by the first call).
- * Returns NULL with a message in err when the options are unusable (no
- * target, a header gRPC would refuse). grpc_init() is balanced by close. */
+/* Opens a channel (the connection is made by the first call): plaintext, or
+ * TLS when any tls_* option is set. Returns NULL with a message in err when
+ * the options are unusable (no target, a header gRPC would refuse, a TLS
+ * file that cannot be read, a certificate without its key). grpc_init() is
+ * balanced by close. */
 drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t err_cap);
 
 /* Cancels calls and streams still in flight, waits for them, and frees
@@ -175,6 +183,18 @@ drey_client_stream *drey_client_stream_start(drey_client *c, const char *method,
  * drey_client_stream_finish reports as INTERNAL). */
 bool drey_client_stream_read(drey_client_stream *s, const ProtobufCMessageDescriptor *type, drey_arena *arena,
                              ProtobufCMessage **message);
+
+/* A call of any streaming kind with pre-encoded requests, for methods drey
+ * knows no types of (`drey call`, reflection): sends the n requests (in
+ * order, each after gRPC took the one before), half-closes, and leaves the
+ * responses to drey_client_stream_read_raw. A send that fails ends the
+ * sending: finish reports the call's status. NULL (with st set) when gRPC
+ * refused to start it. */
+drey_client_stream *drey_client_stream_start_raw(drey_client *c, const char *method, const ProtobufCBinaryData *requests,
+                                                 size_t n_requests, int64_t timeout_ms, drey_client_status *st);
+
+/* The next message as bytes (in arena); false at the end of the stream. */
+bool drey_client_stream_read_raw(drey_client_stream *s, drey_arena *arena, ProtobufCBinaryData *message);
 
 /* Cancels the stream (its status becomes CANCELLED unless it had ended). */
 void drey_client_stream_cancel(drey_client_stream *s);

@@ -40,6 +40,12 @@ void drey_metrics_observe_replica_ack(drey_metrics *m, int64_t us);
 typedef void (*drey_metrics_collect_fn)(void *ctx, FILE *out);
 void drey_metrics_add_collector(drey_metrics *m, drey_metrics_collect_fn fn, void *ctx);
 
+/* A collector of the process_* families every Prometheus client library
+ * exports (CPU seconds, resident and virtual memory, open and maximum file
+ * descriptors, start time; read from /proc at each scrape) and
+ * drey_build_info{version,revision}. ctx is unused. */
+void drey_metrics_collect_process(void *ctx, FILE *out);
+
 /* Writes the whole exposition. */
 void drey_metrics_write(drey_metrics *m, FILE *out);
 

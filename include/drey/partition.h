@@ -40,9 +40,15 @@ uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char
  * Records naming another count walk the whole store. */
 bool drey_partition_index(drey_store *s, uint32_t n);
 
-/* Adds drey.internal.v1.Partitions (Import, Drop) to the table, applying to
- * the store. */
-bool drey_partition_register(drey_method_table *t, drey_store *s);
+/* drey.internal.v1.Partitions (Import, Drop) on a store: the writes, and
+ * what they remember between them (the epoch each partition was last
+ * imported at, so that an older Drop spares a newer copy). */
+typedef struct drey_partition drey_partition;
+
+drey_partition *drey_partition_create(drey_store *s);
+void drey_partition_destroy(drey_partition *p);
+/* Adds Import and Drop to the table. */
+bool drey_partition_register(drey_method_table *t, drey_partition *p);
 
 /* drey.internal.v1.Replica on this node: Apply (a primary's record on a
  * backup), applying the record's write through commit with its own time
@@ -58,5 +64,8 @@ bool drey_partition_register_replica(drey_method_table *t, drey_partition_replic
 
 #define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
 #define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"
+#define DREY_REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
+#define DREY_REPLICA_BEAT_PATH "/drey.internal.v1.Replica/Beat"
+#define DREY_REPLICA_CONFIRM_PATH "/drey.internal.v1.Replica/Confirm"
 
 #endif

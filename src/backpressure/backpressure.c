@@ -496,3 +496,48 @@ size_t drey_bp_top_principals(drey_bp *bp, drey_bp_principal_stats *out, size_t 
     pthread_mutex_unlock(&bp->mu);
     return k;
 }
+
+/* a ranks before b: busier, or as busy and first by name. */
+static bool busier(uint64_t a_calls, const char *a_name, uint64_t b_calls, const char *b_name) {
+    return a_calls != b_calls ? a_calls > b_calls : strcmp(a_name, b_name) < 0;
+}
+
+size_t drey_bp_busiest_principals(drey_bp *bp, drey_bp_principal_stats *out, size_t n,
+                                  drey_bp_principal_stats *rest) {
+    memset(rest, 0, sizeof *rest);
+    snprintf(rest->name, sizeof rest->name, "other");
+    size_t k = 0;
+    pthread_mutex_lock(&bp->mu);
+    for (drey_bp_principal *p = bp->newest; p != NULL; p = p->older) {
+        uint64_t calls = p->admitted + p->rejected;
+        drey_bp_principal_stats cur = {.inflight = p->inflight, .queued = p->queued, .admitted = p->admitted,
+                                       .rejected = p->rejected};
+        snprintf(cur.name, sizeof cur.name, "%s", p->name);
+        /* Insertion into a small sorted array; what falls off the end goes
+         * to the rest. */
+        size_t i = k < n ? k++ : n;
+        drey_bp_principal_stats dropped = cur;
+        bool drop = i == n;
+        if (drop && n > 0 && busier(calls, cur.name, out[n - 1].admitted + out[n - 1].rejected, out[n - 1].name)) {
+            dropped = out[n - 1];
+            i = n - 1;
+        } else if (drop) {
+            i = SIZE_MAX;
+        }
+        if (i != SIZE_MAX) {
+            while (i > 0 && busier(calls, cur.name, out[i - 1].admitted + out[i - 1].rejected, out[i - 1].name)) {
+                out[i] = out[i - 1];
+                i--;
+            }
+            out[i] = cur;
+        }
+        if (drop) {
+            rest->inflight += dropped.inflight;
+            rest->queued += dropped.queued;
+            rest->admitted += dropped.admitted;
+            rest->rejected += dropped.rejected;
+        }
+    }
+    pthread_mutex_unlock(&bp->mu);
+    return k;
+}

@@ -9,10 +9,11 @@
 
 #include "drey/alloc.h"
 #include "bench.h"
+#include "drey/version.h"
 #include "drey/config.h"
 
 static const char usage[] =
-    "usage: drey-bench [--option=value ...]\n"
+    "usage: drey-bench [--option=value | --option value ...]   (drey-bench --version: the build)\n"
     "\n"
     "A closed-loop load generator: every connection keeps --streams calls in flight and starts\n"
     "a new one as soon as one finishes. Prints throughput, latency percentiles and errors by\n"
@@ -62,7 +63,10 @@ static const char usage[] =
     "\n"
     "Output\n"
     "  --json                 one JSON object on stdout instead of text\n"
-    "  --label=TEXT           a name for the run, echoed in the output\n";
+    "  --label=TEXT           a name for the run, echoed in the output\n"
+    "\n"
+    "Exit status: 0 the run finished (errors are counted, not fatal); 1 it could not run;\n"
+    "2 a bad option.\n";
 
 static void die(const char *fmt, const char *arg) {
     fprintf(stderr, "drey-bench: ");
@@ -155,6 +159,10 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
             fputs(usage, stdout);
             exit(0);
         }
+        if (strcmp(a, "--version") == 0) {
+            drey_version_print(stdout, "drey-bench");
+            exit(0);
+        }
         if (strncmp(a, "--", 2) != 0)
             die("unexpected argument %s", a);
         a += 2;
@@ -177,8 +185,10 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
                 o->request_ids = on;
             continue;
         }
+        if (v == NULL && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+            v = argv[++i]; /* --name value */
         if (v == NULL)
-            die("--%s needs a value (--name=value)", name);
+            die("--%s needs a value (--name value or --name=value)", name);
         if (strcmp(name, "target") == 0) {
             o->target = v;
         } else if (strcmp(name, "connections") == 0) {

@@ -11,8 +11,11 @@
  * signal never comes while the drain runs.
  *
  * "Exited" is: no such process, or a zombie not yet reaped (a test's
- * child). Exit status 0 when it exited, 1 when it was still running at the
- * deadline or could not be signalled, 2 on a usage error.
+ * child); with --ops, also once its ops listener closed. Exit status 0
+ * when it exited (or closed its ops listener), 1 when it was still running at the
+ * deadline or could not be signalled (or --pid-file holds no process id),
+ * 2 on a usage error. --pid-file reads the id from a file, so scripts stop
+ * the node they started, never one matched by name.
  */
 #include <errno.h>
 #include <signal.h>
@@ -23,20 +26,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "drain.h"
+#include "cli.h"
 #include "drey/clock.h"
 #include "drey/config.h"
+#include "ops.h"
 
 #define POLL_NS 20000000 /* 20 ms between looks at the process */
-
-static void drain_usage(FILE *out) {
-    fprintf(out, "usage: drey drain [--pid=N] [--wait=D]\n\n"
-                 "Sends dreyd SIGTERM and waits until it has exited: a preStop hook that keeps the\n"
-                 "kubelet's own SIGTERM (which would cut the drain short) from arriving mid-drain.\n\n"
-                 "  --pid=N   dreyd's process id (default 1: the container's entry point)\n"
-                 "  --wait=D  give up after D (default 60s; keep it inside terminationGracePeriodSeconds)\n\n"
-                 "Exit status: 0 dreyd exited; 1 it could not be signalled or was still running; 2 usage.\n");
-}
 
 /* The process is gone or a zombie. */
 static bool exited(long pid) {
@@ -56,43 +51,63 @@ static bool exited(long pid) {
     return close != NULL && close[1] == ' ' && close[2] == 'Z';
 }
 
-int drey_cli_drain(int argc, char **argv) {
+/* A process id: decimal, at least 1. */
+static bool parse_pid(const char *s, long *pid) {
+    char *end;
+    errno = 0;
+    *pid = strtol(s, &end, 10);
+    return errno == 0 && end != s && *end == '\0' && *pid >= 1;
+}
+
+int drey_cli_drain(drey_cli *c, char **args) {
+    (void)args;
     long pid = 1;
     int64_t wait_ms = 60000;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            drain_usage(stdout);
-            return 0;
+    const char *p = drey_cli_opt(c, "pid"), *pf = drey_cli_opt(c, "pid-file"), *w = drey_cli_opt(c, "wait");
+    if (p != NULL && pf != NULL) {
+        fprintf(stderr, "drey: drain: --pid or --pid-file, not both\n");
+        return DREY_EXIT_USAGE;
+    }
+    if (p != NULL && !parse_pid(p, &pid)) {
+        fprintf(stderr, "drey: drain: --pid=%s is not a process id\n", p);
+        return DREY_EXIT_USAGE;
+    }
+    if (pf != NULL) {
+        char buf[64] = "";
+        FILE *f = fopen(pf, "r");
+        if (f == NULL) {
+            fprintf(stderr, "drey: drain: --pid-file %s: %s\n", pf, strerror(errno));
+            return DREY_EXIT_FAILED;
         }
-        if (strncmp(a, "--pid=", 6) == 0) {
-            char *end;
-            errno = 0;
-            pid = strtol(a + 6, &end, 10);
-            if (errno != 0 || end == a + 6 || *end != '\0' || pid < 1) {
-                fprintf(stderr, "drey: drain: --pid=%s is not a process id\n", a + 6);
-                return 2;
-            }
-        } else if (strncmp(a, "--wait=", 7) == 0) {
-            if (!drey_config_parse_duration_ms(a + 7, &wait_ms)) {
-                fprintf(stderr, "drey: drain: --wait=%s is not a duration (250ms, 5s, 2m, 1h)\n", a + 7);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "drey: drain: unknown argument %s\n", a);
-            drain_usage(stderr);
-            return 2;
+        if (fgets(buf, sizeof buf, f) == NULL)
+            buf[0] = '\0';
+        fclose(f);
+        buf[strcspn(buf, " \t\r\n")] = '\0';
+        if (!parse_pid(buf, &pid)) {
+            fprintf(stderr, "drey: drain: %s does not hold a process id\n", pf);
+            return DREY_EXIT_FAILED;
         }
     }
+    if (w != NULL && !drey_config_parse_duration_ms(w, &wait_ms)) {
+        fprintf(stderr, "drey: drain: --wait=%s is not a duration (250ms, 5s, 2m, 1h)\n", w);
+        return DREY_EXIT_USAGE;
+    }
+    /* In a container the hook is killed with PID 1, so waiting for the exit
+     * never ends in 0 (the kubelet records 137): with --ops (or
+     * $DREY_OPS_LISTEN, the pod's setting) the hook also returns once
+     * dreyd's ops listener stops answering, which dreyd closes after its
+     * drain, when a second signal can no longer cut anything short. */
+    char ops[300];
+    bool watch_ops = drey_cli_ops_address(drey_cli_opt(c, "ops"), ops, sizeof ops);
     if (kill((pid_t)pid, SIGTERM) != 0) {
         fprintf(stderr, "drey: drain: cannot signal process %ld: %s\n", pid, strerror(errno));
-        return 1;
+        return DREY_EXIT_FAILED;
     }
     int64_t deadline = drey_mono_ns() + wait_ms * 1000000;
-    while (!exited(pid)) {
+    while (!exited(pid) && !(watch_ops && drey_cli_ops_closed(ops))) {
         if (drey_mono_ns() >= deadline) {
             fprintf(stderr, "drey: drain: process %ld still running after %lld ms\n", pid, (long long)wait_ms);
-            return 1;
+            return DREY_EXIT_FAILED;
         }
         struct timespec ts = {.tv_sec = 0, .tv_nsec = POLL_NS};
         nanosleep(&ts, NULL); /* paces the polling of another process: there is nothing to wait on */

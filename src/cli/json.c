@@ -88,8 +88,6 @@ Google__Protobuf__Struct *drey_cli_json_parse(const char *text, drey_arena *aren
     return s;
 }
 
-static json_t *json_of_struct(const Google__Protobuf__Struct *s);
-
 static json_t *json_of_value(const Google__Protobuf__Value *v) {
     if (v == NULL)
         return json_null();
@@ -102,7 +100,7 @@ static json_t *json_of_value(const Google__Protobuf__Value *v) {
     }
     case GOOGLE__PROTOBUF__VALUE__KIND_STRING_VALUE: return json_string(v->string_value);
     case GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE: return json_boolean(v->bool_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE: return json_of_struct(v->struct_value);
+    case GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE: return drey_cli_json_of_struct(v->struct_value);
     case GOOGLE__PROTOBUF__VALUE__KIND_LIST_VALUE: {
         json_t *arr = json_array();
         for (size_t i = 0; v->list_value != NULL && i < v->list_value->n_values; i++)
@@ -113,15 +111,30 @@ static json_t *json_of_value(const Google__Protobuf__Value *v) {
     }
 }
 
-static json_t *json_of_struct(const Google__Protobuf__Struct *s) {
+static int by_key(const void *a, const void *b) {
+    return strcmp((*(Google__Protobuf__Struct__FieldsEntry *const *)a)->key,
+                  (*(Google__Protobuf__Struct__FieldsEntry *const *)b)->key);
+}
+
+/* Keys sorted: a Struct is a map, whose order means nothing, and output
+ * that does not change from one run to the next is easier to compare. */
+json_t *drey_cli_json_of_struct(const Google__Protobuf__Struct *s) {
     json_t *obj = json_object();
-    for (size_t i = 0; s != NULL && i < s->n_fields; i++)
-        json_object_set_new(obj, s->fields[i]->key, json_of_value(s->fields[i]->value));
+    size_t n = s != NULL ? s->n_fields : 0;
+    Google__Protobuf__Struct__FieldsEntry **sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (sorted == NULL)
+        abort();
+    if (n > 0)
+        memcpy(sorted, s->fields, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, by_key);
+    for (size_t i = 0; i < n; i++)
+        json_object_set_new(obj, sorted[i]->key, json_of_value(sorted[i]->value));
+    free(sorted);
     return obj;
 }
 
 void drey_cli_json_print(FILE *out, const Google__Protobuf__Struct *s) {
-    json_t *obj = json_of_struct(s);
+    json_t *obj = drey_cli_json_of_struct(s);
     char *text = json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
     fputs(text != NULL ? text : "{}", out);
     free(text);

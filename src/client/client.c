@@ -11,6 +11,7 @@
  */
 #include "drey/client.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,6 +426,68 @@ drey_client_stream *drey_client_stream_start(drey_client *c, const char *method,
     return s;
 }
 
+/* Runs one batch of n ops on s's call and waits for it; false when gRPC
+ * refused it or it failed (the stream is over: its status says why). */
+static bool stream_batch(drey_client_stream *s, grpc_op *ops, size_t n) {
+    char tag;
+    if (grpc_call_start_batch(s->io.call, ops, n, &tag, NULL) != GRPC_CALL_OK)
+        return false;
+    grpc_event ev = grpc_completion_queue_pluck(s->client->sync_cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+drey_client_stream *drey_client_stream_start_raw(drey_client *c, const char *method, const ProtobufCBinaryData *requests,
+                                                 size_t n_requests, int64_t timeout_ms, drey_client_status *st) {
+    drey_client_stream *s = drey_xcalloc(1, sizeof *s);
+    s->client = c;
+    io_open(&s->io, c, c->sync_cq, method, timeout_ms);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    op.data.send_initial_metadata.count = c->headers.count;
+    op.data.send_initial_metadata.metadata = c->headers.md;
+    bool sent = stream_batch(s, &op, 1);
+    /* A send that fails means the call is over: its status tells why. */
+    for (size_t i = 0; sent && i < n_requests; i++) {
+        memset(&op, 0, sizeof op);
+        op.op = GRPC_OP_SEND_MESSAGE;
+        grpc_byte_buffer *bb = buffer_of(requests[i].data, requests[i].len);
+        op.data.send_message.send_message = bb;
+        sent = stream_batch(s, &op, 1);
+        grpc_byte_buffer_destroy(bb);
+    }
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (sent)
+        ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &s->io.initial_md;
+    grpc_call_error err = grpc_call_start_batch(s->io.call, ops, n, &s->send_tag, NULL);
+    if (err == GRPC_CALL_OK) {
+        memset(&op, 0, sizeof op);
+        op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        op.data.recv_status_on_client.trailing_metadata = &s->io.trailing_md;
+        op.data.recv_status_on_client.status = &s->io.code;
+        op.data.recv_status_on_client.status_details = &s->io.details;
+        err = grpc_call_start_batch(s->io.call, &op, 1, &s->status_tag, NULL);
+        if (err != GRPC_CALL_OK) {
+            grpc_call_cancel(s->io.call, NULL);
+            pluck(c, &s->send_tag);
+        }
+    }
+    if (err != GRPC_CALL_OK) {
+        drey_client_status_set(st, GRPC_STATUS_INTERNAL, grpc_call_error_to_string(err));
+        stream_release(s);
+        return NULL;
+    }
+    s->next = c->streams;
+    if (c->streams != NULL)
+        c->streams->prev = s;
+    c->streams = s;
+    return s;
+}
+
 /* Receives the next message into s->io.recv; false at the end of the stream. */
 static bool stream_recv(drey_client_stream *s) {
     if (s->ended)
@@ -460,6 +523,17 @@ bool drey_client_stream_read(drey_client_stream *s, const ProtobufCMessageDescri
         grpc_call_cancel(s->io.call, NULL);
         return false;
     }
+    return true;
+}
+
+bool drey_client_stream_read_raw(drey_client_stream *s, drey_arena *arena, ProtobufCBinaryData *message) {
+    message->data = NULL;
+    message->len = 0;
+    if (!stream_recv(s))
+        return false;
+    copy_buffer(s->io.recv, arena, message);
+    grpc_byte_buffer_destroy(s->io.recv);
+    s->io.recv = NULL;
     return true;
 }
 
@@ -840,6 +914,65 @@ drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t
     return drey_client__open_on(opts, NULL, err, err_cap);
 }
 
+/* A whole PEM file, NUL-terminated (freed by the caller); NULL with a
+ * message in err. */
+static char *read_pem(const char *what, const char *path, char *err, size_t err_cap) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, err_cap, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0, n;
+    char *buf = drey_xmalloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap)
+            buf = drey_xrealloc(buf, cap *= 2, 1);
+    }
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    buf[len] = '\0';
+    if (bad || strstr(buf, "-----BEGIN ") == NULL) {
+        snprintf(err, err_cap, "%s %s: %s", what, path, bad ? "cannot read it" : "not a PEM file");
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static bool wants_tls(const drey_client_options *o) {
+    return o->tls || (o->tls_ca != NULL && o->tls_ca[0]) || (o->tls_cert != NULL && o->tls_cert[0]) ||
+           (o->tls_key != NULL && o->tls_key[0]) || (o->tls_server_name != NULL && o->tls_server_name[0]);
+}
+
+/* The channel's credentials: plaintext, or TLS from the options' files.
+ * NULL with a message in err. */
+static grpc_channel_credentials *credentials(const drey_client_options *o, char *err, size_t err_cap) {
+    if (!wants_tls(o))
+        return grpc_insecure_credentials_create();
+    bool has_cert = o->tls_cert != NULL && o->tls_cert[0], has_key = o->tls_key != NULL && o->tls_key[0];
+    if (has_cert != has_key) {
+        snprintf(err, err_cap, "a client certificate needs its key and a key its certificate (--tls-cert, --tls-key)");
+        return NULL;
+    }
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    grpc_channel_credentials *creds = NULL;
+    if (o->tls_ca != NULL && o->tls_ca[0] && (ca = read_pem("TLS CA", o->tls_ca, err, err_cap)) == NULL)
+        goto out;
+    if (has_cert && ((cert = read_pem("TLS certificate", o->tls_cert, err, err_cap)) == NULL ||
+                     (key = read_pem("TLS key", o->tls_key, err, err_cap)) == NULL))
+        goto out;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    creds = grpc_ssl_credentials_create(ca, has_cert ? &pair : NULL, NULL, NULL);
+    if (creds == NULL)
+        snprintf(err, err_cap, "gRPC refused the TLS settings");
+out:
+    free(ca);
+    free(cert);
+    free(key);
+    return creds;
+}
+
 drey_client *drey_client__open_on(const drey_client_options *opts, grpc_completion_queue *async_cq, char *err,
                                   size_t err_cap) {
     if (opts->target == NULL || opts->target[0] == '\0') {
@@ -853,7 +986,14 @@ drey_client *drey_client__open_on(const drey_client_options *opts, grpc_completi
         grpc_shutdown();
         return NULL;
     }
-    grpc_arg args[3];
+    grpc_channel_credentials *creds = credentials(opts, err, err_cap);
+    if (creds == NULL) {
+        drey_client__headers_destroy(&c->headers);
+        free(c);
+        grpc_shutdown();
+        return NULL;
+    }
+    grpc_arg args[4];
     size_t n = 0;
     memset(args, 0, sizeof args);
     /* Each client its own connection: a load generator's clients must not
@@ -869,8 +1009,12 @@ drey_client *drey_client__open_on(const drey_client_options *opts, grpc_completi
         args[n].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
         args[n++].value.integer = opts->max_recv_message_bytes;
     }
+    if (opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
+        args[n].type = GRPC_ARG_STRING;
+        args[n].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[n++].value.string = (char *)opts->tls_server_name;
+    }
     grpc_channel_args cargs = {.num_args = n, .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->channel = grpc_channel_create(opts->target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     c->sync_cq = grpc_completion_queue_create_for_pluck(NULL);

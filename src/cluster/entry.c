@@ -13,6 +13,7 @@
 
 #include "drey/log.h"
 #include "internal.h"
+#include "table.h"
 
 #define ETCD_CALL_MS 2000
 
@@ -31,6 +32,7 @@ void drey_cluster__entry_of(const Drey__Internal__V1__PartitionEntry *e, drey_cl
         drey_cluster__entry_add(out->syncing, &out->n_syncing, e->syncing[i]);
     if (e->n_joining > 0)
         copy_id(out->joining, e->joining[0]);
+    copy_id(out->handover, e->handover);
 }
 
 bool drey_cluster__entry_has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id) {
@@ -57,6 +59,12 @@ void drey_cluster__entry_add(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const 
         copy_id(ids[(*n)++], id);
 }
 
+bool drey_cluster__entry_drop_replica(drey_cluster__entry *e, const char *id) {
+    if (strcmp(e->handover, id) == 0)
+        e->handover[0] = '\0';
+    return drey_cluster__entry_remove(e->replicas, &e->n_replicas, id);
+}
+
 static char **id_list(drey_arena *a, char (*ids)[DREY_CLUSTER_MAX_ID], size_t n) {
     char **out = drey_arena_alloc(a, (n ? n : 1) * sizeof *out);
     for (size_t i = 0; i < n; i++)
@@ -77,6 +85,7 @@ static uint8_t *pack(drey_arena *a, const drey_cluster__entry *e, size_t *len) {
         pe.joining = j;
         pe.n_joining = 1;
     }
+    pe.handover = x->handover;
     *len = drey__internal__v1__partition_entry__get_packed_size(&pe);
     uint8_t *buf = drey_arena_alloc(a, *len ? *len : 1);
     drey__internal__v1__partition_entry__pack(&pe, buf);

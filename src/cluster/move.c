@@ -1,28 +1,55 @@
 /*
- * move — handing a partition this node owns to the node the controller
- * named `joining` in its entry.
+ * move — handing a partition this node leads to another node, or copying
+ * it to a new backup, as the controller planned in its entry.
  *
- *   1. copy: walk the store a shard at a time and send the partition's
- *      entries (remembered outcomes included) to the new node as Import
- *      calls of about a megabyte, the first one replacing whatever it held
- *      of the partition, at --cluster-move-rate. Writes go on meanwhile and
- *      record the keys they changed (router.c);
+ * THE RULE: a copy in the partition's in-sync set is never replaced,
+ * truncated or partly overwritten. Every write the primary acknowledged is
+ * on every in-sync copy, and a failover promotes one of them: a copy that
+ * is being rebuilt must be out of that set (in etcd, compared on the
+ * epoch) before its first chunk lands, or a failover mid-copy would
+ * promote it with part of the partition. So:
+ *   - the primary role goes to an in-sync backup by a handover, with no
+ *     copy at all (`handover` in the entry);
+ *   - a copy goes only to a node the entry names `joining` (a move) or
+ *     `syncing` (a new backup), never one of `replicas`; this node refuses
+ *     to start one onto a node its table names in sync, and the receiver
+ *     refuses an Import while it holds an in-sync copy, or one the entry
+ *     at the Import's epoch does not name it the target of (router.c);
+ *   - a copy joins the in-sync set only once complete (the last chunk goes
+ *     with the partition's writes paused), in one write compared on the
+ *     epoch the copy was planned at.
+ *
+ * A move or a new backup:
+ *   1. copy: walk the partition's own tables (the store keeps entries per
+ *      partition, store.h) and send its entries (remembered outcomes
+ *      included) to the target as Import calls of about a megabyte, the
+ *      first one replacing whatever it held of the partition, at
+ *      --cluster-move-rate. Writes go on meanwhile and record the keys
+ *      they changed (router.c);
  *   2. catch up: send the current state of the changed keys, a few rounds
  *      while there are many;
  *   3. freeze: new writes of the partition wait, the ones running finish;
  *      the last changed keys go with this node's version counter, so
  *      versions keep increasing on the new owner;
- *   4. hand over: one etcd transaction, compared on the epoch the
- *      controller planned the move at, names the new node primary. This
- *      node applies it to its own table at once, so the waiting writes,
- *      routed again, are forwarded there; the new owner, hearing of it
- *      from a forwarded call before its watch did, waits for its table;
- *   5. drop: this node's copy goes in one journaled write.
+ *   4. flip: one etcd transaction, compared on the epoch the controller
+ *      planned at, names the target primary (a move) or an in-sync backup
+ *      (a new backup). This node applies it to its own table at once, so
+ *      the waiting writes, routed again, go where it says; the new owner,
+ *      hearing of it from a forwarded call before its watch did, waits
+ *      for its table;
+ *   5. drop (a move): this node's copy goes in one journaled write, unless
+ *      the partition came back to it meanwhile (the Drop names the epoch).
  *
- * Any failure before the handover (the new node gone, its journal full, a
- * deadline) thaws the partition: this node is still its owner and nothing
- * was lost; the move is tried again a second later, or replanned by the
- * controller. A handover whose outcome etcd did not confirm keeps the
+ * A handover: freeze as in 3; ask the backup to confirm it applied every
+ * write up to the partition's last sequence (Replica/Confirm: every write
+ * was acknowledged by it before it was answered, so this is a check, not a
+ * wait); flip as in 4, this node staying an in-sync backup (it has every
+ * write). The pause is one round trip to the backup and one to etcd.
+ *
+ * Any failure before the flip (the target gone, its journal full, a
+ * deadline) thaws the partition: this node is still its primary and
+ * nothing was lost; the move is tried again a second later, or replanned by
+ * the controller. A flip whose outcome etcd did not confirm keeps the
  * partition frozen until the entry is read back: thawing it then could let
  * two nodes take its writes.
  *
@@ -41,6 +68,10 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "mover.h"
+#include "partition.h"
+#include "peers.h"
+#include "table.h"
 
 #define CHUNK_BYTES (1u << 20)
 #define CATCH_UP_ROUNDS 4
@@ -49,8 +80,9 @@
 #define PEER_CALL_MS 10000
 #define ETCD_CALL_MS 2000
 #define RETRY_MS 1000
+#define CONFIRM_MS 1000
 
-/* --- one call to the new owner, waited for --------------------------------------- */
+/* --- one call to the target, waited for ----------------------------------------- */
 
 typedef struct sync_call {
     pthread_mutex_t mu;
@@ -58,6 +90,7 @@ typedef struct sync_call {
     bool done;
     int code;
     char message[256];
+    char reason[64]; /* the ErrorInfo reason, if any */
 } sync_call;
 
 static void sync_done(void *arg, const drey_answer *a) {
@@ -68,21 +101,57 @@ static void sync_done(void *arg, const drey_answer *a) {
     if (n > 0)
         memcpy(s->message, a->message, n);
     s->message[n] = '\0';
+    drey_cluster__answer_reason(a, s->reason, sizeof s->reason);
     s->done = true;
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->mu);
 }
 
+typedef enum move_kind {
+    MOVE,     /* the primary role to `joining`, by a copy */
+    SYNC,     /* a copy to a new backup (`syncing`); this node stays primary */
+    HANDOVER, /* the primary role to an in-sync backup, without a copy */
+} move_kind;
+
 typedef struct mover {
     drey_cluster *c;
     uint32_t partition;
-    bool sync; /* a new backup's copy: it joins the in-sync set, this node stays primary */
+    move_kind kind;
     const char *target, *address;
-    int64_t epoch;
+    int64_t epoch; /* the entry's, when the move was planned */
     uint64_t entries, bytes;
     int64_t next_send_ns; /* the rate cap's schedule */
     char err[300];
 } mover;
+
+/* Calls path on the target with the packed request; 0 or the gRPC code,
+ * with the reason (if any) in reason and what happened in mv->err. */
+static int call_target(mover *mv, const char *path, const uint8_t *buf, size_t len, char *reason, size_t cap) {
+    drey_cluster *c = mv->c;
+    char epoch[24];
+    snprintf(epoch, sizeof epoch, "%" PRId64, mv->epoch);
+    drey_cluster__header h[] = {
+        {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)},
+        {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
+    };
+    sync_call s = {.done = false};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    drey_cluster__pcall *pc = drey_cluster__peers_call(c->peers, mv->target, mv->address, path, buf, len, h, 2,
+                                                       drey_mono_ns() + PEER_CALL_MS * 1000000LL, sync_done, &s);
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cond, &s.mu); /* the call's deadline bounds it */
+    pthread_mutex_unlock(&s.mu);
+    drey_cluster__pcall_release(pc);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cond);
+    if (s.code != 0)
+        snprintf(mv->err, sizeof mv->err, "%s at %s: %s (code %d)", strrchr(path, '/') + 1, mv->target,
+                 s.message, s.code);
+    snprintf(reason, cap, "%s", s.reason);
+    return s.code;
+}
 
 static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req) {
     drey_cluster *c = mv->c;
@@ -94,34 +163,21 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
          * node's disk and network from its clients. */
         int64_t now = drey_mono_ns();
         if (mv->next_send_ns > now)
-            drey_cluster__nap_ms((mv->next_send_ns - now) / 1000000);
+            drey_nap_ms((mv->next_send_ns - now) / 1000000);
         int64_t start = mv->next_send_ns > now ? mv->next_send_ns : now;
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
-    char epoch[24];
-    snprintf(epoch, sizeof epoch, "%" PRId64, mv->epoch);
-    drey_cluster__header h[] = {
-        {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)},
-        {DREY_FORWARD_EPOCH, epoch, strlen(epoch)},
-    };
-    sync_call s = {.done = false};
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_cond_init(&s.cond, NULL);
-    drey_cluster__pcall *pc = drey_cluster__peers_call(c->peers, mv->target, mv->address, DREY_PARTITION_IMPORT_PATH,
-                                                       buf, len, h, 2, drey_mono_ns() + PEER_CALL_MS * 1000000LL,
-                                                       sync_done, &s);
-    pthread_mutex_lock(&s.mu);
-    while (!s.done)
-        pthread_cond_wait(&s.cond, &s.mu); /* the call's deadline bounds it */
-    pthread_mutex_unlock(&s.mu);
-    drey_cluster__pcall_release(pc);
-    pthread_mutex_destroy(&s.mu);
-    pthread_cond_destroy(&s.cond);
+    char reason[64];
+    int code;
+    int64_t until = drey_mono_ns() + CONFIRM_MS * 1000000LL;
+    /* The target's table may not have the plan yet (its watch is a moment
+     * behind this node's): it says so, and is asked again. */
+    while ((code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason)) != 0 &&
+           strcmp(reason, "NOT_CAUGHT_UP") == 0 && drey_mono_ns() < until)
+        drey_nap_ms(2);
     free(buf);
-    if (s.code != 0) {
-        snprintf(mv->err, sizeof mv->err, "import at %s: %s (code %d)", mv->target, s.message, s.code);
+    if (code != 0)
         return false;
-    }
     mv->entries += req->n_entries;
     mv->bytes += len;
     return true;
@@ -135,13 +191,15 @@ typedef struct chunk {
     size_t n_entries, n_removed, cap_entries, cap_removed;
     size_t bytes;
     uint32_t partition, n_parts;
+    drey_store *store; /* names the entries' tenants */
 } chunk;
 
-static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts) {
+static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts, drey_store *store) {
     memset(ch, 0, sizeof *ch);
     drey_arena_init(&ch->arena, NULL, 0);
     ch->partition = partition;
     ch->n_parts = n_parts;
+    ch->store = store;
 }
 
 static Drey__Internal__V1__MovedEntry *push(chunk *ch, bool removed, const char *cache, size_t cache_len,
@@ -174,14 +232,17 @@ static void push_entry(chunk *ch, const char *cache, size_t cache_len, const cha
     e->value = (ProtobufCBinaryData){.len = v->value.len, .data = value};
     e->version = v->version;
     e->expires_at_ms = v->expires_at_ms;
-    ch->bytes += v->value.len;
+    size_t tenant_len;
+    const char *tenant = drey_store_tenant_name(ch->store, v->tenant, &tenant_len);
+    e->tenant = drey_arena_strndup(&ch->arena, tenant, tenant_len); /* its tenant's on the new copy too */
+    ch->bytes += v->value.len + tenant_len;
 }
 
 static void chunk_reset(chunk *ch) {
     free(ch->entries);
     free(ch->removed);
     drey_arena_destroy(&ch->arena);
-    chunk_init(ch, ch->partition, ch->n_parts);
+    chunk_init(ch, ch->partition, ch->n_parts, ch->store);
 }
 
 static void chunk_destroy(chunk *ch) {
@@ -206,7 +267,7 @@ static bool send_chunk(mover *mv, chunk *ch, bool replace, bool last) {
     if (last) {
         req.last = true;
         req.min_version = drey_store_last_version(mv->c->opts.store);
-        req.sequence = atomic_load(&mv->c->pstate[ch->partition].seq);
+        req.sequence = atomic_load(&mv->c->partitions[ch->partition].seq);
     }
     bool ok = call_import(mv, &req);
     chunk_reset(ch);
@@ -235,7 +296,7 @@ static bool copy(mover *mv) {
     drey_cluster *c = mv->c;
     drey_store *s = c->opts.store;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, s);
     bool ok = true, first = true, indexed = drey_store_partitions(s) == c->n_parts;
     drey_store_scan_pos pos = {0, 0};
     for (size_t sh = 0; ok && (indexed ? pos.shard != DREY_STORE_SCAN_DONE : sh < DREY_STORE_SHARDS); sh++) {
@@ -253,35 +314,6 @@ static bool copy(mover *mv) {
     return ok;
 }
 
-/* The keys the partition's writes changed since the last call. */
-static drey_cluster__dirty *take_dirty(drey_cluster *c, uint32_t p, size_t *n) {
-    drey_cluster__dirty *mine = NULL, **pp;
-    *n = 0;
-    pthread_mutex_lock(&c->move_mu);
-    pp = &c->dirty;
-    while (*pp != NULL) {
-        drey_cluster__dirty *d = *pp;
-        if (d->partition == p) {
-            *pp = d->next;
-            d->next = mine;
-            mine = d;
-            (*n)++;
-        } else {
-            pp = &d->next;
-        }
-    }
-    pthread_mutex_unlock(&c->move_mu);
-    return mine;
-}
-
-static void free_dirty(drey_cluster__dirty *d) {
-    while (d != NULL) {
-        drey_cluster__dirty *next = d->next;
-        free(d);
-        d = next;
-    }
-}
-
 typedef struct read_into {
     chunk *ch;
     const drey_cluster__dirty *d;
@@ -297,7 +329,7 @@ static void read_dirty(void *arg, const drey_entry_view *v) {
 static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     drey_cluster *c = mv->c;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
     bool ok = true;
     for (drey_cluster__dirty *d = list; d != NULL && ok; d = d->next) {
         drey_key k;
@@ -314,35 +346,34 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     return ok;
 }
 
-/* Until the count is 0 (whoever takes it to 0 broadcasts move_cond), for
- * FREEZE_DRAIN_MS at most. */
-static bool wait_zero(drey_cluster *c, _Atomic uint32_t *count) {
+/* Until no Clear runs on this node (whoever ends the last broadcasts
+ * clear_cond), for FREEZE_DRAIN_MS at most. */
+static bool no_clear(drey_cluster *c) {
     int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
-    pthread_mutex_lock(&c->move_mu);
-    bool zero;
-    while (!(zero = atomic_load(count) == 0)) {
-        if (drey_cond_wait_until(&c->move_cond, &c->move_mu, until) == ETIMEDOUT) {
-            zero = atomic_load(count) == 0;
+    pthread_mutex_lock(&c->clears.mu);
+    bool none;
+    while (!(none = atomic_load(&c->clears.count) == 0)) {
+        if (drey_cond_wait_until(&c->clears.cond, &c->clears.mu, until) == ETIMEDOUT) {
+            none = atomic_load(&c->clears.count) == 0;
             break;
         }
     }
-    pthread_mutex_unlock(&c->move_mu);
-    return zero;
+    pthread_mutex_unlock(&c->clears.mu);
+    return none;
 }
 
 /* 3: no new writes, and the running ones answered. */
 static bool freeze(drey_cluster *c, uint32_t p) {
-    atomic_store(&c->pstate[p].frozen, true);
-    return wait_zero(c, &c->pstate[p].inflight);
+    return drey_cluster__partition_freeze(&c->partitions[p], drey_deadline_after_ms(FREEZE_DRAIN_MS));
 }
 
-/* --- 4: the handover ------------------------------------------------------------------ */
+/* --- 4: the flip ------------------------------------------------------------------------ */
 
-typedef enum handover { HANDED_OVER, KEPT, UNKNOWN } handover;
+typedef enum flip { FLIPPED, KEPT, UNKNOWN } flip;
 
-/* Whether the entry says the handover (or the new backup) happened. */
+/* Whether the entry says the flip happened. */
 static bool done_in(const mover *mv, const Drey__Internal__V1__PartitionEntry *e) {
-    if (!mv->sync)
+    if (mv->kind != SYNC)
         return strcmp(e->primary, mv->target) == 0;
     for (size_t i = 0; i < e->n_replicas; i++) {
         if (strcmp(e->replicas[i], mv->target) == 0)
@@ -351,20 +382,20 @@ static bool done_in(const mover *mv, const Drey__Internal__V1__PartitionEntry *e
     return false;
 }
 
-static handover read_back(mover *mv, const char *key) {
+static flip read_back(mover *mv, const char *key) {
     drey_cluster *c = mv->c;
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
-    handover h = UNKNOWN;
+    flip h = UNKNOWN;
     if (drey_etcd_get(c->etcd, key, false, ETCD_CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK) {
         h = KEPT;
         if (resp->n_kvs == 1) {
             Drey__Internal__V1__PartitionEntry *e = drey__internal__v1__partition_entry__unpack(
                 drey_arena_protobuf_allocator(&a), resp->kvs[0]->value.len, resp->kvs[0]->value.data);
             if (e != NULL && done_in(mv, e)) {
-                h = HANDED_OVER;
+                h = FLIPPED;
                 drey_cluster__apply_own_write(c, key, resp->kvs[0]->value.data, resp->kvs[0]->value.len,
                                               resp->kvs[0]->mod_revision);
             }
@@ -374,12 +405,15 @@ static handover read_back(mover *mv, const char *key) {
     return h;
 }
 
-/* The entry after the handover: the new node primary; the backups stay
- * (they have every write up to the freeze, and the new primary continues
- * the partition's sequence), and so does this node as one while the
- * partition would have fewer copies than the replication factor without
- * it. For a new backup: this node stays primary, the backup joins the set.
- * False when the entry is no longer the one planned. */
+/* The entry after the flip, false when it is no longer the one planned:
+ *   - a move: the target primary; the backups stay (they have every write
+ *     up to the freeze, and the new primary continues the partition's
+ *     sequence), and so does this node as one while the partition would
+ *     have fewer copies than the factor without it; the copies under way
+ *     were this node's (the new primary plans its own);
+ *   - a handover: the target primary, this node an in-sync backup in its
+ *     place (it has every write); the rest stays;
+ *   - a new backup: it joins the in-sync set, this node stays primary. */
 static bool next_entry(mover *mv, drey_cluster__entry *e, bool *keep_copy) {
     drey_cluster *c = mv->c;
     pthread_mutex_lock(&c->mu);
@@ -390,22 +424,34 @@ static bool next_entry(mover *mv, drey_cluster__entry *e, bool *keep_copy) {
     if (!same)
         return false;
     *keep_copy = true;
-    if (mv->sync) {
-        drey_cluster__entry_remove(e->syncing, &e->n_syncing, mv->target);
+    switch (mv->kind) {
+    case SYNC:
+        if (!drey_cluster__entry_remove(e->syncing, &e->n_syncing, mv->target))
+            return false;
         drey_cluster__entry_add(e->replicas, &e->n_replicas, mv->target);
         return true;
-    }
-    drey_cluster__entry_remove(e->replicas, &e->n_replicas, mv->target);
-    snprintf(e->primary, sizeof e->primary, "%s", mv->target);
-    e->joining[0] = '\0';
-    e->n_syncing = 0; /* copies from this node: the new primary plans its own */
-    *keep_copy = 1 + e->n_replicas < c->rf;
-    if (*keep_copy)
+    case HANDOVER:
+        if (strcmp(e->handover, mv->target) != 0 || !drey_cluster__entry_drop_replica(e, mv->target))
+            return false;
+        snprintf(e->primary, sizeof e->primary, "%s", mv->target);
         drey_cluster__entry_add(e->replicas, &e->n_replicas, c->opts.node_id);
-    return true;
+        return true;
+    case MOVE:
+        if (strcmp(e->joining, mv->target) != 0 || drey_cluster__entry_has(e->replicas, e->n_replicas, mv->target))
+            return false;
+        snprintf(e->primary, sizeof e->primary, "%s", mv->target);
+        e->joining[0] = '\0';
+        e->handover[0] = '\0';
+        e->n_syncing = 0;
+        *keep_copy = 1 + e->n_replicas < c->rf;
+        if (*keep_copy)
+            drey_cluster__entry_add(e->replicas, &e->n_replicas, c->opts.node_id);
+        return true;
+    }
+    return false;
 }
 
-static handover hand_over(mover *mv, bool *keep_copy) {
+static flip flip_entry(mover *mv, bool *keep_copy) {
     drey_cluster *c = mv->c;
     drey_cluster__entry e;
     if (!next_entry(mv, &e, keep_copy)) {
@@ -413,7 +459,7 @@ static handover hand_over(mover *mv, bool *keep_copy) {
         return KEPT;
     }
     switch (drey_cluster__cas_entry(c, mv->partition, mv->epoch, &e, mv->err, sizeof mv->err)) {
-    case DREY_CLUSTER_CAS_APPLIED: return HANDED_OVER;
+    case DREY_CLUSTER_CAS_APPLIED: return FLIPPED;
     case DREY_CLUSTER_CAS_REFUSED: return KEPT;
     case DREY_CLUSTER_CAS_UNKNOWN: break;
     }
@@ -424,7 +470,7 @@ static handover hand_over(mover *mv, bool *keep_copy) {
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
     const char *key = drey_cluster__partition_key(c, &a, mv->partition);
-    handover h;
+    flip h;
     do {
         pthread_mutex_lock(&c->mu);
         bool leaving = c->leaving;
@@ -433,231 +479,236 @@ static handover hand_over(mover *mv, bool *keep_copy) {
             h = UNKNOWN;
             break;
         }
-        drey_cluster__nap_ms(100);
+        drey_nap_ms(100);
     } while ((h = read_back(mv, key)) == UNKNOWN);
     drey_arena_destroy(&a);
     return h;
 }
 
+/* A handover's check: the target has applied every write of the
+ * partition up to seq. Every one was acknowledged by it before it was
+ * answered, so this waits at most for its apply to be noted (and for its
+ * table, if its watch is behind), CONFIRM_MS in all. */
+static bool confirm(mover *mv, uint64_t seq) {
+    drey_cluster *c = mv->c;
+    Drey__Internal__V1__ConfirmRequest req = DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT;
+    req.partition = mv->partition;
+    req.partitions = c->n_parts;
+    req.epoch = mv->epoch;
+    req.sequence = seq;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__confirm_request__pack(&req, buf);
+    int64_t until = drey_mono_ns() + CONFIRM_MS * 1000000LL;
+    for (;;) {
+        char reason[64];
+        int code = call_target(mv, DREY_REPLICA_CONFIRM_PATH, buf, len, reason, sizeof reason);
+        if (code == 0)
+            return true;
+        if (strcmp(reason, "NOT_CAUGHT_UP") != 0 || drey_mono_ns() > until)
+            return false;
+        drey_nap_ms(2);
+    }
+}
+
 /* --- 5: the drop, a journaled write of this node ------------------------------------- */
 
-typedef struct local_door {
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    bool done, ok;
-    char error[128];
-    const char *self;
-} local_door;
-
-static void local_finish(local_door *d, bool ok, const char *error) {
-    pthread_mutex_lock(&d->mu);
-    d->ok = ok;
-    snprintf(d->error, sizeof d->error, "%s", error);
-    d->done = true;
-    pthread_cond_signal(&d->cond);
-    pthread_mutex_unlock(&d->mu);
-}
-
-static void local_reply(void *door, const ProtobufCMessage *response) {
-    (void)response;
-    local_finish(door, true, "");
-}
-
-static void local_fail(void *door, const drey_status *st) {
-    local_finish(door, false, drey_error_lookup(st->error)->reason);
-}
-
-static void local_relay(void *door, const drey_answer *a) {
-    local_finish(door, a->code == 0, "relayed");
-}
-
-/* The node calling itself: it is the peer its metadata names. */
-static const char *local_metadata(void *door, const char *key, size_t *len) {
-    local_door *d = door;
-    if (strcmp(key, DREY_FORWARDED_BY) != 0)
-        return NULL;
-    *len = strlen(d->self);
-    return d->self;
-}
-
-static const char *local_peer(void *door) {
-    (void)door;
-    return "node:self";
-}
-
-static int64_t local_deadline(void *door) {
-    (void)door;
-    return INT64_MAX;
-}
-
-static bool local_peer_is(void *door, const char *id, size_t len) {
-    local_door *d = door;
-    return strlen(d->self) == len && memcmp(d->self, id, len) == 0;
-}
-
-static const drey_request_ops local_ops = {
-    .reply = local_reply,
-    .fail = local_fail,
-    .relay = local_relay,
-    .metadata = local_metadata,
-    .peer = local_peer,
-    .deadline_mono_ns = local_deadline,
-    .peer_is = local_peer_is,
-};
-
-static bool drop(drey_cluster *c, uint32_t p) {
+/* The Drop goes through this node's own chain, in-process, as a peer's
+ * would (journaled like any write); the table's check (backup.c) and the
+ * partition's imported epoch (src/partition) keep it off a copy that came
+ * back. */
+static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_DROP_PATH);
     if (m == NULL || c->opts.pipeline == NULL)
         return false;
-    local_door d = {.self = c->opts.node_id};
-    pthread_mutex_init(&d.mu, NULL);
-    pthread_cond_init(&d.cond, NULL);
-    drey_arena a;
-    drey_arena_init(&a, NULL, 0);
-    Drey__Internal__V1__DropRequest *req = drey_arena_alloc(&a, sizeof *req);
-    drey__internal__v1__drop_request__init(req);
-    req->partition = p;
-    req->partitions = c->n_parts;
-    size_t len = drey__internal__v1__drop_request__get_packed_size(req);
-    uint8_t *bytes = drey_arena_alloc(&a, len ? len : 1);
-    drey__internal__v1__drop_request__pack(req, bytes);
-    drey_request *r = drey_arena_calloc(&a, sizeof *r);
-    drey_request_init(r, &local_ops, &d, &a, m, &req->base, bytes, len);
-    drey_pipeline_submit(c->opts.pipeline, r);
-    pthread_mutex_lock(&d.mu);
-    while (!d.done)
-        pthread_cond_wait(&d.cond, &d.mu); /* the journal answers every write */
-    pthread_mutex_unlock(&d.mu);
-    if (!d.ok)
-        DREY_LOG_WARN("the copy of a partition handed over could not be dropped; it stays in memory unserved",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", d.error));
-    drey_arena_destroy(&a);
-    pthread_mutex_destroy(&d.mu);
-    pthread_cond_destroy(&d.cond);
-    return d.ok;
+    Drey__Internal__V1__DropRequest req = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    req.partition = p;
+    req.partitions = c->n_parts;
+    req.epoch = epoch;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__drop_request__pack(&req, buf);
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    sync_call s = {.done = false};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    drey_pipeline_call_local(c->opts.pipeline, m, buf, len, c->opts.node_id, &h, 1, INT64_MAX, sync_done, &s);
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cond, &s.mu); /* the journal answers every write */
+    pthread_mutex_unlock(&s.mu);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cond);
+    if (s.code != 0)
+        DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
+                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
+    return s.code == 0;
 }
 
-/* --- one move --------------------------------------------------------------------------- */
+/* --- one move ------------------------------------------------------------------------------ */
 
 static uint64_t elapsed_us(int64_t since_ns) {
     return (uint64_t)((drey_mono_ns() - since_ns) / 1000);
 }
 
-static bool move_partition(mover *mv) {
+/* 1 to 3 of a copy: true with the partition frozen and all of it sent;
+ * *froze once it is frozen. */
+static bool copy_out(mover *mv, bool *froze) {
     drey_cluster *c = mv->c;
-    uint32_t p = mv->partition;
-    drey_cluster__pstate *ps = &c->pstate[p];
-    int64_t started = drey_mono_ns();
-    atomic_store(&c->moving, (int64_t)p);
-    atomic_store(&ps->moving, true);
+    drey_cluster__partition *pt = &c->partitions[mv->partition];
+    atomic_store(&pt->moving, true);
     /* A Clear that began before the move finishes before the copy does:
      * Clears that begin after it are refused (fanout.c). */
-    bool ok = wait_zero(c, &c->clearing);
+    bool ok = no_clear(c);
     if (!ok)
         snprintf(mv->err, sizeof mv->err, "a Clear on this node did not finish");
     ok = ok && copy(mv);
     for (int round = 0; ok && round < CATCH_UP_ROUNDS; round++) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         if (n < CATCH_UP_KEYS) {
-            /* Few enough for the pause: they go with the last ones. */
-            pthread_mutex_lock(&c->move_mu);
-            for (drey_cluster__dirty *x = d, *next; x != NULL; x = next) {
-                next = x->next;
-                x->next = c->dirty;
-                c->dirty = x;
-            }
-            pthread_mutex_unlock(&c->move_mu);
+            drey_cluster__partition_give_back(pt, d); /* few enough for the pause: they go with the last ones */
             break;
         }
         ok = send_changes(mv, d, false);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
-    handover h = KEPT;
-    bool keep_copy = true;
-    int64_t paused = drey_mono_ns();
-    bool froze = ok;
-    if (ok && !freeze(c, p)) {
-        ok = false;
+    *froze = ok;
+    if (ok && !freeze(c, mv->partition)) {
         snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
                  FREEZE_DRAIN_MS);
+        return false;
     }
     if (ok) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         ok = send_changes(mv, d, true);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
-    if (ok)
-        h = hand_over(mv, &keep_copy);
-    atomic_store(&ps->moving, false);
-    if (h == UNKNOWN)
-        return false; /* stopping with the handover unconfirmed: stay paused */
-    drey_cluster__thaw(c, p);
-    if (froze) {
-        uint64_t pause = elapsed_us(paused);
-        atomic_store(&c->pause_last_us, pause);
-        if (pause > atomic_load(&c->pause_max_us))
-            atomic_store(&c->pause_max_us, pause);
-    }
-    size_t n;
-    free_dirty(take_dirty(c, p, &n));
-    atomic_store(&c->moving, -1);
-    atomic_fetch_add(&c->moved_entries, mv->entries);
-    atomic_fetch_add(&c->moved_bytes, mv->bytes);
-    if (h != HANDED_OVER) {
-        atomic_fetch_add(&c->moves_failed, 1);
-        DREY_LOG_WARN(mv->sync ? "a copy to a new backup did not complete" :
-                                 "a partition move did not complete; this node keeps the partition",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
+    return ok;
+}
+
+/* A handover's part before the flip: true with the partition frozen and
+ * the target confirmed to have every write of it. */
+static bool ready_handover(mover *mv, bool *froze) {
+    drey_cluster *c = mv->c;
+    *froze = true;
+    if (!freeze(c, mv->partition)) {
+        snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
+                 FREEZE_DRAIN_MS);
         return false;
     }
-    atomic_fetch_add(mv->sync ? &c->backups_added : &c->moves_done, 1);
-    DREY_LOG_INFO(mv->sync ? "partition copied to a new backup" : "partition handed over",
-                  DREY_LOG_UINT("partition", p), DREY_LOG_STR("to", mv->target),
-                  DREY_LOG_UINT("entries", mv->entries), DREY_LOG_UINT("bytes", mv->bytes),
-                  DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
+    /* Every write up to this one was answered, so acknowledged by every
+     * in-sync backup: the target among them. */
+    return confirm(mv, atomic_load(&c->partitions[mv->partition].seq));
+}
+
+static const char *kind_name(move_kind k) {
+    return k == MOVE ? "move" : k == SYNC ? "new backup" : "handover";
+}
+
+static bool run(mover *mv) {
+    drey_cluster *c = mv->c;
+    uint32_t p = mv->partition;
+    drey_cluster__partition *pt = &c->partitions[p];
+    int64_t started = drey_mono_ns();
+    atomic_store(&c->mover.moving, (int64_t)p);
+    bool froze = false, keep_copy = true;
+    bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
+    int64_t paused = drey_mono_ns();
+    flip h = ok ? flip_entry(mv, &keep_copy) : KEPT;
+    atomic_store(&pt->moving, false);
+    if (h == UNKNOWN)
+        return false; /* stopping with the flip unconfirmed: stay paused */
+    drey_cluster__partition_thaw(pt);
+    if (froze) {
+        uint64_t pause = elapsed_us(paused);
+        atomic_store(&c->mover.pause_last_us, pause);
+        if (pause > atomic_load(&c->mover.pause_max_us))
+            atomic_store(&c->mover.pause_max_us, pause);
+    }
+    size_t n;
+    drey_cluster__dirty_free(drey_cluster__partition_take_dirty(pt, &n));
+    atomic_store(&c->mover.moving, -1);
+    atomic_fetch_add(&c->mover.moved_entries, mv->entries);
+    atomic_fetch_add(&c->mover.moved_bytes, mv->bytes);
+    if (h != FLIPPED) {
+        atomic_fetch_add(&c->mover.moves_failed, 1);
+        DREY_LOG_WARN("a partition's move did not complete; this node keeps leading it",
+                      DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
+                      DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
+        return false;
+    }
+    atomic_fetch_add(mv->kind == SYNC ? &c->mover.backups_added : mv->kind == MOVE ? &c->mover.moves_done : &c->mover.handovers_done,
+                     1);
+    DREY_LOG_INFO(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
+                  DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
+                  DREY_LOG_STR("to", mv->target), DREY_LOG_UINT("entries", mv->entries),
+                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->mover.pause_last_us)),
                   DREY_LOG_UINT("took_ms", elapsed_us(started) / 1000));
-    if (!keep_copy)
-        drop(c, p);
+    if (!keep_copy) {
+        pthread_mutex_lock(&c->mu);
+        int64_t epoch = c->epochs[p]; /* the flip's, or newer: the Drop is refused if that names this node */
+        pthread_mutex_unlock(&c->mu);
+        drop(c, p, epoch);
+    }
     return true;
 }
 
 /* --- the loop ------------------------------------------------------------------------------ */
+
+/* The next planned move out of this node whose last try is not too
+ * recent, handovers first (they copy nothing); needs c->mu. */
+static bool next_move(drey_cluster *c, const int64_t *retry_at, mover *mv) {
+    int64_t now = drey_mono_ms();
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t p = 0; p < c->n_parts; p++) {
+            const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+            if (e == NULL || strcmp(e->primary, c->opts.node_id) != 0 || retry_at[p] > now)
+                continue;
+            drey_cluster__entry x;
+            drey_cluster__entry_of(e, &x);
+            const char *target = NULL;
+            if (pass == 0 && x.handover[0] != '\0' && drey_cluster__entry_has(x.replicas, x.n_replicas, x.handover)) {
+                mv->kind = HANDOVER;
+                target = e->handover;
+            } else if (pass == 1 && x.joining[0] != '\0') {
+                /* Never a copy onto an in-sync backup (the rule above): the
+                 * controller turns such a plan into a handover. */
+                if (drey_cluster__entry_has(x.replicas, x.n_replicas, x.joining))
+                    continue;
+                mv->kind = MOVE; /* before the backups: the new primary restores the ones it wants */
+                target = e->joining[0];
+            } else if (pass == 1 && x.n_syncing > 0 &&
+                       !drey_cluster__entry_has(x.replicas, x.n_replicas, x.syncing[0])) {
+                mv->kind = SYNC;
+                target = e->syncing[0];
+            } else {
+                continue;
+            }
+            const Drey__Internal__V1__Member *to = drey_cluster__member_locked(c, target);
+            if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
+                continue; /* the controller replans it */
+            mv->partition = p;
+            mv->target = drey_xstrdup(to->id);
+            mv->address = drey_xstrdup(to->internal);
+            mv->epoch = c->epochs[p];
+            return true;
+        }
+    }
+    return false;
+}
 
 void *drey_cluster__mover_main(void *arg) {
     drey_cluster *c = arg;
     int64_t *retry_at = drey_xcalloc(c->n_parts, sizeof *retry_at);
     pthread_mutex_lock(&c->mu);
     while (!c->leaving) {
-        /* The first planned move out of this node whose last try is not
-         * too recent. */
         mover mv = {.c = c};
-        bool found = false;
-        int64_t now = drey_mono_ms();
-        for (uint32_t p = 0; p < c->n_parts && !found; p++) {
-            const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
-            if (e == NULL || (e->n_joining == 0 && e->n_syncing == 0) || strcmp(e->primary, c->opts.node_id) != 0 ||
-                retry_at[p] > now)
-                continue;
-            /* A move first: the new primary restores the backups it wants. */
-            const char *target = e->n_joining > 0 ? e->joining[0] : e->syncing[0];
-            const Drey__Internal__V1__Member *to = drey_cluster__member_locked(c, target);
-            if (to == NULL || to->internal[0] == '\0' || strcmp(target, c->opts.node_id) == 0)
-                continue; /* the controller replans it */
-            mv.sync = e->n_joining == 0;
-            mv.partition = p;
-            mv.target = drey_xstrdup(to->id);
-            mv.address = drey_xstrdup(to->internal);
-            mv.epoch = c->epochs[p];
-            found = true;
-        }
-        if (!found) {
+        if (!next_move(c, retry_at, &mv)) {
             drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(RETRY_MS));
             continue;
         }
         pthread_mutex_unlock(&c->mu);
-        if (!move_partition(&mv))
+        if (!run(&mv))
             retry_at[mv.partition] = drey_mono_ms() + RETRY_MS;
         free((char *)mv.target);
         free((char *)mv.address);

@@ -18,6 +18,7 @@
 #include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/log.h"
 #include "internal.h"
+#include "table.h"
 
 struct topo_watcher {
     topo_watcher *next, *prev;
@@ -39,6 +40,22 @@ void drey_cluster__topology_unref(drey_cluster__topology *t) {
     free(t->nodes);
     free(t->parts);
     free(t);
+}
+
+bool drey_cluster__in_sync(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_replicas; i++) {
+        if (t->parts[p].replicas[i] == node)
+            return true;
+    }
+    return false;
+}
+
+bool drey_cluster__copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_joining; i++) {
+        if (t->parts[p].joining[i] == node)
+            return true;
+    }
+    return false;
 }
 
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c) {
@@ -92,6 +109,10 @@ void drey_cluster__publish_locked(drey_cluster *c) {
             pt->joining[pt->n_joining++] = node_index(t, &cap, e->joining[i]);
         for (size_t i = 0; e != NULL && i < e->n_syncing && pt->n_joining < DREY_CLUSTER_MAX_REPLICAS; i++)
             pt->joining[pt->n_joining++] = node_index(t, &cap, e->syncing[i]);
+        pt->next_primary = e == NULL                ? -1
+                           : e->n_joining > 0        ? node_index(t, &cap, e->joining[0])
+                           : e->handover[0] != '\0' ? node_index(t, &cap, e->handover)
+                                                     : -1;
     }
     t->self = -1;
     for (size_t i = 0; i < t->n_nodes; i++) {
@@ -101,8 +122,8 @@ void drey_cluster__publish_locked(drey_cluster *c) {
     snprintf(t->controller, sizeof t->controller, "%s", c->controller);
     /* For watch subscriptions: an owner reports a partition's changes only
      * while it owns it (not the copy it receives, nor the one it drops). */
-    for (uint32_t p = 0; c->pstate != NULL && p < c->n_parts; p++)
-        atomic_store(&c->pstate[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
+        atomic_store(&c->partitions[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
     drey_cluster__topology *old = c->topo;
     c->topo = t;
     drey_cluster__topology_unref(old);
@@ -146,6 +167,7 @@ static void send_topology(drey_call *call, const drey_cluster__topology *t) {
         pp->joining = drey_arena_alloc(&a, (pp->n_joining ? pp->n_joining : 1) * sizeof *pp->joining);
         for (size_t i = 0; i < pp->n_joining; i++)
             pp->joining[i] = t->nodes[t->parts[p].joining[i]].id;
+        pp->next_primary = t->parts[p].next_primary >= 0 ? t->nodes[t->parts[p].next_primary].id : "";
         msg.partitions[p] = pp;
     }
     drey_call_send(call, &msg.base);

@@ -24,6 +24,7 @@
 
 #include "drey/admin.h"
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/cache.h"
 #include "drey/clock.h"
@@ -43,7 +44,9 @@
 #include "drey/status.h"
 #include "drey/storage.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
+#include "drey/version.h"
 #include "drey/watch.h"
 
 /* jemalloc's options, read before main runs (MALLOC_CONF in the environment
@@ -150,6 +153,27 @@ static int64_t journal_horizon(void *ctx, int64_t now_ms) {
     return drey_journal_sweep_horizon(ctx, now_ms);
 }
 
+/* A token's grants, compiled once and kept with it by auth. */
+static void *grants_make(void *ctx, const char *claims, size_t len) {
+    return drey_authz_grants_for(ctx, claims, len);
+}
+
+static void grants_ref(void *g) {
+    drey_authz_grants_ref(g);
+}
+
+static void grants_unref(void *g) {
+    drey_authz_grants_unref(g);
+}
+
+static bool grants_current(void *ctx, const void *g) {
+    return drey_authz_current(ctx, g);
+}
+
+static int64_t tenant_limit(void *ctx, const char *tenant, size_t len) {
+    return drey_authz_tenant_limit(ctx, tenant, len);
+}
+
 int main(int argc, char **argv, char **envp) {
     if (argc >= 2 && strcmp(argv[1], "storage") == 0)
         return drey_storage_tool(argc - 2, argv + 2, stdout, stderr);
@@ -166,6 +190,8 @@ int main(int argc, char **argv, char **envp) {
             drey_config_print_markdown(stdout);
         else if (help == DREY_CONFIG_HELP_ERRORS)
             print_error_catalogue(stdout);
+        else if (help == DREY_CONFIG_HELP_VERSION)
+            drey_version_print(stdout, "dreyd");
         else
             drey_config_print_help(stdout);
         drey_config_free(&cfg);
@@ -204,6 +230,9 @@ int main(int argc, char **argv, char **envp) {
         return 2;
     }
     drey_log_set_level(level);
+    /* First, so every log says what wrote it. */
+    DREY_LOG_INFO("dreyd", DREY_LOG_STR("version", drey_version()), DREY_LOG_STR("revision", drey_version_revision()),
+                  DREY_LOG_STR("build", drey_version_build()));
     gpr_set_log_function(grpc_log_to_json);
     bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
     if (!jwt && !drey_config_listen_is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
@@ -254,6 +283,21 @@ int main(int argc, char **argv, char **envp) {
         }
         drey_auth_watch(auth, cfg.jwt_reload_interval_ms);
     }
+    drey_authz *authz = NULL;
+    if (cfg.authz_policy[0] != '\0') {
+        authz = drey_authz_create(cfg.authz_policy, err, sizeof err);
+        if (authz == NULL) {
+            DREY_LOG_ERROR("cannot load the authorization policy", DREY_LOG_STR("error", err));
+            drey_auth_destroy(auth);
+            drey_config_free(&cfg);
+            return 2;
+        }
+        drey_authz_watch(authz, cfg.authz_reload_interval_ms);
+        if (auth != NULL)
+            drey_auth_set_attach(auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref,
+                                                           .unref = grants_unref, .current = grants_current,
+                                                           .ctx = authz});
+    }
     drey_timers *timers = drey_timers_create();
     drey_bp_options bo = {
         .max_inflight = (uint32_t)cfg.max_inflight,
@@ -273,6 +317,11 @@ int main(int argc, char **argv, char **envp) {
     drey_bp *bp = drey_bp_create(&bo, timers);
     drey_store *store = drey_store_create();
     drey_store_set_policy(store, eviction);
+    /* Always: entries keep their tenants through snapshots and the journal
+     * whether or not a policy names quotas now. */
+    drey_tenants *tenants = drey_tenants_create(store);
+    if (authz != NULL)
+        drey_tenants_set_limits(tenants, tenant_limit, authz);
     drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id, .max_caches = (uint32_t)cfg.max_caches};
     drey_memory *memory = drey_memory_create(&mo, store);
     drey_cache *cache = drey_cache_create(store);
@@ -280,6 +329,9 @@ int main(int argc, char **argv, char **envp) {
     drey_metrics *metrics = drey_metrics_create();
     drey_ops *ops = NULL;
     drey_admin_options adm = {
+        .metrics_principals = (size_t)cfg.metrics_principals,
+        .authz = authz,
+        .tenants = authz != NULL ? tenants : NULL,
         .durable = !cfg.ephemeral,
         .fsync_policy = cfg.fsync,
         .memory = memory,
@@ -305,6 +357,7 @@ int main(int argc, char **argv, char **envp) {
     };
     drey_commit *commit = drey_commit_create(&copts);
     drey_partition_replica *replica = drey_partition_replica_create(commit, memory);
+    drey_partition *partitions = drey_partition_create(store);
     drey_pipeline_options popts = {
         .limits = {
             .max_cache_name_bytes = (size_t)cfg.max_cache_name_bytes,
@@ -316,6 +369,8 @@ int main(int argc, char **argv, char **envp) {
         .commit = commit,
         .auth = auth,
         .auth_required = auth != NULL,
+        .authz = authz,
+        .tenants = tenants,
         .backpressure = bp,
         .memory = memory,
         .metrics = metrics,
@@ -341,6 +396,8 @@ int main(int argc, char **argv, char **envp) {
     int internal_port = 0;
 
     int rc = 0;
+    char build_id[160];
+    snprintf(build_id, sizeof build_id, "drey %s %s", drey_version(), drey_version_revision());
     if (clustered) {
         drey_server_options io = {
             .listen = cfg.internal_listen,
@@ -357,6 +414,10 @@ int main(int argc, char **argv, char **envp) {
         internal = drey_server_create(&io);
         drey_cluster_options co = {
             .etcd = cfg.cluster_etcd,
+            .etcd_tls = {.ca_file = cfg.cluster_etcd_ca, .cert_file = cfg.cluster_etcd_cert,
+                         .key_file = cfg.cluster_etcd_key},
+            .etcd_user = cfg.cluster_etcd_user,
+            .etcd_password_file = cfg.cluster_etcd_password_file,
             .prefix = cfg.cluster_prefix,
             .node_id = node_id,
             .lease_ttl_s = (cfg.cluster_lease_ttl_ms + 999) / 1000,
@@ -365,7 +426,7 @@ int main(int argc, char **argv, char **envp) {
             .tls_key = cfg.internal_tls_key,
             .tls_ca = cfg.internal_tls_ca,
             .peer_addresses = cfg.cluster_peer_address,
-            .build = "drey",
+            .build = build_id,
             .timers = timers,
             .store = store,
             .pipeline = pipeline,
@@ -385,7 +446,7 @@ int main(int argc, char **argv, char **envp) {
         }
     }
     /* Always: a journal written as a cluster node replays anywhere. */
-    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, store) ||
+    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, partitions) ||
         !drey_partition_register_replica(methods, replica) ||
         !drey_health_register(health, methods, server) ||
         !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
@@ -402,8 +463,13 @@ int main(int argc, char **argv, char **envp) {
     for (size_t i = 0; i < n_methods && i < 64; i++)
         method_names[i] = drey_server_method_path(server, i);
     drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
+    drey_metrics_add_collector(metrics, drey_metrics_collect_process, NULL);
     drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
     drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
+    if (authz != NULL) {
+        drey_metrics_add_collector(metrics, drey_authz_collect_metrics, authz);
+        drey_metrics_add_collector(metrics, drey_tenants_collect_metrics, tenants);
+    }
     drey_server_set_call_observer(server, observe_call, metrics);
     /* Health answers from the start; the node is SERVING once recovered. */
     drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
@@ -423,7 +489,8 @@ int main(int argc, char **argv, char **envp) {
     }
     int ops_port = 0;
     if (cfg.ops_listen[0] != '\0') {
-        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth};
+        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth,
+                               .authz = authz};
         ops = drey_ops_start(&oo, err, sizeof err);
         if (ops == NULL) {
             DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err));
@@ -486,6 +553,13 @@ int main(int argc, char **argv, char **envp) {
             drey_server_shutdown(internal, 0);
             goto out;
         }
+        if (authz != NULL && drey_cluster_attach_tenants(cluster, tenants, err, sizeof err) != 0) {
+            DREY_LOG_ERROR("cannot share tenants' quotas: the node will not start", DREY_LOG_STR("error", err));
+            rc = 1;
+            drey_server_shutdown(server, 0);
+            drey_server_shutdown(internal, 0);
+            goto out;
+        }
         drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
         if (drey_cluster_replication_factor(cluster) > 1)
             drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
@@ -505,9 +579,11 @@ int main(int argc, char **argv, char **envp) {
 
     int sig;
     while ((sig = wait_signal(&sigs, -1)) == SIGHUP) {
-        if (auth == NULL)
-            continue;
-        drey_auth_reload(auth, err, sizeof err); /* logs its outcome */
+        /* Each logs its outcome. */
+        if (auth != NULL)
+            drey_auth_reload(auth, err, sizeof err);
+        if (authz != NULL)
+            drey_authz_reload(authz, err, sizeof err);
     }
     /* A cluster node first hands its partitions to the others, serving
      * meanwhile: what it owns when it stops is unavailable until it comes
@@ -530,7 +606,8 @@ int main(int argc, char **argv, char **envp) {
     }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
     /* Out of the membership first, so peers stop forwarding here; calls in
-     * flight still finish. */
+     * flight still finish. The quota ledger goes before the etcd client. */
+    drey_tenants_leave(tenants);
     drey_cluster_leave(cluster);
     /* Streams end now, or the server would wait for them until its timeout. */
     drey_watch_stop(watch);
@@ -548,10 +625,12 @@ out:
     drey_server_destroy(server);
     drey_server_destroy(internal);
     drey_watch_destroy(watch); /* after the server: its streams are over */
+    drey_tenants_leave(tenants); /* before the etcd client goes (a start that failed after joining) */
     drey_cluster_destroy(cluster);
     drey_pipeline_destroy(pipeline);
     drey_commit_destroy(commit);
     drey_partition_replica_destroy(replica);
+    drey_partition_destroy(partitions);
     drey_method_table_destroy(methods);
     drey_admin_destroy(admin);
     drey_health_destroy(health);
@@ -559,12 +638,14 @@ out:
     drey_metrics_destroy(metrics);
     drey_memory_destroy(memory);
     drey_store_destroy(store);
+    drey_tenants_destroy(tenants); /* the store no longer calls in */
     drey_bp_destroy(bp);
     drey_timers_destroy(timers);
     if (auth != NULL) {
         drey_auth_stop_watch(auth);
-        drey_auth_destroy(auth);
+        drey_auth_destroy(auth); /* before authz: the token cache holds grants */
     }
+    drey_authz_destroy(authz);
     if (rc == 0)
         DREY_LOG_INFO("stopped");
     drey_config_free(&cfg);

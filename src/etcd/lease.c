@@ -34,7 +34,9 @@ struct drey_etcd_keepalive {
     size_t ep;
     grpc_call *call;
     grpc_byte_buffer *send, *recv;
-    grpc_metadata md[1];
+    grpc_metadata md[2]; /* hasleader, and the token when etcd wants one */
+    size_t n_md;
+    uint64_t token_gen;
     grpc_metadata_array initial_md, trailing_md;
     grpc_status_code code;
     grpc_slice details;
@@ -98,7 +100,7 @@ static void send_renewal(drey_etcd_keepalive *k) {
     size_t n = 0;
     if (!k->headers_sent) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[n].data.send_initial_metadata.count = 1;
+        ops[n].data.send_initial_metadata.count = k->n_md;
         ops[n++].data.send_initial_metadata.metadata = k->md;
         k->headers_sent = true;
     }
@@ -137,6 +139,7 @@ static void start_attempt(drey_etcd_keepalive *k) {
     k->recv = NULL;
     k->headers_sent = false;
     drey_etcd__hasleader(&k->md[0]);
+    k->n_md = 1 + drey_etcd__token_md(k->s.e, &k->md[1], &k->token_gen);
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -163,6 +166,11 @@ static void maybe_finish(drey_etcd_keepalive *k) {
     grpc_slice_unref(k->details);
     grpc_metadata_array_destroy(&k->initial_md);
     grpc_metadata_array_destroy(&k->trailing_md);
+    if (k->n_md > 1)
+        grpc_slice_unref(k->md[1].value);
+    k->n_md = 0;
+    if (k->code == GRPC_STATUS_UNAUTHENTICATED)
+        drey_etcd__token_stale(k->s.e, k->token_gen); /* the next stream gets a new one */
     /* A renewal the stream took with it may have reached etcd; it proves
      * nothing here. */
     k->outstanding = false;

@@ -39,7 +39,9 @@ struct drey_etcd_watch {
     size_t ep;
     grpc_call *call;
     grpc_byte_buffer *send, *recv;
-    grpc_metadata md[1];
+    grpc_metadata md[2];   /* hasleader, and the token when etcd wants one */
+    size_t n_md;
+    uint64_t token_gen;    /* of the token this stream was opened with */
     grpc_metadata_array initial_md, trailing_md;
     grpc_status_code code;
     grpc_slice details;
@@ -66,12 +68,12 @@ static bool retryable(grpc_status_code code) {
     case GRPC_STATUS_FAILED_PRECONDITION:
     case GRPC_STATUS_OUT_OF_RANGE:
     case GRPC_STATUS_UNIMPLEMENTED:
-    case GRPC_STATUS_UNAUTHENTICATED:
         return false;
     default:
         /* UNAVAILABLE (a member down, or without a leader), INTERNAL and
          * the rest: another stream can make progress (clientv3's isHaltErr
-         * halts on fewer codes than it retries). */
+         * halts on fewer codes than it retries). UNAUTHENTICATED: the
+         * token expired, a new one is being fetched. */
         return true;
     }
 }
@@ -119,6 +121,7 @@ static void start_attempt(drey_etcd_watch *w) {
     w->details = grpc_empty_slice();
     w->recv = NULL;
     drey_etcd__hasleader(&w->md[0]);
+    w->n_md = 1 + drey_etcd__token_md(e, &w->md[1], &w->token_gen);
 
     Etcdserverpb__WatchCreateRequest create = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
     create.key = w->key;
@@ -146,7 +149,7 @@ static void start_attempt(drey_etcd_watch *w) {
     w->s.pending++;
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = 1;
+    ops[0].data.send_initial_metadata.count = w->n_md;
     ops[0].data.send_initial_metadata.metadata = w->md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = w->send;
@@ -178,7 +181,12 @@ static void maybe_finish(drey_etcd_watch *w) {
     grpc_slice_unref(w->details);
     grpc_metadata_array_destroy(&w->initial_md);
     grpc_metadata_array_destroy(&w->trailing_md);
+    if (w->n_md > 1)
+        grpc_slice_unref(w->md[1].value);
+    w->n_md = 0;
     set_stats(w, false, false);
+    if (code == GRPC_STATUS_UNAUTHENTICATED)
+        drey_etcd__token_stale(e, w->token_gen);
     if (w->s.closing || w->ended)
         return;
     if (!retryable(code)) {

@@ -4,14 +4,18 @@
  */
 #include "drey/metrics.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "drey/alloc.h"
+#include "drey/version.h"
 
 #define MAX_METHODS 64
 #define MAX_CODES 17
@@ -229,6 +233,114 @@ static void write_histogram(FILE *out, const char *name, const char *labels, dre
                         (double)atomic_load_explicit(&h->sum_micro, memory_order_relaxed) / 1e6);
     snprintf(sumname, sizeof sumname, "%s_count", name);
     drey_metrics_sample(out, sumname, labels, (double)cumulative);
+}
+
+/* --- the process: the names and meanings every Prometheus client library
+ * uses (process_*), read from /proc at scrape time. ------------------------ */
+
+/* Fields 22 (starttime, clock ticks after boot), 23 (vsize, bytes) and 24
+ * (rss, pages) of /proc/self/stat; false when unreadable. */
+static bool read_stat(double *start_ticks, double *vsize, double *rss_pages) {
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f == NULL)
+        return false;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* The command name may hold spaces and parentheses: fields are counted
+     * after the last ')', which ends field 2. */
+    char *p = strrchr(buf, ')');
+    if (p == NULL)
+        return false;
+    unsigned long long v[22];
+    int field = 3;
+    for (p++; field <= 24 && *p != '\0'; field++) {
+        while (*p == ' ')
+            p++;
+        char *end;
+        unsigned long long x = strtoull(p, &end, 10);
+        if (end == p && field != 3)
+            return false;
+        if (field >= 22)
+            v[field - 22] = x;
+        p = end == p ? p + 1 : end;
+    }
+    if (field <= 24)
+        return false;
+    *start_ticks = (double)v[0];
+    *vsize = (double)v[1];
+    *rss_pages = (double)v[2];
+    return true;
+}
+
+/* The boot time, seconds since the epoch (btime in /proc/stat); 0 if unknown. */
+static double boot_time(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (f == NULL)
+        return 0;
+    char line[256];
+    double bt = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "btime ", 6) == 0) {
+            bt = strtod(line + 6, NULL);
+            break;
+        }
+    }
+    fclose(f);
+    return bt;
+}
+
+static long open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return -1;
+    long n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own descriptor */
+}
+
+void drey_metrics_collect_process(void *ctx, FILE *out) {
+    (void)ctx;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        drey_metrics_header(out, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+        drey_metrics_sample(out, "process_cpu_seconds_total", NULL,
+                            (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                                (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+    }
+    double start, vsize, rss;
+    if (read_stat(&start, &vsize, &rss)) {
+        drey_metrics_header(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+        drey_metrics_sample(out, "process_resident_memory_bytes", NULL, rss * (double)sysconf(_SC_PAGESIZE));
+        drey_metrics_header(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+        drey_metrics_sample(out, "process_virtual_memory_bytes", NULL, vsize);
+        double bt = boot_time();
+        if (bt > 0) {
+            drey_metrics_header(out, "process_start_time_seconds", "gauge",
+                                "Start time of the process since unix epoch in seconds.");
+            drey_metrics_sample(out, "process_start_time_seconds", NULL, bt + start / (double)sysconf(_SC_CLK_TCK));
+        }
+    }
+    long fds = open_fds();
+    if (fds >= 0) {
+        drey_metrics_header(out, "process_open_fds", "gauge", "Number of open file descriptors.");
+        drey_metrics_sample(out, "process_open_fds", NULL, (double)fds);
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        drey_metrics_header(out, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+        drey_metrics_sample(out, "process_max_fds", NULL,
+                            rl.rlim_cur == RLIM_INFINITY ? (double)INT64_MAX : (double)rl.rlim_cur);
+    }
+    char labels[512];
+    drey_metrics_labels(labels, sizeof labels, "version", drey_version(), "revision", drey_version_revision(), NULL);
+    drey_metrics_header(out, "drey_build_info", "gauge",
+                        "Always 1: the version and git revision of this dreyd (dreyd --version).");
+    drey_metrics_sample(out, "drey_build_info", labels, 1);
 }
 
 void drey_metrics_write(drey_metrics *m, FILE *out) {

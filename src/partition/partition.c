@@ -7,11 +7,21 @@
  * cost the partition's entries. A record whose partition count is not the
  * store's (replayed before the node joined, or on a standalone node) walks
  * the whole store instead, computing each entry's partition.
+ *
+ * A Drop names the epoch at which its node stopped holding the partition,
+ * and each partition remembers the newest epoch it was imported at (in
+ * memory, rebuilt by replay, as the Imports are journaled): a Drop older
+ * than an Import applied before it removes nothing, live and on replay.
+ * The partition came back to this node in between, and the copy that came
+ * is the one to keep.
  */
 #include "drey/partition.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/commit.h"
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/placement.h"
@@ -108,11 +118,43 @@ static void key_of(drey_store *s, drey_key *k, const Drey__Internal__V1__MovedEn
     drey_store_key(s, k, bytes_of(&e->cache), e->cache.len, bytes_of(&e->key), e->key.len);
 }
 
+/* The store and, per partition, the newest epoch an Import was applied at.
+ * Writes apply one at a time in journal order (the commit's order), live
+ * and on replay; the lock is for the readers that are not writes. */
+struct drey_partition {
+    drey_store *store;
+    pthread_mutex_t mu;
+    int64_t *imported; /* n; NULL until the first Import */
+    uint32_t n;
+};
+typedef drey_partition partitions;
+
+static void note_import(partitions *ps, uint32_t p, uint32_t n, int64_t epoch) {
+    pthread_mutex_lock(&ps->mu);
+    if (ps->n != n) {
+        free(ps->imported);
+        ps->imported = drey_xcalloc(n, sizeof *ps->imported);
+        ps->n = n;
+    }
+    if (epoch > ps->imported[p])
+        ps->imported[p] = epoch;
+    pthread_mutex_unlock(&ps->mu);
+}
+
+static int64_t imported_at(partitions *ps, uint32_t p, uint32_t n) {
+    pthread_mutex_lock(&ps->mu);
+    int64_t e = ps->n == n ? ps->imported[p] : 0;
+    pthread_mutex_unlock(&ps->mu);
+    return e;
+}
+
 static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
-    drey_store *s = ctx;
+    partitions *ps = ctx;
+    drey_store *s = ps->store;
     const Drey__Internal__V1__ImportRequest *req = (const void *)msg;
     if (!well_formed(ax, req->partition, req->partitions))
         return NULL;
+    note_import(ps, req->partition, req->partitions, req->epoch);
     if (req->replace)
         drop(s, req->partition, req->partitions, ax->now_ms, ax->arena);
     for (size_t i = 0; i < req->n_removed; i++) {
@@ -127,6 +169,7 @@ static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufC
         drey_value v = {.kind = (drey_value_kind)e->kind, .data = bytes_of(&e->value), .len = (uint32_t)e->value.len};
         drey_store_txn t;
         drey_store_txn_begin(s, &t, &k, 1);
+        t.tenant = drey_store_tenant_id(s, e->tenant, strlen(e->tenant)); /* as it was on the old copy */
         drey_store_txn_put(&t, &k, &v, e->expires_at_ms, e->version);
         drey_store_txn_end(&t);
     }
@@ -155,21 +198,38 @@ static uint64_t import_versions(const ProtobufCMessage *msg) {
 }
 
 static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    partitions *ps = ctx;
     const Drey__Internal__V1__DropRequest *req = (const void *)msg;
     if (!well_formed(ax, req->partition, req->partitions))
         return NULL;
     Drey__Internal__V1__DropResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__internal__v1__drop_response__init(resp);
-    resp->entries = drop(ctx, req->partition, req->partitions, ax->now_ms, ax->arena);
+    if (imported_at(ps, req->partition, req->partitions) <= req->epoch)
+        resp->entries = drop(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena);
     return &resp->base;
 }
 
-bool drey_partition_register(drey_method_table *t, drey_store *s) {
+drey_partition *drey_partition_create(drey_store *s) {
+    partitions *ps = drey_xcalloc(1, sizeof *ps);
+    ps->store = s;
+    pthread_mutex_init(&ps->mu, NULL);
+    return ps;
+}
+
+void drey_partition_destroy(drey_partition *ps) {
+    if (ps == NULL)
+        return;
+    pthread_mutex_destroy(&ps->mu);
+    free(ps->imported);
+    free(ps);
+}
+
+bool drey_partition_register(drey_method_table *t, drey_partition *ps) {
     const drey_method_spec specs[] = {
-        {.name = "Import", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
+        {.name = "Import", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
          .growth = import_growth, .versions_brought = import_versions},
-        {.name = "Drop", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
+        {.name = "Drop", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,
-                                         sizeof specs / sizeof specs[0], s);
+                                         sizeof specs / sizeof specs[0], ps);
 }

@@ -94,6 +94,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     QUOTA(NODE_WATCH_LIMIT, "NODE_WATCH_LIMIT", "the node has as many Watch streams open as it may (--max-watches)"),
     QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
           "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
+    QUOTA(TENANT_MEMORY_QUOTA, "TENANT_MEMORY_QUOTA",
+          "the write would take its tenant's entries past the tenant's memory quota (tenants.maxBytes)"),
 #undef QUOTA
     [DREY_ERR_CROSS_PARTITION] = {DREY_ERR_CROSS_PARTITION, GRPC_STATUS_INVALID_ARGUMENT, "CROSS_PARTITION",
                                   "the entries of an atomic batch must share a partition (use one {hash tag})"},
@@ -130,6 +132,18 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
                                   "needs a fresh copy"},
     [DREY_ERR_NOT_REPLICA] = {DREY_ERR_NOT_REPLICA, GRPC_STATUS_FAILED_PRECONDITION, "NOT_REPLICA",
                               "this node is not an in-sync backup of the partition, or the sender not its primary"},
+    [DREY_ERR_IN_SYNC_COPY] = {DREY_ERR_IN_SYNC_COPY, GRPC_STATUS_FAILED_PRECONDITION, "IN_SYNC_COPY",
+                               "this node holds an in-sync copy of the partition: it has every acknowledged write "
+                               "and a failover may promote it, so no import replaces it"},
+    [DREY_ERR_COPY_NOT_PLANNED] = {DREY_ERR_COPY_NOT_PLANNED, GRPC_STATUS_FAILED_PRECONDITION, "COPY_NOT_PLANNED",
+                                   "the partition's entry at the import's epoch does not name this node the target "
+                                   "of a copy from the sender"},
+    [DREY_ERR_NOT_CAUGHT_UP] = {DREY_ERR_NOT_CAUGHT_UP, GRPC_STATUS_FAILED_PRECONDITION, "NOT_CAUGHT_UP",
+                                "this backup has not applied every write of the partition up to the sequence asked "
+                                "(or its table is older than the epoch): ask again"},
+    [DREY_ERR_NOT_PERMITTED] = {DREY_ERR_NOT_PERMITTED, GRPC_STATUS_PERMISSION_DENIED, "NOT_PERMITTED",
+                                "the caller's roles do not grant this verb on this cache and every key the "
+                                "request names (--authz-policy)"},
     [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
 };
 
@@ -288,4 +302,27 @@ void drey_status_encode(const drey_status *st, drey_arena *a, uint8_t **out, siz
     *out_len = protobuf_c_message_get_packed_size(&s.base);
     *out = drey_arena_alloc(a, *out_len);
     protobuf_c_message_pack(&s.base, *out);
+}
+
+int64_t drey_status_retry_delay_ms(const uint8_t *details, size_t len) {
+    static const char suffix[] = "/google.rpc.RetryInfo";
+    const size_t n = sizeof suffix - 1;
+    Google__Rpc__Status *s = google__rpc__status__unpack(NULL, len, details);
+    if (s == NULL)
+        return -1;
+    int64_t ms = -1;
+    for (size_t i = 0; i < s->n_details && ms < 0; i++) {
+        const Google__Protobuf__Any *any = s->details[i];
+        size_t tl = any->type_url != NULL ? strlen(any->type_url) : 0;
+        if (tl < n || strcmp(any->type_url + tl - n, suffix) != 0)
+            continue;
+        Google__Rpc__RetryInfo *ri = google__rpc__retry_info__unpack(NULL, any->value.len, any->value.data);
+        if (ri != NULL && ri->retry_delay != NULL && ri->retry_delay->seconds >= 0 && ri->retry_delay->nanos >= 0 &&
+            ri->retry_delay->seconds < INT64_MAX / 1000 - 1)
+            ms = ri->retry_delay->seconds * 1000 + (ri->retry_delay->nanos + 999999) / 1000000;
+        if (ri != NULL)
+            google__rpc__retry_info__free_unpacked(ri, NULL);
+    }
+    google__rpc__status__free_unpacked(s, NULL);
+    return ms;
 }

@@ -141,6 +141,10 @@ static int dump_record(void *ctx, const drey_journal_record *rec) {
     json_string(out, jr->principal, strlen(jr->principal));
     fprintf(out, ",\"request_id\":");
     json_string(out, jr->request_id, strlen(jr->request_id));
+    if (jr->tenant[0] != '\0') {
+        fprintf(out, ",\"tenant\":");
+        json_string(out, jr->tenant, strlen(jr->tenant));
+    }
     fprintf(out, ",\"request_bytes\":%zu}\n", jr->request.len);
     drey__journal__v1__journal_record__free_unpacked(jr, NULL);
     return 0;
@@ -154,6 +158,10 @@ static void dump_entry(void *ctx, const drey_store_item *it) {
     json_string(out, it->key, it->key_len);
     fprintf(out, ",\"version\":%" PRIu64 ",\"kind\":%d,\"value_bytes\":%u", it->entry.version,
             (int)it->entry.value.kind, it->entry.value.len);
+    if (it->tenant_name_len > 0) {
+        fprintf(out, ",\"tenant\":");
+        json_string(out, it->tenant_name, it->tenant_name_len);
+    }
     if (it->entry.expires_at_ms != 0) {
         char when[40];
         iso_time(it->entry.expires_at_ms, when, sizeof when);
@@ -207,6 +215,13 @@ static int repair(drey_io *io, const char *dir, FILE *out, FILE *err) {
 }
 
 int drey_storage_tool(int argc, char **argv, FILE *out, FILE *err) {
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(out);
+            fprintf(out, "Exit status: 0 done; 1 damaged (verify) or failed; 2 usage.\n");
+            return 0;
+        }
+    }
     if (argc != 2)
         return usage(err);
     const char *cmd = argv[0], *dir = argv[1];

@@ -56,7 +56,8 @@ static void expect(int want_rc, const char *want_out, const char *const *args) {
 Test(cli, set_get_and_incr) {
     char *out, *err;
     cr_assert_eq(DREY(&out, &err, "set", "greeting", "hello world"), 0, "%s", err);
-    cr_assert_eq(strncmp(out, "OK version=", strlen("OK version=")), 0, "%s", out);
+    /* text: the version, a tab, the expiry (none: empty) */
+    cr_assert_str_eq(out, "1\t\n", "%s", out);
     free(out);
     free(err);
     EXPECT(0, "hello world\n", "get", "greeting");
@@ -143,7 +144,7 @@ Test(cli, ttl_touch_persist_and_rm) {
     cr_assert(strncmp(out, "119.", 4) == 0 || strncmp(out, "120.", 4) == 0, "%s", out);
     free(out);
     EXPECT(0, NULL, "persist", "s");
-    EXPECT(0, "none\n", "ttl", "s");
+    EXPECT(0, "none\t\n", "ttl", "s");
     EXPECT(3, "", "persist", "s");
     EXPECT(0, NULL, "rm", "s");
     EXPECT(3, "", "get", "s");
@@ -171,13 +172,25 @@ Test(cli, health) {
     free(err);
 }
 
-/* The value of `name=` in a line of name=value pairs. */
+/* Column i (from 0) of a tab-separated line. */
+static const char *column(const char *line, int i) {
+    const char *p = line;
+    for (int k = 0; k < i; k++) {
+        p = strchr(p, '\t');
+        cr_assert_not_null(p, "no column %d in: %s", i, line);
+        p++;
+    }
+    return p;
+}
+
+/* snapshot's columns: lsn, file, entries, bytes, durationMs, segmentsRemoved */
 static unsigned long long field(const char *line, const char *name) {
-    char key[64];
-    snprintf(key, sizeof key, " %s=", name);
-    const char *p = strstr(line, key);
-    cr_assert_not_null(p, "no %s in: %s", name, line);
-    return strtoull(p + strlen(key), NULL, 10);
+    static const char *const names[] = {"lsn", "file", "entries", "bytes", "ms", "segments_removed"};
+    for (int i = 0; i < 6; i++)
+        if (strcmp(names[i], name) == 0)
+            return strtoull(column(line, i), NULL, 10);
+    cr_assert_fail("no column %s", name);
+    return 0;
 }
 
 Test(cli, snapshot_then_ready_reports_it) {
@@ -187,21 +200,20 @@ Test(cli, snapshot_then_ready_reports_it) {
     EXPECT(0, NULL, "rm", "c");
     char *out, *err;
     cr_assert_eq(DREY(&out, &err, "snapshot"), 0, "%s", err);
-    cr_assert_eq(strncmp(out, "snapshot lsn=", strlen("snapshot lsn=")), 0, "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(field(out, "lsn"), 4, "four journaled writes: %s", out);
     cr_assert_eq(field(out, "entries"), 2, "%s", out);
     cr_assert_gt(field(out, "bytes"), 0, "%s", out);
-    const char *file = strstr(out, " file=");
-    cr_assert_not_null(file, "%s", out);
+    const char *file = column(out, 1);
     char path[1024];
-    snprintf(path, sizeof path, "%s/%.*s", env.server.data_dir, (int)strcspn(file + 6, " \n"), file + 6);
+    snprintf(path, sizeof path, "%s/%.*s", env.server.data_dir, (int)strcspn(file, "\t\n"), file);
     struct stat st;
     cr_assert_eq(stat(path, &st), 0, "the snapshot file %s is not there", path);
     cr_assert_eq((unsigned long long)st.st_size, field(out, "bytes"), "%s", out);
     free(out);
     free(err);
 
-    cr_assert_eq(DREY(&out, &err, "ready"), 0, "%s", err);
+    cr_assert_eq(DREY(&out, &err, "ready", "-o", "json"), 0, "%s", err);
     cr_assert_not_null(strstr(out, "{\"ready\":true,"), "%s", out);
     cr_assert_not_null(strstr(out, "\"snapshot\":{\"lastLsn\":4,"), "%s", out);
     cr_assert_not_null(strstr(out, "\"journal\":{\"fsyncPolicy\":\"always\",\"lastLsn\":4,"), "%s", out);
@@ -248,7 +260,7 @@ Test(cli_ephemeral, snapshot_is_refused_and_a_draining_node_is_not_ready) {
     cr_assert_not_null(strstr(err, "FAILED_PRECONDITION"), "%s", err);
     free(out);
     free(err);
-    cr_assert_eq(DREY(&out, &err, "ready"), 0, "%s", err);
+    cr_assert_eq(DREY(&out, &err, "ready", "-o", "json"), 0, "%s", err);
     cr_assert_not_null(strstr(out, "\"recovery\":{\"state\":\"ephemeral\","), "%s", out);
     free(out);
     free(err);
@@ -256,7 +268,7 @@ Test(cli_ephemeral, snapshot_is_refused_and_a_draining_node_is_not_ready) {
     harness_signal(&env.server, SIGTERM);
     int64_t deadline = harness_wall_ms() + HARNESS_DEADLINE_MS;
     int rc;
-    while ((rc = DREY(&out, &err, "ready")) == 0 && harness_wall_ms() < deadline) {
+    while ((rc = DREY(&out, &err, "ready", "--output=json")) == 0 && harness_wall_ms() < deadline) {
         free(out);
         free(err);
     }
@@ -274,8 +286,9 @@ Test(cli, scan_clear_and_stats) {
     char *out, *err;
     cr_assert_eq(DREY(&out, &err, "--cache=sc", "scan", "a/", "--values"), 0, "%s", err);
     /* hash order: check both lines, whatever their order */
-    cr_assert(strstr(out, "a/1 version=") != NULL && strstr(out, " one\n") != NULL, "%s", out);
-    cr_assert(strstr(out, "a/2 version=") != NULL && strstr(out, " two\n") != NULL, "%s", out);
+    /* key, version, expiry (none: empty), value */
+    cr_assert(strstr(out, "a/1\t") != NULL && strstr(out, "\t\tone\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "a/2\t") != NULL && strstr(out, "\t\ttwo\n") != NULL, "%s", out);
     cr_assert(strstr(out, "b/1") == NULL, "%s", out);
     int lines = 0;
     for (const char *p = out; *p; p++)
@@ -284,18 +297,18 @@ Test(cli, scan_clear_and_stats) {
     free(out);
     free(err);
     cr_assert_eq(DREY(&out, &err, "--cache=sc", "stats"), 0, "%s", err);
-    cr_assert_eq(strncmp(out, "sc entries=3 bytes=", strlen("sc entries=3 bytes=")), 0, "%s", out);
+    cr_assert_eq(strncmp(out, "sc\t3\t", strlen("sc\t3\t")), 0, "%s", out);
     free(out);
     free(err);
     cr_assert_eq(DREY(&out, &err, "stats"), 0, "%s", err);
-    cr_assert(strstr(out, "other entries=1 ") != NULL && strstr(out, "sc entries=3 ") != NULL, "%s", out);
+    cr_assert(strstr(out, "other\t1\t") != NULL && strstr(out, "sc\t3\t") != NULL, "%s", out);
     free(out);
     free(err);
-    EXPECT(0, "cleared\n", "--cache=sc", "clear");
+    EXPECT(0, "sc\ttrue\n", "--cache=sc", "clear");
     EXPECT(0, "", "--cache=sc", "scan");
     EXPECT(0, NULL, "--cache=sc", "stats");
     cr_assert_eq(DREY(&out, &err, "--cache=sc", "stats"), 0, "%s", err);
-    cr_assert_eq(strncmp(out, "sc entries=0 bytes=0 ", strlen("sc entries=0 bytes=0 ")), 0, "%s", out);
+    cr_assert_eq(strncmp(out, "sc\t0\t0\t", strlen("sc\t0\t0\t")), 0, "%s", out);
     free(out);
     free(err);
     EXPECT(0, "y\n", "--cache=other", "get", "x");

@@ -194,72 +194,90 @@ def counter_totals(history):
 class Entry(tuple):
     """One revision of a partition's entry (drey.internal.v1.PartitionEntry):
     primary ("" while unassigned), replicas (the in-sync backups), syncing
-    (backups being copied to), joining (a move's target, "" for none)."""
+    (backups being copied to), joining (a move's target, "" for none),
+    handover (an in-sync backup the primary role goes to without a copy,
+    "" for none)."""
     __slots__ = ()
 
-    def __new__(cls, primary="", replicas=(), syncing=(), joining=""):
-        return tuple.__new__(cls, (primary, frozenset(replicas), frozenset(syncing), joining))
+    def __new__(cls, primary="", replicas=(), syncing=(), joining="", handover=""):
+        return tuple.__new__(cls, (primary, frozenset(replicas), frozenset(syncing), joining, handover))
 
     primary = property(lambda self: self[0])
     replicas = property(lambda self: self[1])
     syncing = property(lambda self: self[2])
     joining = property(lambda self: self[3])
+    handover = property(lambda self: self[4])
+
+    @classmethod
+    def of(cls, pe):
+        """From a decoded PartitionEntry."""
+        return cls(pe.primary, pe.replicas, pe.syncing, pe.joining[0] if pe.joining else "", pe.handover)
 
     def __repr__(self):
-        return "Entry(%r, %s, syncing=%s, joining=%r)" % (self.primary, sorted(self.replicas), sorted(self.syncing),
-                                                          self.joining)
+        return "Entry(%r, %s, syncing=%s, joining=%r, handover=%r)" % (
+            self.primary, sorted(self.replicas), sorted(self.syncing), self.joining, self.handover)
 
 
-def check_table_history(history, replication_factor=None):
+def check_table_history(history, replication_factor=None, written_by_test=None):
     """Violations of the legal transitions of each partition's entry.
     history: partition -> [(epoch, Entry)], every revision of its etcd key
     in order (read_table_history); replication_factor: checks the count of
-    copies too when given.
+    copies too when given; written_by_test: partition -> epochs of
+    revisions a test wrote into etcd itself (an old controller's plan, say):
+    their own shape is not drey's to answer for, only what drey did next.
 
     Every change of an entry is one etcd transaction compared on the
     epoch (mod_revision) its writer read (src/cluster/entry.c), so
     consecutive revisions are exactly one writer's edit of the previous
-    entry. The writers and their edits:
-      - the first assignment (member.c, assign): an unassigned entry gets a
-        primary and in-sync backups, all empty copies, so in sync from the
-        start;
-      - the controller's repair (repair.c): drops backups and copies on
-        nodes that are gone, promotes the first in-sync backup of a
-        primary that is gone (clearing syncing and joining), adds a
+    entry. The writers and their edits (src/cluster/plan.h):
+      - the first assignment: an unassigned entry gets a primary and
+        in-sync backups, all empty copies, so in sync from the start;
+      - the controller's repairs: drop backups, copies and a handover on
+        nodes that are gone, promote the first in-sync backup of a primary
+        that is gone (clearing syncing, joining and handover), add a
         `syncing` backup on a node not holding the partition;
-      - the controller's rebalance (member.c): sets `joining` on an entry
-        without one, or clears it;
-      - the primary's move (move.c): a copy done moves its target from
-        syncing to replicas; a handover makes `joining` the primary,
-        drops it from the replicas, clears joining and syncing, and keeps
-        the old primary as a backup while the partition would have too
-        few copies without it;
+      - the controller's rebalance: sets `joining` (a node holding no
+        in-sync copy) or `handover` (an in-sync backup) on an entry with
+        neither, clears one whose target left, turns a `joining` that
+        names an in-sync backup into a handover;
+      - the primary (move.c): a new backup's copy done moves it from
+        syncing to replicas; a move makes `joining` the primary, clears
+        joining, syncing and handover, and keeps the old primary as a
+        backup while the partition would have too few copies without it;
+        a handover makes `handover` the primary and the old primary an
+        in-sync backup in its place;
       - the primary dropping a backup that did not acknowledge
         (replicate.c), and a restarted node stepping out of every role,
-        handing a partition it led to a live in-sync backup (repair.c).
+        handing a partition it led to a live in-sync backup (controller.c).
     From which these rules, each the one a wrong writer breaks:
       1. epochs strictly increase: each revision is a newer write;
       2. every entry is well formed: the primary is neither an in-sync nor
          a syncing backup, no node is both, the move target is not the
-         primary, and with a factor, 1 + in-sync + syncing <= factor (no
-         writer adds a copy beyond it);
-      3. an assigned partition keeps a primary: no writer clears it (with
+         primary, a handover names an in-sync backup, and with a factor,
+         1 + in-sync + syncing <= factor (no writer adds a copy beyond it);
+      3. a copy's target is never in sync: `joining` is never one of the
+         replicas. Its copy's first chunk replaces what the target holds,
+         and an in-sync copy may be promoted at any moment (this is how
+         acknowledged writes were once lost);
+      4. an assigned partition keeps a primary: no writer clears it (with
          no live copy the partition waits for its primary);
-      4. a new primary was in the previous entry's in-sync set (a
-         failover, a step-down) or its move target (a handover), or the
+      5. a new primary was in the previous entry's in-sync set (a
+         failover, a step-down, a handover) or its move target, or the
          partition had none (the first assignment): anyone else would
          lead without every acknowledged write;
-      5. a node enters the in-sync set only from syncing (its copy
-         finished), or as the old primary at a handover to the move
-         target, or at the first assignment: any other way counts a copy
-         that may lack acknowledged writes as in sync, and a failover to
-         it would lose them.
+      6. a node enters the in-sync set only from syncing (its copy
+         finished), or as the old primary at a move or a handover, or at
+         the first assignment: any other way counts a copy that may lack
+         acknowledged writes as in sync, and a failover to it would lose
+         them.
     """
     problems = []
+    written_by_test = written_by_test or {}
     for p in sorted(history):
         prev_epoch, prev = 0, Entry()
         for epoch, e in history[p]:
             where = "partition %d at epoch %d" % (p, epoch)
+            foreign = epoch in written_by_test.get(p, ())
             if epoch <= prev_epoch:
                 problems.append("%s: the epoch does not increase (after %d)" % (where, prev_epoch))
             if e.primary and (e.primary in e.replicas or e.primary in e.syncing):
@@ -268,6 +286,10 @@ def check_table_history(history, replication_factor=None):
                 problems.append("%s: %s both in sync and syncing" % (where, ", ".join(sorted(e.replicas & e.syncing))))
             if e.joining and e.joining == e.primary:
                 problems.append("%s: the primary %s is its own move target" % (where, e.primary))
+            if e.handover and e.handover not in e.replicas:
+                problems.append("%s: a handover to %s, not an in-sync backup: %r" % (where, e.handover, e))
+            if e.joining and e.joining in e.replicas and not foreign:
+                problems.append("%s: a copy planned onto %s, an in-sync backup: %r" % (where, e.joining, e))
             if replication_factor is not None and 1 + len(e.replicas) + len(e.syncing) > replication_factor:
                 problems.append("%s: more copies than the factor %d: %r" % (where, replication_factor, e))
             if prev.primary and not e.primary:
@@ -278,9 +300,9 @@ def check_table_history(history, replication_factor=None):
                 problems.append("%s: new primary %s was neither in sync nor the move target in %r" %
                                 (where, e.primary, prev))
             if not first:
-                handover = e.primary != prev.primary and e.primary == prev.joining
+                flipped = e.primary != prev.primary and e.primary in (prev.joining, prev.handover)
                 for x in sorted(e.replicas - prev.replicas):
-                    if x not in prev.syncing and not (handover and x == prev.primary):
+                    if x not in prev.syncing and not (flipped and x == prev.primary):
                         problems.append("%s: %s entered the in-sync set without a copy (was not syncing) in %r" %
                                         (where, x, prev))
             prev_epoch, prev = epoch, e
@@ -325,8 +347,7 @@ def read_table_history(cluster):
                 break
             x = got[0]
             pe = cluster.pb.meta.PartitionEntry.FromString(base64.b64decode(x.get("value", "")))
-            revs.append((int(x["mod_revision"]), Entry(pe.primary, pe.replicas, pe.syncing,
-                                                       pe.joining[0] if pe.joining else "")))
+            revs.append((int(x["mod_revision"]), Entry.of(pe)))
             rev = int(x["mod_revision"]) - 1
         if len(revs) != int(kv["version"]):
             raise AssertionError("partition %d: read %d revisions of its entry, etcd counts %s" %
@@ -335,6 +356,31 @@ def read_table_history(cluster):
     if len(out) != cluster.partitions:
         raise AssertionError("%d partition entries in etcd, the cluster has %d" % (len(out), cluster.partitions))
     return out
+
+
+def read_entry(cluster, p):
+    """(epoch, Entry) of partition p now, from etcd."""
+    key = "%spartitions/%05d" % (cluster.prefix, p)
+    got = _etcd_json(cluster.etcd.client_port, "/v3/kv/range",
+                     {"key": base64.b64encode(key.encode()).decode()}).get("kvs", [])
+    if not got:
+        return 0, Entry()
+    pe = cluster.pb.meta.PartitionEntry.FromString(base64.b64decode(got[0].get("value", "")))
+    return int(got[0]["mod_revision"]), Entry.of(pe)
+
+
+def write_entry(cluster, p, epoch, entry):
+    """Writes partition p's entry as a controller does: one transaction
+    compared on the epoch it read. Returns the new epoch, or None when
+    the entry had moved on."""
+    key = base64.b64encode(("%spartitions/%05d" % (cluster.prefix, p)).encode()).decode()
+    pe = cluster.pb.meta.PartitionEntry(primary=entry.primary, replicas=sorted(entry.replicas),
+                                        syncing=sorted(entry.syncing), joining=[entry.joining] if entry.joining
+                                        else [], handover=entry.handover)
+    r = _etcd_json(cluster.etcd.client_port, "/v3/kv/txn", {
+        "compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": epoch}],
+        "success": [{"request_put": {"key": key, "value": base64.b64encode(pe.SerializeToString()).decode()}}]})
+    return int(r["header"]["revision"]) if r.get("succeeded") else None
 
 
 # --- clients and workloads --------------------------------------------------------
@@ -440,9 +486,9 @@ class RegisterWorkload(Workload):
     version read (a unique value each), checked by check_register against
     self.initial."""
 
-    def __init__(self, client, threads=2, keys=2, name="reg"):
+    def __init__(self, client, threads=2, keys=2, name="reg", prefix=""):
         super().__init__(client, threads, name)
-        self.keys = ["%s-%d" % (name, k) for k in range(keys)]
+        self.keys = ["%s%s-%d" % (prefix, name, k) for k in range(keys)]
         self.initial = {}
 
     def setup(self):
@@ -479,8 +525,12 @@ class RegisterWorkload(Workload):
 class SetWorkload(Workload):
     """Unique keys added with Add (request_id retries) to cache "set"."""
 
+    def __init__(self, client, threads=2, name="set", prefix=""):
+        super().__init__(client, threads, name)
+        self.prefix = prefix
+
     def step(self, t, i):
-        key = "%s-%d-%d" % (self.name, t, i)
+        key = "%s%s-%d-%d" % (self.prefix, self.name, t, i)
         op = self.history.invoke("add", key, value=key)
         r, outcome, _ = self.client.call("Add", cache="set", key=key, value=make_value(key),
                                          request_id="%s-add-%d-%d" % (self.name, t, i))
@@ -509,9 +559,9 @@ class CounterWorkload(Workload):
     """Counters in cache "ctr" incremented by 1 with request_id retries
     through random nodes."""
 
-    def __init__(self, client, threads=2, counters=3, name="ctr"):
+    def __init__(self, client, threads=2, counters=3, name="ctr", prefix=""):
         super().__init__(client, threads, name)
-        self.counters = ["%s-%d" % (name, c) for c in range(counters)]
+        self.counters = ["%s%s-%d" % (prefix, name, c) for c in range(counters)]
 
     def step(self, t, i):
         key = self.counters[(t + i) % len(self.counters)]

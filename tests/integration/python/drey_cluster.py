@@ -77,6 +77,12 @@ def partition(cache, key, n):
     return crc32c(struct.pack("<I", len(c)) + c + b"\x1f" + routing_key(key.encode())) % n
 
 
+def tag_for(cache, p, n):
+    """A hash tag ("{t12}") that puts every key of cache starting with it in
+    partition p of n."""
+    return next(t for t in ("{t%d}" % i for i in range(1 << 20)) if partition(cache, t, n) == p)
+
+
 # --- etcd -------------------------------------------------------------------------
 
 class Etcd:
@@ -350,10 +356,11 @@ class Cluster:
     def report_trouble(node):
         """Warnings and errors a node logged (a lost lease, a failed move):
         on stderr, where a failing test's log shows them."""
+        full = os.environ.get("DREY_TEST_FULL_LOGS")  # set it to see every line, when debugging a test
         lines = [l for l in node.server.log_text().splitlines()
-                 if '"level":"warn"' in l or '"level":"error"' in l or "Sanitizer" in l or "runtime error" in l]
+                 if full or '"level":"warn"' in l or '"level":"error"' in l or "Sanitizer" in l or "runtime error" in l]
         if lines:
-            print("%s logged:\n%s" % (node.id, "\n".join(lines[-20:])), file=sys.stderr)
+            print("%s logged:\n%s" % (node.id, "\n".join(lines if full else lines[-20:])), file=sys.stderr)
 
     def cli(self, *args, timeout=60):
         return subprocess.run([drey_cli()] + list(args), capture_output=True, text=True, timeout=timeout)
@@ -395,7 +402,7 @@ class Cluster:
     # --- the table ---
 
     def status(self):
-        out = self.cli("cluster", "status", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix)
+        out = self.cli("cluster", "status", "--etcd=" + self.etcd.url, "--prefix=" + self.prefix, "-o", "json")
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 

@@ -125,7 +125,7 @@ LIFE = [
     (30, Entry("n2", ["n3"])),                          # the handover (n1 not kept: 2 copies)
     (31, Entry("n2", ["n3"], joining="n1")),            # moved back...
     (35, Entry("n1", ["n3"])),
-    (36, Entry("n1", ["n3"], joining="n3")),            # ...and to its backup,
+    (36, Entry("n1", ["n3"], handover="n3")),           # ...and to its in-sync backup, by a handover,
     (40, Entry("n3", ["n1"])),                          # which keeps the old primary as its backup
     (44, Entry("n1", [])),                              # n3 died: its backup promoted
     (45, Entry("n1", [], syncing=["n2"])),
@@ -173,6 +173,17 @@ class TableHistory(unittest.TestCase):
         self.assertIn("more copies than the factor 2", problems[0])
         self.assertEqual(self.violations((45, Entry("n1", [], syncing=["n3", "n2"])), rf=3), [])
 
+    def test_a_copy_planned_onto_an_in_sync_backup(self):
+        # the plan that lost acknowledged writes: its copy replaces n3's
+        # in-sync copy, and a failover mid-move promotes n3
+        bad = (36, Entry("n1", ["n3"], joining="n3"))
+        self.assertFound(self.violations(bad), "a copy planned onto n3, an in-sync backup")
+        # unless the test wrote it itself (then only what followed is drey's)
+        self.assertEqual(check_table_history(table(bad), 2, written_by_test={7: {36}}), [])
+
+    def test_a_handover_to_a_node_not_in_sync(self):
+        self.assertFound(self.violations((36, Entry("n1", ["n3"], handover="n2"))), "a handover to n2")
+
     def test_a_primary_cleared(self):
         self.assertFound(self.violations((45, Entry("", []))), "was cleared")
 
@@ -191,6 +202,8 @@ class TableHistory(unittest.TestCase):
         self.assertFound(self.violations((44, Entry("n1", ["n3"]))), "n3 entered the in-sync set")
         # the move target named in sync when its move was cancelled (its copy unfinished)
         self.assertFound(self.violations((35, Entry("n2", ["n3", "n1"]))), "n1 entered the in-sync set")
+        # a handover's old primary kept in sync is fine; a third node is not
+        self.assertFound(self.violations((40, Entry("n3", ["n1", "n2"]))), "n2 entered the in-sync set")
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ class Moves(DreyTestCase):
 
     def test_the_controller_killed_mid_move_is_replaced_and_the_moves_finish(self):
         # Slow moves (a rate cap, preloaded data) so the kill lands among them.
-        flags = ("--cluster-move-rate=256KiB",)
+        flags = ("--cluster-move-rate=64KiB",)
         with Cluster(partitions=PARTS, initial_nodes=3, ephemeral=False) as cl:
             dirs = {}
             for i in (1, 2, 3):
@@ -299,9 +299,11 @@ class InternalService(DreyTestCase):
             theirs = next(p for p in range(8) if owners[p] == "n2")
             mv = self.pb.move
 
+            epochs = {x.id: x.epoch for x in cl.topology(n1).partitions}
+
             def import_req(p, key):
                 e = mv.MovedEntry(cache=b"", key=key.encode(), kind=1, value=b"injected", version=1)
-                return mv.ImportRequest(partition=p, partitions=8, replace=True, entries=[e])
+                return mv.ImportRequest(partition=p, partitions=8, replace=True, entries=[e], epoch=epochs[p])
 
             key_mine = next(k for k in ("k%d" % i for i in range(500)) if partition("", k, 8) == mine)
             key_theirs = next(k for k in ("k%d" % i for i in range(500)) if partition("", k, 8) == theirs)
@@ -345,9 +347,12 @@ class InternalService(DreyTestCase):
                 self.assertEqual(f.metadata["partition"], str(mine))
                 get, greq, _ = n1.cache.methods["Get"]
                 self.assertEqual(value_of(get(greq(key=key_mine), timeout=RPC).value), "live")
-                # one of another partition is taken, and serves nothing: the
-                # table, not the data, says who answers
-                fn(import_req(theirs, key_theirs), timeout=RPC, metadata=md)
+                # one of another partition is refused too: no plan in the
+                # table names this node the target of a copy from n9
+                with self.assertRaises(grpc.RpcError) as e:
+                    fn(import_req(theirs, key_theirs), timeout=RPC, metadata=md)
+                self.assertRpcFailure(RpcFailure(e.exception), grpc.StatusCode.FAILED_PRECONDITION,
+                                      "COPY_NOT_PLANNED")
                 self.assertFalse(get(greq(key=key_theirs), timeout=RPC).found)
             for n in cl.nodes.values():
                 n.server.stop()

@@ -4,7 +4,7 @@
   (Prometheus text) answer from loopback without a token; /health/ready is
   503 while the node drains, /health/live stays 200.
 * The details document has every field of drey.admin.v1.ReadinessDetails
-  (the README's "same details"), in lowerCamelCase with 64-bit integers as
+  (docs/operations.md's "same details"), in lowerCamelCase with 64-bit integers as
   numbers, and agrees with Admin/GetReadinessDetails over gRPC.
 * /metrics passes `promtool check metrics` after traffic that fills every
   family (refusals and per-principal figures included), and its figures
@@ -140,6 +140,19 @@ class EndpointsTest(OpsCase):
         code, _, _ = curl(self.url("/health/ready"), "-I")  # HEAD
         self.assertEqual(code, 200)
 
+    def test_a_client_speaking_http2_to_the_ops_port_is_answered_and_logged_as_json(self):
+        """A gRPC client dialling the wrong port (a cluster member's old
+        address reused by this listener, say) sends HTTP/2's preface: the
+        listener answers 505 and says so in a JSON line, never bare text
+        on stderr (the harness checks every line when the node stops)."""
+        srv = self.node()
+        with socket.create_connection(("127.0.0.1", self.ops), timeout=10) as sk:
+            sk.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            self.assertIn(b" 505 ", sk.recv(4096))
+        srv.wait_log(lambda r: r.get("msg") == "ops listener" and "HTTP version" in r.get("detail", ""), 10,
+                     what="the listener's complaint as a JSON line")
+        srv.stop()
+
     def test_details_have_every_field_of_the_readiness_document(self):
         self.node()
         tok = mint(self.hs, sub="ops")
@@ -149,9 +162,12 @@ class EndpointsTest(OpsCase):
             self.cache.Get(self.pb.cache.GetRequest(key="k"), timeout=RPC_TIMEOUT)
         d = self.get_details()
         want = expected_shape(admin_pb2().ReadinessDetails.DESCRIPTOR)
-        # A single node has no cluster section (test_cluster checks it there).
-        self.assertIsNone(d.pop("cluster"))
-        del want["cluster"]
+        # A single node has no cluster section (test_cluster checks it there),
+        # and a node without --authz-policy no authz or tenants section
+        # (test_authz and test_tenant_quota check them).
+        for section in ("cluster", "authz", "tenants"):
+            self.assertIsNone(d.pop(section), section)
+            del want[section]
 
         def check(obj, shape, where):
             self.assertIsInstance(obj, dict, where)

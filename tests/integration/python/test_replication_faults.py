@@ -1,7 +1,8 @@
 """Replication under faults one after another: five nodes with factor 3
 under a seeded random sequence of kills, pauses and isolations (once two
-nodes killed together), and a primary cut off from etcd and its backups
-at once.
+nodes killed together; once each the primary killed during a handover,
+the target killed during a slow copy, the controller killed during one),
+and a primary cut off from etcd and its backups at once.
 
 These complete test_replication.py (whose Scenario they use: the three
 workloads, settle, stop_and_check): after each fault ends every
@@ -21,14 +22,17 @@ import time
 
 import grpc
 
-from drey_checkers import read_table_history
-from drey_cluster import wait_until
+from drey_checkers import Entry, read_entry, read_table_history, write_entry
+from drey_cluster import tag_for, wait_until
 from drey_harness import DreyTestCase, RpcFailure, main, make_value, value_of
-from test_replication import Scenario, details
+from test_replication import PARTS, Scenario, details
 
 SEED_ENV = "DREY_FAULTS_SEED"
 FIVE = ("n1", "n2", "n3", "n4", "n5")
 HOLD_OPS = 40         # operations the workloads complete while a fault holds
+# Faults struck in the middle of a move (start_move)
+MOVE_FAULTS = ("the primary killed in a handover", "the target killed in a move", "the controller killed in a move")
+BULK_KEYS, BULK_VALUE = 24, 64 * 1024  # 1.5 MiB: a copy of seconds at 1 MiB/s
 RESTORE_BOUND_S = 30  # from a fault's end to every partition's factor restored
 
 
@@ -40,24 +44,9 @@ def names(s, via):
     return out
 
 
-def restored(s):
-    """Whether every running node routes with the same table, each partition
-    led by a running node with the factor's in-sync backups on running
-    nodes, no copy or move under way. Unlike Scenario.settle this does not
-    ask that nothing waits for a backup: the workloads are writing."""
-    nodes = s.running()
-    ids = {n.id for n in nodes}
-    tables = [s.table(n, joining=True) for n in nodes]
-    if any(t != tables[0] for t in tables):
-        return False
-    return all(primary in ids and len(replicas) == min(s.rf, len(ids)) - 1 and set(replicas) <= ids
-               and primary not in replicas and not joining
-               for primary, replicas, joining in tables[0].values())
-
-
 def wait_restored(s, what, timeout=RESTORE_BOUND_S):
     started = time.time()
-    wait_until(lambda: restored(s), timeout=timeout, what="the factor restored %s" % what)
+    wait_until(s.restored, timeout=timeout, what="the factor restored %s" % what)
     return time.time() - started
 
 
@@ -87,22 +76,63 @@ class Faults(DreyTestCase):
         wait_until(lambda: not names(s, via) & set(victims), timeout=30,
                    what="%s out of the table" % ", ".join(victims))
 
+    def start_move(self, s, fault, rng):
+        """Plans a move into a partition as the controller would (a
+        handover to an in-sync backup, or a copy to a node holding
+        nothing), after loading it with BULK bytes so that a copy takes
+        seconds at --cluster-move-rate=1MiB, then kills, at a random moment
+        of it, the move's primary, its target or the controller. Returns
+        the victim."""
+        via = s.running()[0]
+        controller = details(via)["controller"]
+        while True:
+            table = s.table(via)
+            p = rng.choice(sorted(q for q, (primary, _) in table.items() if primary != controller))
+            epoch, e = read_entry(s.cl, p)
+            if e.joining or e.handover or e.syncing:
+                continue  # a move of its own under way
+            if fault == MOVE_FAULTS[0]:
+                target = rng.choice(sorted(e.replicas))
+                plan, victim = Entry(e.primary, e.replicas, handover=target), e.primary
+            else:
+                free = sorted(set(s.cl.ids) - {e.primary, controller} - e.replicas)
+                target = rng.choice(free)
+                plan = Entry(e.primary, e.replicas, joining=target)
+                victim = target if fault == MOVE_FAULTS[1] else controller
+                fn, req, _ = s.cl.nodes[e.primary].cache.methods["Set"]
+                tag = tag_for("bulk", p, PARTS)
+                for i in range(BULK_KEYS):
+                    fn(req(cache="bulk", key="%s%d" % (tag, i), value=make_value(b"b" * BULK_VALUE)), timeout=30)
+                epoch, e = read_entry(s.cl, p)
+                plan = Entry(e.primary, e.replicas, joining=target)
+            if not e.joining and not e.handover and write_entry(s.cl, p, epoch, plan) is not None:
+                break
+        time.sleep(rng.uniform(0, 0.1))  # when the fault strikes, not a wait for anything
+        s.cl.kill(victim)
+        print("%s: partition %d from %s to %s" % (fault, p, e.primary, target))
+        return victim
+
     def test_five_nodes_factor_3_under_a_random_sequence_of_faults(self):
         seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 31))
         print("seed %d (replay with %s=%d)" % (seed, SEED_ENV, seed))
         rng = random.Random(seed)
-        plan = ["kill", "pause", "isolate", "kill two", rng.choice(["kill", "pause", "isolate"])]
+        plan = ["kill", "pause", "isolate", "kill two"] + list(MOVE_FAULTS)
         rng.shuffle(plan)
-        with Scenario(self, ids=FIVE, started=5, replication_factor=3) as s:
+        with Scenario(self, ids=FIVE, started=5, replication_factor=3, extra_flags=("--cluster-move-rate=1MiB",)) \
+                as s:
             for fault in plan:
-                if fault == "pause":
+                began = time.time()
+                if fault in MOVE_FAULTS:
+                    victims = [self.start_move(s, fault, rng)]
+                elif fault == "pause":
                     # a primary, as the table says now
                     leaders = sorted({primary for primary, _ in s.table(s.running()[0]).values()})
                     victims = [rng.choice(leaders)]
                 else:
                     victims = rng.sample(sorted(s.cl.ids), 2 if fault == "kill two" else 1)
-                began = time.time()
-                if fault == "pause":
+                if fault in MOVE_FAULTS:
+                    pass
+                elif fault == "pause":
                     s.cl.pause(victims[0])
                 elif fault == "isolate":
                     s.cl.isolate(victims[0], mode="blackhole")

@@ -871,6 +871,45 @@ Test(backpressure, top_principals_orders_by_rejections_and_respects_n) {
     cr_assert_eq(stats().rejected[reason("PRINCIPAL_CONCURRENCY_LIMIT")], 6);
 }
 
+/* The metrics' series: the busiest n by calls admitted plus refused, the
+ * rest summed as "other", so a thousand connections make one more series,
+ * not a thousand. */
+Test(backpressure, busiest_principals_cap_the_series_with_an_other_row) {
+    drey_bp_options o = base_options();
+    start(&o);
+    const char *names[] = {"conn:1", "conn:2", "conn:3", "jwt:big", "jwt:mid"};
+    const int calls[] = {1, 1, 2, 7, 4};
+    for (int i = 0; i < 5; i++) {
+        for (int k = 0; k < calls[i]; k++) {
+            call c;
+            expect(DREY_BP_ADMITTED, &c, names[i]);
+            drey_bp_release(bp, &c.t);
+        }
+    }
+    drey_bp_principal_stats top[3], rest;
+    cr_assert_eq(drey_bp_busiest_principals(bp, top, 2, &rest), 2);
+    cr_assert_str_eq(top[0].name, "jwt:big");
+    cr_assert_eq(top[0].admitted, 7);
+    cr_assert_str_eq(top[1].name, "jwt:mid");
+    cr_assert_str_eq(rest.name, "other");
+    cr_assert_eq(rest.admitted, 4, "conn:1, conn:2 and conn:3 summed");
+    cr_assert_eq(rest.rejected, 0);
+
+    /* Ties go by name: the same set at every scrape. */
+    cr_assert_eq(drey_bp_busiest_principals(bp, top, 3, &rest), 3);
+    cr_assert_str_eq(top[2].name, "conn:3");
+    cr_assert_eq(drey_bp_busiest_principals(bp, top, 3, &rest), 3);
+    cr_assert_eq(rest.admitted, 2);
+    memset(top, 0, sizeof top);
+    cr_assert_eq(drey_bp_busiest_principals(bp, top, 0, &rest), 0, "n = 0: everyone is other");
+    cr_assert_eq(rest.admitted, 15);
+    drey_bp_principal_stats all[8];
+    cr_assert_eq(drey_bp_busiest_principals(bp, all, 8, &rest), 5, "only as many as there are");
+    cr_assert_eq(rest.admitted, 0);
+    cr_assert_str_eq(all[3].name, "conn:1");
+    cr_assert_str_eq(all[4].name, "conn:2");
+}
+
 /* --- many threads -------------------------------------------------------------- */
 
 #define THREADS 8

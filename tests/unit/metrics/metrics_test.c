@@ -21,9 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "drey/metrics.h"
+#include "drey/version.h"
 
 /* The bucket layouts are part of the contract with dashboards and alerts:
  * copies of the tables in metrics.c, so a change to either shows here. */
@@ -1084,5 +1088,34 @@ Test(metrics, scrapes_during_observations_never_see_a_counter_go_down, .timeout 
     assert_nothing_went_down(&s.prev, &e);
     assert_totals(&e, THREADS / 2, steps);
     expo_free(&s.prev);
+    expo_free(&e);
+}
+
+/* The process collector: every process_* family Prometheus's client
+ * libraries export, with values this process can check for itself, and
+ * drey_build_info. It parses as the rest does (HELP, TYPE, samples). */
+Test(metrics, the_process_collector_reports_this_process) {
+    drey_metrics_add_collector(m, drey_metrics_collect_process, NULL);
+    int extra = dup(2); /* one more descriptor open than before */
+    expo e;
+    scrape(&e);
+    cr_assert(eq(str, (char *)family_named(&e, "process_cpu_seconds_total")->type, "counter"));
+    cr_assert(ge(dbl, value(&e, "process_cpu_seconds_total", NULL), 0));
+    cr_assert(gt(dbl, value(&e, "process_resident_memory_bytes", NULL), 4096));
+    cr_assert(ge(dbl, value(&e, "process_virtual_memory_bytes", NULL),
+                 value(&e, "process_resident_memory_bytes", NULL)));
+    struct rlimit rl;
+    cr_assert(eq(int, getrlimit(RLIMIT_NOFILE, &rl), 0));
+    cr_assert(eq(dbl, value(&e, "process_max_fds", NULL), (double)rl.rlim_cur));
+    cr_assert(ge(dbl, value(&e, "process_open_fds", NULL), 4), "stdin, stdout, stderr and the dup");
+    double start = value(&e, "process_start_time_seconds", NULL);
+    double now = (double)time(NULL);
+    cr_assert(le(dbl, start, now + 1), "started before now");
+    cr_assert(gt(dbl, start, now - 3600), "and within the hour (a test process)");
+    cr_assert(eq(dbl, value(&e, "drey_build_info", "version", drey_version(), "revision", drey_version_revision(), NULL),
+                 1));
+    expo_free(&e);
+    close(extra);
+    scrape(&e);
     expo_free(&e);
 }

@@ -26,6 +26,7 @@
 #define T0 1700000000000LL
 
 static write_stack s;
+static drey_partition *parts;
 static drey_arena arena;
 
 static void setup(void) {
@@ -35,7 +36,8 @@ static void setup(void) {
     drey_commit_options co = {.store = s.store, .methods = s.methods, .idempotency_retention_ms = 60000,
                               .partitioned = true};
     s.commit = drey_commit_create(&co);
-    cr_assert(drey_partition_register(s.methods, s.store));
+    parts = drey_partition_create(s.store);
+    cr_assert(drey_partition_register(s.methods, parts));
     cr_assert(drey_partition_index(s.store, N));
     drey_arena_init(&arena, NULL, 0);
 }
@@ -43,6 +45,7 @@ static void setup(void) {
 static void teardown(void) {
     drey_arena_destroy(&arena);
     stack_destroy(&s);
+    drey_partition_destroy(parts);
 }
 
 TestSuite(partition, .init = setup, .fini = teardown, .timeout = 60);
@@ -185,6 +188,39 @@ Test(partition, an_import_replaces_a_stale_copy_and_keeps_versions) {
     cr_assert(read_entry(s.store, "c", (const char *)b.key.data, T0, &e));
 }
 
+/* A Drop decided at epoch 10 (its node handed the partition over) that
+ * reaches the journal after an Import of epoch 12 (the partition came back
+ * to the node meanwhile) would erase the copy coming in: it removes
+ * nothing, live and on replay (the same records in the same order). An
+ * import of an older epoch does not hold a newer drop back. */
+Test(partition, a_drop_spares_a_copy_imported_at_a_newer_epoch) {
+    uint32_t p = part("c", "k0");
+    Drey__Internal__V1__MovedEntry a = moved("k0", "came back", 900, 0);
+    Drey__Internal__V1__MovedEntry *list[] = {&a};
+    Drey__Internal__V1__ImportRequest imp = DREY__INTERNAL__V1__IMPORT_REQUEST__INIT;
+    imp.partition = p;
+    imp.partitions = N;
+    imp.replace = true;
+    imp.entries = list;
+    imp.n_entries = 1;
+    imp.epoch = 12;
+    drey_status st;
+    cr_assert_not_null(apply(DREY_PARTITION_IMPORT_PATH, &imp.base, &st));
+    Drey__Internal__V1__DropRequest drop = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    drop.partition = p;
+    drop.partitions = N;
+    drop.epoch = 10;
+    Drey__Internal__V1__DropResponse *resp = (void *)apply(DREY_PARTITION_DROP_PATH, &drop.base, &st);
+    cr_assert_not_null(resp);
+    cr_assert_eq(resp->entries, 0);
+    entry_copy e;
+    cr_assert(read_entry(s.store, "c", "k0", T0, &e), "the newer copy stays");
+    drop.epoch = 12;
+    resp = (void *)apply(DREY_PARTITION_DROP_PATH, &drop.base, &st);
+    cr_assert_eq(resp->entries, 1, "a drop as new as the import removes it");
+    cr_assert(!read_entry(s.store, "c", "k0", T0, &e));
+}
+
 Test(partition, a_drop_removes_exactly_its_partition_outcomes_included) {
     for (int i = 0; i < 64; i++) {
         char key[16], rid[16];
@@ -307,7 +343,8 @@ static uint64_t drop_in(write_stack *st, uint32_t p, uint32_t n) {
 Test(partition, a_drop_of_another_count_than_the_stores_walks_the_store) {
     write_stack plain;
     stack_create(&plain, 60000);
-    cr_assert(drey_partition_register(plain.methods, plain.store));
+    drey_partition *plain_parts = drey_partition_create(plain.store);
+    cr_assert(drey_partition_register(plain.methods, plain_parts));
     write_stack *stacks[] = {&s, &plain};
     const uint32_t other = 2 * N;
     for (size_t k = 0; k < 2; k++) {
@@ -331,6 +368,7 @@ Test(partition, a_drop_of_another_count_than_the_stores_walks_the_store) {
         cr_assert_eq(after, rest, "no other partition lost anything");
     }
     stack_destroy(&plain);
+    drey_partition_destroy(plain_parts);
 }
 
 /* --- replay keeps the partitions whole --------------------------------------------- */
@@ -393,7 +431,8 @@ Test(partition, replayed_records_keep_the_partitions_whole) {
     drey_commit_options co = {.store = r.store, .methods = r.methods, .idempotency_retention_ms = 60000,
                               .partitioned = true};
     r.commit = drey_commit_create(&co);
-    cr_assert(drey_partition_register(r.methods, r.store));
+    drey_partition *r_parts = drey_partition_create(r.store);
+    cr_assert(drey_partition_register(r.methods, r_parts));
     cr_assert(drey_partition_index(r.store, N));
     uint64_t lsn = 0;
     for (int i = 0; i < 300; i++) {
@@ -459,6 +498,7 @@ Test(partition, replayed_records_keep_the_partitions_whole) {
         cr_assert_eq(a_st.bytes, b_st.bytes, "partition %u", p);
     }
     stack_destroy(&r);
+    drey_partition_destroy(r_parts);
 }
 
 /* --- Hash ---------------------------------------------------------------------------- */

@@ -380,7 +380,7 @@ const ProtobufCMessageDescriptor drey__cluster__v1__node__descriptor =
   (ProtobufCMessageInit) drey__cluster__v1__node__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__cluster__v1__partition__field_descriptors[5] =
+static const ProtobufCFieldDescriptor drey__cluster__v1__partition__field_descriptors[6] =
 {
   {
     "id",
@@ -442,18 +442,31 @@ static const ProtobufCFieldDescriptor drey__cluster__v1__partition__field_descri
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "next_primary",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Cluster__V1__Partition, next_primary),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__cluster__v1__partition__field_indices_by_name[] = {
   1,   /* field[1] = epoch */
   0,   /* field[0] = id */
   4,   /* field[4] = joining */
+  5,   /* field[5] = next_primary */
   2,   /* field[2] = primary */
   3,   /* field[3] = replicas */
 };
 static const ProtobufCIntRange drey__cluster__v1__partition__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor drey__cluster__v1__partition__descriptor =
 {
@@ -463,7 +476,7 @@ const ProtobufCMessageDescriptor drey__cluster__v1__partition__descriptor =
   "Drey__Cluster__V1__Partition",
   "drey.cluster.v1",
   sizeof(Drey__Cluster__V1__Partition),
-  5,
+  6,
   drey__cluster__v1__partition__field_descriptors,
   drey__cluster__v1__partition__field_indices_by_name,
   1,  drey__cluster__v1__partition__number_ranges,

@@ -105,10 +105,16 @@ struct  Drey__Cluster__V1__Partition
    */
   size_t n_joining;
   char **joining;
+  /*
+   * Where the primary role is going, "" for nowhere: a move's target (a
+   * copy under way, also in joining) or an in-sync backup it is handed to
+   * without a copy (a handover).
+   */
+  char *next_primary;
 };
 #define DREY__CLUSTER__V1__PARTITION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__cluster__v1__partition__descriptor) \
-    , 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+    , 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string }
 
 
 struct  Drey__Cluster__V1__Topology

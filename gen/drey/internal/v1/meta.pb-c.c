@@ -350,7 +350,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__member__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__member__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field_descriptors[4] =
+static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field_descriptors[5] =
 {
   {
     "primary",
@@ -400,8 +400,21 @@ static const ProtobufCFieldDescriptor drey__internal__v1__partition_entry__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "handover",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionEntry, handover),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__partition_entry__field_indices_by_name[] = {
+  4,   /* field[4] = handover */
   2,   /* field[2] = joining */
   0,   /* field[0] = primary */
   1,   /* field[1] = replicas */
@@ -410,7 +423,7 @@ static const unsigned drey__internal__v1__partition_entry__field_indices_by_name
 static const ProtobufCIntRange drey__internal__v1__partition_entry__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__partition_entry__descriptor =
 {
@@ -420,7 +433,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__partition_entry__descriptor
   "Drey__Internal__V1__PartitionEntry",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__PartitionEntry),
-  4,
+  5,
   drey__internal__v1__partition_entry__field_descriptors,
   drey__internal__v1__partition_entry__field_indices_by_name,
   1,  drey__internal__v1__partition_entry__number_ranges,

@@ -95,7 +95,9 @@ struct  Drey__Internal__V1__PartitionEntry
   size_t n_replicas;
   char **replicas;
   /*
-   * a move's target: it becomes the primary once it has caught up
+   * A move's target: a node holding no in-sync copy, copied to, then made
+   * the primary. Never one of `replicas`: the copy's first chunk replaces
+   * what the target holds of the partition.
    */
   size_t n_joining;
   char **joining;
@@ -105,10 +107,16 @@ struct  Drey__Internal__V1__PartitionEntry
    */
   size_t n_syncing;
   char **syncing;
+  /*
+   * An in-sync backup the primary role goes to without a copy: the primary
+   * pauses the partition's writes, confirms the backup applied every one
+   * it acknowledged, and names it primary, itself a backup (move.c).
+   */
+  char *handover;
 };
 #define DREY__INTERNAL__V1__PARTITION_ENTRY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__partition_entry__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string }
 
 
 /* Drey__Internal__V1__ClusterConfig methods */

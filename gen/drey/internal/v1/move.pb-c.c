@@ -373,6 +373,96 @@ void   drey__internal__v1__beat_request__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__beat_request__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__internal__v1__confirm_request__init
+                     (Drey__Internal__V1__ConfirmRequest         *message)
+{
+  static const Drey__Internal__V1__ConfirmRequest init_value = DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__confirm_request__get_packed_size
+                     (const Drey__Internal__V1__ConfirmRequest *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__confirm_request__pack
+                     (const Drey__Internal__V1__ConfirmRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__confirm_request__pack_to_buffer
+                     (const Drey__Internal__V1__ConfirmRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__ConfirmRequest *
+       drey__internal__v1__confirm_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__ConfirmRequest *)
+     protobuf_c_message_unpack (&drey__internal__v1__confirm_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__confirm_request__free_unpacked
+                     (Drey__Internal__V1__ConfirmRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__confirm_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__confirm_response__init
+                     (Drey__Internal__V1__ConfirmResponse         *message)
+{
+  static const Drey__Internal__V1__ConfirmResponse init_value = DREY__INTERNAL__V1__CONFIRM_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__confirm_response__get_packed_size
+                     (const Drey__Internal__V1__ConfirmResponse *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__confirm_response__pack
+                     (const Drey__Internal__V1__ConfirmResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__confirm_response__pack_to_buffer
+                     (const Drey__Internal__V1__ConfirmResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__confirm_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__ConfirmResponse *
+       drey__internal__v1__confirm_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__ConfirmResponse *)
+     protobuf_c_message_unpack (&drey__internal__v1__confirm_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__confirm_response__free_unpacked
+                     (Drey__Internal__V1__ConfirmResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__confirm_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   drey__internal__v1__hash_request__init
                      (Drey__Internal__V1__HashRequest         *message)
 {
@@ -508,7 +598,7 @@ void   drey__internal__v1__hash_response__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_descriptors[6] =
+static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_descriptors[7] =
 {
   {
     "cache",
@@ -582,19 +672,32 @@ static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "tenant",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__MovedEntry, tenant),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__moved_entry__field_indices_by_name[] = {
   0,   /* field[0] = cache */
   5,   /* field[5] = expires_at_ms */
   1,   /* field[1] = key */
   2,   /* field[2] = kind */
+  6,   /* field[6] = tenant */
   3,   /* field[3] = value */
   4,   /* field[4] = version */
 };
 static const ProtobufCIntRange drey__internal__v1__moved_entry__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__moved_entry__descriptor =
 {
@@ -604,7 +707,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__moved_entry__descriptor =
   "Drey__Internal__V1__MovedEntry",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__MovedEntry),
-  6,
+  7,
   drey__internal__v1__moved_entry__field_descriptors,
   drey__internal__v1__moved_entry__field_indices_by_name,
   1,  drey__internal__v1__moved_entry__number_ranges,
@@ -791,7 +894,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__import_response__descriptor
   (ProtobufCMessageInit) drey__internal__v1__import_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__drop_request__field_descriptors[2] =
+static const ProtobufCFieldDescriptor drey__internal__v1__drop_request__field_descriptors[3] =
 {
   {
     "partition",
@@ -817,15 +920,28 @@ static const ProtobufCFieldDescriptor drey__internal__v1__drop_request__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "epoch",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__DropRequest, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__drop_request__field_indices_by_name[] = {
+  2,   /* field[2] = epoch */
   0,   /* field[0] = partition */
   1,   /* field[1] = partitions */
 };
 static const ProtobufCIntRange drey__internal__v1__drop_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__drop_request__descriptor =
 {
@@ -835,7 +951,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__drop_request__descriptor =
   "Drey__Internal__V1__DropRequest",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__DropRequest),
-  2,
+  3,
   drey__internal__v1__drop_request__field_descriptors,
   drey__internal__v1__drop_request__field_indices_by_name,
   1,  drey__internal__v1__drop_request__number_ranges,
@@ -1149,6 +1265,121 @@ const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__beat_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor drey__internal__v1__confirm_request__field_descriptors[4] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmRequest, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "partitions",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmRequest, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "epoch",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmRequest, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmRequest, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__confirm_request__field_indices_by_name[] = {
+  2,   /* field[2] = epoch */
+  0,   /* field[0] = partition */
+  1,   /* field[1] = partitions */
+  3,   /* field[3] = sequence */
+};
+static const ProtobufCIntRange drey__internal__v1__confirm_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__confirm_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.ConfirmRequest",
+  "ConfirmRequest",
+  "Drey__Internal__V1__ConfirmRequest",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__ConfirmRequest),
+  4,
+  drey__internal__v1__confirm_request__field_descriptors,
+  drey__internal__v1__confirm_request__field_indices_by_name,
+  1,  drey__internal__v1__confirm_request__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__confirm_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__confirm_response__field_descriptors[1] =
+{
+  {
+    "applied",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmResponse, applied),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__confirm_response__field_indices_by_name[] = {
+  0,   /* field[0] = applied */
+};
+static const ProtobufCIntRange drey__internal__v1__confirm_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__confirm_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.ConfirmResponse",
+  "ConfirmResponse",
+  "Drey__Internal__V1__ConfirmResponse",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__ConfirmResponse),
+  1,
+  drey__internal__v1__confirm_response__field_descriptors,
+  drey__internal__v1__confirm_response__field_indices_by_name,
+  1,  drey__internal__v1__confirm_response__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__confirm_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor drey__internal__v1__hash_request__field_descriptors[2] =
 {
   {
@@ -1345,15 +1576,17 @@ void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Servic
                                      &drey__internal__v1__partitions__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }
-static const ProtobufCMethodDescriptor drey__internal__v1__replica__method_descriptors[3] =
+static const ProtobufCMethodDescriptor drey__internal__v1__replica__method_descriptors[4] =
 {
   { "Apply", &drey__internal__v1__replicate_request__descriptor, &drey__internal__v1__replicate_response__descriptor },
   { "Hash", &drey__internal__v1__hash_request__descriptor, &drey__internal__v1__hash_response__descriptor },
   { "Beat", &drey__internal__v1__beat_request__descriptor, &drey__internal__v1__replicate_response__descriptor },
+  { "Confirm", &drey__internal__v1__confirm_request__descriptor, &drey__internal__v1__confirm_response__descriptor },
 };
 const unsigned drey__internal__v1__replica__method_indices_by_name[] = {
   0,        /* Apply */
   2,        /* Beat */
+  3,        /* Confirm */
   1         /* Hash */
 };
 const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor =
@@ -1363,7 +1596,7 @@ const ProtobufCServiceDescriptor drey__internal__v1__replica__descriptor =
   "Replica",
   "Drey__Internal__V1__Replica",
   "drey.internal.v1",
-  3,
+  4,
   drey__internal__v1__replica__method_descriptors,
   drey__internal__v1__replica__method_indices_by_name
 };
@@ -1390,6 +1623,14 @@ void drey__internal__v1__replica__beat(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__internal__v1__replica__descriptor);
   service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__internal__v1__replica__confirm(ProtobufCService *service,
+                                          const Drey__Internal__V1__ConfirmRequest *input,
+                                          Drey__Internal__V1__ConfirmResponse_Closure closure,
+                                          void *closure_data)
+{
+  assert(service->descriptor == &drey__internal__v1__replica__descriptor);
+  service->invoke(service, 3, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
                                         Drey__Internal__V1__Replica_ServiceDestroy destroy)

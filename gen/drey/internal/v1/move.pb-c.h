@@ -24,6 +24,8 @@ typedef struct Drey__Internal__V1__ReplicateRequest Drey__Internal__V1__Replicat
 typedef struct Drey__Internal__V1__ReplicateResponse Drey__Internal__V1__ReplicateResponse;
 typedef struct Drey__Internal__V1__BeatRequest Drey__Internal__V1__BeatRequest;
 typedef struct Drey__Internal__V1__BeatRequest__Mark Drey__Internal__V1__BeatRequest__Mark;
+typedef struct Drey__Internal__V1__ConfirmRequest Drey__Internal__V1__ConfirmRequest;
+typedef struct Drey__Internal__V1__ConfirmResponse Drey__Internal__V1__ConfirmResponse;
 typedef struct Drey__Internal__V1__HashRequest Drey__Internal__V1__HashRequest;
 typedef struct Drey__Internal__V1__PartitionHash Drey__Internal__V1__PartitionHash;
 typedef struct Drey__Internal__V1__HashResponse Drey__Internal__V1__HashResponse;
@@ -53,10 +55,14 @@ struct  Drey__Internal__V1__MovedEntry
    * 0: never
    */
   int64_t expires_at_ms;
+  /*
+   * whose write stored it; "": none
+   */
+  char *tenant;
 };
 #define DREY__INTERNAL__V1__MOVED_ENTRY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__moved_entry__descriptor) \
-    , {0,NULL}, {0,NULL}, 0, {0,NULL}, 0, 0 }
+    , {0,NULL}, {0,NULL}, 0, {0,NULL}, 0, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Drey__Internal__V1__ImportRequest
@@ -89,8 +95,10 @@ struct  Drey__Internal__V1__ImportRequest
    */
   uint64_t min_version;
   /*
-   * The partition's epoch at the sender: the receiver refuses an import
-   * of a partition it owns.
+   * The partition's epoch when the move (or new backup) was planned: the
+   * receiver takes the import only if its table has the partition at this
+   * epoch with the receiver as the copy's target, never while it holds an
+   * in-sync copy or the primary role (an in-sync copy is never replaced).
    */
   int64_t epoch;
   /*
@@ -125,10 +133,16 @@ struct  Drey__Internal__V1__DropRequest
   ProtobufCMessage base;
   uint32_t partition;
   uint32_t partitions;
+  /*
+   * The partition's epoch at which this node stopped holding a copy. A
+   * copy imported at a newer epoch (the partition came back meanwhile) is
+   * not dropped: the drop is older than it, live and on replay.
+   */
+  int64_t epoch;
 };
 #define DREY__INTERNAL__V1__DROP_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__drop_request__descriptor) \
-    , 0, 0 }
+    , 0, 0, 0 }
 
 
 struct  Drey__Internal__V1__DropResponse
@@ -225,6 +239,35 @@ struct  Drey__Internal__V1__BeatRequest
 #define DREY__INTERNAL__V1__BEAT_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__beat_request__descriptor) \
     , 0, 0,NULL }
+
+
+struct  Drey__Internal__V1__ConfirmRequest
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  /*
+   * the cluster's count
+   */
+  uint32_t partitions;
+  int64_t epoch;
+  uint64_t sequence;
+};
+#define DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__confirm_request__descriptor) \
+    , 0, 0, 0, 0 }
+
+
+struct  Drey__Internal__V1__ConfirmResponse
+{
+  ProtobufCMessage base;
+  /*
+   * the sequence of the last write applied there
+   */
+  uint64_t applied;
+};
+#define DREY__INTERNAL__V1__CONFIRM_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__confirm_response__descriptor) \
+    , 0 }
 
 
 struct  Drey__Internal__V1__HashRequest
@@ -427,6 +470,44 @@ Drey__Internal__V1__BeatRequest *
 void   drey__internal__v1__beat_request__free_unpacked
                      (Drey__Internal__V1__BeatRequest *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__ConfirmRequest methods */
+void   drey__internal__v1__confirm_request__init
+                     (Drey__Internal__V1__ConfirmRequest         *message);
+size_t drey__internal__v1__confirm_request__get_packed_size
+                     (const Drey__Internal__V1__ConfirmRequest   *message);
+size_t drey__internal__v1__confirm_request__pack
+                     (const Drey__Internal__V1__ConfirmRequest   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__confirm_request__pack_to_buffer
+                     (const Drey__Internal__V1__ConfirmRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__ConfirmRequest *
+       drey__internal__v1__confirm_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__confirm_request__free_unpacked
+                     (Drey__Internal__V1__ConfirmRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__ConfirmResponse methods */
+void   drey__internal__v1__confirm_response__init
+                     (Drey__Internal__V1__ConfirmResponse         *message);
+size_t drey__internal__v1__confirm_response__get_packed_size
+                     (const Drey__Internal__V1__ConfirmResponse   *message);
+size_t drey__internal__v1__confirm_response__pack
+                     (const Drey__Internal__V1__ConfirmResponse   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__confirm_response__pack_to_buffer
+                     (const Drey__Internal__V1__ConfirmResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__ConfirmResponse *
+       drey__internal__v1__confirm_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__confirm_response__free_unpacked
+                     (Drey__Internal__V1__ConfirmResponse *message,
+                      ProtobufCAllocator *allocator);
 /* Drey__Internal__V1__HashRequest methods */
 void   drey__internal__v1__hash_request__init
                      (Drey__Internal__V1__HashRequest         *message);
@@ -513,6 +594,12 @@ typedef void (*Drey__Internal__V1__BeatRequest__Mark_Closure)
 typedef void (*Drey__Internal__V1__BeatRequest_Closure)
                  (const Drey__Internal__V1__BeatRequest *message,
                   void *closure_data);
+typedef void (*Drey__Internal__V1__ConfirmRequest_Closure)
+                 (const Drey__Internal__V1__ConfirmRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__ConfirmResponse_Closure)
+                 (const Drey__Internal__V1__ConfirmResponse *message,
+                  void *closure_data);
 typedef void (*Drey__Internal__V1__HashRequest_Closure)
                  (const Drey__Internal__V1__HashRequest *message,
                   void *closure_data);
@@ -571,6 +658,10 @@ struct Drey__Internal__V1__Replica_Service
                const Drey__Internal__V1__BeatRequest *input,
                Drey__Internal__V1__ReplicateResponse_Closure closure,
                void *closure_data);
+  void (*confirm)(Drey__Internal__V1__Replica_Service *service,
+                  const Drey__Internal__V1__ConfirmRequest *input,
+                  Drey__Internal__V1__ConfirmResponse_Closure closure,
+                  void *closure_data);
 };
 typedef void (*Drey__Internal__V1__Replica_ServiceDestroy)(Drey__Internal__V1__Replica_Service *);
 void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *service,
@@ -581,7 +672,8 @@ void drey__internal__v1__replica__init (Drey__Internal__V1__Replica_Service *ser
     { DREY__INTERNAL__V1__REPLICA__BASE_INIT,\
       function_prefix__ ## apply,\
       function_prefix__ ## hash,\
-      function_prefix__ ## beat  }
+      function_prefix__ ## beat,\
+      function_prefix__ ## confirm  }
 void drey__internal__v1__replica__apply(ProtobufCService *service,
                                         const Drey__Internal__V1__ReplicateRequest *input,
                                         Drey__Internal__V1__ReplicateResponse_Closure closure,
@@ -594,6 +686,10 @@ void drey__internal__v1__replica__beat(ProtobufCService *service,
                                        const Drey__Internal__V1__BeatRequest *input,
                                        Drey__Internal__V1__ReplicateResponse_Closure closure,
                                        void *closure_data);
+void drey__internal__v1__replica__confirm(ProtobufCService *service,
+                                          const Drey__Internal__V1__ConfirmRequest *input,
+                                          Drey__Internal__V1__ConfirmResponse_Closure closure,
+                                          void *closure_data);
 
 /* --- descriptors --- */
 
@@ -606,6 +702,8 @@ extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__d
 extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__beat_request__mark__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__confirm_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__confirm_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__hash_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__partition_hash__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__hash_response__descriptor;

@@ -1,0 +1,406 @@
+/*
+ * Unit tests for src/cluster/plan.c: the controller's planners on tables.
+ *
+ * Each test is one rule of plan.h on a small table: the first assignment,
+ * failover only to an in-sync copy, departed copies dropped, new backups
+ * throttled, and the rebalance's moves and handovers (never a copy onto an
+ * in-sync backup, nothing onto a copy under way, nothing during the settle
+ * time, plans cancelled when their target leaves). The last test runs the
+ * planners over many random tables and checks the invariants every entry
+ * they write keeps.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drey/placement.h"
+#include "src/cluster/plan.h"
+
+#define N_PARTS 16
+
+static drey_cluster__plan pl;
+static drey_cluster__plan_stats st;
+
+static void setup(void) {
+    memset(&st, 0, sizeof st);
+}
+
+static void teardown(void) {
+    drey_cluster__plan_free(&pl);
+}
+
+TestSuite(plan, .init = setup, .fini = teardown, .timeout = 30);
+
+/* A plan of n_parts over the members "n1".."n<members>" (none draining). */
+static void table(uint32_t n_parts, uint32_t rf, uint32_t max_moves, int members) {
+    drey_cluster__plan_init(&pl, n_parts, rf, max_moves, 16);
+    for (int i = 1; i <= members; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "n%d", i);
+        drey_cluster__plan_member(&pl, id, false);
+    }
+}
+
+/* Entry p: primary, then in-sync backups ("" ends them). */
+static void entry(uint32_t p, const char *primary, const char *b1, const char *b2) {
+    drey_cluster__entry *e = &pl.ent[p];
+    drey_cluster__entry_of(NULL, e);
+    snprintf(e->primary, sizeof e->primary, "%s", primary);
+    if (b1 != NULL)
+        drey_cluster__entry_add(e->replicas, &e->n_replicas, b1);
+    if (b2 != NULL)
+        drey_cluster__entry_add(e->replicas, &e->n_replicas, b2);
+}
+
+static bool has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id) {
+    return drey_cluster__entry_has(ids, n, id);
+}
+
+static void unchanged_all(void) {
+    for (uint32_t p = 0; p < pl.n_parts; p++)
+        cr_assert(!pl.changed[p], "partition %u changed", p);
+}
+
+/* The primary the placement wants for p among ids. */
+static const char *wanted(const char *const *ids, size_t n, uint32_t p) {
+    uint32_t r = drey_placement_replicas(pl.rf, n);
+    uint32_t *a = malloc((size_t)pl.n_parts * r * sizeof *a);
+    drey_placement_assign(ids, n, pl.n_parts, pl.rf, a);
+    const char *w = ids[a[p * r]];
+    free(a);
+    return w;
+}
+
+/* Every partition led as the placement over ids wants, each with backups
+ * ("" for none) as given by fill. */
+static void placed(const char *const *ids, size_t n) {
+    uint32_t r = drey_placement_replicas(pl.rf, n);
+    uint32_t *a = malloc((size_t)pl.n_parts * r * sizeof *a);
+    drey_placement_assign(ids, n, pl.n_parts, pl.rf, a);
+    for (uint32_t p = 0; p < pl.n_parts; p++)
+        entry(p, ids[a[p * r]], r > 1 ? ids[a[p * r + 1]] : NULL, r > 2 ? ids[a[p * r + 2]] : NULL);
+    free(a);
+}
+
+/* A partition whose wanted primary (among n1..n3) is not its primary p0;
+ * its entry is set to primary p0 with backup b. */
+static uint32_t misplaced(const char *primary, const char *backup, const char *want) {
+    static const char *ids[] = {"n1", "n2", "n3"};
+    for (uint32_t p = 0; p < pl.n_parts; p++) {
+        if (strcmp(wanted(ids, 3, p), want) == 0) {
+            entry(p, primary, backup, NULL);
+            return p;
+        }
+    }
+    cr_assert_fail("no partition wants %s", want);
+    return 0;
+}
+
+/* --- the first assignment ------------------------------------------------------------- */
+
+Test(plan, the_first_assignment_waits_for_the_initial_nodes_then_places_every_copy_in_sync) {
+    table(N_PARTS, 2, 2, 2);
+    drey_cluster__plan_assign(&pl, 3, &st);
+    unchanged_all();
+    drey_cluster__plan_member(&pl, "n3", false);
+    drey_cluster__plan_assign(&pl, 3, &st);
+    cr_assert_eq(st.assigned, N_PARTS);
+    for (uint32_t p = 0; p < N_PARTS; p++) {
+        cr_assert(pl.changed[p]);
+        cr_assert_neq(pl.ent[p].primary[0], '\0');
+        cr_assert_eq(pl.ent[p].n_replicas, 1, "the backup is in sync from the start (the copies are empty)");
+        cr_assert_eq(pl.ent[p].n_syncing, 0);
+    }
+}
+
+/* --- repairs --------------------------------------------------------------------------- */
+
+Test(plan, a_departed_primary_is_replaced_by_an_in_sync_backup_and_its_plans_go) {
+    table(N_PARTS, 3, 2, 3);
+    for (uint32_t p = 0; p < N_PARTS; p++)
+        entry(p, "n2", "n1", "n3");
+    entry(0, "n9", "n1", "n3");
+    snprintf(pl.ent[0].handover, DREY_CLUSTER_MAX_ID, "n1");
+    drey_cluster__plan_repair(&pl, &st);
+    cr_assert_str_eq(pl.ent[0].primary, "n1");
+    cr_assert(!has(pl.ent[0].replicas, pl.ent[0].n_replicas, "n1"));
+    cr_assert_str_eq(pl.ent[0].handover, "");
+    cr_assert_eq(st.promoted, 1);
+    for (uint32_t p = 1; p < N_PARTS; p++)
+        cr_assert(!pl.changed[p]);
+}
+
+Test(plan, a_copy_under_way_is_never_promoted) {
+    table(N_PARTS, 2, 2, 2);
+    for (uint32_t p = 0; p < N_PARTS; p++)
+        entry(p, "n1", "n2", NULL);
+    entry(0, "n9", NULL, NULL);
+    drey_cluster__entry_add(pl.ent[0].syncing, &pl.ent[0].n_syncing, "n2");
+    snprintf(pl.ent[0].joining, DREY_CLUSTER_MAX_ID, "n1");
+    drey_cluster__plan_repair(&pl, &st);
+    cr_assert_str_eq(pl.ent[0].primary, "n9", "the partition waits for its primary: only it has every write");
+    cr_assert_eq(st.stranded, 1);
+    cr_assert_eq(st.promoted, 0);
+}
+
+Test(plan, copies_and_a_handover_on_departed_or_leaving_nodes_are_dropped) {
+    table(N_PARTS, 3, 2, 3);
+    pl.draining[2] = true; /* n3 leaves */
+    for (uint32_t p = 0; p < N_PARTS; p++)
+        entry(p, "n1", "n2", NULL);
+    entry(0, "n1", "n9", "n2"); /* n9 is gone */
+    snprintf(pl.ent[0].handover, DREY_CLUSTER_MAX_ID, "n9");
+    entry(1, "n1", "n3", NULL);
+    drey_cluster__entry_add(pl.ent[1].syncing, &pl.ent[1].n_syncing, "n9");
+    drey_cluster__plan_repair(&pl, &st);
+    cr_assert_eq(pl.ent[0].n_replicas, 1);
+    cr_assert_str_eq(pl.ent[0].replicas[0], "n2");
+    cr_assert_str_eq(pl.ent[0].handover, "", "no handover to a node that is gone");
+    cr_assert_eq(pl.ent[1].n_replicas, 0, "a leaving node's backup goes");
+    cr_assert(!has(pl.ent[1].syncing, pl.ent[1].n_syncing, "n9"));
+    cr_assert_eq(st.dropped, 2);
+}
+
+Test(plan, an_under_replicated_partition_gets_a_new_backup_on_a_node_not_holding_it_a_few_at_a_time) {
+    table(N_PARTS, 2, 2, 3);
+    for (uint32_t p = 0; p < N_PARTS; p++)
+        entry(p, "n1", NULL, NULL);
+    drey_cluster__plan_repair(&pl, &st);
+    uint32_t planned = 0;
+    for (uint32_t p = 0; p < N_PARTS; p++) {
+        if (pl.ent[p].n_syncing == 0)
+            continue;
+        planned++;
+        cr_assert_str_neq(pl.ent[p].syncing[0], "n1");
+        cr_assert_eq(pl.ent[p].n_replicas, 0, "a new backup is not in sync before its copy");
+    }
+    cr_assert_eq(planned, 2, "at most max_moves copies from one primary at once");
+}
+
+Test(plan, a_restarted_node_steps_out_of_the_entries_written_before_it_registered) {
+    table(4, 2, 2, 3);
+    int64_t epochs[4] = {10, 10, 10, 50};
+    entry(0, "n1", "n2", NULL); /* it led: its backup takes over */
+    entry(1, "n2", "n1", NULL); /* it backed: it leaves the set */
+    entry(2, "n1", "n9", NULL); /* it led, its backup is gone: it keeps it */
+    entry(3, "n2", "n1", NULL); /* written after it registered: about it */
+    drey_cluster__plan_step_out(&pl, "n1", epochs, 40, &st);
+    cr_assert_str_eq(pl.ent[0].primary, "n2");
+    cr_assert_eq(pl.ent[0].n_replicas, 0);
+    cr_assert_eq(pl.ent[1].n_replicas, 0);
+    cr_assert_str_eq(pl.ent[2].primary, "n1");
+    cr_assert_eq(st.stranded, 1);
+    cr_assert(!pl.changed[3]);
+}
+
+/* --- the rebalance ----------------------------------------------------------------------- */
+
+Test(plan, the_primary_role_goes_to_an_in_sync_backup_by_a_handover_never_a_copy) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    /* p's wanted primary n2 is its in-sync backup */
+    uint32_t p = misplaced("n1", "n2", "n2");
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(pl.changed[p]);
+    cr_assert_str_eq(pl.ent[p].handover, "n2");
+    cr_assert_str_eq(pl.ent[p].joining, "", "a copy onto n2 would replace its in-sync copy");
+    cr_assert_eq(st.handovers, 1);
+    cr_assert_eq(st.moves, 0);
+}
+
+Test(plan, the_primary_role_goes_to_a_node_holding_nothing_by_a_move) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    uint32_t p = misplaced("n1", "n2", "n3");
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert_str_eq(pl.ent[p].joining, "n3");
+    cr_assert_str_eq(pl.ent[p].handover, "");
+    cr_assert_eq(st.moves, 1);
+}
+
+Test(plan, nothing_is_planned_onto_a_node_still_copying_the_partition_as_a_backup) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    uint32_t p = misplaced("n1", NULL, "n2");
+    drey_cluster__entry_add(pl.ent[p].syncing, &pl.ent[p].n_syncing, "n2");
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(!pl.changed[p], "its copy first, then a handover");
+    cr_assert_str_eq(pl.ent[p].joining, "");
+}
+
+Test(plan, a_move_planned_onto_an_in_sync_backup_becomes_a_handover) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    uint32_t p = misplaced("n1", "n2", "n2");
+    snprintf(pl.ent[p].joining, DREY_CLUSTER_MAX_ID, "n2"); /* the plan that lost writes */
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(pl.changed[p]);
+    cr_assert_str_eq(pl.ent[p].joining, "");
+    cr_assert_str_eq(pl.ent[p].handover, "n2");
+}
+
+Test(plan, a_plan_whose_target_left_or_fell_out_of_sync_is_cancelled) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    uint32_t p = misplaced("n1", "n2", "n2");
+    snprintf(pl.ent[p].handover, DREY_CLUSTER_MAX_ID, "n3"); /* n3 is not in the set */
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(pl.changed[p]);
+    cr_assert_eq(st.cancelled, 1);
+    cr_assert_str_eq(pl.ent[p].handover, "n2", "replanned at once, to the wanted in-sync backup");
+    drey_cluster__plan_free(&pl);
+    memset(&st, 0, sizeof st);
+    table(N_PARTS, 2, 2, 2); /* n3 is gone */
+    placed(ids, 2);
+    snprintf(pl.ent[0].joining, DREY_CLUSTER_MAX_ID, "n3");
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert_str_eq(pl.ent[0].joining, "");
+    cr_assert_eq(st.cancelled, 1);
+}
+
+Test(plan, a_partition_whose_primary_just_changed_is_left_alone_for_the_settle_time) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    uint32_t p = misplaced("n1", "n2", "n2");
+    int64_t since[N_PARTS] = {0};
+    since[p] = 100000;
+    pl.primary_since_ms = since;
+    pl.now_ms = 100000 + DREY_CLUSTER_MOVE_SETTLE_MS - 1;
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(!pl.changed[p], "no move straight back");
+    pl.now_ms = 100000 + DREY_CLUSTER_MOVE_SETTLE_MS;
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert_str_eq(pl.ent[p].handover, "n2");
+}
+
+Test(plan, moves_are_throttled_per_primary_and_handovers_less) {
+    table(64, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    /* every partition n2 or n3 should lead, on n1 with the wanted node in sync or not */
+    uint32_t want_moves = 0, want_handovers = 0;
+    for (uint32_t p = 0; p < 64; p++) {
+        const char *w = wanted(ids, 3, p);
+        if (strcmp(w, "n1") == 0)
+            continue;
+        bool in_sync = p % 2 == 0;
+        entry(p, "n1", in_sync ? w : NULL, NULL);
+        want_handovers += in_sync;
+        want_moves += !in_sync;
+    }
+    cr_assert_gt(want_moves, 2);
+    cr_assert_gt(want_handovers, DREY_CLUSTER_MAX_HANDOVERS);
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert_eq(st.moves, 2, "max_moves copies from n1 at once");
+    cr_assert_eq(st.handovers, DREY_CLUSTER_MAX_HANDOVERS);
+}
+
+Test(plan, nothing_moves_until_every_partition_has_a_primary) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    misplaced("n1", "n2", "n2");
+    pl.ent[N_PARTS - 1].primary[0] = '\0';
+    drey_cluster__plan_rebalance(&pl, &st);
+    unchanged_all();
+}
+
+Test(plan, a_leaving_primary_hands_its_partitions_over) {
+    table(N_PARTS, 2, 2, 3);
+    static const char *ids[] = {"n1", "n2", "n3"};
+    placed(ids, 3);
+    pl.draining[0] = true; /* n1 leaves */
+    static const char *rest[] = {"n2", "n3"};
+    uint32_t handed = 0;
+    for (uint32_t p = 0; p < N_PARTS; p++) {
+        if (strcmp(pl.ent[p].primary, "n1") != 0)
+            continue;
+        drey_cluster__entry *e = &pl.ent[p];
+        e->n_replicas = 0;
+        drey_cluster__entry_add(e->replicas, &e->n_replicas, wanted(rest, 2, p));
+        handed++;
+    }
+    cr_assert_gt(handed, 0);
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert_eq(st.handovers, handed < DREY_CLUSTER_MAX_HANDOVERS ? handed : DREY_CLUSTER_MAX_HANDOVERS);
+    cr_assert_eq(st.moves, 0);
+}
+
+/* --- invariants over random tables -------------------------------------------------------- */
+
+static const char *rnd_id(unsigned *seed) {
+    static const char *ids[] = {"n1", "n2", "n3", "n4", "n9"};
+    return ids[rand_r(seed) % 5];
+}
+
+/* A well-formed entry: distinct nodes across primary, replicas, syncing,
+ * joining (not in replicas), handover (in replicas). */
+static void random_entry(drey_cluster__entry *e, unsigned *seed) {
+    drey_cluster__entry_of(NULL, e);
+    if (rand_r(seed) % 8 == 0)
+        return; /* unassigned */
+    snprintf(e->primary, sizeof e->primary, "%s", rnd_id(seed));
+    for (int i = 0; i < 3; i++) {
+        const char *id = rnd_id(seed);
+        bool taken = strcmp(id, e->primary) == 0 || has(e->replicas, e->n_replicas, id) ||
+                     has(e->syncing, e->n_syncing, id) || strcmp(id, e->joining) == 0;
+        if (taken)
+            continue;
+        switch (rand_r(seed) % 3) {
+        case 0: drey_cluster__entry_add(e->replicas, &e->n_replicas, id); break;
+        case 1: drey_cluster__entry_add(e->syncing, &e->n_syncing, id); break;
+        default:
+            if (e->joining[0] == '\0')
+                snprintf(e->joining, sizeof e->joining, "%s", id);
+        }
+    }
+    if (e->n_replicas > 0 && e->joining[0] == '\0' && rand_r(seed) % 3 == 0)
+        snprintf(e->handover, sizeof e->handover, "%s", e->replicas[0]);
+}
+
+static void check_entry(const drey_cluster__entry *before, const drey_cluster__entry *e, uint32_t p) {
+    if (e->joining[0] != '\0')
+        cr_assert(!has((char (*)[DREY_CLUSTER_MAX_ID])e->replicas, e->n_replicas, e->joining),
+                  "partition %u: a copy planned onto in-sync %s", p, e->joining);
+    if (e->handover[0] != '\0')
+        cr_assert(has((char (*)[DREY_CLUSTER_MAX_ID])e->replicas, e->n_replicas, e->handover),
+                  "partition %u: a handover to %s, not in sync", p, e->handover);
+    if (before->primary[0] != '\0' && strcmp(before->primary, e->primary) != 0)
+        cr_assert(has((char (*)[DREY_CLUSTER_MAX_ID])before->replicas, before->n_replicas, e->primary),
+                  "partition %u: %s promoted without an in-sync copy", p, e->primary);
+    for (size_t i = 0; i < e->n_replicas; i++)
+        cr_assert(has((char (*)[DREY_CLUSTER_MAX_ID])before->replicas, before->n_replicas, e->replicas[i]) ||
+                      before->primary[0] == '\0',
+                  "partition %u: %s entered the in-sync set without a copy", p, e->replicas[i]);
+}
+
+Test(plan, no_plan_ever_copies_onto_or_promotes_anything_but_an_in_sync_copy) {
+    for (unsigned round = 0; round < 2000; round++) {
+        unsigned seed = round;
+        table(8, 1 + rand_r(&seed) % 3, 1 + rand_r(&seed) % 3, 0);
+        static const char *members[] = {"n1", "n2", "n3", "n4"};
+        for (int i = 0; i < 4; i++) {
+            if (rand_r(&seed) % 4 != 0)
+                drey_cluster__plan_member(&pl, members[i], rand_r(&seed) % 5 == 0);
+        }
+        drey_cluster__entry before[8];
+        for (uint32_t p = 0; p < 8; p++) {
+            random_entry(&pl.ent[p], &seed);
+            before[p] = pl.ent[p];
+        }
+        drey_cluster__plan_repair(&pl, &st);
+        drey_cluster__plan_rebalance(&pl, &st);
+        for (uint32_t p = 0; p < 8; p++)
+            check_entry(&before[p], &pl.ent[p], p);
+        drey_cluster__plan_free(&pl);
+        memset(&pl, 0, sizeof pl);
+    }
+    table(1, 1, 1, 0); /* for the fixture's teardown */
+}
