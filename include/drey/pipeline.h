@@ -206,6 +206,8 @@ void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *
 void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep);
 /* Whether writes go through a journal (a durable node). */
 bool drey_pipeline_journaled(const drey_request *r);
+/* The journal set by drey_pipeline_set_journal (NULL: an ephemeral node). */
+drey_journal *drey_pipeline_journal(const drey_pipeline *p);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);

@@ -93,6 +93,10 @@ bool drey_pipeline_journaled(const drey_request *r) {
     return r->pipeline->journal != NULL;
 }
 
+drey_journal *drey_pipeline_journal(const drey_pipeline *p) {
+    return p->journal;
+}
+
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
     p->opts.route = route;
     p->opts.route_ctx = ctx;
