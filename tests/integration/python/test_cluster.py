@@ -316,6 +316,22 @@ class ThreeNodes(DreyTestCase):
         self.assertEqual(srv.wait(30), 1)
         self.assertTrue(srv.find_log(lambda r: "drey cluster init" in r.get("error", "")), srv.log_text())
 
+    def test_a_node_whose_certificate_names_another_node_refuses_to_start(self):
+        """Peers take a node's identity from its certificate: a node whose
+        certificate names n8 would be refused by every peer (it used to join
+        and then fail every move with "No match found for server name")."""
+        cert, key = self.cluster.ca.issue("n8")
+        srv = DreyServer(*self.cluster.node_flags("n7", cert, key), name="n7").spawn()
+        self.assertEqual(srv.wait(30), 1)
+        self.assertTrue(srv.find_log(lambda r: '"n7" (--node-id)' in r.get("error", "")
+                                     and cert in r.get("error", "")), srv.log_text())
+        # nor is the common name enough beside a SAN naming something else:
+        # a peer dialling n7 verifies the SANs only
+        cert, key = self.cluster.ca.issue("n7", san="elsewhere.example")
+        srv = DreyServer(*self.cluster.node_flags("n7", cert, key), name="n7").spawn()
+        self.assertEqual(srv.wait(30), 1)
+        self.assertTrue(srv.find_log(lambda r: cert in r.get("error", "")), srv.log_text())
+
     def test_a_quiet_tenant_through_another_node_is_not_starved(self):
         """conn A floods n1 with more than its per-principal limit allows; B
         enters through n2 and writes keys n1 owns: forwarded, B's calls count
