@@ -484,15 +484,25 @@ class Faults(unittest.TestCase):
             victim.server.kill()
             # once its lease is gone, n3's keys are unavailable, the rest are served
             get, greq, _ = n1.cache.methods["Get"]
+            refusals = []
 
             def n3_key_refused():
                 try:
                     get(greq(key=next(k for k in keys if owners[partition("", k, 16)] == "n3")), timeout=RPC)
                     return False
                 except grpc.RpcError as e:
-                    return RpcFailure(e).reason == "PARTITION_UNAVAILABLE"
+                    refusals.append(RpcFailure(e))
+                    return refusals[-1].metadata.get("cause") == "LEASE_EXPIRED"
 
             wait_until(n3_key_refused, what="n3's partitions refused after its lease")
+            # from the kill on, every refusal is typed, never the transport's bare
+            # message: while n3's lease runs its stream breaks (OWNER_UNREACHABLE),
+            # then its membership is gone (LEASE_EXPIRED); a read applied nothing
+            for f in refusals:
+                self.assertEqual((f.code, f.reason), (UNAVAILABLE, "PARTITION_UNAVAILABLE"), f.message)
+                self.assertIsNotNone(f.retry_info, "RetryInfo tells when to try again")
+                self.assertEqual((f.metadata["primary"], f.metadata["outcome"]), ("n3", "not_applied"))
+                self.assertIn(f.metadata["cause"], ("OWNER_UNREACHABLE", "LEASE_EXPIRED"))
             for k in keys:
                 if owners[partition("", k, 16)] == "n3":
                     f = failure(get, greq(key=k), timeout=RPC)
