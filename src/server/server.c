@@ -30,6 +30,7 @@
 
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/thread.h"
 #include "tls.h"
 #include "wire.h"
 
@@ -954,10 +955,8 @@ int drey_server_start(drey_server *s, char *err_buf, size_t err_cap) {
         new_slot(s, q, NULL);
     }
     s->threads = drey_xmalloc(s->n_cqs * sizeof *s->threads);
-    for (size_t q = 0; q < s->n_cqs; q++) {
-        if (pthread_create(&s->threads[q], NULL, worker_main, s->cqs[q]) != 0)
-            abort();
-    }
+    for (size_t q = 0; q < s->n_cqs; q++)
+        drey_thread_start(&s->threads[q], "server worker", worker_main, s->cqs[q]);
     return port;
 }
 

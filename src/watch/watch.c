@@ -34,6 +34,7 @@
 #include "drey/log.h"
 #include "drey/metrics.h"
 #include "drey/placement.h"
+#include "drey/thread.h"
 
 #define WATCH_PATH "/drey.cache.v1.Cache/Watch"
 #define SUBSCRIBE_PATH "/drey.internal.v1.Subscriber/Subscribe"
@@ -1138,8 +1139,7 @@ bool drey_watch_register(drey_watch *w, drey_server *s) {
 void drey_watch_start(drey_watch *w) {
     pthread_mutex_lock(&w->mu);
     if (!w->thread_running && !w->stopping) {
-        if (pthread_create(&w->thread, NULL, delivery_main, w) != 0)
-            abort();
+        drey_thread_start(&w->thread, "watch delivery", delivery_main, w);
         w->thread_running = true;
     }
     w->started = true;
