@@ -34,4 +34,11 @@ ProtobufCMessage *drey_rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDe
  * gRPC status code (each caller says what it prints then). */
 const char *drey_rpc_code_name(grpc_status_code code);
 
+/* Where field name lives in m, for a request filled by field names (the
+ * CLI's and the load generator's requests, one table of operations each):
+ * a member of a oneof gets its case set. NULL when m's type has no such
+ * field. For a repeated field, *count (when not NULL) is where its count
+ * lives. */
+void *drey_rpc_field(ProtobufCMessage *m, const char *name, size_t **count);
+
 #endif

@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "drey/alloc.h"
 #include "drey/config.h"
+#include "drey/rpc.h"
 #include "json.h"
 
 bool drey_cli_parse_int64(const char *s, int64_t *out) {
@@ -193,21 +194,8 @@ static const op_kind ops[] = {
 static const op_kind remove_op = {"rm", 1, 1, DREY_CLIENT_CACHE("Remove"), &drey__cache__v1__remove_request__descriptor,
                                   ARGS_KEY};
 
-/* The field's place in m, and (for a member of a oneof) sets its case;
- * NULL when m's type has no such field. */
 static void *field(ProtobufCMessage *m, const char *name) {
-    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
-    if (f == NULL)
-        return NULL;
-    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
-        *(uint32_t *)(void *)((char *)m + f->quantifier_offset) = f->id;
-    return (char *)m + f->offset;
-}
-
-/* A repeated field's count, which protobuf-c keeps beside it. */
-static size_t *count_of(ProtobufCMessage *m, const char *name) {
-    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
-    return (size_t *)(void *)((char *)m + f->quantifier_offset);
+    return drey_rpc_field(m, name, NULL);
 }
 
 /* Sets the string field name when m's type has it. */
@@ -226,8 +214,9 @@ static ProtobufCMessage *build(drey_cli *c, const op_kind *k, const drey_cli_op 
         char **keys = drey_arena_alloc(&c->arena, (n > 0 ? n : 1) * sizeof *keys);
         for (size_t i = 0; i < n; i++)
             keys[i] = copy(c, op->args[i]);
-        *count_of(m, "keys") = n;
-        *(char ***)field(m, "keys") = keys;
+        size_t *count;
+        *(char ***)drey_rpc_field(m, "keys", &count) = keys;
+        *count = n;
     } else {
         set_string(m, "key", copy(c, op->args[0]));
     }

@@ -74,3 +74,15 @@ const char *drey_rpc_code_name(grpc_status_code code) {
     };
     return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : NULL;
 }
+
+void *drey_rpc_field(ProtobufCMessage *m, const char *name, size_t **count) {
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
+    if (f == NULL)
+        return NULL;
+    char *base = (char *)m;
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+        *(uint32_t *)(void *)(base + f->quantifier_offset) = f->id;
+    if (count != NULL)
+        *count = f->label == PROTOBUF_C_LABEL_REPEATED ? (size_t *)(void *)(base + f->quantifier_offset) : NULL;
+    return base + f->offset;
+}
