@@ -280,7 +280,7 @@ int drey_cli_cmd_describe(drey_cli *c, char **a) {
         loaded && svc == NULL && msg == NULL ? drey_pb_pool_enum(r.pool, sym) : NULL;
     char *text = NULL;
     size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
+    FILE *out = drey_xopen_memstream(&text, &len);
     if (svc != NULL) {
         fprintf(out, "service %s {\n", svc->name);
         for (size_t i = 0; i < svc->n_method; i++) {

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "drey/admin/v1/admin.pb-c.h"
+#include "drey/alloc.h"
 #include "drey/pbjson.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -78,7 +79,7 @@ int drey_cli_cmd_ready(drey_cli *c, char **a) {
     } else {
         char *text = NULL;
         size_t len = 0;
-        FILE *m = open_memstream(&text, &len);
+        FILE *m = drey_xopen_memstream(&text, &len);
         drey_pbjson_write(m, &r->base);
         fclose(m);
         json_t *doc = json_loads(text, 0, NULL);

@@ -22,6 +22,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/rpc.h"
 #include "drey/thread.h"
@@ -432,9 +433,7 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
         snprintf(err, err_cap, "the connect timeout is negative");
         return NULL;
     }
-    drey_etcd *e = calloc(1, sizeof *e);
-    if (e == NULL)
-        abort();
+    drey_etcd *e = drey_xcalloc(1, sizeof *e);
     for (const char *p = opts->endpoints; *p != '\0';) {
         const char *comma = strchr(p, ',');
         size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);

@@ -672,9 +672,7 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
     while (n + 1 < j->n_segs && j->segs[n + 1].first_lsn - 1 <= lsn)
         n++;
     /* Copied: the writer may grow (and so move) the list meanwhile. */
-    char(*names)[sizeof j->segs[0].name] = n > 0 ? malloc(n * sizeof *names) : NULL;
-    if (n > 0 && names == NULL)
-        abort();
+    char(*names)[sizeof j->segs[0].name] = n > 0 ? drey_xcalloc(n, sizeof *names) : NULL;
     for (size_t i = 0; i < n; i++)
         memcpy(names[i], j->segs[i].name, sizeof names[i]);
     pthread_mutex_unlock(&j->mu);
