@@ -10,6 +10,7 @@
 
 #include "drey/admin/v1/admin.pb-c.h"
 #include "drey/arena.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/cluster.h"
 #include "drey/memory.h"
@@ -17,6 +18,7 @@
 #include "drey/method.h"
 #include "drey/pipeline.h"
 #include "drey/storage.h"
+#include "drey/tenant.h"
 
 typedef struct drey_admin drey_admin;
 
@@ -27,6 +29,8 @@ typedef struct drey_admin_options {
     drey_bp *backpressure;    /* may be NULL */
     drey_store *store;
     size_t metrics_principals; /* principals with series of their own; the rest are "other" */
+    drey_authz *authz;        /* NULL: no policy (no authz section) */
+    drey_tenants *tenants;    /* NULL: no tenants section */
 } drey_admin_options;
 
 /* A durable node's storage is set once recovery is done; until then Snapshot

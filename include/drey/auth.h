@@ -61,6 +61,29 @@ void drey_auth_stop_watch(drey_auth *a);
 drey_error drey_auth_verify(drey_auth *a, const char *header, size_t header_len, int64_t now_ms, char *sub,
                             size_t sub_cap);
 
+/* What a module compiles from a verified token's claims (authz: the
+ * caller's grants), kept with the token in the verified-token cache so it is
+ * made once per token, not per call. */
+typedef struct drey_auth_attach {
+    /* From the token's claims (the payload, a JSON object's text): an object
+     * with one reference, which the cache keeps. */
+    void *(*make)(void *ctx, const char *claims, size_t len);
+    void (*ref)(void *obj);
+    void (*unref)(void *obj);
+    /* false: obj was made under a configuration no longer in force; the
+     * token is then verified and obj made again. */
+    bool (*current)(void *ctx, const void *obj);
+    void *ctx;
+} drey_auth_attach;
+
+/* Before the first verification; the cache drops what it holds. */
+void drey_auth_set_attach(drey_auth *a, const drey_auth_attach *at);
+
+/* drey_auth_verify, and on success *attached is the token's object (a
+ * reference for the caller to unref), or NULL without an attach. */
+drey_error drey_auth_verify_attached(drey_auth *a, const char *header, size_t header_len, int64_t now_ms, char *sub,
+                                     size_t sub_cap, void **attached);
+
 typedef struct drey_auth_stats {
     uint64_t keys;            /* in the current key set */
     uint64_t cache_hits, cache_misses;

@@ -36,6 +36,15 @@ static inline int64_t drey_deadline_after_ms(int64_t ms) {
     return drey_mono_ns() + ms * 1000000;
 }
 
+/* Sleeps ms milliseconds: a pause between retries, or a rate cap's, never
+ * a synchronisation. */
+static inline void drey_nap_ms(int64_t ms) {
+    if (ms <= 0)
+        return;
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
 /* Waits on c (mu held) until it is signalled or the monotonic instant
  * deadline_ns (drey_mono_ns's clock) has passed: ETIMEDOUT then, else 0.
  * Wakeups may be spurious: callers re-check what they wait for.

@@ -51,11 +51,13 @@
 #include <stdint.h>
 
 #include "drey/commit.h"
+#include "drey/etcd.h"
 #include "drey/method.h"
 #include "drey/metrics.h"
 #include "drey/pipeline.h"
 #include "drey/server.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
 #include "drey/watch.h"
 
@@ -63,6 +65,10 @@ typedef struct drey_cluster drey_cluster;
 
 typedef struct drey_cluster_options {
     const char *etcd;      /* etcd endpoints, comma-separated */
+    /* TLS to https:// endpoints and etcd's authentication (NULL or "":
+     * none); see include/drey/etcd.h. */
+    drey_etcd_tls etcd_tls;
+    const char *etcd_user, *etcd_password_file;
     const char *prefix;    /* where the cluster's keys live in etcd, e.g. "drey/" */
     const char *node_id;
     const char *advertise; /* host:port clients reach this node's public listener at */
@@ -137,6 +143,12 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
  * they cover at their owners (src/cluster/subscribe.c; see watch.h). */
 void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w);
 
+/* After drey_cluster_join, before the node serves: tenants' quotas hold
+ * across the cluster (src/cluster/tenants.c gives the tenant module what it
+ * needs; the sharing is src/tenant/ledger.c). Stop it with
+ * drey_tenants_leave before the cluster leaves. 0, or -1 with err. */
+int drey_cluster_attach_tenants(drey_cluster *c, drey_tenants *t, char *err, size_t err_cap);
+
 /* drey.cluster.v1.Cluster/WatchTopology on the public server. */
 bool drey_cluster_register(drey_cluster *c, drey_server *s);
 
@@ -160,6 +172,10 @@ typedef struct drey_cluster_status {
     bool lease_valid;
     uint64_t replication_pending, replicated, replica_failures, isr_shrinks, backups_added, records_taken,
         records_refused, failovers, handovers_done, copies_refused;
+    /* The controller: moves its last look held back by the settle time (a
+     * partition whose primary just changed); UINT32_MAX: that look
+     * repaired and planned no move. 0 on other nodes. */
+    uint32_t moves_waiting;
 } drey_cluster_status;
 
 void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out);

@@ -51,6 +51,7 @@ typedef struct drey_write {
     size_t request_len;
     const char *principal;        /* idempotency scope; "" for anonymous */
     const char *request_id;       /* the request's request_id field; "" for none */
+    const char *tenant;           /* whose entries it stores; "" for none */
     /* Evicted once the write has applied successfully (memory admission
      * chose them; the journal record carries them). */
     const drey_store_victim *evicted;

@@ -55,6 +55,8 @@ typedef struct drey_config {
     int64_t jwt_cache_entries;
     int64_t jwt_reload_interval_ms;
     bool insecure_allow_anonymous_remote;
+    char *authz_policy;             /* the policy file; "" = none (every caller may do everything) */
+    int64_t authz_reload_interval_ms;
     char *tls_cert, *tls_key, *tls_client_ca;
     int64_t max_inflight, max_queued, queue_max_wait_ms;
     int64_t slowdown_at, slowdown_max_delay_ms;
@@ -68,6 +70,8 @@ typedef struct drey_config {
     char *ops_listen;               /* the HTTP listener: health, details, metrics */
     int64_t metrics_principals;     /* principals with series of their own; the rest are "other" */
     char *cluster_etcd;             /* etcd endpoints; "" = a single node */
+    char *cluster_etcd_ca, *cluster_etcd_cert, *cluster_etcd_key; /* TLS to etcd */
+    char *cluster_etcd_user, *cluster_etcd_password_file;         /* etcd's own authentication */
     char *cluster_prefix;           /* the cluster's keys in etcd */
     int64_t cluster_lease_ttl_ms;
     int64_t cluster_partitions;     /* expected; 0 = the cluster's */

@@ -45,9 +45,24 @@
  * the client has returned, never from a callback (it aborts), and it closes
  * the streams left open, without callbacks, freeing them.
  *
- * Transport: plain http:// endpoints. The options carry TLS fields so an
- * https:// endpoint with a CA and a client certificate fits later; today open
- * refuses them rather than connect in plaintext.
+ * Transport: http:// endpoints in plaintext, https:// endpoints over TLS:
+ * etcd's certificate is checked against the CA file (or the system's roots)
+ * and the endpoint's host, and a client certificate is presented when one is
+ * given (etcd's --client-cert-auth). The files are re-read when they change
+ * (gRPC's file watcher, every second): a rotated certificate is used for the
+ * next connection without a restart. open checks them first, so a wrong
+ * path or a key that does not match its certificate is an error there, not
+ * a handshake that fails later.
+ *
+ * Authentication (etcd's auth enable): with a user, the client asks
+ * Auth/Authenticate for a token (the password read from its file each
+ * time, so a rotation needs no restart) and sends it as the `token`
+ * metadata of every call and stream. A call refused UNAUTHENTICATED (the
+ * token expired: etcd's simple tokens live --auth-token-ttl, JWT tokens
+ * until their exp) authenticates again and is sent once more (etcd refused
+ * it before anything applied); a stream that ends so is reopened with a new
+ * token, which a thread of the client's fetches (a stream's callbacks may
+ * not make calls).
  *
  * This module is the only user of gRPC's client API for etcd: the C core has
  * no compatibility promise across releases.
@@ -67,18 +82,22 @@
 
 typedef struct drey_etcd drey_etcd;
 
-/* Reserved for TLS to etcd; every field must be NULL today. */
+/* TLS to https:// endpoints; NULL or "" fields: not given. */
 typedef struct drey_etcd_tls {
-    const char *ca_file;   /* PEM: the CAs that sign etcd's serving certificates */
+    const char *ca_file;   /* PEM: the CAs that sign etcd's serving certificates (none: the system's) */
     const char *cert_file; /* PEM: this client's certificate, for etcd's --client-cert-auth */
-    const char *key_file;  /* PEM: its key */
+    const char *key_file;  /* PEM: its key (with cert_file) */
 } drey_etcd_tls;
 
 typedef struct drey_etcd_options {
-    /* Comma-separated URLs, "http://host:port" (a bare host:port means
-     * http://); at most 16. */
+    /* Comma-separated URLs, "http://host:port" or "https://host:port" (a
+     * bare host:port means http://); at most 16. */
     const char *endpoints;
     drey_etcd_tls tls;
+    /* etcd's authentication: a user and the file holding its password (one
+     * line); NULL or "": none. */
+    const char *user;
+    const char *password_file;
     /* How long a call waits for a not yet connected endpoint before trying
      * the next one, once every endpoint has been tried quickly; 0: 1000 ms. */
     int64_t connect_timeout_ms;

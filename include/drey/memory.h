@@ -72,6 +72,23 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
                                 int64_t others, drey_arena *arena, const drey_store_victim **evicted,
                                 size_t *n_evicted, int64_t *evicted_bytes, drey_status *st);
 
+/* drey_memory_admit_evicting for a write of a tenant (0: none): *evicted
+ * may hold victims chosen already (the tenant's quota's; *evicted_bytes
+ * theirs), which count first and are kept; then the tenant's own entries
+ * are the candidates, then any `only` allows. On success *evicted holds
+ * them all and *evicted_bytes their bytes. */
+bool drey_memory_admit_evicting_tenant(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
+                                       uint32_t tenant, int64_t others, drey_arena *arena,
+                                       const drey_store_victim **evicted, size_t *n_evicted, int64_t *evicted_bytes,
+                                       drey_status *st);
+
+/* Chooses, for a tenant over its quota, its own entries to evict: at least
+ * need_bytes of them (within only), added to *evicted (arena memory);
+ * returns the bytes chosen (less than need_bytes when it has no more). */
+int64_t drey_memory_choose_tenant(drey_memory *m, int64_t need_bytes, int64_t now_ms, const drey_store_filter *only,
+                                  uint32_t tenant, drey_arena *arena, const drey_store_victim **evicted,
+                                  size_t *n_evicted);
+
 typedef struct drey_memory_stats {
     drey_level state; /* HIGH: used >= high; CRITICAL: used >= critical */
     int64_t limit_bytes, used_bytes, high_bytes, critical_bytes;

@@ -52,6 +52,19 @@ enum {
     DREY_METHOD_VERSIONED = 1u << 6,
 };
 
+/* How a cluster routes a method's requests: the shape of what its message
+ * names, read by the router (src/cluster/router.c) through the accessors
+ * below; a single node runs everything where it arrives. A new method says
+ * its shape here and the router needs no change. */
+typedef enum drey_method_route {
+    DREY_ROUTE_LOCAL = 0, /* answered where it arrives: it names no partition's data */
+    DREY_ROUTE_KEY,       /* `cache` and `key`: the key's partition's primary */
+    DREY_ROUTE_KEYS,      /* `keys`, each read on its own: each partition's primary, gathered in order */
+    DREY_ROUTE_BATCH,     /* keys applied together (one outcome): one partition's, else CROSS_PARTITION */
+    DREY_ROUTE_CACHE,     /* a whole cache: every owner's share */
+    DREY_ROUTE_PEER,      /* between cluster nodes: the cluster's own row for it (src/cluster/backup.c) */
+} drey_method_route;
+
 /* What `apply` gets: the time it happens at (for a write, the journal
  * record's, also on replay), the versions it hands out, and where its
  * response is built. */
@@ -71,6 +84,9 @@ typedef struct drey_apply {
      * cluster node's copy of a partition it does not own. NULL: all. */
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *keep_ctx;
+    /* A write's tenant (drey_store_tenant_id): the entries it stores belong
+     * to it. 0: none. */
+    uint32_t tenant;
 } drey_apply;
 
 /* The next version for a write to give a key: ax's next reserved one, with
@@ -85,6 +101,7 @@ uint64_t drey_apply_version(drey_apply *ax, drey_store *s);
 typedef struct drey_method_spec {
     const char *name; /* the method's name in the service descriptor */
     unsigned flags;
+    drey_method_route route;
     /* Returns the response, or NULL with ax->status set. For a write
      * (DREY_METHOD_WRITE, which must have it) a deterministic state
      * transition of (store, request, ax->now_ms), run after the journal
@@ -94,6 +111,10 @@ typedef struct drey_method_spec {
     /* Writes that can grow memory: the bytes the write would add to the
      * store's accounting (new size - old size) if applied now. */
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    /* The same for one tenant: what its entries would grow by (new entries
+     * less the tenant's own entries they replace; another tenant's entry
+     * replaced is not the writer's to count). Writes with growth have it. */
+    int64_t (*tenant_growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms, uint32_t tenant);
     /* Writes that bring versions of their own (entries moving in): the
      * highest. The store's counter is raised to it as the write is ordered,
      * not only as it applies, so that a write ordered after it (whose
@@ -109,8 +130,10 @@ typedef struct drey_method {
     const char *path;                      /* "/drey.cache.v1.Cache/Get" */
     const ProtobufCMethodDescriptor *desc; /* name, input and output types */
     unsigned flags;
+    drey_method_route route;
     ProtobufCMessage *(*apply)(void *ctx, drey_apply *ax, const ProtobufCMessage *request);
     int64_t (*growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms);
+    int64_t (*tenant_growth)(void *ctx, const ProtobufCMessage *request, int64_t now_ms, uint32_t tenant);
     uint64_t (*versions_brought)(const ProtobufCMessage *request);
     void (*handle)(void *ctx, drey_request *r, const ProtobufCMessage *request);
     void *ctx;                             /* given to drey_method_table_add_service */
@@ -145,5 +168,22 @@ const drey_method *drey_method_at(const drey_method_table *t, size_t i);
 const char *drey_method_request_cache(const ProtobufCMessage *m);
 size_t drey_method_request_key_count(const ProtobufCMessage *m);
 const char *drey_method_request_key(const ProtobufCMessage *m, size_t i);
+/* A read's `allow_stale` (false for a message without one): it may be
+ * answered from an in-sync backup's copy. */
+bool drey_method_request_allows_stale(const ProtobufCMessage *m);
+
+/* Scatter and gather of a DREY_ROUTE_KEYS method, by field name: the
+ * request with `keys` = keys[index[0..n)] (a shallow copy in a; NULL: m
+ * has no `keys`); a response's repeated `results` (*out, their count); a
+ * response of type d with results as its `results`; whether a response
+ * says it came from a backup (`from_backup`, its `lag_ms`), and marking
+ * it so (lag_ms kept at the largest). */
+ProtobufCMessage *drey_method_request_with_keys(drey_arena *a, const ProtobufCMessage *m, const size_t *index,
+                                                size_t n);
+size_t drey_method_response_results(const ProtobufCMessage *resp, ProtobufCMessage ***out);
+ProtobufCMessage *drey_method_response_gathered(drey_arena *a, const ProtobufCMessageDescriptor *d,
+                                                ProtobufCMessage **results, size_t n);
+bool drey_method_response_stale(const ProtobufCMessage *resp, uint64_t *lag_ms);
+void drey_method_response_mark_stale(ProtobufCMessage *resp, uint64_t lag_ms);
 
 #endif

@@ -9,7 +9,9 @@
  *   GET /metrics               Prometheus text exposition
  *
  * The details and the metrics are open from loopback; from anywhere else they
- * need `authorization: Bearer <JWT>` that the node's keys verify.
+ * need `authorization: Bearer <JWT>` that the node's keys verify (401), and
+ * with an authorization policy a caller granted the metrics verb (403
+ * otherwise): the token's grants, or the anonymous bindings'.
  */
 #ifndef DREY_OPS_H
 #define DREY_OPS_H
@@ -19,6 +21,7 @@
 
 #include "drey/admin.h"
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/metrics.h"
 
 typedef struct drey_ops drey_ops;
@@ -28,6 +31,7 @@ typedef struct drey_ops_options {
     drey_admin *admin;
     drey_metrics *metrics;
     drey_auth *auth;         /* NULL: remote callers get 401 */
+    drey_authz *authz;       /* NULL: no policy (a verified token suffices) */
 } drey_ops_options;
 
 drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap);

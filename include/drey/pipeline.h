@@ -1,8 +1,8 @@
 /*
  * pipeline — the request chain every unary request passes.
  *
- *   ready -> validate -> principal -> backpressure -> route -> idempotency
- *         -> memory -> journal -> apply
+ *   ready -> validate -> principal -> backpressure -> authz -> route
+ *         -> idempotency -> tenant -> memory -> journal -> apply
  *
  * The chain is a table of stages (src/pipeline/pipeline.c), read top to
  * bottom. A stage passes the request on, rejects it with a status (nothing
@@ -19,10 +19,12 @@
  * cancellation) plus the method and the decoded message. A unary call on
  * either listener is one door (drey_pipeline_serve, grpc.c), a frame of a
  * peer's forwarding stream another (peer.c), an operation of a Pipeline
- * stream another (stream.c); a Watch's admission and a partition's move
- * bring their own, and unit tests use an in-memory one. A record replicated
- * from a primary needs none of its own: it is a peer call (a partition's
- * Apply, DREY_METHOD_PEER) through one of these.
+ * stream another (stream.c), a node's call to its own chain another
+ * (drey_pipeline_call_local, local.c: a partition's move, a node's own share
+ * of a cache-wide call); a Watch's admission brings its own, and unit tests
+ * use an in-memory one. A record replicated from a primary needs none of its
+ * own: it is a peer call (a partition's Apply, DREY_METHOD_PEER) through one
+ * of these.
  */
 #ifndef DREY_PIPELINE_H
 #define DREY_PIPELINE_H
@@ -32,6 +34,7 @@
 #include <stdint.h>
 
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/commit.h"
 #include "drey/journal.h"
@@ -40,6 +43,7 @@
 #include "drey/metrics.h"
 #include "drey/server.h"
 #include "drey/status.h"
+#include "drey/tenant.h"
 
 typedef struct drey_pipeline drey_pipeline;
 
@@ -67,6 +71,11 @@ typedef struct drey_pipeline_options {
     drey_commit *commit;     /* applies writes (idempotency, then the method) */
     drey_auth *auth;         /* NULL: no keys; a request with a token is refused */
     bool auth_required;      /* a request without a token is refused */
+    /* NULL: no policy, every caller may do everything. Otherwise auth (if
+     * any) must have its grants attached (drey_auth_set_attach). */
+    drey_authz *authz;
+    /* Tenants' memory quotas (the policy's tenants section); NULL: none. */
+    drey_tenants *tenants;
     drey_bp *backpressure;   /* NULL: no runtime admission */
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
@@ -130,6 +139,15 @@ struct drey_request {
     const char *forwarded_by; /* the node that forwarded it; NULL: a client's */
     drey_write write;      /* writes: what commit applies (its principal is the
                               idempotency scope: jwt:{sub}, or "" when anonymous) */
+    drey_authz_grants *grants; /* the caller's (a reference, let go as it is
+                                  answered); NULL without a policy */
+    /* The tenant stage's: the write's tenant, the growth it reserved under
+     * the tenant's quota (released as it is answered), whether it already
+     * waited for a cluster's share of the quota. */
+    uint32_t tenant_id;
+    int64_t tenant_reserved;
+    bool tenant_waited;
+    int64_t tenant_evicted; /* bytes of the tenant's own entries it evicts for its quota */
     drey_journal_entry entry; /* writes: the journal append */
     drey_bp_ticket ticket;    /* the backpressure slot */
     bool has_ticket;
@@ -217,6 +235,23 @@ void drey_pipeline_drain_peers(drey_pipeline *p);
  * typically zeroed in its own arena). */
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,
                        const drey_method *method, const ProtobufCMessage *msg, const uint8_t *bytes, size_t len);
+
+/* A metadata header of a request a node sends (to a peer, or to itself). */
+typedef struct drey_request_header {
+    const char *key;
+    const char *value;
+    size_t len;
+} drey_request_header;
+
+/* This node calling its own chain in-process, as a peer would over the
+ * internal listener (src/pipeline/local.c): method m with the request's
+ * packed bytes and the forwarding headers a peer's call carries (self:
+ * this node's id, which the headers name in DREY_FORWARDED_BY). done runs
+ * once with the answer as a peer's would come, on whatever thread answers
+ * it; a request that does not decode is answered MALFORMED_REQUEST. */
+void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint8_t *bytes, size_t len,
+                              const char *self, const drey_request_header *headers, size_t n_headers,
+                              int64_t deadline_ns, void (*done)(void *arg, const drey_answer *a), void *arg);
 
 /* Runs r through the chain; it is answered through its door, now or later. */
 void drey_pipeline_submit(drey_pipeline *p, drey_request *r);

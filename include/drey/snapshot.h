@@ -2,12 +2,16 @@
  * snapshot — every live entry as of one LSN, in one file.
  *
  * File layout (little-endian):
- *   header (64 bytes): magic "DREYSNP\0", u32 version 1, u32 header size,
- *     u64 LSN, i64 time ms, u64 last version, u64 0, u32 CRC-32C of bytes
- *     0..48, zeros
+ *   header (64 bytes): magic "DREYSNP\0", u32 version (1, or 2 when some
+ *     record names a tenant), u32 header size, u64 LSN, i64 time ms, u64
+ *     last version, u64 0, u32 CRC-32C of bytes 0..48, zeros
  *   records: u32 body length, u32 CRC-32C of the body, body =
  *     u8 cache length, u8 value kind, u16 key length, u32 value length,
- *     u64 version, i64 expires_at ms, cache, key, value
+ *     u64 version, i64 expires_at ms, cache, key, value; in a version 2
+ *     file a kind with its top bit set (0x80) is followed, after the value,
+ *     by u8 tenant length and the tenant's name
+ * A file without tenants is byte for byte what version 1 wrote, and an
+ * older binary refuses (loudly) a file whose entries name tenants.
  *   trailer (32 bytes): magic "DREYEND\0", u64 record count,
  *     u32 CRC-32C chained over every record's bytes, u32 CRC-32C of the
  *     trailer's first 20 bytes, zeros

@@ -88,6 +88,8 @@ typedef enum drey_error {
     DREY_ERR_IN_SYNC_COPY,
     DREY_ERR_COPY_NOT_PLANNED,
     DREY_ERR_NOT_CAUGHT_UP,
+    DREY_ERR_NOT_PERMITTED,
+    DREY_ERR_TENANT_MEMORY_QUOTA,
     DREY_ERR_COUNT_
 } drey_error;
 
@@ -151,5 +153,9 @@ void drey_status_add_violation(drey_status *st, drey_error e, const char *fmt, .
 
 /* Serializes google.rpc.Status into arena memory. */
 void drey_status_encode(const drey_status *st, drey_arena *arena, uint8_t **out, size_t *out_len);
+/* The RetryInfo delay in a serialized google.rpc.Status (another node's
+ * answer), in milliseconds rounded up; -1 when it has none or does not
+ * decode. */
+int64_t drey_status_retry_delay_ms(const uint8_t *details, size_t len);
 
 #endif

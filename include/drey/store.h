@@ -66,6 +66,7 @@ typedef struct drey_entry_view {
     drey_value value;
     uint64_t version;
     int64_t expires_at_ms; /* 0 = never */
+    uint32_t tenant;       /* whose write stored it (drey_store_tenant_name); 0: none */
 } drey_entry_view;
 
 typedef struct drey_store drey_store;
@@ -128,6 +129,9 @@ bool drey_store_unreserve_versions(drey_store *s, uint64_t first, size_t n);
 typedef struct drey_store_txn {
     drey_store *store;
     uint64_t locked[DREY_STORE_SHARDS / 64]; /* bitmap of write-locked shards */
+    /* The tenant the entries this transaction puts belong to (0: none); 0
+     * after begin, set by the caller (the write's tenant, drey_apply). */
+    uint32_t tenant;
 } drey_store_txn;
 
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n);
@@ -229,6 +233,7 @@ drey_evict_policy drey_store_policy(const drey_store *s);
 typedef struct drey_store_filter {
     bool (*keep)(void *ctx, const char *cache, size_t cache_len, const char *key, size_t key_len);
     void *ctx;
+    uint32_t tenant; /* only this tenant's entries; 0: any */
 } drey_store_filter;
 
 int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_bytes, size_t max_victims,
@@ -268,6 +273,11 @@ typedef struct drey_store_item {
     const char *key;
     size_t key_len;
     drey_entry_view entry;
+    uint32_t tenant; /* the entry's tenant (drey_store_tenant_name); 0: none */
+    /* An entry read from a file or a message (a snapshot) names its tenant
+     * instead (tenant 0 then); the store's own items leave it empty. */
+    const char *tenant_name;
+    size_t tenant_name_len;
 } drey_store_item;
 
 /* Called with the shard locked, for every entry of the shard live at the
@@ -321,6 +331,35 @@ typedef struct drey_store_observer {
  * durable node installs it after recovery, so replayed writes are never
  * reported. With none, a change costs one atomic load. */
 void drey_store_set_observer(drey_store *s, const drey_store_observer *o);
+
+/* --- tenants ------------------------------------------------------------------
+ *
+ * An entry may belong to a tenant: the one whose write created or last
+ * replaced it (drey_store_txn.tenant), a small number the tenant table
+ * hands out. The store keeps no table of tenants: it reports every change
+ * of a tenant's entries' accounted bytes (stored, replaced, removed,
+ * expired, evicted, swept) to the accountant, and asks it for names and
+ * numbers (snapshots, journal replay, moves carry names). */
+
+typedef struct drey_store_tenants {
+    /* delta bytes for tenant (never 0), of the entry (cache, key); called
+     * with the entry's shard write-locked: no store call, no blocking. */
+    void (*account)(void *ctx, uint32_t tenant, const char *cache, size_t cache_len, const char *key, size_t key_len,
+                    int64_t delta);
+    /* The number of a tenant name (0 for ""), and the name of a number. */
+    uint32_t (*intern)(void *ctx, const char *name, size_t len);
+    const char *(*name)(void *ctx, uint32_t tenant, size_t *len);
+    void *ctx;
+} drey_store_tenants;
+
+/* Before the store is used. */
+void drey_store_set_tenants(drey_store *s, const drey_store_tenants *t);
+/* 0 for "" or without an accountant. */
+uint32_t drey_store_tenant_id(drey_store *s, const char *name, size_t len);
+/* "" for 0 or without an accountant. */
+const char *drey_store_tenant_name(drey_store *s, uint32_t tenant, size_t *len);
+/* Accounted bytes and tenant of the key's live entry (0, 0: none). */
+size_t drey_store_entry_size_tenant(drey_store *s, const drey_key *k, int64_t now_ms, uint32_t *tenant);
 
 /* Removes every entry (recovery starting over from an older snapshot). */
 void drey_store_clear(drey_store *s);

@@ -113,6 +113,83 @@ static char *rfc3339(drey_arena *a, int64_t ms) {
 #define RD_(x) Drey__Admin__V1__ReadinessDetails__##x
 typedef Drey__Admin__V1__ReadinessDetails RD;
 
+static char *rfc3339_ms(drey_arena *a, int64_t ms) {
+    time_t sec = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&sec, &tm);
+    char buf[40], full[48];
+    strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(full, sizeof full, "%s.%03dZ", buf, (int)(ms % 1000));
+    return drey_arena_strndup(a, full, strlen(full));
+}
+
+#define TOP_TENANTS 10
+
+static RD_(Tenants__Tenant) *tenant_msg(drey_arena *arena, const drey_tenant_stats *ts) {
+    RD_(Tenants__Tenant) *m = NEW(arena, RD_(Tenants__Tenant), drey__admin__v1__readiness_details__tenants__tenant__init);
+    m->tenant = drey_arena_strndup(arena, ts->tenant, strlen(ts->tenant));
+    m->used_bytes = ts->used_bytes;
+    m->limit_bytes = ts->limit_bytes;
+    m->cluster_used_bytes = ts->cluster_used_bytes;
+    m->granted_bytes = ts->granted_bytes;
+    m->refused_writes = ts->refused_writes;
+    return m;
+}
+
+static RD_(Tenants) *tenant_details(drey_tenants *t, drey_arena *arena) {
+    drey_tenant_stats *top = drey_arena_alloc(arena, TOP_TENANTS * sizeof *top);
+    drey_tenants_summary sum;
+    size_t n = drey_tenants_top(t, top, TOP_TENANTS, &sum);
+    RD_(Tenants) *m = NEW(arena, RD_(Tenants), drey__admin__v1__readiness_details__tenants__init);
+    m->tenants = (uint32_t)sum.tenants;
+    m->refused_writes = sum.refused_writes;
+    m->n_top = n;
+    m->top = drey_arena_alloc(arena, (n ? n : 1) * sizeof *m->top);
+    for (size_t i = 0; i < n; i++)
+        m->top[i] = tenant_msg(arena, &top[i]);
+    m->other = tenant_msg(arena, &sum.other);
+    m->other_tenants = (uint32_t)sum.other_tenants;
+    return m;
+}
+
+static RD_(Authz) *authz_details(drey_authz *z, drey_arena *arena) {
+    drey_authz_stats *s = drey_arena_alloc(arena, sizeof *s);
+    drey_authz_get_stats(z, s);
+    RD_(Authz) *az = NEW(arena, RD_(Authz), drey__admin__v1__readiness_details__authz__init);
+    az->path = drey_arena_strndup(arena, s->path, strlen(s->path));
+    az->generation = s->generation;
+    az->loaded_at = rfc3339(arena, s->loaded_ms);
+    az->roles = (uint32_t)s->policy.roles;
+    az->rules = (uint32_t)s->policy.rules;
+    az->bindings = (uint32_t)s->policy.bindings;
+    az->reloads = s->reloads;
+    az->reload_failures = s->reload_failures;
+    az->last_error = drey_arena_strndup(arena, s->last_error, strlen(s->last_error));
+    az->n_denied_by_verb = DREY_AUTHZ_VERBS;
+    az->denied_by_verb = drey_arena_alloc(arena, DREY_AUTHZ_VERBS * sizeof *az->denied_by_verb);
+    for (size_t v = 0; v < DREY_AUTHZ_VERBS; v++) {
+        RD_(Authz__DeniedByVerbEntry) *e = NEW(arena, RD_(Authz__DeniedByVerbEntry),
+                                               drey__admin__v1__readiness_details__authz__denied_by_verb_entry__init);
+        e->key = (char *)drey_authz_verb_name((drey_authz_verb)v);
+        e->value = s->denied[v];
+        az->denied_by_verb[v] = e;
+    }
+    az->n_last_denials = s->n_denials;
+    az->last_denials = drey_arena_alloc(arena, (s->n_denials ? s->n_denials : 1) * sizeof *az->last_denials);
+    for (size_t i = 0; i < s->n_denials; i++) {
+        const drey_authz_denial *dn = &s->denials[i];
+        RD_(Authz__Denial) *x = NEW(arena, RD_(Authz__Denial), drey__admin__v1__readiness_details__authz__denial__init);
+        x->principal = drey_arena_strndup(arena, dn->principal, strlen(dn->principal));
+        x->verb = (char *)drey_authz_verb_name(dn->verb);
+        x->cache = drey_arena_strndup(arena, dn->cache, strlen(dn->cache));
+        x->method = drey_arena_strndup(arena, dn->method, strlen(dn->method));
+        x->last_at = rfc3339_ms(arena, dn->last_ms);
+        x->count = dn->count;
+        az->last_denials[i] = x;
+    }
+    return az;
+}
+
 Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_arena *arena) {
     RD *d = NEW(arena, RD, drey__admin__v1__readiness_details__init);
     drey_storage *st = atomic_load(&a->storage);
@@ -224,6 +301,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->failovers = cs.failovers;
         c->handovers_done = cs.handovers_done;
         c->copies_refused = cs.copies_refused;
+        c->moves_waiting = cs.moves_waiting;
         /* Those it held a moment ago, and a few the table may have given it since. */
         size_t cap = (size_t)cs.owned + cs.backup_of + 16;
         drey_cluster_replica *reps = drey_arena_alloc(arena, cap * sizeof *reps);
@@ -284,6 +362,14 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     bi->revision = (char *)drey_version_revision();
     bi->type = (char *)drey_version_build();
     d->build = bi;
+    if (a->opts.authz != NULL)
+        d->authz = authz_details(a->opts.authz, arena);
+    char claim[300];
+    if (a->opts.tenants != NULL && a->opts.authz != NULL &&
+        drey_authz_tenant_claim(a->opts.authz, claim, sizeof claim)) {
+        d->tenants = tenant_details(a->opts.tenants, arena);
+        d->tenants->claim = drey_arena_strndup(arena, claim, strlen(claim));
+    }
     return d;
 }
 
@@ -446,6 +532,11 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
              c->copies_refused},
         };
         emit(out, cluster, sizeof cluster / sizeof cluster[0]);
+        /* UINT32_MAX: the controller's last look repaired instead (unknown, not 0). */
+        if (c->moves_waiting != UINT32_MAX)
+            gauge(out, "drey_cluster_moves_waiting",
+                  "The controller: moves held back while their partitions settle after a change of primary.",
+                  (double)c->moves_waiting);
         /* The worst partition per role: per-partition series are in the
          * readiness details. */
         uint64_t lag[2] = {0, 0}; /* primary, backup */

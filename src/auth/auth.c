@@ -107,6 +107,14 @@ bool drey_auth__reload(drey_auth *a, const char *trigger, char *err, size_t err_
     return true;
 }
 
+void drey_auth_set_attach(drey_auth *a, const drey_auth_attach *at) {
+    pthread_rwlock_wrlock(&a->keys_lock);
+    drey_auth__cache_clear(a->cache); /* entries without an object must not hit */
+    a->attach = *at;
+    drey_auth__cache_set_attach(a->cache, at);
+    pthread_rwlock_unlock(&a->keys_lock);
+}
+
 bool drey_auth_reload(drey_auth *a, char *err, size_t err_cap) {
     return drey_auth__reload(a, "reload", err, err_cap);
 }

@@ -42,6 +42,8 @@ struct drey_auth {
     bool watch_stop;
     int64_t watch_interval_ms;
 
+    drey_auth_attach attach; /* make NULL: none */
+
     _Atomic uint64_t cache_hits, cache_misses, reloads, reload_failures;
 };
 

@@ -10,6 +10,10 @@
  *
  * Entries carry the key-set generation that verified them: after a reload
  * they never hit again (and the owner clears them to free the memory).
+ * They may also carry what another module made of the token's claims (its
+ * grants: drey_auth_set_attach), one reference each; an entry whose object
+ * is no longer current (the policy was reloaded) is a miss, so the token is
+ * verified and its object made again once per token, not per call.
  */
 #include "cache.h"
 
@@ -26,6 +30,7 @@ typedef struct entry {
     int64_t exp_ms, nbf_ms;
     char *sub; /* malloc'd, NUL-terminated */
     size_t sub_len;
+    void *attached; /* one reference; NULL: none */
     int32_t next; /* next slot in the bucket chain; -1: end */
     bool used;
 } entry;
@@ -44,7 +49,17 @@ struct drey_auth__cache {
     size_t n_shards; /* 0: disabled */
     size_t capacity;
     shard *shards;
+    drey_auth_attach attach; /* make NULL: none */
 };
+
+void drey_auth__cache_set_attach(drey_auth__cache *c, const drey_auth_attach *at) {
+    c->attach = *at;
+}
+
+static void let_go(const drey_auth__cache *c, void *attached) {
+    if (attached != NULL)
+        c->attach.unref(attached);
+}
 
 static uint64_t load64(const uint8_t *p) {
     uint64_t v;
@@ -76,8 +91,9 @@ drey_auth__cache *drey_auth__cache_create(size_t entries) {
     return c;
 }
 
-static void shard_reset(shard *s) {
+static void shard_reset(const drey_auth__cache *c, shard *s) {
     for (size_t i = 0; i < s->cap; i++) {
+        let_go(c, s->slots[i].attached);
         free(s->slots[i].sub);
         memset(&s->slots[i], 0, sizeof s->slots[i]);
     }
@@ -92,7 +108,7 @@ void drey_auth__cache_destroy(drey_auth__cache *c) {
         return;
     for (size_t i = 0; i < c->n_shards; i++) {
         shard *s = &c->shards[i];
-        shard_reset(s);
+        shard_reset(c, s);
         free(s->slots);
         free(s->buckets);
         pthread_mutex_destroy(&s->mu);
@@ -117,12 +133,13 @@ static int32_t find(shard *s, const uint8_t *digest) {
 }
 
 /* Unlinks a used slot from its chain and empties it. */
-static void drop(shard *s, int32_t idx) {
+static void drop(const drey_auth__cache *c, shard *s, int32_t idx) {
     entry *e = &s->slots[idx];
     int32_t *link = bucket_of(s, e->digest);
     while (*link != idx)
         link = &s->slots[*link].next;
     *link = e->next;
+    let_go(c, e->attached);
     free(e->sub);
     memset(e, 0, sizeof *e);
     s->count--;
@@ -135,17 +152,20 @@ void drey_auth__cache_insert(drey_auth__cache *c, const uint8_t digest[DREY_AUTH
     char *sub = drey_xmalloc(v->sub_len + 1);
     memcpy(sub, v->sub, v->sub_len);
     sub[v->sub_len] = '\0';
+    if (v->attached != NULL)
+        c->attach.ref(v->attached);
 
     shard *s = shard_of(c, digest);
     pthread_mutex_lock(&s->mu);
     int32_t idx = find(s, digest);
     if (idx >= 0) { /* verified twice concurrently: keep the newer */
         free(s->slots[idx].sub);
+        let_go(c, s->slots[idx].attached);
     } else {
         idx = (int32_t)s->hand;
         s->hand = (s->hand + 1) % s->cap;
         if (s->slots[idx].used)
-            drop(s, idx);
+            drop(c, s, idx);
         int32_t *head = bucket_of(s, digest);
         memcpy(s->slots[idx].digest, digest, DREY_AUTH_DIGEST);
         s->slots[idx].next = *head;
@@ -159,11 +179,20 @@ void drey_auth__cache_insert(drey_auth__cache *c, const uint8_t digest[DREY_AUTH
     e->nbf_ms = v->nbf_ms;
     e->sub = sub;
     e->sub_len = v->sub_len;
+    e->attached = v->attached;
     pthread_mutex_unlock(&s->mu);
 }
 
 bool drey_auth__cache_lookup(drey_auth__cache *c, const uint8_t digest[DREY_AUTH_DIGEST], uint64_t gen,
                              int64_t now_ms, int64_t skew_ms, char *sub, size_t sub_cap, bool *sub_fits) {
+    return drey_auth__cache_lookup_attached(c, digest, gen, now_ms, skew_ms, sub, sub_cap, sub_fits, NULL);
+}
+
+bool drey_auth__cache_lookup_attached(drey_auth__cache *c, const uint8_t digest[DREY_AUTH_DIGEST], uint64_t gen,
+                                      int64_t now_ms, int64_t skew_ms, char *sub, size_t sub_cap, bool *sub_fits,
+                                      void **attached) {
+    if (attached != NULL)
+        *attached = NULL;
     if (c->n_shards == 0)
         return false;
     shard *s = shard_of(c, digest);
@@ -174,14 +203,19 @@ bool drey_auth__cache_lookup(drey_auth__cache *c, const uint8_t digest[DREY_AUTH
         return false;
     }
     entry *e = &s->slots[idx];
-    if (e->gen != gen || drey_auth__check_times(e->exp_ms, e->nbf_ms, now_ms, skew_ms) != DREY_ERR_NONE) {
-        drop(s, idx);
+    if (e->gen != gen || drey_auth__check_times(e->exp_ms, e->nbf_ms, now_ms, skew_ms) != DREY_ERR_NONE ||
+        (e->attached != NULL && !c->attach.current(c->attach.ctx, e->attached))) {
+        drop(c, s, idx);
         pthread_mutex_unlock(&s->mu);
         return false;
     }
     *sub_fits = sub == NULL || e->sub_len < sub_cap;
     if (sub != NULL && *sub_fits)
         memcpy(sub, e->sub, e->sub_len + 1);
+    if (attached != NULL && e->attached != NULL) {
+        c->attach.ref(e->attached);
+        *attached = e->attached;
+    }
     pthread_mutex_unlock(&s->mu);
     return true;
 }
@@ -189,7 +223,7 @@ bool drey_auth__cache_lookup(drey_auth__cache *c, const uint8_t digest[DREY_AUTH
 void drey_auth__cache_clear(drey_auth__cache *c) {
     for (size_t i = 0; i < c->n_shards; i++) {
         pthread_mutex_lock(&c->shards[i].mu);
-        shard_reset(&c->shards[i]);
+        shard_reset(c, &c->shards[i]);
         pthread_mutex_unlock(&c->shards[i].mu);
     }
 }

@@ -331,7 +331,8 @@ static bool signature_ok(const token *t, const drey_auth__key *key) {
 /* Full verification of a token the cache did not know; a success is
  * remembered under the key set's generation. */
 static drey_error verify_uncached(drey_auth *a, const drey_auth__keyset *ks, const token *t,
-                                  const uint8_t digest[DREY_AUTH_DIGEST], int64_t now_ms, char *sub, size_t sub_cap) {
+                                  const uint8_t digest[DREY_AUTH_DIGEST], int64_t now_ms, char *sub, size_t sub_cap,
+                                  void **attached) {
     const drey_auth__key *key = NULL;
     drey_error e = check_header(t, ks, &key);
     if (e != DREY_ERR_NONE)
@@ -356,6 +357,13 @@ static drey_error verify_uncached(drey_auth *a, const drey_auth__keyset *ks, con
         e = DREY_ERR_TOKEN_ALGORITHM;
     else
         e = check_claims(a, jwt, now_ms, &v, &owned_sub);
+    if (e == DREY_ERR_NONE && a->attach.make != NULL) {
+        /* Made once here and kept with the verdict: every later call with
+         * this token finds it in the cache. */
+        char *claims = jwt_get_grants_json(jwt, NULL);
+        v.attached = a->attach.make(a->attach.ctx, claims != NULL ? claims : "{}", claims != NULL ? strlen(claims) : 2);
+        free(claims);
+    }
     jwt_free(jwt);
     if (e == DREY_ERR_NONE) {
         drey_auth__cache_insert(a->cache, digest, ks->generation, &v);
@@ -366,12 +374,23 @@ static drey_error verify_uncached(drey_auth *a, const drey_auth__keyset *ks, con
                 e = DREY_ERR_TOKEN_INVALID;
         }
     }
+    if (e == DREY_ERR_NONE && attached != NULL)
+        *attached = v.attached; /* the caller's reference; the cache took its own */
+    else if (v.attached != NULL)
+        a->attach.unref(v.attached);
     free(owned_sub);
     return e;
 }
 
 drey_error drey_auth_verify(drey_auth *a, const char *header, size_t header_len, int64_t now_ms, char *sub,
                             size_t sub_cap) {
+    return drey_auth_verify_attached(a, header, header_len, now_ms, sub, sub_cap, NULL);
+}
+
+drey_error drey_auth_verify_attached(drey_auth *a, const char *header, size_t header_len, int64_t now_ms, char *sub,
+                                     size_t sub_cap, void **attached) {
+    if (attached != NULL)
+        *attached = NULL;
     if (sub_cap == 0)
         sub = NULL; /* nowhere to write it: the caller does not want it */
     if (sub != NULL)
@@ -392,15 +411,22 @@ drey_error drey_auth_verify(drey_auth *a, const char *header, size_t header_len,
     bool fits = true;
     pthread_rwlock_rdlock(&a->keys_lock);
     const drey_auth__keyset *ks = a->keys;
-    if (drey_auth__cache_lookup(a->cache, digest, ks->generation, now_ms, a->skew_ms, sub, sub_cap, &fits)) {
+    void *obj = NULL;
+    if (drey_auth__cache_lookup_attached(a->cache, digest, ks->generation, now_ms, a->skew_ms, sub, sub_cap, &fits,
+                                         &obj)) {
         atomic_fetch_add_explicit(&a->cache_hits, 1, memory_order_relaxed);
         e = fits ? DREY_ERR_NONE : DREY_ERR_TOKEN_INVALID;
     } else {
         atomic_fetch_add_explicit(&a->cache_misses, 1, memory_order_relaxed);
-        e = split_token(&t) ? verify_uncached(a, ks, &t, digest, now_ms, sub, sub_cap) : DREY_ERR_TOKEN_MALFORMED;
+        e = split_token(&t) ? verify_uncached(a, ks, &t, digest, now_ms, sub, sub_cap, &obj)
+                            : DREY_ERR_TOKEN_MALFORMED;
     }
     pthread_rwlock_unlock(&a->keys_lock);
     if (e != DREY_ERR_NONE && sub != NULL)
         sub[0] = '\0';
+    if (e == DREY_ERR_NONE && attached != NULL)
+        *attached = obj;
+    else if (obj != NULL)
+        a->attach.unref(obj);
     return e;
 }

@@ -68,11 +68,12 @@ typedef struct one_key {
     bool live;
 } one_key;
 
-static void one_key_begin(one_key *o, void *ctx, const char *cache, const char *key, int64_t now_ms) {
+static void one_key_begin(one_key *o, void *ctx, const char *cache, const char *key, const drey_apply *ax) {
     o->store = store_of(ctx);
     make_key(o->store, &o->key, cache, key);
     drey_store_txn_begin(o->store, &o->txn, &o->key, 1);
-    o->live = drey_store_txn_get(&o->txn, &o->key, now_ms, &o->entry);
+    o->txn.tenant = ax->tenant; /* what it stores is the writer's tenant's */
+    o->live = drey_store_txn_get(&o->txn, &o->key, ax->now_ms, &o->entry);
 }
 
 static void one_key_end(one_key *o) {
@@ -186,7 +187,7 @@ static ProtobufCMessage *read_get_expiration(void *ctx, drey_apply *ax, const Pr
 static ProtobufCMessage *apply_set(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__SetRequest *req = (const void *)msg;
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__SET_REQUEST__CONDITION_IF_VERSION,
                            req->if_version))
         return NULL;
@@ -210,6 +211,7 @@ static ProtobufCMessage *apply_set_many(void *ctx, drey_apply *ax, const Protobu
         make_key(s, &keys[i], req->cache, req->entries[i]->key);
     drey_store_txn t;
     drey_store_txn_begin(s, &t, keys, n);
+    t.tenant = ax->tenant;
     /* Every condition first: the batch applies whole or not at all. The
      * entries' keys are distinct (validation), so checks don't interact. */
     int64_t *keep = drey_arena_alloc(ax->arena, (n ? n : 1) * sizeof *keep);
@@ -253,7 +255,7 @@ static ProtobufCMessage *apply_add(void *ctx, drey_apply *ax, const ProtobufCMes
     Drey__Cache__V1__AddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__add_response__init(resp);
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (o.live) {
         resp->version = o.entry.version;
         resp->current_value = drey_cache__value_out(ax->arena, &o.entry.value);
@@ -272,7 +274,7 @@ static ProtobufCMessage *apply_add(void *ctx, drey_apply *ax, const ProtobufCMes
 static ProtobufCMessage *apply_update(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__UPDATE_REQUEST__CONDITION_IF_VERSION,
                            req->if_version))
         return NULL;
@@ -292,7 +294,7 @@ static ProtobufCMessage *apply_get_or_add(void *ctx, drey_apply *ax, const Proto
     Drey__Cache__V1__GetOrAddResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__get_or_add_response__init(resp);
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (o.live) {
         resp->value = drey_cache__value_out(ax->arena, &o.entry.value);
         resp->version = o.entry.version;
@@ -312,7 +314,7 @@ static ProtobufCMessage *apply_get_or_add(void *ctx, drey_apply *ax, const Proto
 static ProtobufCMessage *apply_remove(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__RemoveRequest *req = (const void *)msg;
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (!one_key_condition(&o, ax, req->condition_case == DREY__CACHE__V1__REMOVE_REQUEST__CONDITION_IF_VERSION,
                            req->if_version))
         return NULL;
@@ -334,7 +336,7 @@ static ProtobufCMessage *apply_touch(void *ctx, drey_apply *ax, const ProtobufCM
     Drey__Cache__V1__TouchResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__touch_response__init(resp);
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (o.live) {
         drey_cache__expiry ex = {.ttl = req->ttl};
         int64_t expires = drey_cache__expiry_at(&ex, ax->now_ms, 0);
@@ -352,7 +354,7 @@ static ProtobufCMessage *apply_persist(void *ctx, drey_apply *ax, const Protobuf
     Drey__Cache__V1__PersistResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
     drey__cache__v1__persist_response__init(resp);
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     if (o.live) {
         resp->version = o.entry.version;
         if (o.entry.expires_at_ms != 0) {
@@ -367,7 +369,7 @@ static ProtobufCMessage *apply_persist(void *ctx, drey_apply *ax, const Protobuf
 static ProtobufCMessage *apply_increment(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Cache__V1__IncrementRequest *req = (const void *)msg;
     one_key o;
-    one_key_begin(&o, ctx, req->cache, req->key, ax->now_ms);
+    one_key_begin(&o, ctx, req->cache, req->key, ax);
     int64_t base = req->initial, expires;
     if (o.live) {
         if (o.entry.value.kind != DREY_VALUE_INT64) {
@@ -668,25 +670,33 @@ static ProtobufCMessage *read_list_caches(void *ctx, drey_apply *ax, const Proto
 
 /* --- growth estimates (memory admission) --------------------------------- */
 
+/* Whose growth an estimate is for: the node's (every entry replaced
+ * counts), or one tenant's (only its own entries replaced count). */
+#define NODE_WIDE UINT32_MAX
+
 /* What storing `value_len` bytes under the key would add, now. */
-static int64_t key_growth(drey_store *s, const char *cache, const char *key, uint32_t value_len, int64_t now_ms) {
+static int64_t key_growth(drey_store *s, const char *cache, const char *key, uint32_t value_len, int64_t now_ms,
+                          uint32_t tenant) {
     drey_key k;
     make_key(s, &k, cache, key);
-    size_t old = drey_store_entry_size(s, &k, now_ms);
+    uint32_t owner;
+    size_t old = drey_store_entry_size_tenant(s, &k, now_ms, &owner);
+    if (tenant != NODE_WIDE && owner != tenant)
+        old = 0; /* another tenant's entry changes hands: all of the new one is this tenant's */
     return (int64_t)drey_store_entry_bytes(k.cache_len, k.key_len, value_len) - (int64_t)old;
 }
 
-static int64_t growth_set(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_set(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__SetRequest *req = (const void *)msg;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms, tenant);
 }
 
-static int64_t growth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_set_many(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__SetManyRequest *req = (const void *)msg;
     int64_t sum = 0;
     for (size_t i = 0; i < req->n_entries; i++)
         sum += key_growth(store_of(ctx), req->cache, req->entries[i]->key,
-                          drey_cache_value_bytes(req->entries[i]->value), now_ms);
+                          drey_cache_value_bytes(req->entries[i]->value), now_ms, tenant);
     return sum;
 }
 
@@ -698,50 +708,62 @@ static bool key_live(drey_store *s, const char *cache, const char *key, int64_t 
     return drey_store_entry_size(s, &k, now_ms) > 0;
 }
 
-static int64_t growth_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__AddRequest *req = (const void *)msg;
     if (key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms, tenant);
 }
 
-static int64_t growth_update(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_update(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__UpdateRequest *req = (const void *)msg;
     if (!key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms, tenant);
 }
 
-static int64_t growth_get_or_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_get_or_add(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__GetOrAddRequest *req = (const void *)msg;
     if (key_live(store_of(ctx), req->cache, req->key, now_ms))
         return 0;
-    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, drey_cache_value_bytes(req->value), now_ms, tenant);
 }
 
-static int64_t growth_increment(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {
+static int64_t tgrowth_increment(void *ctx, const ProtobufCMessage *msg, int64_t now_ms, uint32_t tenant) {
     const Drey__Cache__V1__IncrementRequest *req = (const void *)msg;
-    return key_growth(store_of(ctx), req->cache, req->key, 8, now_ms);
+    return key_growth(store_of(ctx), req->cache, req->key, 8, now_ms, tenant);
 }
+
+/* The node's growth: every entry replaced counts. */
+#define NODE_GROWTH(name)                                                                                          \
+    static int64_t growth_##name(void *ctx, const ProtobufCMessage *msg, int64_t now_ms) {                          \
+        return tgrowth_##name(ctx, msg, now_ms, NODE_WIDE);                                                        \
+    }
+NODE_GROWTH(set)
+NODE_GROWTH(set_many)
+NODE_GROWTH(add)
+NODE_GROWTH(update)
+NODE_GROWTH(get_or_add)
+NODE_GROWTH(increment)
 
 static const drey_method_spec methods[] = {
-    {.name = "Get", .flags = DREY_METHOD_READ, .apply = read_get},
-    {.name = "GetMany", .flags = DREY_METHOD_READ, .apply = read_get_many},
-    {.name = "GetExpiration", .flags = DREY_METHOD_READ, .apply = read_get_expiration},
-    {.name = "Set", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_set, .growth = growth_set},
-    {.name = "SetMany", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_set_many, .growth = growth_set_many},
-    {.name = "Add", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_add, .growth = growth_add},
-    {.name = "Update", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_update, .growth = growth_update},
-    {.name = "GetOrAdd", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_get_or_add, .growth = growth_get_or_add},
-    {.name = "Remove", .flags = DREY_METHOD_WRITE, .apply = apply_remove},
-    {.name = "Touch", .flags = DREY_METHOD_WRITE, .apply = apply_touch},
-    {.name = "Persist", .flags = DREY_METHOD_WRITE, .apply = apply_persist},
-    {.name = "Increment", .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_increment, .growth = growth_increment},
-    {.name = "RemoveMany", .flags = DREY_METHOD_WRITE, .apply = apply_remove_many},
-    {.name = "Scan", .flags = DREY_METHOD_READ, .apply = read_scan},
-    {.name = "Clear", .flags = DREY_METHOD_WRITE, .apply = apply_clear},
-    {.name = "ListCaches", .flags = DREY_METHOD_READ, .apply = read_list_caches},
-    {.name = "GetCacheStats", .flags = DREY_METHOD_READ, .apply = read_get_cache_stats},
+    {.name = "Get", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_READ, .apply = read_get},
+    {.name = "GetMany", .route = DREY_ROUTE_KEYS, .flags = DREY_METHOD_READ, .apply = read_get_many},
+    {.name = "GetExpiration", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_READ, .apply = read_get_expiration},
+    {.name = "Set", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_set, .growth = growth_set, .tenant_growth = tgrowth_set},
+    {.name = "SetMany", .route = DREY_ROUTE_BATCH, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_set_many, .growth = growth_set_many, .tenant_growth = tgrowth_set_many},
+    {.name = "Add", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_add, .growth = growth_add, .tenant_growth = tgrowth_add},
+    {.name = "Update", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_update, .growth = growth_update, .tenant_growth = tgrowth_update},
+    {.name = "GetOrAdd", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_get_or_add, .growth = growth_get_or_add, .tenant_growth = tgrowth_get_or_add},
+    {.name = "Remove", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE, .apply = apply_remove},
+    {.name = "Touch", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE, .apply = apply_touch},
+    {.name = "Persist", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE, .apply = apply_persist},
+    {.name = "Increment", .route = DREY_ROUTE_KEY, .flags = DREY_METHOD_WRITE | DREY_METHOD_VERSIONED, .apply = apply_increment, .growth = growth_increment, .tenant_growth = tgrowth_increment},
+    {.name = "RemoveMany", .route = DREY_ROUTE_BATCH, .flags = DREY_METHOD_WRITE, .apply = apply_remove_many},
+    {.name = "Scan", .route = DREY_ROUTE_CACHE, .flags = DREY_METHOD_READ, .apply = read_scan},
+    {.name = "Clear", .route = DREY_ROUTE_CACHE, .flags = DREY_METHOD_WRITE, .apply = apply_clear},
+    {.name = "ListCaches", .route = DREY_ROUTE_CACHE, .flags = DREY_METHOD_READ, .apply = read_list_caches},
+    {.name = "GetCacheStats", .route = DREY_ROUTE_CACHE, .flags = DREY_METHOD_READ, .apply = read_get_cache_stats},
 };
 
 drey_cache *drey_cache_create(drey_store *store) {

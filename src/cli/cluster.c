@@ -99,10 +99,34 @@ static json_t *id_array(char **ids, size_t n) {
 }
 
 static const char *prefix_of(drey_cli *c, char *buf, size_t cap) {
-    const char *p = drey_cli_opt(c, "prefix") != NULL ? drey_cli_opt(c, "prefix") : "drey/";
+    /* The option, else dreyd's variable (a pod's environment), else drey/. */
+    const char *p = drey_cli_opt(c, "prefix") != NULL ? drey_cli_opt(c, "prefix") : getenv("DREY_CLUSTER_PREFIX");
+    if (p == NULL || p[0] == '\0')
+        p = "drey/";
     size_t n = strlen(p);
     snprintf(buf, cap, "%s%s", p, n > 0 && p[n - 1] == '/' ? "" : "/");
     return buf;
+}
+
+/* etcd's endpoints with TLS and its authentication: the options, else the
+ * variables dreyd reads for the same settings (a pod's environment
+ * configures both). */
+static drey_etcd_options etcd_options(const drey_cli *c, const char *etcd) {
+    static const char *const names[][2] = {{"etcd-ca", "DREY_CLUSTER_ETCD_CA"},
+                                           {"etcd-cert", "DREY_CLUSTER_ETCD_CERT"},
+                                           {"etcd-key", "DREY_CLUSTER_ETCD_KEY"},
+                                           {"etcd-user", "DREY_CLUSTER_ETCD_USER"},
+                                           {"etcd-password-file", "DREY_CLUSTER_ETCD_PASSWORD_FILE"}};
+    const char *v[5];
+    for (size_t i = 0; i < 5; i++) {
+        v[i] = drey_cli_opt(c, names[i][0]);
+        if (v[i] == NULL)
+            v[i] = getenv(names[i][1]);
+    }
+    return (drey_etcd_options){.endpoints = etcd,
+                               .tls = {.ca_file = v[0], .cert_file = v[1], .key_file = v[2]},
+                               .user = v[3],
+                               .password_file = v[4]};
 }
 
 /* A client of the etcd at etcd and the cluster's prefix in it (room for
@@ -110,7 +134,8 @@ static const char *prefix_of(drey_cli *c, char *buf, size_t cap) {
 static drey_etcd *open_etcd(drey_cli *c, const char *etcd, const char *sub, char *prefix) {
     char err[320];
     prefix_of(c, prefix, 256);
-    drey_etcd *e = drey_etcd_open(&(drey_etcd_options){.endpoints = etcd}, err, sizeof err);
+    drey_etcd_options eo = etcd_options(c, etcd);
+    drey_etcd *e = drey_etcd_open(&eo, err, sizeof err);
     if (e == NULL)
         fprintf(stderr, "drey cluster %s: %s\n", sub, err);
     return e;
@@ -530,6 +555,9 @@ int drey_cli_cluster_status(drey_cli *c, char **args) {
     memset(&v, 0, sizeof v);
     drey_arena_init(&v.arena, NULL, 0);
     const char *etcd = drey_cli_opt(c, "etcd");
+    /* No node named either: dreyd's variable, as a pod has it. */
+    if (etcd == NULL && drey_cli_opt(c, "addr") == NULL && drey_cli_opt(c, "endpoints") == NULL)
+        etcd = getenv("DREY_CLUSTER_ETCD");
     int rc;
     if (etcd != NULL && etcd[0] != '\0') {
         v.source = "etcd";

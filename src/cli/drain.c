@@ -11,7 +11,8 @@
  * signal never comes while the drain runs.
  *
  * "Exited" is: no such process, or a zombie not yet reaped (a test's
- * child). Exit status 0 when it exited, 1 when it was still running at the
+ * child); with --ops, also once its ops listener closed. Exit status 0
+ * when it exited (or closed its ops listener), 1 when it was still running at the
  * deadline or could not be signalled (or --pid-file holds no process id),
  * 2 on a usage error. --pid-file reads the id from a file, so scripts stop
  * the node they started, never one matched by name.
@@ -28,6 +29,7 @@
 #include "cli.h"
 #include "drey/clock.h"
 #include "drey/config.h"
+#include "ops.h"
 
 #define POLL_NS 20000000 /* 20 ms between looks at the process */
 
@@ -90,12 +92,19 @@ int drey_cli_drain(drey_cli *c, char **args) {
         fprintf(stderr, "drey: drain: --wait=%s is not a duration (250ms, 5s, 2m, 1h)\n", w);
         return DREY_EXIT_USAGE;
     }
+    /* In a container the hook is killed with PID 1, so waiting for the exit
+     * never ends in 0 (the kubelet records 137): with --ops (or
+     * $DREY_OPS_LISTEN, the pod's setting) the hook also returns once
+     * dreyd's ops listener stops answering, which dreyd closes after its
+     * drain, when a second signal can no longer cut anything short. */
+    char ops[300];
+    bool watch_ops = drey_cli_ops_address(drey_cli_opt(c, "ops"), ops, sizeof ops);
     if (kill((pid_t)pid, SIGTERM) != 0) {
         fprintf(stderr, "drey: drain: cannot signal process %ld: %s\n", pid, strerror(errno));
         return DREY_EXIT_FAILED;
     }
     int64_t deadline = drey_mono_ns() + wait_ms * 1000000;
-    while (!exited(pid)) {
+    while (!exited(pid) && !(watch_ops && drey_cli_ops_closed(ops))) {
         if (drey_mono_ns() >= deadline) {
             fprintf(stderr, "drey: drain: process %ld still running after %lld ms\n", pid, (long long)wait_ms);
             return DREY_EXIT_FAILED;

@@ -1,7 +1,8 @@
 /*
  * node — the commands about the node rather than its data: health (the
  * gRPC health check), ready (the readiness details, as the ops listener
- * serves them) and snapshot (write one now and compact the journal).
+ * serves them; from that listener itself with --ops) and snapshot (write
+ * one now and compact the journal).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "drey/alloc.h"
 #include "drey/pbjson.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "ops.h"
 
 int drey_cli_cmd_health(drey_cli *c, char **a) {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -63,34 +65,65 @@ static void flatten(drey_out *o, const char *path, json_t *v) {
     }
 }
 
+/* The readiness document: over gRPC, or (--ops, $DREY_OPS_LISTEN) the
+ * same document from the ops listener, which needs no token from loopback
+ * (inside a pod: kubectl exec ... drey ready). NULL, and *rc, if neither
+ * answered; else malloc'd JSON text. */
+static char *readiness_text(drey_cli *c, int *rc) {
+    char ops[300];
+    if (drey_cli_ops_address(drey_cli_opt(c, "ops"), ops, sizeof ops)) {
+        char *body, err[320];
+        size_t len;
+        int status = drey_cli_ops_get(ops, "/health/ready/details", &body, &len, err, sizeof err);
+        if (status == 200 || status == 503)
+            return body;
+        if (status == 0)
+            fprintf(stderr, "drey: ready: %s\n", err);
+        else
+            fprintf(stderr, "drey: ready: the ops listener at %s answered HTTP %d\n", ops, status);
+        free(status != 0 ? body : NULL);
+        *rc = DREY_EXIT_FAILED;
+        return NULL;
+    }
+    Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
+    Drey__Admin__V1__ReadinessDetails *r;
+    if (!drey_cli_call_ok(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base,
+                          &drey__admin__v1__readiness_details__descriptor, &r, rc))
+        return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = drey_xopen_memstream(&text, &len);
+    drey_pbjson_write(m, &r->base);
+    fclose(m);
+    return text;
+}
+
 /* The document GET /health/ready/details serves (-o json: the same bytes'
  * schema); text and table: one field per line. */
 int drey_cli_cmd_ready(drey_cli *c, char **a) {
     (void)a;
-    Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
-    Drey__Admin__V1__ReadinessDetails *r;
     int rc;
-    if (!drey_cli_call_ok(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base, &drey__admin__v1__readiness_details__descriptor,
-              &r, &rc))
+    char *text = readiness_text(c, &rc);
+    if (text == NULL)
         return rc;
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        fprintf(stderr, "drey: ready: the details are not JSON\n");
+        return DREY_EXIT_FAILED;
+    }
+    bool ready = json_is_true(json_object_get(doc, "ready"));
     if (c->format == DREY_OUT_JSON) {
-        drey_pbjson_write(stdout, &r->base);
-        putchar('\n');
+        char *one = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        puts(one);
+        free(one);
     } else {
-        char *text = NULL;
-        size_t len = 0;
-        FILE *m = drey_xopen_memstream(&text, &len);
-        drey_pbjson_write(m, &r->base);
-        fclose(m);
-        json_t *doc = json_loads(text, 0, NULL);
-        free(text);
         static const char *const cols[] = {"field", "value", NULL};
         drey_out o;
         drey_out_begin(&o, c->format, stdout, cols);
         flatten(&o, "", doc);
         drey_out_flush(&o);
-        json_decref(doc);
     }
-    return r->ready ? DREY_EXIT_OK : DREY_EXIT_NEGATIVE;
+    json_decref(doc);
+    return ready ? DREY_EXIT_OK : DREY_EXIT_NEGATIVE;
 }
-

@@ -29,6 +29,8 @@
 #include "drey/clock.h"
 #include "drey/log.h"
 #include "internal.h"
+#include "controller.h"
+#include "table.h"
 #include "plan.h"
 
 #define CALL_MS 2000
@@ -90,23 +92,23 @@ static bool any_changed(const drey_cluster__plan *pl) {
 static void watch_primaries(drey_cluster *c, const drey_cluster__plan *pl) {
     int64_t now = drey_mono_ms();
     for (uint32_t p = 0; p < pl->n_parts; p++) {
-        if (strcmp(c->seen_primary[p], pl->ent[p].primary) == 0)
+        if (strcmp(c->ctl.seen_primary[p], pl->ent[p].primary) == 0)
             continue;
-        if (c->seen_primary[p][0] != '\0')
-            c->primary_since_ms[p] = now;
-        memcpy(c->seen_primary[p], pl->ent[p].primary, DREY_CLUSTER_MAX_ID);
+        if (c->ctl.seen_primary[p][0] != '\0')
+            c->ctl.primary_since_ms[p] = now;
+        memcpy(c->ctl.seen_primary[p], pl->ent[p].primary, DREY_CLUSTER_MAX_ID);
     }
 }
 
 void drey_cluster__control(drey_cluster *c) {
-    if (c->seen_primary == NULL) {
-        c->seen_primary = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *c->seen_primary);
-        c->primary_since_ms = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *c->primary_since_ms);
+    if (c->ctl.seen_primary == NULL) {
+        c->ctl.seen_primary = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *c->ctl.seen_primary);
+        c->ctl.primary_since_ms = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *c->ctl.primary_since_ms);
     }
     drey_cluster__plan pl;
     int64_t *epochs = drey_cluster__snapshot(c, &pl);
     watch_primaries(c, &pl);
-    pl.primary_since_ms = c->primary_since_ms;
+    pl.primary_since_ms = c->ctl.primary_since_ms;
     pl.now_ms = drey_mono_ms();
     drey_cluster__plan_stats st = {0};
     drey_cluster__plan_assign(&pl, c->initial_nodes, &st);
@@ -115,6 +117,8 @@ void drey_cluster__control(drey_cluster *c) {
     bool repaired = any_changed(&pl);
     if (!repaired)
         drey_cluster__plan_rebalance(&pl, &st);
+    /* Unknown while repairs come first: waiting until a look says none. */
+    atomic_store(&c->ctl.moves_waiting, repaired ? UINT32_MAX : st.waiting);
     bool ok = write_plan(c, &pl, epochs);
     if (ok && st.assigned > 0)
         DREY_LOG_INFO("partitions assigned", DREY_LOG_UINT("partitions", st.assigned),
@@ -128,9 +132,53 @@ void drey_cluster__control(drey_cluster *c) {
                       DREY_LOG_UINT("handovers", st.handovers), DREY_LOG_UINT("cancelled", st.cancelled),
                       DREY_LOG_UINT("nodes", pl.n_live));
     if (ok)
-        atomic_fetch_add(&c->failovers, st.promoted);
+        atomic_fetch_add(&c->ctl.failovers, st.promoted);
     free(epochs);
     drey_cluster__plan_free(&pl);
+}
+
+/* --- the controller thread --------------------------------------------------------- */
+
+static bool campaign(drey_cluster *c) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    const char *key = drey_cluster__key(c, &a, "controller");
+    drey_etcd_txn t;
+    drey_etcd_txn_init(&t, &a);
+    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
+    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, c->opts.node_id, strlen(c->opts.node_id), c->lease.id);
+    Etcdserverpb__TxnResponse *resp;
+    drey_etcd_status st;
+    bool won = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
+    drey_arena_destroy(&a);
+    if (won)
+        DREY_LOG_INFO("this node is the cluster's controller", DREY_LOG_STR("node_id", c->opts.node_id));
+    return won;
+}
+
+void *drey_cluster__controller_main(void *arg) {
+    drey_cluster *c = arg;
+    char err[256];
+    pthread_mutex_lock(&c->mu);
+    while (!c->leaving) {
+        bool lost = c->lease_lost;
+        bool leader = strcmp(c->controller, c->opts.node_id) == 0;
+        bool vacant = c->controller[0] == '\0';
+        pthread_mutex_unlock(&c->mu);
+        if (lost) {
+            drey_cluster__register_again(c, err, sizeof err);
+        } else if (vacant) {
+            leader = campaign(c);
+        }
+        if (leader && !lost)
+            drey_cluster__control(c);
+        pthread_mutex_lock(&c->mu);
+        if (c->leaving)
+            break;
+        drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(1000));
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
 }
 
 /* --- a restarted node ---------------------------------------------------------------- */
@@ -162,7 +210,7 @@ int drey_cluster__step_down(drey_cluster *c, char *err, size_t cap) {
             return 0;
         /* Someone changed those entries meanwhile: the watch brings the
          * new ones; look again. */
-        drey_cluster__nap_ms(100 * (attempt + 1));
+        drey_nap_ms(100 * (attempt + 1));
     }
     snprintf(err, cap, "could not take this node out of the partition entries that name it (etcd kept refusing)");
     return -1;

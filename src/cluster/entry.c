@@ -13,6 +13,7 @@
 
 #include "drey/log.h"
 #include "internal.h"
+#include "table.h"
 
 #define ETCD_CALL_MS 2000
 

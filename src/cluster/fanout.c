@@ -3,8 +3,8 @@
  * it holds.
  *
  * ListCaches, GetCacheStats and Clear go to every member (this node too,
- * through its own internal listener, so that each node's part runs the
- * same chain), each answering from its own store; the answers are combined
+ * in-process through its own chain, so that each node's part runs the same
+ * chain), each answering from its own store; the answers are combined
  * here: figures summed per cache, a Clear answered once every node has
  * cleared. A Clear is not atomic across nodes: a failure means some nodes
  * may have cleared their share, and a retry (with its request_id, each node
@@ -29,6 +29,8 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "peers.h"
+#include "router.h"
 
 /* --- gathering every node's answer ------------------------------------------------ */
 
@@ -124,16 +126,25 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
         r->status->retry_delay_ms = 500;
         return DREY_STAGE_REJECT;
     }
-    atomic_store(&f->pending, f->n);
+    size_t n = f->n; /* f is freed by the last answer, which may come before the loop ends */
+    atomic_store(&f->pending, n);
     drey_cluster__header h[3];
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
-    for (size_t i = 0; i < f->n; i++) {
+    for (size_t i = 0; i < n; i++)
         f->slots[i].fan = f;
-        atomic_fetch_add(&c->forwarded, 1);
-        /* Bounded by the caller's deadline, like GetMany's parts. */
+    int64_t deadline = r->ops->deadline_mono_ns(r->door);
+    for (size_t i = 0; i < n; i++) {
+        /* This node's own share through its own chain, in-process (never
+         * over its own TLS); the others' bounded by the caller's deadline,
+         * like GetMany's parts. */
+        if (t->self >= 0 && to[i] == &t->nodes[t->self] && c->opts.pipeline != NULL) {
+            drey_pipeline_call_local(c->opts.pipeline, r->method, r->bytes, r->len, c->opts.node_id, h, nh, deadline,
+                                     fan_done, &f->slots[i]);
+            continue;
+        }
+        atomic_fetch_add(&c->route.forwarded, 1);
         drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to[i]->id, to[i]->internal, r->method->path,
-                                                             r->bytes, r->len, h, nh,
-                                                             r->ops->deadline_mono_ns(r->door), fan_done,
+                                                             r->bytes, r->len, h, nh, deadline, fan_done,
                                                              &f->slots[i]));
     }
     return DREY_STAGE_PARKED;
@@ -223,7 +234,7 @@ static void clear_gathered(fan *f) {
 
 /* Whether any partition is being moved out of this node now. */
 static bool moving_out(drey_cluster *c) {
-    return atomic_load(&c->moving) >= 0;
+    return atomic_load(&c->mover.moving) >= 0;
 }
 
 /* A Clear's share here: counted while it runs, so that a move does not
@@ -231,15 +242,15 @@ static bool moving_out(drey_cluster *c) {
  * refused while a move is under way. */
 static void clear_done(void *arg) {
     drey_cluster *c = arg;
-    if (atomic_fetch_sub(&c->clearing, 1) == 1) {
-        pthread_mutex_lock(&c->move_mu);
-        pthread_cond_broadcast(&c->move_cond);
-        pthread_mutex_unlock(&c->move_mu);
+    if (atomic_fetch_sub(&c->clears.count, 1) == 1) {
+        pthread_mutex_lock(&c->clears.mu);
+        pthread_cond_broadcast(&c->clears.cond);
+        pthread_mutex_unlock(&c->clears.mu);
     }
 }
 
 static drey_stage_result local_clear(drey_cluster *c, drey_request *r) {
-    atomic_fetch_add(&c->clearing, 1);
+    atomic_fetch_add(&c->clears.count, 1);
     if (!moving_out(c)) {
         r->on_release = clear_done;
         r->release_arg = c;
@@ -384,7 +395,7 @@ static drey_stage_result route_scan(drey_cluster *c, drey_request *r, const drey
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
     char *hs = drey_arena_sprintf(r->arena, "%08x", hash);
     h[nh++] = (drey_cluster__header){DREY_SCAN_OWNERS, hs, strlen(hs)};
-    atomic_fetch_add(&c->forwarded, 1);
+    atomic_fetch_add(&c->route.forwarded, 1);
     drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, bytes, len, h,
                                                          nh, r->ops->deadline_mono_ns(r->door), scan_answered, sc));
     return DREY_STAGE_PARKED;

@@ -1,4 +1,14 @@
-/* The cluster module's internals: the topology, peers, the pieces' glue. */
+/*
+ * The cluster module's shared model: the table as routing reads it (an
+ * immutable topology), a partition entry as the controller and primaries
+ * edit it, and the cluster object whose sub-structs are its rooms' state.
+ * Each room's functions are declared in its own header: table.h (the
+ * table, its snapshots and compared writes), peers.h (calls to other
+ * nodes), router.h (the route row and the rows that split requests),
+ * backup.h, primary.h (replicate.c), mover.h, controller.h and plan.h,
+ * subscribe.h, partition.h. A room includes the headers of the rooms it
+ * calls, and the calls go one way (tests/build/cluster_rooms_test.py).
+ */
 #ifndef DREY_CLUSTER_INTERNAL_H
 #define DREY_CLUSTER_INTERNAL_H
 
@@ -8,6 +18,7 @@
 #include "drey/cluster.h"
 #include "drey/etcd.h"
 #include "drey/internal/v1/meta.pb-c.h"
+#include "partition.h"
 
 #define DREY_CLUSTER_MAX_ID 128
 /* Operations per partition-table transaction: below etcd's --max-txn-ops (128). */
@@ -47,131 +58,12 @@ typedef struct drey_cluster__topology {
 } drey_cluster__topology;
 
 void drey_cluster__topology_unref(drey_cluster__topology *t);
-
-/* --- peers: calls to other nodes' internal listeners ---------------------- */
+/* Whether t names node (an index, -1: none) one of p's in-sync backups, or
+ * the target of one of p's copies under way. */
+bool drey_cluster__in_sync(const drey_cluster__topology *t, uint32_t p, int32_t node);
+bool drey_cluster__copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node);
 
 typedef struct drey_cluster__peers drey_cluster__peers;
-
-drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *key, const char *ca, char *err,
-                                                size_t err_cap);
-void drey_cluster__peers_destroy(drey_cluster__peers *p);
-/* --cluster-peer-address: "id=host:port[,id=host:port...]", each peer id
- * dialled at its address instead of the one it advertises; before the
- * first call. false with a message in err if spec is malformed. */
-bool drey_cluster__peers_dial_via(drey_cluster__peers *p, const char *spec, char *err, size_t err_cap);
-
-typedef struct drey_cluster__header {
-    const char *key;
-    const char *value;
-    size_t len;
-} drey_cluster__header;
-
-/* A call in flight, for cancelling it. */
-typedef struct drey_cluster__pcall drey_cluster__pcall;
-
-/* A unary call of path on node id at address, with the serialized request
- * and headers; done runs once, on the peers' thread, with the answer (whose
- * buffers live until done returns). The returned handle holds a reference:
- * drop it with drey_cluster__pcall_cancel or drey_cluster__pcall_release,
- * once, from any thread (done may have run already or not). */
-drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address, const char *path,
-                              const uint8_t *request, size_t len, const drey_cluster__header *headers,
-                              size_t n_headers, int64_t deadline_mono_ns,
-                              void (*done)(void *arg, const drey_answer *a), void *arg);
-/* A call of path to node id that its caller runs itself on cq (a watch's
- * subscription: a server stream of its own, subscribe.c), on the peer's
- * channel (made if need be): same credentials, same identity check. */
-struct grpc_call;
-struct grpc_completion_queue;
-struct grpc_call *drey_cluster__peers_new_call(drey_cluster__peers *p, const char *id, const char *address,
-                                               const char *path, struct grpc_completion_queue *cq);
-
-/* Cancels the call (its done comes with CANCELLED unless it is over) and
- * drops the handle. */
-void drey_cluster__pcall_cancel(drey_cluster__pcall *c);
-void drey_cluster__pcall_release(drey_cluster__pcall *c);
-
-/* --- moves ------------------------------------------------------------------ */
-
-/* Per partition, read on the request path without a lock. */
-/* A backup's sequence after a record it took failed: it takes no more
- * until a fresh copy. */
-#define DREY_CLUSTER_SEQ_BROKEN (UINT64_MAX - 1)
-
-typedef struct drey_cluster__pstate {
-    /* The sequence number of the partition's last write: assigned by its
-     * primary (under the chain's order lock), taken in order by a backup,
-     * carried by a copy's last chunk. */
-    _Atomic uint64_t seq;
-    _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
-    _Atomic bool moving;       /* being copied out: answered writes record their keys */
-    _Atomic bool frozen;       /* its last changes are being sent: local writes wait */
-    _Atomic bool owned;        /* this node is its primary in the published table (watch subscriptions) */
-    /* The sequence number of the last write applied here (a primary's
-     * acknowledged, a backup's taken and applied), and, on a backup, the
-     * monotonic time it last knew it had every write its primary
-     * acknowledged (0: never): what a stale read may miss (replicate.c). */
-    _Atomic uint64_t applied;
-    _Atomic int64_t current_ns;
-} drey_cluster__pstate;
-
-/* A key a write changed while its partition was being copied out. */
-typedef struct drey_cluster__dirty {
-    struct drey_cluster__dirty *next;
-    uint32_t partition;
-    uint32_t cache_len, key_len;
-    char data[]; /* cache then key */
-} drey_cluster__dirty;
-
-/* A request waiting for its partition to thaw. */
-typedef struct drey_cluster__waiter {
-    struct drey_cluster__waiter *next;
-    uint32_t partition;
-    void (*wake)(struct drey_cluster__waiter *w); /* routes it again */
-} drey_cluster__waiter;
-
-/* Ends p's freeze and routes its waiting writes again (router.c). */
-void drey_cluster__thaw(drey_cluster *c, uint32_t p);
-
-/* Scan, Clear, ListCaches, GetCacheStats: every node's share (fanout.c). */
-drey_stage_result drey_cluster__route_cache_wide(drey_cluster *c, drey_request *r, drey_cluster__topology *t);
-
-/* The ErrorInfo reason of a peer's answer into out ("" for none). */
-void drey_cluster__answer_reason(const drey_answer *a, char *out, size_t cap);
-
-/* The metadata of a call to another node: the caller's token, this node's
- * id, the partition's epoch (0: none); h holds 3 (router.c). */
-size_t drey_cluster__forward_headers(drey_cluster *c, drey_request *r, int64_t epoch, drey_cluster__header *h);
-
-/* A scan's share names the owners' hash it began with. */
-#define DREY_SCAN_OWNERS "drey-scan-owners"
-
-/* The mover's loop (move.c). */
-void *drey_cluster__mover_main(void *arg);
-
-/* Applies a key's value written by this node (the handover) as the watch
- * would, so routing follows at once; member.c. */
-void drey_cluster__apply_own_write(drey_cluster *c, const char *key, const uint8_t *value, size_t len,
-                                   int64_t revision);
-
-/* <prefix>partitions/<p>, in a (member.c). */
-char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t p);
-
-/* A pause between retries against etcd, or a rate cap's: never a
- * synchronisation (member.c). */
-void drey_cluster__nap_ms(int64_t ms);
-
-/* --- replication (replicate.c) ------------------------------------------------ */
-
-typedef struct drey_cluster__rec drey_cluster__rec;
-
-/* A partition's writes on this primary, in sequence, until they applied. */
-typedef struct drey_cluster__line {
-    pthread_mutex_t mu;
-    drey_cluster__rec *head, *tail;
-    size_t queued;
-    bool draining; /* a thread is applying its complete head */
-} drey_cluster__line;
 
 /* A backup to take out of a partition's in-sync set. */
 typedef struct drey_cluster__shrink {
@@ -197,28 +89,6 @@ typedef struct drey_cluster__room {
 
 #define DREY_CLUSTER_MAX_ROOMS 64
 
-void *drey_cluster__shrinker_main(void *arg);
-/* The primaries' heartbeats to their backups (replicate.c); stops with the
- * shrinker. */
-void *drey_cluster__beater_main(void *arg);
-/* Raises *a to v (never lowers it). */
-void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v);
-void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v);
-/* This node's lease is valid by its own clock. */
-bool drey_cluster__lease_valid(drey_cluster *c);
-/* This node may lead the partitions t names it primary of: its lease is
- * valid, and t is at least as new as its registration under that lease (a
- * node that lost its lease and registered again may have been replaced
- * meanwhile: it leads nothing until its table says whether). */
-bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t);
-/* The partition of a write the route row held for this node (router.c). */
-uint32_t drey_cluster__held_partition(const drey_request *r);
-/* Answers every write still waiting for its backups (this node stops),
- * as commit unknown. */
-void drey_cluster__abandon_lines(drey_cluster *c);
-
-/* --- partition entries ------------------------------------------------------ */
-
 /* An entry as the controller and the primary edit it. */
 typedef struct drey_cluster__entry {
     char primary[DREY_CLUSTER_MAX_ID];
@@ -239,43 +109,116 @@ void drey_cluster__entry_add(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const 
  * whether it was there. */
 bool drey_cluster__entry_drop_replica(drey_cluster__entry *e, const char *id);
 
-/* Adds to t: if p's entry is still at epoch, put e (in a). */
-void drey_cluster__txn_put_entry(drey_cluster *c, drey_etcd_txn *t, drey_arena *a, uint32_t p, int64_t epoch,
-                                 const drey_cluster__entry *e);
 
-typedef enum drey_cluster__cas {
-    DREY_CLUSTER_CAS_APPLIED, /* written, and applied to this node's table */
-    DREY_CLUSTER_CAS_REFUSED, /* the entry moved on, or etcd refused: nothing written */
-    DREY_CLUSTER_CAS_UNKNOWN, /* etcd did not say (it may have applied) */
-} drey_cluster__cas;
-
-/* Writes p's entry if it is still at epoch, applying it to this node's
- * table at once when it did; err says why not. */
-drey_cluster__cas drey_cluster__cas_entry(drey_cluster *c, uint32_t p, int64_t epoch, const drey_cluster__entry *e,
-                                          char *err, size_t err_cap);
-/* --- watches: clients' Watch streams following their partitions (subscribe.c) --- */
 
 typedef struct drey_cluster__subs drey_cluster__subs;
-/* Ends every subscription; before the peers go. */
-void drey_cluster__subs_destroy(drey_cluster__subs *s);
+
+/* What the route row notes of a write of a partition it runs here
+ * (r->route_note), for the rows after it: the replicator, the memory
+ * stage's eviction filter, the release that counts it out. */
+typedef struct drey_cluster__note {
+    drey_cluster *c;
+    drey_request *r;
+    uint32_t partition;
+} drey_cluster__note;
+
+static inline uint32_t drey_cluster__held_partition(const drey_request *r) {
+    return ((const drey_cluster__note *)r->route_note)->partition;
+}
 
 /* --- the cluster ----------------------------------------------------------- */
 
 typedef struct topo_watcher topo_watcher;
 
+/* The rooms' own state. Each is touched by its room (the file named) and
+ * read by the status report (status.c); counters are atomics. */
+
+/* The primary (replicate.c): its backups' room, the backups to take out of
+ * in-sync sets, its shrinker and heartbeat threads. */
+typedef struct drey_cluster__primary {
+    pthread_mutex_t rooms_mu; /* adding a room; reading one needs no lock */
+    drey_cluster__room rooms[DREY_CLUSTER_MAX_ROOMS];
+    _Atomic size_t n_rooms;
+    pthread_t shrinker_thread, beater_thread;
+    bool running;
+    pthread_mutex_t shrink_mu;
+    pthread_cond_t shrink_cond;     /* the beater waits on it too */
+    drey_cluster__shrink *shrinks;  /* under shrink_mu */
+    bool shrink_stop;
+    _Atomic uint64_t replicated, replica_failures, isr_shrinks;
+} drey_cluster__primary;
+
+/* The mover (move.c): its thread and what its moves did. */
+typedef struct drey_cluster__mover {
+    pthread_t thread;
+    bool running;
+    _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
+    _Atomic uint64_t backups_added;  /* copies that joined the in-sync set */
+    _Atomic uint64_t handovers_done; /* roles handed to an in-sync backup */
+    _Atomic int64_t moving;          /* the partition being moved out, or -1 */
+} drey_cluster__mover;
+
+/* Clears running here (fanout.c): a move's copy waits for them. */
+typedef struct drey_cluster__clears {
+    _Atomic uint32_t count;
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* count reached 0 */
+} drey_cluster__clears;
+
+/* The controller (controller.c): its thread, and its own memory of the
+ * table between looks. */
+typedef struct drey_cluster__ctl {
+    pthread_t thread;
+    bool running;
+    /* Each partition's primary as it last saw it, and since when
+     * (drey_mono_ms): the rebalance's settle time. */
+    char (*seen_primary)[DREY_CLUSTER_MAX_ID];
+    int64_t *primary_since_ms;
+    /* Its last look's moves held back by the settle time (UINT32_MAX: the
+     * look repaired instead, and did not plan). */
+    _Atomic uint32_t moves_waiting;
+    _Atomic uint64_t failovers; /* partitions given a new primary */
+} drey_cluster__ctl;
+
+/* The router's counts (router.c, owner.c). */
+typedef struct drey_cluster__route_counts {
+    _Atomic uint64_t forwarded, not_primary, retried, unavailable;
+} drey_cluster__route_counts;
+
+/* The backup's counts (backup.c). */
+typedef struct drey_cluster__backup_counts {
+    _Atomic uint64_t records_taken, records_refused;
+    _Atomic uint64_t copies_refused; /* Imports, Confirms and Drops refused here */
+} drey_cluster__backup_counts;
+
+/*
+ * The cluster as this node runs it. The table (table.c, topology.c,
+ * entry.c) is shared: written under mu by the watch and by this node's own
+ * compared writes, read by every room (routing through the published
+ * topology, without mu). Each room's own state is in its sub-struct.
+ *
+ * Lock order: mu (the table) before a partition's mu (partition.h) before
+ * its line's mu; lease_mu, the primary's rooms_mu and shrink_mu, and the
+ * clears' mu are leaves. No lock is held while calling etcd or a peer.
+ */
 struct drey_cluster {
     drey_cluster_options opts;
     char *prefix;
+    uint32_t n_parts, rf, initial_nodes;
+    drey_cluster__peers *peers;
+
+    /* The table (table.c). */
     drey_etcd *etcd;
     drey_etcd_lease lease;
     pthread_mutex_t lease_mu; /* the keepalive's pointer: replaced while requests read it */
     drey_etcd_keepalive *keepalive;
     drey_etcd_watch *watch;
-    drey_cluster__peers *peers;
-    uint32_t n_parts, rf, initial_nodes;
-
+    int64_t lease_margin_ns;
+    /* Of this process's latest registration (the first: its join; again
+     * after a lost lease). */
+    _Atomic int64_t registered_revision;
     pthread_mutex_t mu;
-    pthread_cond_t cond;
+    pthread_cond_t cond; /* the table changed, or the node leaves */
     /* Under mu: the table as the watch last left it. */
     Drey__Internal__V1__Member **members;
     size_t n_members, cap_members;
@@ -288,71 +231,15 @@ struct drey_cluster {
     drey_cluster__topology *topo; /* the published table (a reference) */
     topo_watcher *watchers;        /* WatchTopology streams */
 
-    pthread_t controller_thread, mover_thread;
-    bool controller_running, mover_running;
-
-    drey_cluster__pstate *pstate; /* n_parts */
-    pthread_mutex_t move_mu;
-    pthread_cond_t move_cond;     /* a frozen partition's last write answered */
-    /* Under move_mu. */
-    drey_cluster__dirty *dirty;
-    drey_cluster__waiter *waiters;
-
-    _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
-    _Atomic int64_t moving; /* the partition being moved out, or -1 */
-    _Atomic uint32_t clearing; /* Clears running here: a move's copy waits for them */
-
-    _Atomic uint64_t forwarded, not_primary, retried, unavailable;
-    /* Of this process's latest registration (the first: its join; again
-     * after a lost lease). */
-    _Atomic int64_t registered_revision;
-    pthread_mutex_t rooms_mu;    /* adding a room; reading one needs no lock */
-    drey_cluster__room rooms[DREY_CLUSTER_MAX_ROOMS];
-    _Atomic size_t n_rooms;
-    drey_cluster__line *lines; /* n_parts */
-    int64_t lease_margin_ns;
-    pthread_t shrinker_thread, beater_thread;
-    bool shrinker_running;
-    pthread_mutex_t shrink_mu;
-    pthread_cond_t shrink_cond;
-    drey_cluster__shrink *shrinks; /* under shrink_mu */
-    bool shrink_stop;
-    _Atomic uint64_t replicated, replica_failures, isr_shrinks, records_taken, records_refused;
-    _Atomic uint64_t copies_refused; /* Imports, Confirms and Drops refused here (router.c) */
-
-    _Atomic uint64_t failovers;     /* as controller: partitions given a new primary */
-    _Atomic uint64_t handovers_done; /* as primary: roles handed to an in-sync backup */
-    /* The controller thread's own: each partition's primary as it last
-     * saw it, and since when (drey_mono_ms), for the rebalance's settle
-     * time (controller.c). */
-    char (*seen_primary)[DREY_CLUSTER_MAX_ID];
-    int64_t *primary_since_ms;
-    _Atomic uint64_t backups_added; /* as primary: copies that joined the in-sync set */
-
+    drey_cluster__partition *partitions; /* n_parts, made at join (partition.h) */
+    drey_cluster__primary primary;
+    drey_cluster__mover mover;
+    drey_cluster__clears clears;
+    drey_cluster__ctl ctl;
+    drey_cluster__route_counts route;
+    drey_cluster__backup_counts backup;
     drey_cluster__subs *subs; /* drey_cluster_attach_watch */
 };
 
-drey_cluster__topology *drey_cluster__acquire(drey_cluster *c);
-/* Rebuilds the topology from the table; needs c->mu. */
-void drey_cluster__publish_locked(drey_cluster *c);
-/* WatchTopology streams get the new topology; needs c->mu. */
-void drey_cluster__notify_watchers_locked(drey_cluster *c);
-void drey_cluster__close_watchers(drey_cluster *c);
-
-/* The registered member named id, or NULL; needs c->mu. */
-const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id);
-
-struct drey_cluster__plan;
-/* The table and the members into pl (plan.h), for planning; returns each
- * entry's epoch (n_parts, malloc'd). Takes c->mu (controller.c). */
-int64_t *drey_cluster__snapshot(drey_cluster *c, struct drey_cluster__plan *pl);
-/* The controller's look: assign, repair, rebalance, and write what changed
- * (controller.c). */
-void drey_cluster__control(drey_cluster *c);
-/* A restarted node leaves the entries that name it (controller.c). */
-int drey_cluster__step_down(drey_cluster *c, char *err, size_t cap);
-
-/* The controller's loop (member.c). */
-void *drey_cluster__controller_main(void *arg);
 
 #endif

@@ -67,6 +67,10 @@
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
+#include "mover.h"
+#include "partition.h"
+#include "peers.h"
+#include "table.h"
 
 #define CHUNK_BYTES (1u << 20)
 #define CATCH_UP_ROUNDS 4
@@ -158,12 +162,18 @@ static bool call_import(mover *mv, const Drey__Internal__V1__ImportRequest *req)
          * node's disk and network from its clients. */
         int64_t now = drey_mono_ns();
         if (mv->next_send_ns > now)
-            drey_cluster__nap_ms((mv->next_send_ns - now) / 1000000);
+            drey_nap_ms((mv->next_send_ns - now) / 1000000);
         int64_t start = mv->next_send_ns > now ? mv->next_send_ns : now;
         mv->next_send_ns = start + (int64_t)((double)len * 1e9 / (double)c->opts.move_rate);
     }
     char reason[64];
-    int code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason);
+    int code;
+    int64_t until = drey_mono_ns() + CONFIRM_MS * 1000000LL;
+    /* The target's table may not have the plan yet (its watch is a moment
+     * behind this node's): it says so, and is asked again. */
+    while ((code = call_target(mv, DREY_PARTITION_IMPORT_PATH, buf, len, reason, sizeof reason)) != 0 &&
+           strcmp(reason, "NOT_CAUGHT_UP") == 0 && drey_mono_ns() < until)
+        drey_nap_ms(2);
     free(buf);
     if (code != 0)
         return false;
@@ -180,13 +190,15 @@ typedef struct chunk {
     size_t n_entries, n_removed, cap_entries, cap_removed;
     size_t bytes;
     uint32_t partition, n_parts;
+    drey_store *store; /* names the entries' tenants */
 } chunk;
 
-static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts) {
+static void chunk_init(chunk *ch, uint32_t partition, uint32_t n_parts, drey_store *store) {
     memset(ch, 0, sizeof *ch);
     drey_arena_init(&ch->arena, NULL, 0);
     ch->partition = partition;
     ch->n_parts = n_parts;
+    ch->store = store;
 }
 
 static Drey__Internal__V1__MovedEntry *push(chunk *ch, bool removed, const char *cache, size_t cache_len,
@@ -219,14 +231,17 @@ static void push_entry(chunk *ch, const char *cache, size_t cache_len, const cha
     e->value = (ProtobufCBinaryData){.len = v->value.len, .data = value};
     e->version = v->version;
     e->expires_at_ms = v->expires_at_ms;
-    ch->bytes += v->value.len;
+    size_t tenant_len;
+    const char *tenant = drey_store_tenant_name(ch->store, v->tenant, &tenant_len);
+    e->tenant = drey_arena_strndup(&ch->arena, tenant, tenant_len); /* its tenant's on the new copy too */
+    ch->bytes += v->value.len + tenant_len;
 }
 
 static void chunk_reset(chunk *ch) {
     free(ch->entries);
     free(ch->removed);
     drey_arena_destroy(&ch->arena);
-    chunk_init(ch, ch->partition, ch->n_parts);
+    chunk_init(ch, ch->partition, ch->n_parts, ch->store);
 }
 
 static void chunk_destroy(chunk *ch) {
@@ -251,7 +266,7 @@ static bool send_chunk(mover *mv, chunk *ch, bool replace, bool last) {
     if (last) {
         req.last = true;
         req.min_version = drey_store_last_version(mv->c->opts.store);
-        req.sequence = atomic_load(&mv->c->pstate[ch->partition].seq);
+        req.sequence = atomic_load(&mv->c->partitions[ch->partition].seq);
     }
     bool ok = call_import(mv, &req);
     chunk_reset(ch);
@@ -268,7 +283,7 @@ static void export_item(void *arg, const drey_store_item *it) {
 static bool copy(mover *mv) {
     drey_cluster *c = mv->c;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
     bool ok = true, first = true;
     for (size_t sh = 0; sh < DREY_STORE_SHARDS && ok; sh++) {
         drey_store_walk_shard(c->opts.store, sh, drey_wall_ms(), export_item, &ch);
@@ -279,35 +294,6 @@ static bool copy(mover *mv) {
     }
     chunk_destroy(&ch);
     return ok;
-}
-
-/* The keys the partition's writes changed since the last call. */
-static drey_cluster__dirty *take_dirty(drey_cluster *c, uint32_t p, size_t *n) {
-    drey_cluster__dirty *mine = NULL, **pp;
-    *n = 0;
-    pthread_mutex_lock(&c->move_mu);
-    pp = &c->dirty;
-    while (*pp != NULL) {
-        drey_cluster__dirty *d = *pp;
-        if (d->partition == p) {
-            *pp = d->next;
-            d->next = mine;
-            mine = d;
-            (*n)++;
-        } else {
-            pp = &d->next;
-        }
-    }
-    pthread_mutex_unlock(&c->move_mu);
-    return mine;
-}
-
-static void free_dirty(drey_cluster__dirty *d) {
-    while (d != NULL) {
-        drey_cluster__dirty *next = d->next;
-        free(d);
-        d = next;
-    }
 }
 
 typedef struct read_into {
@@ -325,7 +311,7 @@ static void read_dirty(void *arg, const drey_entry_view *v) {
 static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     drey_cluster *c = mv->c;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts);
+    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
     bool ok = true;
     for (drey_cluster__dirty *d = list; d != NULL && ok; d = d->next) {
         drey_key k;
@@ -342,26 +328,25 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     return ok;
 }
 
-/* Until the count is 0 (whoever takes it to 0 broadcasts move_cond), for
- * FREEZE_DRAIN_MS at most. */
-static bool wait_zero(drey_cluster *c, _Atomic uint32_t *count) {
+/* Until no Clear runs on this node (whoever ends the last broadcasts
+ * clear_cond), for FREEZE_DRAIN_MS at most. */
+static bool no_clear(drey_cluster *c) {
     int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
-    pthread_mutex_lock(&c->move_mu);
-    bool zero;
-    while (!(zero = atomic_load(count) == 0)) {
-        if (drey_cond_wait_until(&c->move_cond, &c->move_mu, until) == ETIMEDOUT) {
-            zero = atomic_load(count) == 0;
+    pthread_mutex_lock(&c->clears.mu);
+    bool none;
+    while (!(none = atomic_load(&c->clears.count) == 0)) {
+        if (drey_cond_wait_until(&c->clears.cond, &c->clears.mu, until) == ETIMEDOUT) {
+            none = atomic_load(&c->clears.count) == 0;
             break;
         }
     }
-    pthread_mutex_unlock(&c->move_mu);
-    return zero;
+    pthread_mutex_unlock(&c->clears.mu);
+    return none;
 }
 
 /* 3: no new writes, and the running ones answered. */
 static bool freeze(drey_cluster *c, uint32_t p) {
-    atomic_store(&c->pstate[p].frozen, true);
-    return wait_zero(c, &c->pstate[p].inflight);
+    return drey_cluster__partition_freeze(&c->partitions[p], drey_deadline_after_ms(FREEZE_DRAIN_MS));
 }
 
 /* --- 4: the flip ------------------------------------------------------------------------ */
@@ -476,7 +461,7 @@ static flip flip_entry(mover *mv, bool *keep_copy) {
             h = UNKNOWN;
             break;
         }
-        drey_cluster__nap_ms(100);
+        drey_nap_ms(100);
     } while ((h = read_back(mv, key)) == UNKNOWN);
     drey_arena_destroy(&a);
     return h;
@@ -503,107 +488,41 @@ static bool confirm(mover *mv, uint64_t seq) {
             return true;
         if (strcmp(reason, "NOT_CAUGHT_UP") != 0 || drey_mono_ns() > until)
             return false;
-        drey_cluster__nap_ms(2);
+        drey_nap_ms(2);
     }
 }
 
 /* --- 5: the drop, a journaled write of this node ------------------------------------- */
 
-typedef struct local_door {
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    bool done, ok;
-    char error[128];
-    const char *self;
-} local_door;
-
-static void local_finish(local_door *d, bool ok, const char *error) {
-    pthread_mutex_lock(&d->mu);
-    d->ok = ok;
-    snprintf(d->error, sizeof d->error, "%s", error);
-    d->done = true;
-    pthread_cond_signal(&d->cond);
-    pthread_mutex_unlock(&d->mu);
-}
-
-static void local_reply(void *door, const ProtobufCMessage *response) {
-    (void)response;
-    local_finish(door, true, "");
-}
-
-static void local_fail(void *door, const drey_status *st) {
-    local_finish(door, false, drey_error_lookup(st->error)->reason);
-}
-
-static void local_relay(void *door, const drey_answer *a) {
-    local_finish(door, a->code == 0, "relayed");
-}
-
-/* The node calling itself: it is the peer its metadata names. */
-static const char *local_metadata(void *door, const char *key, size_t *len) {
-    local_door *d = door;
-    if (strcmp(key, DREY_FORWARDED_BY) != 0)
-        return NULL;
-    *len = strlen(d->self);
-    return d->self;
-}
-
-static const char *local_peer(void *door) {
-    (void)door;
-    return "node:self";
-}
-
-static int64_t local_deadline(void *door) {
-    (void)door;
-    return INT64_MAX;
-}
-
-static bool local_peer_is(void *door, const char *id, size_t len) {
-    local_door *d = door;
-    return strlen(d->self) == len && memcmp(d->self, id, len) == 0;
-}
-
-static const drey_request_ops local_ops = {
-    .reply = local_reply,
-    .fail = local_fail,
-    .relay = local_relay,
-    .metadata = local_metadata,
-    .peer = local_peer,
-    .deadline_mono_ns = local_deadline,
-    .peer_is = local_peer_is,
-};
-
+/* The Drop goes through this node's own chain, in-process, as a peer's
+ * would (journaled like any write); the table's check (backup.c) and the
+ * partition's imported epoch (src/partition) keep it off a copy that came
+ * back. */
 static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_DROP_PATH);
     if (m == NULL || c->opts.pipeline == NULL)
         return false;
-    local_door d = {.self = c->opts.node_id};
-    pthread_mutex_init(&d.mu, NULL);
-    pthread_cond_init(&d.cond, NULL);
-    drey_arena a;
-    drey_arena_init(&a, NULL, 0);
-    Drey__Internal__V1__DropRequest *req = drey_arena_alloc(&a, sizeof *req);
-    drey__internal__v1__drop_request__init(req);
-    req->partition = p;
-    req->partitions = c->n_parts;
-    req->epoch = epoch;
-    size_t len = drey__internal__v1__drop_request__get_packed_size(req);
-    uint8_t *bytes = drey_arena_alloc(&a, len ? len : 1);
-    drey__internal__v1__drop_request__pack(req, bytes);
-    drey_request *r = drey_arena_calloc(&a, sizeof *r);
-    drey_request_init(r, &local_ops, &d, &a, m, &req->base, bytes, len);
-    drey_pipeline_submit(c->opts.pipeline, r);
-    pthread_mutex_lock(&d.mu);
-    while (!d.done)
-        pthread_cond_wait(&d.cond, &d.mu); /* the journal answers every write */
-    pthread_mutex_unlock(&d.mu);
-    if (!d.ok)
+    Drey__Internal__V1__DropRequest req = DREY__INTERNAL__V1__DROP_REQUEST__INIT;
+    req.partition = p;
+    req.partitions = c->n_parts;
+    req.epoch = epoch;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__drop_request__pack(&req, buf);
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    sync_call s = {.done = false};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    drey_pipeline_call_local(c->opts.pipeline, m, buf, len, c->opts.node_id, &h, 1, INT64_MAX, sync_done, &s);
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cond, &s.mu); /* the journal answers every write */
+    pthread_mutex_unlock(&s.mu);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cond);
+    if (s.code != 0)
         DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", d.error));
-    drey_arena_destroy(&a);
-    pthread_mutex_destroy(&d.mu);
-    pthread_cond_destroy(&d.cond);
-    return d.ok;
+                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
+    return s.code == 0;
 }
 
 /* --- one move ------------------------------------------------------------------------------ */
@@ -616,42 +535,35 @@ static uint64_t elapsed_us(int64_t since_ns) {
  * *froze once it is frozen. */
 static bool copy_out(mover *mv, bool *froze) {
     drey_cluster *c = mv->c;
-    uint32_t p = mv->partition;
-    atomic_store(&c->pstate[p].moving, true);
+    drey_cluster__partition *pt = &c->partitions[mv->partition];
+    atomic_store(&pt->moving, true);
     /* A Clear that began before the move finishes before the copy does:
      * Clears that begin after it are refused (fanout.c). */
-    bool ok = wait_zero(c, &c->clearing);
+    bool ok = no_clear(c);
     if (!ok)
         snprintf(mv->err, sizeof mv->err, "a Clear on this node did not finish");
     ok = ok && copy(mv);
     for (int round = 0; ok && round < CATCH_UP_ROUNDS; round++) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         if (n < CATCH_UP_KEYS) {
-            /* Few enough for the pause: they go with the last ones. */
-            pthread_mutex_lock(&c->move_mu);
-            for (drey_cluster__dirty *x = d, *next; x != NULL; x = next) {
-                next = x->next;
-                x->next = c->dirty;
-                c->dirty = x;
-            }
-            pthread_mutex_unlock(&c->move_mu);
+            drey_cluster__partition_give_back(pt, d); /* few enough for the pause: they go with the last ones */
             break;
         }
         ok = send_changes(mv, d, false);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
     *froze = ok;
-    if (ok && !freeze(c, p)) {
+    if (ok && !freeze(c, mv->partition)) {
         snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
                  FREEZE_DRAIN_MS);
         return false;
     }
     if (ok) {
         size_t n;
-        drey_cluster__dirty *d = take_dirty(c, p, &n);
+        drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
         ok = send_changes(mv, d, true);
-        free_dirty(d);
+        drey_cluster__dirty_free(d);
     }
     return ok;
 }
@@ -668,7 +580,7 @@ static bool ready_handover(mover *mv, bool *froze) {
     }
     /* Every write up to this one was answered, so acknowledged by every
      * in-sync backup: the target among them. */
-    return confirm(mv, atomic_load(&c->pstate[mv->partition].seq));
+    return confirm(mv, atomic_load(&c->partitions[mv->partition].seq));
 }
 
 static const char *kind_name(move_kind k) {
@@ -678,41 +590,41 @@ static const char *kind_name(move_kind k) {
 static bool run(mover *mv) {
     drey_cluster *c = mv->c;
     uint32_t p = mv->partition;
-    drey_cluster__pstate *ps = &c->pstate[p];
+    drey_cluster__partition *pt = &c->partitions[p];
     int64_t started = drey_mono_ns();
-    atomic_store(&c->moving, (int64_t)p);
+    atomic_store(&c->mover.moving, (int64_t)p);
     bool froze = false, keep_copy = true;
     bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
     int64_t paused = drey_mono_ns();
     flip h = ok ? flip_entry(mv, &keep_copy) : KEPT;
-    atomic_store(&ps->moving, false);
+    atomic_store(&pt->moving, false);
     if (h == UNKNOWN)
         return false; /* stopping with the flip unconfirmed: stay paused */
-    drey_cluster__thaw(c, p);
+    drey_cluster__partition_thaw(pt);
     if (froze) {
         uint64_t pause = elapsed_us(paused);
-        atomic_store(&c->pause_last_us, pause);
-        if (pause > atomic_load(&c->pause_max_us))
-            atomic_store(&c->pause_max_us, pause);
+        atomic_store(&c->mover.pause_last_us, pause);
+        if (pause > atomic_load(&c->mover.pause_max_us))
+            atomic_store(&c->mover.pause_max_us, pause);
     }
     size_t n;
-    free_dirty(take_dirty(c, p, &n));
-    atomic_store(&c->moving, -1);
-    atomic_fetch_add(&c->moved_entries, mv->entries);
-    atomic_fetch_add(&c->moved_bytes, mv->bytes);
+    drey_cluster__dirty_free(drey_cluster__partition_take_dirty(pt, &n));
+    atomic_store(&c->mover.moving, -1);
+    atomic_fetch_add(&c->mover.moved_entries, mv->entries);
+    atomic_fetch_add(&c->mover.moved_bytes, mv->bytes);
     if (h != FLIPPED) {
-        atomic_fetch_add(&c->moves_failed, 1);
+        atomic_fetch_add(&c->mover.moves_failed, 1);
         DREY_LOG_WARN("a partition's move did not complete; this node keeps leading it",
                       DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                       DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
         return false;
     }
-    atomic_fetch_add(mv->kind == SYNC ? &c->backups_added : mv->kind == MOVE ? &c->moves_done : &c->handovers_done,
+    atomic_fetch_add(mv->kind == SYNC ? &c->mover.backups_added : mv->kind == MOVE ? &c->mover.moves_done : &c->mover.handovers_done,
                      1);
     DREY_LOG_INFO(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
                   DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                   DREY_LOG_STR("to", mv->target), DREY_LOG_UINT("entries", mv->entries),
-                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->pause_last_us)),
+                  DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->mover.pause_last_us)),
                   DREY_LOG_UINT("took_ms", elapsed_us(started) / 1000));
     if (!keep_copy) {
         pthread_mutex_lock(&c->mu);

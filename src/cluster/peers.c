@@ -56,6 +56,9 @@
 #include "drey/log.h"
 #include "drey/pem.h"
 #include "internal.h"
+#include "google/rpc/error_details.pb-c.h"
+#include "google/rpc/status.pb-c.h"
+#include "peers.h"
 
 #define MAX_PEERS 256
 #define CHECK_FILES_NS 1000000000LL
@@ -847,4 +850,23 @@ void drey_cluster__pcall_cancel(drey_cluster__pcall *c) {
 
 void drey_cluster__pcall_release(drey_cluster__pcall *c) {
     pcall_unref(c);
+}
+
+void drey_cluster__answer_reason(const drey_answer *a, char *out, size_t cap) {
+    out[0] = '\0';
+    if (a->code == GRPC_STATUS_OK || a->details == NULL)
+        return;
+    Google__Rpc__Status *st = google__rpc__status__unpack(NULL, a->details_len, a->details);
+    for (size_t i = 0; st != NULL && i < st->n_details && out[0] == '\0'; i++) {
+        const Google__Protobuf__Any *any = st->details[i];
+        if (strcmp(any->type_url, "type.googleapis.com/google.rpc.ErrorInfo") != 0)
+            continue;
+        Google__Rpc__ErrorInfo *ei = google__rpc__error_info__unpack(NULL, any->value.len, any->value.data);
+        if (ei != NULL)
+            snprintf(out, cap, "%s", ei->reason);
+        if (ei != NULL)
+            google__rpc__error_info__free_unpacked(ei, NULL);
+    }
+    if (st != NULL)
+        google__rpc__status__free_unpacked(st, NULL);
 }

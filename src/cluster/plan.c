@@ -9,6 +9,7 @@
 
 #include "drey/alloc.h"
 #include "drey/placement.h"
+#include "table.h"
 
 void drey_cluster__plan_init(drey_cluster__plan *pl, uint32_t n_parts, uint32_t rf, uint32_t max_moves,
                              size_t max_members) {
@@ -308,8 +309,10 @@ void drey_cluster__plan_rebalance(drey_cluster__plan *pl, drey_cluster__plan_sta
         if (strcmp(want, e->primary) == 0 || liveness(pl, want) != 1)
             continue;
         if (pl->primary_since_ms != NULL && pl->primary_since_ms[p] > 0 &&
-            pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS)
+            pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS) {
+            st->waiting++;
             continue;
+        }
         int k = id_index(ids, n, e->primary);
         if (in(e->replicas, e->n_replicas, want)) {
             if (k >= 0 && handovers[k] >= DREY_CLUSTER_MAX_HANDOVERS)

@@ -56,6 +56,7 @@ typedef struct drey_cluster__plan_stats {
     uint32_t moves;     /* primary roles planned onto a node by a copy */
     uint32_t handovers; /* primary roles planned onto an in-sync backup */
     uint32_t cancelled; /* plans undone: their target left */
+    uint32_t waiting;   /* primary roles the placement would move, held back by the settle time */
 } drey_cluster__plan_stats;
 
 /* An empty table of n_parts entries; add members, fill ent, then plan. */

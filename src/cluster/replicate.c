@@ -56,10 +56,13 @@
 #include "drey/clock.h"
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/log.h"
+#include "drey/partition.h"
 #include "internal.h"
+#include "partition.h"
+#include "peers.h"
+#include "primary.h"
+#include "table.h"
 
-#define REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
-#define REPLICA_BEAT_PATH "/drey.internal.v1.Replica/Beat"
 #define BEAT_NS 250000000LL
 /* A backup's room is heard with acknowledgements and heartbeats: once it
  * was not heard for this long (it does not answer, say) and nothing is in
@@ -99,26 +102,26 @@ typedef struct drey_cluster__rec {
 /* --- the backups' room ------------------------------------------------------------ */
 
 static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
-    size_t n = atomic_load(&c->n_rooms);
+    size_t n = atomic_load(&c->primary.n_rooms);
     for (size_t i = 0; i < n; i++) {
-        if (strcmp(c->rooms[i].id, id) == 0)
-            return &c->rooms[i];
+        if (strcmp(c->primary.rooms[i].id, id) == 0)
+            return &c->primary.rooms[i];
     }
-    pthread_mutex_lock(&c->rooms_mu);
+    pthread_mutex_lock(&c->primary.rooms_mu);
     drey_cluster__room *r = NULL;
-    n = atomic_load(&c->n_rooms);
+    n = atomic_load(&c->primary.n_rooms);
     for (size_t i = 0; i < n && r == NULL; i++) {
-        if (strcmp(c->rooms[i].id, id) == 0)
-            r = &c->rooms[i];
+        if (strcmp(c->primary.rooms[i].id, id) == 0)
+            r = &c->primary.rooms[i];
     }
     if (r == NULL && n < DREY_CLUSTER_MAX_ROOMS) {
-        r = &c->rooms[n];
+        r = &c->primary.rooms[n];
         snprintf(r->id, sizeof r->id, "%s", id);
         atomic_store(&r->journal, UINT64_MAX);
         atomic_store(&r->memory, INT64_MAX);
-        atomic_store(&c->n_rooms, n + 1); /* published once filled */
+        atomic_store(&c->primary.n_rooms, n + 1); /* published once filled */
     }
-    pthread_mutex_unlock(&c->rooms_mu);
+    pthread_mutex_unlock(&c->primary.rooms_mu);
     return r;
 }
 
@@ -193,17 +196,6 @@ uint32_t drey_cluster_replication_factor(const drey_cluster *c) {
     return c->rf;
 }
 
-bool drey_cluster__lease_valid(drey_cluster *c) {
-    pthread_mutex_lock(&c->lease_mu);
-    int64_t until = c->keepalive != NULL ? drey_etcd_keepalive_valid_until_ns(c->keepalive) : 0;
-    pthread_mutex_unlock(&c->lease_mu);
-    return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
-}
-
-bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
-    return drey_cluster__lease_valid(c) && t->revision >= atomic_load(&c->registered_revision);
-}
-
 static bool complete(const drey_cluster__rec *rec) {
     if (!rec->sent || !rec->local_done)
         return false;
@@ -220,7 +212,7 @@ static bool complete(const drey_cluster__rec *rec) {
  * it looks at the head again) and leave, so applies never run concurrently
  * or out of order, and none runs under the line's lock. */
 static void drain(drey_cluster *c, uint32_t p) {
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     if (ln->draining) {
         pthread_mutex_unlock(&ln->mu);
@@ -272,7 +264,7 @@ static void drain(drey_cluster *c, uint32_t p) {
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
             drey_pipeline_resume(r);
         }
-        atomic_store(&c->pstate[p].applied, rec->seq);
+        atomic_store(&c->partitions[p].applied, rec->seq);
         rec_unref(rec);
         pthread_mutex_lock(&ln->mu);
     }
@@ -283,7 +275,7 @@ static void drain(drey_cluster *c, uint32_t p) {
 /* Marks every record of p's line (all backups done, or its outcome
  * unknown) and drains it. */
 static void settle(drey_cluster *c, uint32_t p, const char *backup, bool unknown) {
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     for (drey_cluster__rec *rec = ln->head; rec != NULL; rec = rec->next) {
         for (uint8_t i = 0; i < rec->n_backups; i++) {
@@ -296,15 +288,26 @@ static void settle(drey_cluster *c, uint32_t p, const char *backup, bool unknown
     drain(c, p);
 }
 
+size_t drey_cluster__pending_writes(drey_cluster *c) {
+    size_t n = 0;
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++) {
+        drey_cluster__line *ln = &c->partitions[p].line;
+        pthread_mutex_lock(&ln->mu);
+        n += ln->queued;
+        pthread_mutex_unlock(&ln->mu);
+    }
+    return n;
+}
+
 void drey_cluster__abandon_lines(drey_cluster *c) {
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
         settle(c, p, NULL, true);
 }
 
 static void local_durable(void *arg, const drey_journal_record *jr, int err) {
     (void)jr;
     drey_cluster__rec *rec = arg;
-    drey_cluster__line *ln = &rec->c->lines[rec->partition];
+    drey_cluster__line *ln = &rec->c->partitions[rec->partition].line;
     pthread_mutex_lock(&ln->mu);
     rec->local_done = true;
     rec->local_err = err;
@@ -319,18 +322,18 @@ static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int6
     s->epoch = epoch;
     snprintf(s->backup, sizeof s->backup, "%s", backup);
     snprintf(s->why, sizeof s->why, "%s", why);
-    pthread_mutex_lock(&c->shrink_mu);
-    s->next = c->shrinks;
-    c->shrinks = s;
-    pthread_cond_broadcast(&c->shrink_cond); /* the beater waits on it too: a signal could wake only that */
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    s->next = c->primary.shrinks;
+    c->primary.shrinks = s;
+    pthread_cond_broadcast(&c->primary.shrink_cond); /* the beater waits on it too: a signal could wake only that */
+    pthread_mutex_unlock(&c->primary.shrink_mu);
 }
 
 static void acked(void *arg, const drey_answer *a) {
     uint8_t *index = arg;
     drey_cluster__rec *rec = rec_of_index(index);
     drey_cluster *c = rec->c;
-    drey_cluster__line *ln = &c->lines[rec->partition];
+    drey_cluster__line *ln = &c->partitions[rec->partition].line;
     room_sent(rec, *index, -1);
     if (a->code == 0) {
         if (rec->room[*index] != NULL)
@@ -339,7 +342,7 @@ static void acked(void *arg, const drey_answer *a) {
         rec->acked[*index] = true;
         rec->n_durable++;
         pthread_mutex_unlock(&ln->mu);
-        atomic_fetch_add(&c->replicated, 1);
+        atomic_fetch_add(&c->primary.replicated, 1);
         if (c->opts.metrics != NULL)
             drey_metrics_observe_replica_ack(c->opts.metrics, (drey_mono_ns() - rec->sent_ns) / 1000);
         drain(c, rec->partition);
@@ -348,7 +351,7 @@ static void acked(void *arg, const drey_answer *a) {
         char why[200];
         snprintf(why, sizeof why, "%.*s (code %d)", (int)(a->message_len < 150 ? a->message_len : 150),
                  a->message != NULL ? a->message : "", a->code);
-        atomic_fetch_add(&c->replica_failures, 1);
+        atomic_fetch_add(&c->primary.replica_failures, 1);
         request_shrink(c, rec->partition, rec->backups[*index], rec->epoch, why);
     }
     rec_unref(rec);
@@ -430,10 +433,10 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         rec->room[i] = rooms[i];
     }
     rec->n_backups = part->n_replicas;
-    rec->seq = atomic_fetch_add(&c->pstate[p].seq, 1) + 1;
+    rec->seq = atomic_fetch_add(&c->partitions[p].seq, 1) + 1;
     r->entry.done = local_durable;
     r->entry.arg = rec;
-    drey_cluster__line *ln = &c->lines[p];
+    drey_cluster__line *ln = &c->partitions[p].line;
     pthread_mutex_lock(&ln->mu);
     if (ln->tail != NULL)
         ln->tail->next = rec;
@@ -468,7 +471,7 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
 void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     drey_cluster *c = cluster;
     drey_cluster__rec *rec = r->replica_note;
-    drey_cluster__line *ln = &c->lines[rec->partition];
+    drey_cluster__line *ln = &c->partitions[rec->partition].line;
     if (rc != 0) {
         /* Refused before the journal: it goes nowhere, and leaves the
          * line and the sequence as they were (still under the order lock:
@@ -483,7 +486,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
         ln->tail = prev;
         ln->queued--;
         pthread_mutex_unlock(&ln->mu);
-        atomic_fetch_sub(&c->pstate[rec->partition].seq, 1);
+        atomic_fetch_sub(&c->partitions[rec->partition].seq, 1);
         r->replica_note = NULL;
         free(rec);
         return;
@@ -514,7 +517,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     for (uint8_t i = 0; i < rec->n_backups; i++)
         room_sent(rec, i, +1);
     for (uint8_t i = 0; i < rec->n_backups; i++)
-        rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], REPLICA_APPLY_PATH, buf,
+        rec->calls[i] = drey_cluster__peers_call(c->peers, rec->backups[i], rec->address[i], DREY_REPLICA_APPLY_PATH, buf,
                                                  len, h, 2, deadline, acked, &rec->index[i]);
     /* Until here nothing may complete it: its memory is the request's. */
     pthread_mutex_lock(&ln->mu);
@@ -549,7 +552,7 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
     char err[200];
     drey_cluster__cas r = drey_cluster__cas_entry(c, s->partition, epoch, &e, err, sizeof err);
     if (r == DREY_CLUSTER_CAS_APPLIED) {
-        atomic_fetch_add(&c->isr_shrinks, 1);
+        atomic_fetch_add(&c->primary.isr_shrinks, 1);
         DREY_LOG_WARN("a backup was taken out of a partition's in-sync set", DREY_LOG_UINT("partition", s->partition),
                       DREY_LOG_STR("backup", s->backup), DREY_LOG_STR("reason", s->why));
         return 1;
@@ -559,46 +562,34 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
 
 void *drey_cluster__shrinker_main(void *arg) {
     drey_cluster *c = arg;
-    pthread_mutex_lock(&c->shrink_mu);
-    while (!c->shrink_stop) {
-        drey_cluster__shrink *s = c->shrinks;
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    while (!c->primary.shrink_stop) {
+        drey_cluster__shrink *s = c->primary.shrinks;
         if (s == NULL) {
-            pthread_cond_wait(&c->shrink_cond, &c->shrink_mu);
+            pthread_cond_wait(&c->primary.shrink_cond, &c->primary.shrink_mu);
             continue;
         }
-        c->shrinks = s->next;
-        pthread_mutex_unlock(&c->shrink_mu);
+        c->primary.shrinks = s->next;
+        pthread_mutex_unlock(&c->primary.shrink_mu);
         int done;
         while ((done = shrink_once(c, s)) == 0) {
-            pthread_mutex_lock(&c->shrink_mu);
-            bool stop = c->shrink_stop;
-            pthread_mutex_unlock(&c->shrink_mu);
+            pthread_mutex_lock(&c->primary.shrink_mu);
+            bool stop = c->primary.shrink_stop;
+            pthread_mutex_unlock(&c->primary.shrink_mu);
             if (stop)
                 break;
-            drey_cluster__nap_ms(50); /* etcd, or our table, has to move on */
+            drey_nap_ms(50); /* etcd, or our table, has to move on */
         }
         if (done != 0)
             settle(c, s->partition, done == 1 ? s->backup : NULL, done < 0);
         free(s);
-        pthread_mutex_lock(&c->shrink_mu);
+        pthread_mutex_lock(&c->primary.shrink_mu);
     }
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_unlock(&c->primary.shrink_mu);
     return NULL;
 }
 
 /* --- heartbeats ------------------------------------------------------------------ */
-
-void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v) {
-    uint64_t was = atomic_load(a);
-    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
-    }
-}
-
-void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v) {
-    int64_t was = atomic_load(a);
-    while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
-    }
-}
 
 /* A heartbeat in flight: what it named, to take the backup out of those
  * sets if it goes unanswered. */
@@ -655,7 +646,7 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
             drey__internal__v1__beat_request__mark__init(&marks[j]);
             marks[j].partition = p;
             marks[j].epoch = part->epoch;
-            marks[j].sequence = atomic_load(&c->pstate[p].applied);
+            marks[j].sequence = atomic_load(&c->partitions[p].applied);
             mp[j] = &marks[j];
             b->partitions[j] = p;
             b->epochs[j] = part->epoch;
@@ -672,7 +663,7 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
     drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
     int64_t deadline = drey_mono_ns() + c->opts.replication_timeout_ms * 1000000LL;
     drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, t->nodes[n].id, t->nodes[n].internal,
-                                                         REPLICA_BEAT_PATH, buf, len, &h, 1, deadline, beat_done, b));
+                                                         DREY_REPLICA_BEAT_PATH, buf, len, &h, 1, deadline, beat_done, b));
     free(buf);
     free(mp);
     free(marks);
@@ -681,13 +672,13 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
 void *drey_cluster__beater_main(void *arg) {
     drey_cluster *c = arg;
     int64_t next = drey_mono_ns();
-    pthread_mutex_lock(&c->shrink_mu);
-    while (!c->shrink_stop) {
+    pthread_mutex_lock(&c->primary.shrink_mu);
+    while (!c->primary.shrink_stop) {
         if (drey_mono_ns() < next) {
-            drey_cond_wait_until(&c->shrink_cond, &c->shrink_mu, next);
+            drey_cond_wait_until(&c->primary.shrink_cond, &c->primary.shrink_mu, next);
             continue;
         }
-        pthread_mutex_unlock(&c->shrink_mu);
+        pthread_mutex_unlock(&c->primary.shrink_mu);
         /* A primary whose lease lapsed says nothing: another may lead. */
         if (c->rf > 1) {
             drey_cluster__topology *t = drey_cluster__acquire(c);
@@ -698,9 +689,9 @@ void *drey_cluster__beater_main(void *arg) {
             drey_cluster__topology_unref(t);
         }
         next = drey_mono_ns() + BEAT_NS;
-        pthread_mutex_lock(&c->shrink_mu);
+        pthread_mutex_lock(&c->primary.shrink_mu);
     }
-    pthread_mutex_unlock(&c->shrink_mu);
+    pthread_mutex_unlock(&c->primary.shrink_mu);
     return NULL;
 }
 
@@ -722,18 +713,18 @@ size_t drey_cluster_get_replicas(drey_cluster *c, drey_cluster_replica *out, siz
         o->partition = p;
         o->primary = primary;
         o->epoch = part->epoch;
-        o->sequence = atomic_load(&c->pstate[p].applied);
+        o->sequence = atomic_load(&c->partitions[p].applied);
         if (primary) {
             for (uint8_t i = 0; i < part->n_replicas && i < sizeof o->in_sync / sizeof o->in_sync[0]; i++)
                 snprintf(o->in_sync[o->n_in_sync++], sizeof o->in_sync[0], "%s", t->nodes[part->replicas[i]].id);
-            drey_cluster__line *ln = &c->lines[p];
+            drey_cluster__line *ln = &c->partitions[p].line;
             pthread_mutex_lock(&ln->mu);
             o->pending = ln->queued;
             if (ln->head != NULL && ln->head->sent && now > ln->head->sent_ns) /* sent: sent_ns is written */
                 o->lag_ms = (uint64_t)(now - ln->head->sent_ns) / 1000000;
             pthread_mutex_unlock(&ln->mu);
         } else {
-            int64_t at = atomic_load(&c->pstate[p].current_ns);
+            int64_t at = atomic_load(&c->partitions[p].current_ns);
             o->lag_ms = at == 0 ? UINT64_MAX : now > at ? (uint64_t)(now - at) / 1000000 : 0;
         }
     }

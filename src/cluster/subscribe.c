@@ -60,6 +60,9 @@
 #include "drey/placement.h"
 #include "drey/watch.h"
 #include "internal.h"
+#include "peers.h"
+#include "subscribe.h"
+#include "table.h"
 
 #define SUBSCRIBE_PATH "/drey.internal.v1.Subscriber/Subscribe"
 /* How soon a table change reaches the watches, and their retries. */
@@ -525,12 +528,12 @@ static void watch_close(void *ctx, void *handle) {
 
 static uint32_t watch_partitions(void *ctx) {
     drey_cluster__subs *S = ctx;
-    return S->c->pstate != NULL ? S->c->n_parts : 0;
+    return S->c->partitions != NULL ? S->c->n_parts : 0;
 }
 
 static bool watch_owns(void *ctx, uint32_t p) {
     drey_cluster__subs *S = ctx;
-    return p < S->c->n_parts && S->c->pstate != NULL && atomic_load(&S->c->pstate[p].owned);
+    return p < S->c->n_parts && S->c->partitions != NULL && atomic_load(&S->c->partitions[p].owned);
 }
 
 void drey_cluster_attach_watch(drey_cluster *c, drey_watch *w) {

@@ -18,6 +18,7 @@
 #include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/log.h"
 #include "internal.h"
+#include "table.h"
 
 struct topo_watcher {
     topo_watcher *next, *prev;
@@ -39,6 +40,22 @@ void drey_cluster__topology_unref(drey_cluster__topology *t) {
     free(t->nodes);
     free(t->parts);
     free(t);
+}
+
+bool drey_cluster__in_sync(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_replicas; i++) {
+        if (t->parts[p].replicas[i] == node)
+            return true;
+    }
+    return false;
+}
+
+bool drey_cluster__copy_target(const drey_cluster__topology *t, uint32_t p, int32_t node) {
+    for (uint8_t i = 0; node >= 0 && i < t->parts[p].n_joining; i++) {
+        if (t->parts[p].joining[i] == node)
+            return true;
+    }
+    return false;
 }
 
 drey_cluster__topology *drey_cluster__acquire(drey_cluster *c) {
@@ -105,8 +122,8 @@ void drey_cluster__publish_locked(drey_cluster *c) {
     snprintf(t->controller, sizeof t->controller, "%s", c->controller);
     /* For watch subscriptions: an owner reports a partition's changes only
      * while it owns it (not the copy it receives, nor the one it drops). */
-    for (uint32_t p = 0; c->pstate != NULL && p < c->n_parts; p++)
-        atomic_store(&c->pstate[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
+    for (uint32_t p = 0; c->partitions != NULL && p < c->n_parts; p++)
+        atomic_store(&c->partitions[p].owned, t->self >= 0 && t->parts[p].primary == t->self);
     drey_cluster__topology *old = c->topo;
     c->topo = t;
     drey_cluster__topology_unref(old);

@@ -55,6 +55,7 @@ void drey_commit_write_init(drey_write *w, const drey_method *m, const ProtobufC
     w->request_len = len;
     w->principal = principal;
     w->request_id = "";
+    w->tenant = "";
     w->evicted = NULL;
     w->n_evicted = 0;
     w->first_version = 0;
@@ -201,6 +202,7 @@ static void evict(drey_commit *c, const drey_write *w) {
 
 ProtobufCMessage *drey_commit_apply(drey_commit *c, const drey_write *w, drey_apply *ax) {
     void *ctx = w->method->ctx;
+    ax->tenant = w->tenant != NULL ? drey_store_tenant_id(c->opts.store, w->tenant, strlen(w->tenant)) : 0;
     ax->next_version = w->first_version;
     ax->n_versions = w->first_version != 0 ? drey_apply_versions_needed(w->method, w->request) : 0;
     if (w->request_id[0] == '\0') {
@@ -269,6 +271,7 @@ static void encode(const drey_write *w, bool with_version, size_t room, drey_are
     rec.request.len = w->request_len;
     rec.principal = (char *)w->principal;
     rec.request_id = (char *)w->request_id;
+    rec.tenant = (char *)(w->tenant != NULL ? w->tenant : "");
     rec.first_version = with_version ? w->first_version : 0;
     if (w->n_evicted > 0) {
         rec.n_evicted = w->n_evicted;
@@ -345,6 +348,7 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         .request_len = jr->request.len,
         .principal = jr->principal,
         .request_id = jr->request_id,
+        .tenant = jr->tenant,
         .first_version = jr->first_version,
     };
     drey_store_victim *ev = NULL;

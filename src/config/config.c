@@ -149,14 +149,32 @@ static const option options[] = {
     {"insecure-allow-anonymous-remote", OPT_BOOL, FIELD(insecure_allow_anonymous_remote), "false", 0, 0,
      "DANGER: allow listening on a non-loopback address without JWT keys, so anyone who can reach the port can "
      "read and write every cache. For isolated lab setups only."},
+    {"authz-policy", OPT_STRING, FIELD(authz_policy), "", 0, 0,
+     "JSON file of roles, bindings from token claims to roles, and tenant memory quotas (docs/security.md): each "
+     "request must be granted its verb on its cache and keys. Reloaded on SIGHUP and when the file changes (one "
+     "that does not load keeps the policy in force). Empty: no policy, every caller may do everything."},
+    {"authz-reload-interval", OPT_DURATION, FIELD(authz_reload_interval_ms), "2s", 10, 3600 * 1000,
+     "How often the policy file is checked for changes."},
     {"tls-cert", OPT_STRING, FIELD(tls_cert), "", 0, 0,
      "PEM certificate chain: serve TLS instead of plaintext. Re-read when the file changes."},
     {"tls-key", OPT_STRING, FIELD(tls_key), "", 0, 0, "PEM private key of --tls-cert."},
     {"tls-client-ca", OPT_STRING, FIELD(tls_client_ca), "", 0, 0,
      "PEM CA bundle: require client certificates it signed (mutual TLS)."},
     {"cluster-etcd", OPT_STRING, FIELD(cluster_etcd), "", 0, 0,
-     "etcd endpoints (comma-separated http://host:port) of the cluster this node joins; empty: a single node. "
+     "etcd endpoints (comma-separated http://host:port or https://host:port) of the cluster this node joins; "
+     "empty: a single node. "
      "The cluster must exist (`drey cluster init`)."},
+    {"cluster-etcd-ca", OPT_STRING, FIELD(cluster_etcd_ca), "", 0, 0,
+     "PEM CA bundle that signs etcd's serving certificates, for https:// endpoints (empty: the system's roots). "
+     "Re-read when the file changes."},
+    {"cluster-etcd-cert", OPT_STRING, FIELD(cluster_etcd_cert), "", 0, 0,
+     "PEM client certificate for etcd's --client-cert-auth (with --cluster-etcd-key). Re-read when it changes."},
+    {"cluster-etcd-key", OPT_STRING, FIELD(cluster_etcd_key), "", 0, 0, "PEM private key of --cluster-etcd-cert."},
+    {"cluster-etcd-user", OPT_STRING, FIELD(cluster_etcd_user), "", 0, 0,
+     "etcd user (etcd's own authentication, `etcdctl auth enable`); its token is renewed when it expires."},
+    {"cluster-etcd-password-file", OPT_STRING, FIELD(cluster_etcd_password_file), "", 0, 0,
+     "File holding the etcd user's password (one line); read at each authentication, so a rotation needs no "
+     "restart."},
     {"cluster-prefix", OPT_STRING, FIELD(cluster_prefix), "drey/", 0, 0,
      "Where the cluster's keys live in etcd; several clusters can share one etcd under different prefixes."},
     {"cluster-lease-ttl", OPT_DURATION, FIELD(cluster_lease_ttl_ms), "5s", 2000, 3600 * 1000,

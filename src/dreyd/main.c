@@ -30,6 +30,7 @@
 
 #include "drey/admin.h"
 #include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/backpressure.h"
 #include "drey/cache.h"
 #include "drey/clock.h"
@@ -49,6 +50,7 @@
 #include "drey/status.h"
 #include "drey/storage.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
 #include "drey/version.h"
 #include "drey/watch.h"
@@ -157,6 +159,27 @@ static int64_t journal_horizon(void *ctx, int64_t now_ms) {
     return drey_journal_sweep_horizon(ctx, now_ms);
 }
 
+/* A token's grants, compiled once and kept with it by auth. */
+static void *grants_make(void *ctx, const char *claims, size_t len) {
+    return drey_authz_grants_for(ctx, claims, len);
+}
+
+static void grants_ref(void *g) {
+    drey_authz_grants_ref(g);
+}
+
+static void grants_unref(void *g) {
+    drey_authz_grants_unref(g);
+}
+
+static bool grants_current(void *ctx, const void *g) {
+    return drey_authz_current(ctx, g);
+}
+
+static int64_t tenant_limit(void *ctx, const char *tenant, size_t len) {
+    return drey_authz_tenant_limit(ctx, tenant, len);
+}
+
 /* Everything the node runs, built in this order and torn down in reverse. */
 typedef struct node {
     drey_config cfg;
@@ -171,9 +194,11 @@ typedef struct node {
     sigset_t signals; /* taken by the main thread only: blocked in every other */
     /* The parts. */
     drey_auth *auth;
+    drey_authz *authz; /* NULL: no --authz-policy */
     drey_timers *timers;
     drey_bp *bp;
     drey_store *store;
+    drey_tenants *tenants;
     drey_memory *memory;
     drey_cache *cache;
     drey_health *health;
@@ -203,8 +228,8 @@ static int usage_error(const char *message) {
 #define GO_ON (-1)
 
 /* Parses and checks the options, starts the log, blocks the signals and
- * loads the JWT keys. GO_ON, or the exit status: 0 after --help or
- * --version, 2 on a bad option. */
+ * loads the JWT keys and the authorization policy. GO_ON, or the exit
+ * status: 0 after --help or --version, 2 on a bad option. */
 static int configure(node *n, int argc, char **argv, char **envp) {
     drey_config *cfg = &n->cfg;
     drey_config_defaults(cfg);
@@ -282,6 +307,20 @@ static int configure(node *n, int argc, char **argv, char **envp) {
         }
         drey_auth_watch(n->auth, cfg->jwt_reload_interval_ms);
     }
+    if (cfg->authz_policy[0] != '\0') {
+        n->authz = drey_authz_create(cfg->authz_policy, n->err, sizeof n->err);
+        if (n->authz == NULL) {
+            DREY_LOG_ERROR("cannot load the authorization policy", DREY_LOG_STR("error", n->err));
+            drey_auth_destroy(n->auth);
+            n->auth = NULL;
+            return 2;
+        }
+        drey_authz_watch(n->authz, cfg->authz_reload_interval_ms);
+        if (n->auth != NULL)
+            drey_auth_set_attach(n->auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref,
+                                                              .unref = grants_unref, .current = grants_current,
+                                                              .ctx = n->authz});
+    }
     return GO_ON;
 }
 
@@ -307,6 +346,11 @@ static void build(node *n) {
     n->bp = drey_bp_create(&bo, n->timers);
     n->store = drey_store_create();
     drey_store_set_policy(n->store, n->eviction);
+    /* Always: entries keep their tenants through snapshots and the journal
+     * whether or not a policy names quotas now. */
+    n->tenants = drey_tenants_create(n->store);
+    if (n->authz != NULL)
+        drey_tenants_set_limits(n->tenants, tenant_limit, n->authz);
     drey_memory_options mo = {
         .limit_bytes = cfg->memory_limit_bytes, .node_id = n->node_id, .max_caches = (uint32_t)cfg->max_caches};
     n->memory = drey_memory_create(&mo, n->store);
@@ -315,6 +359,8 @@ static void build(node *n) {
     n->metrics = drey_metrics_create();
     drey_admin_options adm = {
         .metrics_principals = (size_t)cfg->metrics_principals,
+        .authz = n->authz,
+        .tenants = n->authz != NULL ? n->tenants : NULL,
         .durable = !cfg->ephemeral,
         .fsync_policy = cfg->fsync,
         .memory = n->memory,
@@ -352,6 +398,8 @@ static void build(node *n) {
         .commit = n->commit,
         .auth = n->auth,
         .auth_required = n->auth != NULL,
+        .authz = n->authz,
+        .tenants = n->tenants,
         .backpressure = n->bp,
         .memory = n->memory,
         .metrics = n->metrics,
@@ -394,6 +442,10 @@ static int build_cluster(node *n) {
     snprintf(build_id, sizeof build_id, "drey %s %s", drey_version(), drey_version_revision());
     drey_cluster_options co = {
         .etcd = cfg->cluster_etcd,
+        .etcd_tls = {.ca_file = cfg->cluster_etcd_ca, .cert_file = cfg->cluster_etcd_cert,
+                     .key_file = cfg->cluster_etcd_key},
+        .etcd_user = cfg->cluster_etcd_user,
+        .etcd_password_file = cfg->cluster_etcd_password_file,
         .prefix = cfg->cluster_prefix,
         .node_id = n->node_id,
         .lease_ttl_s = (cfg->cluster_lease_ttl_ms + 999) / 1000,
@@ -446,6 +498,10 @@ static int register_services(node *n) {
     drey_metrics_add_collector(n->metrics, drey_metrics_collect_process, NULL);
     drey_metrics_add_collector(n->metrics, drey_admin_collect_metrics, n->admin);
     drey_metrics_add_collector(n->metrics, drey_watch_collect_metrics, n->watch);
+    if (n->authz != NULL) {
+        drey_metrics_add_collector(n->metrics, drey_authz_collect_metrics, n->authz);
+        drey_metrics_add_collector(n->metrics, drey_tenants_collect_metrics, n->tenants);
+    }
     drey_server_set_call_observer(n->server, observe_call, n->metrics);
     drey_health_set(n->health, "", DREY_HEALTH_NOT_SERVING);
     drey_health_set(n->health, "drey.cache.v1.Cache", DREY_HEALTH_NOT_SERVING);
@@ -469,7 +525,8 @@ static int listen_all(node *n) {
     }
     int ops_port = 0;
     if (cfg->ops_listen[0] != '\0') {
-        drey_ops_options oo = {.listen = cfg->ops_listen, .admin = n->admin, .metrics = n->metrics, .auth = n->auth};
+        drey_ops_options oo = {
+            .listen = cfg->ops_listen, .admin = n->admin, .metrics = n->metrics, .auth = n->auth, .authz = n->authz};
         n->ops = drey_ops_start(&oo, n->err, sizeof n->err);
         if (n->ops == NULL) {
             DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", n->err));
@@ -530,9 +587,9 @@ static int recover(node *n) {
     return 0;
 }
 
-/* A cluster node joins at the addresses peers and clients reach it at, and
- * the chain routes and replicates from then on; 0, or 1 when it cannot
- * join. */
+/* A cluster node joins at the addresses peers and clients reach it at
+ * (with a policy, its tenants' quotas shared through etcd), and the chain
+ * routes and replicates from then on; 0, or 1 when it cannot join. */
 static int join(node *n) {
     const drey_config *cfg = &n->cfg;
     if (n->cluster == NULL)
@@ -541,8 +598,12 @@ static int join(node *n) {
     reachable_at(advertise, sizeof advertise, cfg->advertise, cfg->listen, n->port);
     reachable_at(internal_at, sizeof internal_at, cfg->internal_advertise, cfg->internal_listen, n->internal_port);
     drey_cluster_set_addresses(n->cluster, advertise, internal_at);
-    if (drey_cluster_join(n->cluster, n->err, sizeof n->err) != 0) {
-        DREY_LOG_ERROR("cannot join the cluster: the node will not start", DREY_LOG_STR("error", n->err));
+    bool joined = drey_cluster_join(n->cluster, n->err, sizeof n->err) == 0;
+    if (!joined ||
+        (n->authz != NULL && drey_cluster_attach_tenants(n->cluster, n->tenants, n->err, sizeof n->err) != 0)) {
+        DREY_LOG_ERROR(joined ? "cannot share tenants' quotas: the node will not start"
+                              : "cannot join the cluster: the node will not start",
+                       DREY_LOG_STR("error", n->err));
         drey_server_shutdown(n->server, 0);
         drey_server_shutdown(n->internal, 0);
         return 1;
@@ -558,8 +619,8 @@ static int join(node *n) {
     return 0;
 }
 
-/* SERVING, until SIGTERM or SIGINT (SIGHUP reloads the JWT keys); returns
- * that signal. */
+/* SERVING, until SIGTERM or SIGINT (SIGHUP reloads the JWT keys and the
+ * authorization policy); returns that signal. */
 static int serve(node *n) {
     /* After recovery: replayed writes are never reported to watchers. */
     drey_watch_start(n->watch);
@@ -570,8 +631,11 @@ static int serve(node *n) {
     DREY_LOG_INFO("serving");
     int sig;
     while ((sig = wait_signal(&n->signals, -1)) == SIGHUP) {
+        /* Each logs its outcome. */
         if (n->auth != NULL)
-            drey_auth_reload(n->auth, n->err, sizeof n->err); /* logs its outcome */
+            drey_auth_reload(n->auth, n->err, sizeof n->err);
+        if (n->authz != NULL)
+            drey_authz_reload(n->authz, n->err, sizeof n->err);
     }
     return sig;
 }
@@ -602,7 +666,8 @@ static void drain_and_stop(node *n, int sig) {
     }
     DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg->shutdown_timeout_ms));
     /* Out of the membership first, so peers stop forwarding here; calls in
-     * flight still finish. */
+     * flight still finish. The quota ledger goes before the etcd client. */
+    drey_tenants_leave(n->tenants);
     drey_cluster_leave(n->cluster);
     /* Streams end now, or the server would wait for them until its timeout. */
     drey_watch_stop(n->watch);
@@ -622,6 +687,7 @@ static void tear_down(node *n) {
     drey_server_destroy(n->server);
     drey_server_destroy(n->internal);
     drey_watch_destroy(n->watch); /* after the server: its streams are over */
+    drey_tenants_leave(n->tenants); /* before the etcd client goes (a start that failed after joining) */
     drey_cluster_destroy(n->cluster);
     drey_pipeline_destroy(n->pipeline);
     drey_commit_destroy(n->commit);
@@ -634,12 +700,14 @@ static void tear_down(node *n) {
     drey_metrics_destroy(n->metrics);
     drey_memory_destroy(n->memory);
     drey_store_destroy(n->store);
+    drey_tenants_destroy(n->tenants); /* the store no longer calls in */
     drey_bp_destroy(n->bp);
     drey_timers_destroy(n->timers);
     if (n->auth != NULL) {
         drey_auth_stop_watch(n->auth);
-        drey_auth_destroy(n->auth);
+        drey_auth_destroy(n->auth); /* before authz: the token cache holds grants */
     }
+    drey_authz_destroy(n->authz);
 }
 
 int main(int argc, char **argv, char **envp) {

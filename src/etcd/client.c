@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -37,6 +38,7 @@ static const char *const method_paths[DREY_ETCD__N_METHODS] = {
     [DREY_ETCD__LEASE_REVOKE] = "/etcdserverpb.Lease/LeaseRevoke",
     [DREY_ETCD__LEASE_KEEPALIVE] = "/etcdserverpb.Lease/LeaseKeepAlive",
     [DREY_ETCD__WATCH] = "/etcdserverpb.Watch/Watch",
+    [DREY_ETCD__AUTHENTICATE] = "/etcdserverpb.Auth/Authenticate",
 };
 
 static _Thread_local drey_etcd *thread_client; /* set on each client's own thread */
@@ -271,10 +273,11 @@ static bool wait_ready(drey_etcd *e, size_t ep, int64_t deadline_ns, bool quick)
     }
 }
 
-/* One call on endpoint ep. On OK *resp is decoded into arena. */
+/* One call on endpoint ep, with the token when with_token (its generation
+ * in *gen). On OK *resp is decoded into arena. */
 static void call_once(drey_etcd *e, size_t ep, int method, const ProtobufCMessage *req,
                       const ProtobufCMessageDescriptor *resp_type, int64_t deadline_ns, drey_arena *arena,
-                      ProtobufCMessage **resp, drey_etcd_status *st) {
+                      ProtobufCMessage **resp, drey_etcd_status *st, bool with_token, uint64_t *gen) {
     grpc_call *call = grpc_channel_create_registered_call(e->endpoints[ep].channel, NULL, GRPC_PROPAGATE_DEFAULTS,
                                                           e->cq, e->endpoints[ep].methods[method],
                                                           gpr_deadline(deadline_ns), NULL);
@@ -284,9 +287,13 @@ static void call_once(drey_etcd *e, size_t ep, int method, const ProtobufCMessag
     grpc_metadata_array_init(&trailing_md);
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
+    grpc_metadata md[1];
+    size_t n_md = with_token ? drey_etcd__token_md(e, md, gen) : 0;
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = n_md;
+    ops[0].data.send_initial_metadata.metadata = n_md > 0 ? md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -321,6 +328,8 @@ static void call_once(drey_etcd *e, size_t ep, int method, const ProtobufCMessag
     grpc_metadata_array_destroy(&initial_md);
     grpc_metadata_array_destroy(&trailing_md);
     grpc_call_unref(call);
+    for (size_t i = 0; i < n_md; i++)
+        grpc_slice_unref(md[i].value);
 }
 
 static void pause_ns(int64_t ns) {
@@ -328,9 +337,10 @@ static void pause_ns(int64_t ns) {
     nanosleep(&ts, NULL);
 }
 
-grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessage *req,
-                                  const ProtobufCMessageDescriptor *resp_type, bool idempotent, int64_t timeout_ms,
-                                  drey_arena *arena, ProtobufCMessage **resp, drey_etcd_status *st) {
+static grpc_status_code unary(drey_etcd *e, int method, const ProtobufCMessage *req,
+                              const ProtobufCMessageDescriptor *resp_type, bool idempotent, int64_t timeout_ms,
+                              drey_arena *arena, ProtobufCMessage **resp, drey_etcd_status *st, bool with_token,
+                              uint64_t *gen) {
     *resp = NULL;
     st->may_have_applied = false;
     st->message[0] = st->endpoint[0] = '\0';
@@ -369,7 +379,7 @@ grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessa
             snprintf(last, sizeof last, "%s: not connected", e->endpoints[ep].target);
             continue;
         }
-        call_once(e, ep, method, req, resp_type, deadline, arena, resp, st);
+        call_once(e, ep, method, req, resp_type, deadline, arena, resp, st, with_token, gen);
         if (st->code == GRPC_STATUS_OK) {
             atomic_store(&e->current, ep);
             return st->code;
@@ -387,20 +397,59 @@ grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessa
     }
 }
 
+grpc_status_code drey_etcd__unary_plain(drey_etcd *e, int method, const ProtobufCMessage *req,
+                                        const ProtobufCMessageDescriptor *resp_type, bool idempotent,
+                                        int64_t timeout_ms, drey_arena *arena, ProtobufCMessage **resp,
+                                        drey_etcd_status *st) {
+    return unary(e, method, req, resp_type, idempotent, timeout_ms, arena, resp, st, false, NULL);
+}
+
+/* With etcd's authentication: a token first when there is none, and once
+ * more when etcd refused the one sent (it expired): etcd checks the token
+ * before anything applies, so the retry cannot apply a write twice. */
+grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessage *req,
+                                  const ProtobufCMessageDescriptor *resp_type, bool idempotent, int64_t timeout_ms,
+                                  drey_arena *arena, ProtobufCMessage **resp, drey_etcd_status *st) {
+    if (e->user == NULL)
+        return unary(e, method, req, resp_type, idempotent, timeout_ms, arena, resp, st, false, NULL);
+    int64_t deadline = drey_mono_ns() + (timeout_ms > 0 ? timeout_ms : 0) * 1000000;
+    uint64_t gen = 0;
+    for (int attempt = 0;; attempt++) {
+        *resp = NULL;
+        if (drey_etcd__token_md(e, NULL, &gen) == 0 || attempt > 0) {
+            if (drey_etcd__on_thread(e)) {
+                drey_etcd__status_set(st, GRPC_STATUS_FAILED_PRECONDITION,
+                                      "a synchronous etcd call from an etcd callback would wait for itself");
+                return st->code;
+            }
+            if (drey_etcd__authenticate(e, gen, deadline, st) != GRPC_STATUS_OK)
+                return st->code;
+        }
+        int64_t left_ms = (deadline - drey_mono_ns()) / 1000000;
+        grpc_status_code code = unary(e, method, req, resp_type, idempotent, left_ms, arena, resp, st, true, &gen);
+        if (code != GRPC_STATUS_UNAUTHENTICATED || attempt > 0)
+            return code;
+        st->may_have_applied = false;
+    }
+}
+
 /* --- the client ----------------------------------------------------------- */
 
-/* "http://host:port" or "host:port" into target; false for anything else. */
-static bool parse_endpoint(const char *url, size_t len, char *target, size_t cap, char *err, size_t err_cap) {
+/* "http://host:port", "https://host:port" or "host:port" into target;
+ * false for anything else. */
+static bool parse_endpoint(const char *url, size_t len, char *target, size_t cap, bool *tls, char *err,
+                           size_t err_cap) {
     static const char http[] = "http://", https[] = "https://";
+    *tls = false;
     if (len >= sizeof https - 1 && strncmp(url, https, sizeof https - 1) == 0) {
-        snprintf(err, err_cap, "%.*s: TLS to etcd is not supported yet", (int)len, url);
-        return false;
-    }
-    if (len >= sizeof http - 1 && strncmp(url, http, sizeof http - 1) == 0) {
+        url += sizeof https - 1;
+        len -= sizeof https - 1;
+        *tls = true;
+    } else if (len >= sizeof http - 1 && strncmp(url, http, sizeof http - 1) == 0) {
         url += sizeof http - 1;
         len -= sizeof http - 1;
     } else if (memchr(url, '/', len) != NULL) {
-        snprintf(err, err_cap, "%.*s: not an http:// endpoint", (int)len, url);
+        snprintf(err, err_cap, "%.*s: not an http:// or https:// endpoint", (int)len, url);
         return false;
     }
     while (len > 0 && url[len - 1] == '/')
@@ -420,10 +469,6 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
     if (err == NULL) {
         err = scratch;
         err_cap = sizeof scratch;
-    }
-    if (opts->tls.ca_file != NULL || opts->tls.cert_file != NULL || opts->tls.key_file != NULL) {
-        snprintf(err, err_cap, "TLS to etcd is not supported yet");
-        return NULL;
     }
     if (opts->endpoints == NULL || opts->endpoints[0] == '\0') {
         snprintf(err, err_cap, "no etcd endpoints");
@@ -447,7 +492,7 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
             return NULL;
         }
         drey_etcd__endpoint *ep = &e->endpoints[e->n_endpoints];
-        if (!parse_endpoint(p, len, ep->target, sizeof ep->target, err, err_cap)) {
+        if (!parse_endpoint(p, len, ep->target, sizeof ep->target, &ep->tls, err, err_cap)) {
             free(e);
             return NULL;
         }
@@ -457,8 +502,43 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
             p++;
     }
     e->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 1000;
+    bool any_tls = false;
+    for (size_t i = 0; i < e->n_endpoints; i++)
+        any_tls |= e->endpoints[i].tls;
+    const drey_etcd_tls *t = &opts->tls;
+    bool tls_files = (t->ca_file != NULL && t->ca_file[0] != '\0') || (t->cert_file != NULL && t->cert_file[0] != '\0') ||
+                     (t->key_file != NULL && t->key_file[0] != '\0');
+    if (tls_files && !any_tls) {
+        /* Certificates given for plaintext endpoints: a mistake that would
+         * leave the control plane open, not something to ignore. */
+        snprintf(err, err_cap, "TLS files are given for etcd but no endpoint is https://");
+        free(e);
+        return NULL;
+    }
+    bool has_user = opts->user != NULL && opts->user[0] != '\0';
+    bool has_password = opts->password_file != NULL && opts->password_file[0] != '\0';
+    if (has_user != has_password) {
+        snprintf(err, err_cap, "etcd authentication needs both a user and a password file");
+        free(e);
+        return NULL;
+    }
+    if (has_password && access(opts->password_file, R_OK) != 0) {
+        snprintf(err, err_cap, "%s: cannot be read", opts->password_file);
+        free(e);
+        return NULL;
+    }
 
     grpc_init();
+    grpc_channel_credentials *tls = NULL;
+    if (any_tls && (tls = drey_etcd__tls_credentials(t, err, err_cap)) == NULL) {
+        free(e);
+        grpc_shutdown();
+        return NULL;
+    }
+    if (has_user) {
+        e->user = drey_xstrdup(opts->user);
+        e->password_file = drey_xstrdup(opts->password_file);
+    }
     grpc_arg args[3];
     memset(args, 0, sizeof args);
     /* Its own connections: two clients in one process (a claim race, a test)
@@ -480,16 +560,19 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     for (size_t i = 0; i < e->n_endpoints; i++) {
         drey_etcd__endpoint *ep = &e->endpoints[i];
-        ep->channel = grpc_channel_create(ep->target, creds, &cargs);
+        ep->channel = grpc_channel_create(ep->target, ep->tls ? tls : creds, &cargs);
         for (int m = 0; m < DREY_ETCD__N_METHODS; m++)
             ep->methods[m] = grpc_channel_register_call(ep->channel, method_paths[m], NULL, NULL);
     }
     grpc_channel_credentials_release(creds);
+    if (tls != NULL)
+        grpc_channel_credentials_release(tls);
     e->cq = grpc_completion_queue_create_for_next(NULL);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->wake_tag.done = wake_done;
     drey_thread_start(&e->thread, "etcd client", thread_main, e);
+    drey_etcd__auth_start(e);
     return e;
 }
 
@@ -501,6 +584,7 @@ void drey_etcd_close(drey_etcd *e) {
         fprintf(stderr, "drey_etcd_close called from an etcd callback\n");
         abort();
     }
+    drey_etcd__auth_stop(e); /* its calls need the thread */
     pthread_mutex_lock(&e->mu);
     e->stopping = true;
     wake_locked(e);

@@ -25,6 +25,7 @@ enum {
     DREY_ETCD__LEASE_REVOKE,
     DREY_ETCD__LEASE_KEEPALIVE,
     DREY_ETCD__WATCH,
+    DREY_ETCD__AUTHENTICATE,
     DREY_ETCD__N_METHODS
 };
 
@@ -37,6 +38,7 @@ struct drey_etcd__tag {
 
 typedef struct drey_etcd__endpoint {
     char target[128]; /* "host:port" */
+    bool tls;         /* https:// */
     grpc_channel *channel;
     void *methods[DREY_ETCD__N_METHODS];
 } drey_etcd__endpoint;
@@ -68,7 +70,9 @@ struct drey_etcd__stream {
     size_t ep;         /* the endpoint of the current call, or of the next */
     grpc_call *call;   /* NULL between calls */
     grpc_byte_buffer *send, *recv;
-    grpc_metadata md[1];
+    grpc_metadata md[2]; /* hasleader, and the token when etcd wants one */
+    size_t n_md;
+    uint64_t token_gen;  /* of the token the call was opened with */
     grpc_metadata_array initial_md, trailing_md;
     grpc_status_code code;
     grpc_slice details;
@@ -101,7 +105,46 @@ struct drey_etcd {
     drey_etcd__tag wake_tag;
 
     drey_etcd__stream *streams; /* the thread's */
+
+    /* Authentication (auth.c); user NULL: none. */
+    char *user, *password_file;
+    pthread_mutex_t auth_mu;
+    pthread_cond_t auth_cv;
+    char *token;            /* the token in force; NULL: none yet */
+    uint64_t token_gen;     /* tokens fetched so far */
+    bool refresh_wanted;    /* a stream was refused: the refresher fetches one */
+    bool auth_stopping;
+    pthread_t auth_thread;
+    bool auth_thread_running;
 };
+
+/* --- authentication (auth.c) ------------------------------------------------ */
+
+/* Starts the refresher (with a user configured). */
+void drey_etcd__auth_start(drey_etcd *e);
+void drey_etcd__auth_stop(drey_etcd *e);
+/* The token metadata of a call: fills md with "token" (a copied slice, the
+ * caller unrefs it) when there is one; returns how many entries (0 or 1).
+ * md NULL: only whether there is one. */
+size_t drey_etcd__token_md(drey_etcd *e, grpc_metadata *md, uint64_t *gen);
+/* A stream was refused UNAUTHENTICATED with the token of generation gen:
+ * the refresher fetches a new one (once per generation). */
+void drey_etcd__token_stale(drey_etcd *e, uint64_t gen);
+/* Fetches a token (the calling thread; not the client's) unless one newer
+ * than gen exists. */
+grpc_status_code drey_etcd__authenticate(drey_etcd *e, uint64_t gen, int64_t deadline_ns, drey_etcd_status *st);
+
+/* A unary call without the token (Authenticate itself). */
+grpc_status_code drey_etcd__unary_plain(drey_etcd *e, int method, const ProtobufCMessage *req,
+                                        const ProtobufCMessageDescriptor *resp_type, bool idempotent,
+                                        int64_t timeout_ms, drey_arena *arena, ProtobufCMessage **resp,
+                                        drey_etcd_status *st);
+
+/* --- TLS (tls.c) ----------------------------------------------------------------- */
+
+/* Credentials for https:// endpoints from the files (re-read when they
+ * change); NULL with err when they are unusable. */
+grpc_channel_credentials *drey_etcd__tls_credentials(const drey_etcd_tls *tls, char *err, size_t cap);
 
 /* True on the client's thread (inside a callback). */
 bool drey_etcd__on_thread(const drey_etcd *e);

@@ -1,9 +1,11 @@
 /*
  * stream — the calls of the etcd client's streams (a watch, a keepalive),
- * on the client's thread: opening one on an endpoint with its status batch,
+ * on the client's thread: opening one on an endpoint with its status batch
+ * and its metadata (hasleader, and etcd's token with its authentication),
  * sending and receiving on it, ending it once its status has come and
- * nothing of it is in flight (only then may its buffers be reused), and the
- * backoff and next endpoint after a broken one. watch.c and lease.c say
+ * nothing of it is in flight (only then may its buffers be reused; a call
+ * refused UNAUTHENTICATED asks for a new token), and the backoff and next
+ * endpoint after a broken one. watch.c and lease.c say
  * what their messages mean.
  */
 #include <stdio.h>
@@ -75,6 +77,7 @@ void drey_etcd__call_open(drey_etcd__stream *s, int method) {
     memset(&s->md[0], 0, sizeof s->md[0]);
     s->md[0].key = grpc_slice_from_static_string("hasleader");
     s->md[0].value = grpc_slice_from_static_string("true");
+    s->n_md = 1 + drey_etcd__token_md(e, &s->md[1], &s->token_gen);
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -93,7 +96,7 @@ void drey_etcd__call_send(drey_etcd__stream *s, const ProtobufCMessage *msg) {
     size_t n = 0;
     if (!s->headers_sent) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[n].data.send_initial_metadata.count = 1;
+        ops[n].data.send_initial_metadata.count = s->n_md;
         ops[n++].data.send_initial_metadata.metadata = s->md;
         s->headers_sent = true;
     }
@@ -140,6 +143,11 @@ void drey_etcd__call_maybe_end(drey_etcd__stream *s) {
     grpc_slice_unref(s->details);
     grpc_metadata_array_destroy(&s->initial_md);
     grpc_metadata_array_destroy(&s->trailing_md);
+    if (s->n_md > 1)
+        grpc_slice_unref(s->md[1].value);
+    s->n_md = 0;
+    if (code == GRPC_STATUS_UNAUTHENTICATED)
+        drey_etcd__token_stale(s->e, s->token_gen); /* the next call gets a new one */
     s->on_call_end(s, code, message);
 }
 

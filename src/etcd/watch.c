@@ -56,12 +56,12 @@ static bool retryable(grpc_status_code code) {
     case GRPC_STATUS_FAILED_PRECONDITION:
     case GRPC_STATUS_OUT_OF_RANGE:
     case GRPC_STATUS_UNIMPLEMENTED:
-    case GRPC_STATUS_UNAUTHENTICATED:
         return false;
     default:
         /* UNAVAILABLE (a member down, or without a leader), INTERNAL and
          * the rest: another stream can make progress (clientv3's isHaltErr
-         * halts on fewer codes than it retries). */
+         * halts on fewer codes than it retries). UNAUTHENTICATED: the
+         * token expired, a new one is being fetched. */
         return true;
     }
 }

@@ -84,11 +84,20 @@ typedef struct victims {
     drey_arena *arena;
     drey_store_victim *v;
     size_t n, cap;
+    size_t first_new;   /* victims before it were chosen by an earlier call */
+    int64_t duplicates; /* bytes chosen again (dropped) */
 } victims;
 
 static void add_victim(void *arg, const drey_store_item *it, size_t bytes) {
-    (void)bytes;
     victims *vs = arg;
+    /* A second choice (the writer's tenant's entries first, then any) may
+     * sample one the first took: versions are unique. */
+    for (size_t i = 0; i < vs->first_new; i++) {
+        if (vs->v[i].version == it->entry.version) {
+            vs->duplicates += (int64_t)bytes;
+            return;
+        }
+    }
     if (vs->n == vs->cap) { /* usually one or two victims: grow as needed */
         size_t cap = vs->cap ? vs->cap * 2 : 4;
         drey_store_victim *v = drey_arena_alloc(vs->arena, cap * sizeof *v);
@@ -127,6 +136,29 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
     *evicted = NULL;
     *n_evicted = 0;
     *evicted_bytes = 0;
+    return drey_memory_admit_evicting_tenant(m, growth, now_ms, only, 0, others, arena, evicted, n_evicted,
+                                             evicted_bytes, st);
+}
+
+/* Chooses need bytes of victims (within only, and of tenant when it is not
+ * 0) onto vs; returns the bytes chosen. */
+static int64_t choose(drey_memory *m, int64_t now_ms, int64_t need, const drey_store_filter *only, uint32_t tenant,
+                      victims *vs) {
+    drey_store_filter f = only != NULL ? *only : (drey_store_filter){0};
+    f.tenant = tenant;
+    vs->first_new = vs->n;
+    vs->duplicates = 0;
+    size_t room = DREY_MEMORY_MAX_EVICTIONS > vs->n ? DREY_MEMORY_MAX_EVICTIONS - vs->n : 0;
+    int64_t chosen = drey_store_evict_choose(m->store, now_ms, need, room, &f, add_victim, vs);
+    return chosen - vs->duplicates;
+}
+
+bool drey_memory_admit_evicting_tenant(drey_memory *m, int64_t growth, int64_t now_ms, const drey_store_filter *only,
+                                       uint32_t tenant, int64_t others, drey_arena *arena,
+                                       const drey_store_victim **evicted, size_t *n_evicted, int64_t *evicted_bytes,
+                                       drey_status *st) {
+    int64_t pre = *evicted_bytes; /* chosen already (the tenant's quota): they count first */
+    growth -= pre;
     if (growth <= 0)
         return true;
     int64_t used = drey_store_bytes(m->store);
@@ -140,8 +172,12 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
     /* Room for this write only (Redis evicts per command the same way):
      * evicting further ahead would journal victims no write needed yet. */
     int64_t need = growth - tightest;
-    victims vs = {.arena = arena};
-    int64_t chosen = drey_store_evict_choose(m->store, now_ms, need, DREY_MEMORY_MAX_EVICTIONS, only, add_victim, &vs);
+    victims vs = {.arena = arena, .v = (drey_store_victim *)*evicted, .n = *n_evicted, .cap = *n_evicted};
+    /* The writer's tenant's own entries are the first candidates: a tenant
+     * filling memory churns its own data before anyone else's. */
+    int64_t chosen = tenant != 0 ? choose(m, now_ms, need, only, tenant, &vs) : 0;
+    if (chosen < need)
+        chosen += choose(m, now_ms, need - chosen, only, 0, &vs);
     if (chosen < need && growth <= room)
         return true; /* it fits here: the copy it does not fit on refuses it (the replicator) */
     if (chosen < need) {
@@ -153,8 +189,18 @@ bool drey_memory_admit_evicting(drey_memory *m, int64_t growth, int64_t now_ms, 
     atomic_fetch_add_explicit(&m->evicting, 1, memory_order_relaxed);
     *evicted = vs.v;
     *n_evicted = vs.n;
-    *evicted_bytes = chosen;
+    *evicted_bytes = pre + chosen;
     return true;
+}
+
+int64_t drey_memory_choose_tenant(drey_memory *m, int64_t need_bytes, int64_t now_ms, const drey_store_filter *only,
+                                  uint32_t tenant, drey_arena *arena, const drey_store_victim **evicted,
+                                  size_t *n_evicted) {
+    victims vs = {.arena = arena, .v = (drey_store_victim *)*evicted, .n = *n_evicted, .cap = *n_evicted};
+    int64_t chosen = choose(m, now_ms, need_bytes, only, tenant, &vs);
+    *evicted = vs.v;
+    *n_evicted = vs.n;
+    return chosen;
 }
 
 static bool refuse(drey_memory *m, int64_t used, int64_t growth, drey_status *st) {

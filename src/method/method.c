@@ -108,8 +108,10 @@ bool drey_method_table_add_service(drey_method_table *t, const ProtobufCServiceD
             .path = path,
             .desc = md,
             .flags = spec->flags,
+            .route = spec->route,
             .apply = spec->apply,
             .growth = spec->growth,
+            .tenant_growth = spec->tenant_growth,
             .versions_brought = spec->versions_brought,
             .handle = spec->handle,
             .ctx = ctx,
@@ -154,6 +156,13 @@ const char *drey_method_request_cache(const ProtobufCMessage *m) {
     return *(char *const *)p;
 }
 
+bool drey_method_request_allows_stale(const ProtobufCMessage *m) {
+    const ProtobufCFieldDescriptor *fd;
+    const void *p = member(m, "allow_stale", &fd);
+    return p != NULL && fd->type == PROTOBUF_C_TYPE_BOOL && fd->label != PROTOBUF_C_LABEL_REPEATED &&
+           *(const protobuf_c_boolean *)p;
+}
+
 size_t drey_method_request_key_count(const ProtobufCMessage *m) {
     const ProtobufCFieldDescriptor *fd;
     if (member(m, "key", &fd) != NULL && fd->type == PROTOBUF_C_TYPE_STRING && fd->label != PROTOBUF_C_LABEL_REPEATED)
@@ -180,6 +189,74 @@ const char *drey_method_request_key(const ProtobufCMessage *m, size_t i) {
         return k != NULL && fd->type == PROTOBUF_C_TYPE_STRING ? *(char *const *)k : NULL;
     }
     return NULL;
+}
+
+/* --- scatter and gather (DREY_ROUTE_KEYS) ------------------------------------------- */
+
+static void *repeated_slot(const ProtobufCMessage *m, const char *name, ProtobufCType type,
+                           const ProtobufCFieldDescriptor **fd) {
+    void *p = (void *)member(m, name, fd);
+    return p != NULL && (*fd)->type == type && (*fd)->label == PROTOBUF_C_LABEL_REPEATED ? p : NULL;
+}
+
+ProtobufCMessage *drey_method_request_with_keys(drey_arena *a, const ProtobufCMessage *m, const size_t *index,
+                                                size_t n) {
+    const ProtobufCFieldDescriptor *fd;
+    char *const *keys = NULL;
+    char ***slot = repeated_slot(m, "keys", PROTOBUF_C_TYPE_STRING, &fd);
+    if (slot == NULL)
+        return NULL;
+    keys = *slot;
+    ProtobufCMessage *sub = drey_arena_alloc(a, m->descriptor->sizeof_message);
+    memcpy(sub, m, m->descriptor->sizeof_message);
+    char **picked = drey_arena_alloc(a, (n ? n : 1) * sizeof *picked);
+    for (size_t i = 0; i < n; i++)
+        picked[i] = keys[index[i]];
+    *(char ***)((char *)sub + fd->offset) = picked;
+    *(size_t *)(void *)((char *)sub + fd->quantifier_offset) = n;
+    return sub;
+}
+
+size_t drey_method_response_results(const ProtobufCMessage *resp, ProtobufCMessage ***out) {
+    const ProtobufCFieldDescriptor *fd;
+    ProtobufCMessage ***slot = repeated_slot(resp, "results", PROTOBUF_C_TYPE_MESSAGE, &fd);
+    if (slot == NULL)
+        return 0;
+    *out = *slot;
+    return repeated_count(resp, fd);
+}
+
+ProtobufCMessage *drey_method_response_gathered(drey_arena *a, const ProtobufCMessageDescriptor *d,
+                                                ProtobufCMessage **results, size_t n) {
+    ProtobufCMessage *resp = drey_arena_alloc(a, d->sizeof_message);
+    protobuf_c_message_init(d, resp);
+    const ProtobufCFieldDescriptor *fd;
+    ProtobufCMessage ***slot = repeated_slot(resp, "results", PROTOBUF_C_TYPE_MESSAGE, &fd);
+    if (slot != NULL) {
+        *slot = results;
+        *(size_t *)(void *)((char *)resp + fd->quantifier_offset) = n;
+    }
+    return resp;
+}
+
+bool drey_method_response_stale(const ProtobufCMessage *resp, uint64_t *lag_ms) {
+    const ProtobufCFieldDescriptor *fd, *lf;
+    const protobuf_c_boolean *from = member(resp, "from_backup", &fd);
+    const uint64_t *lag = member(resp, "lag_ms", &lf);
+    if (from == NULL || fd->type != PROTOBUF_C_TYPE_BOOL || !*from)
+        return false;
+    *lag_ms = lag != NULL && lf->type == PROTOBUF_C_TYPE_UINT64 ? *lag : 0;
+    return true;
+}
+
+void drey_method_response_mark_stale(ProtobufCMessage *resp, uint64_t lag_ms) {
+    const ProtobufCFieldDescriptor *fd, *lf;
+    protobuf_c_boolean *from = (void *)member(resp, "from_backup", &fd);
+    uint64_t *lag = (void *)member(resp, "lag_ms", &lf);
+    if (from != NULL && fd->type == PROTOBUF_C_TYPE_BOOL)
+        *from = true;
+    if (lag != NULL && lf->type == PROTOBUF_C_TYPE_UINT64 && lag_ms > *lag)
+        *lag = lag_ms;
 }
 
 uint64_t drey_apply_version(drey_apply *ax, drey_store *s) {

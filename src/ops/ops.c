@@ -68,15 +68,40 @@ static bool from_loopback(struct MHD_Connection *c) {
     return false;
 }
 
-/* Loopback, or a bearer token the node's keys verify. */
-static bool authorized(drey_ops *o, struct MHD_Connection *c) {
+/* 200, or why not: 401 (no token the node's keys verify), 403 (a policy
+ * that does not grant the caller metrics). */
+static unsigned authorized(drey_ops *o, struct MHD_Connection *c, const char *url) {
     if (from_loopback(c))
-        return true;
+        return MHD_HTTP_OK;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (h == NULL || o->opts.auth == NULL)
-        return false;
-    char sub[256];
-    return drey_auth_verify(o->opts.auth, h, strlen(h), drey_wall_ms(), sub, sizeof sub) == DREY_ERR_NONE;
+    if (o->opts.authz == NULL) {
+        char sub[256];
+        return h != NULL && o->opts.auth != NULL &&
+                       drey_auth_verify(o->opts.auth, h, strlen(h), drey_wall_ms(), sub, sizeof sub) == DREY_ERR_NONE
+                   ? MHD_HTTP_OK
+                   : MHD_HTTP_UNAUTHORIZED;
+    }
+    /* With a policy: the metrics verb, from the token's grants or the
+     * anonymous bindings' (a scraper needs no all-powerful token). */
+    char sub[256] = "";
+    void *g = NULL;
+    if (h == NULL)
+        g = drey_authz_grants_for(o->opts.authz, NULL, 0);
+    else if (o->opts.auth == NULL ||
+             drey_auth_verify_attached(o->opts.auth, h, strlen(h), drey_wall_ms(), sub, sizeof sub, &g) != DREY_ERR_NONE)
+        return MHD_HTTP_UNAUTHORIZED;
+    drey_authz_ask ask = {.verb = DREY_AUTHZ_METRICS, .scope = DREY_AUTHZ_NODE};
+    bool ok = g != NULL && drey_authz_allows(g, &ask);
+    drey_authz_grants_unref(g);
+    if (!ok) {
+        drey_status st;
+        drey_status_init(&st);
+        char who[300];
+        snprintf(who, sizeof who, "%s%s", sub[0] != '\0' ? "jwt:" : "http", sub);
+        drey_authz_deny(o->opts.authz, who, DREY_AUTHZ_METRICS, NULL, 0, url, &st);
+        return MHD_HTTP_FORBIDDEN;
+    }
+    return MHD_HTTP_OK;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -102,9 +127,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rc = ready ? send_text(c, MHD_HTTP_OK, "text/plain", "ready\n", 6)
                    : send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready\n", 10);
     } else if (strcmp(url, "/health/ready/details") == 0 || strcmp(url, "/metrics") == 0) {
-        if (!authorized(o, c)) {
+        unsigned verdict = authorized(o, c, url);
+        if (verdict == MHD_HTTP_UNAUTHORIZED) {
             rc = send_text(c, MHD_HTTP_UNAUTHORIZED, "text/plain",
                            "a bearer token is needed from outside loopback\n", 47);
+        } else if (verdict == MHD_HTTP_FORBIDDEN) {
+            static const char denied[] = "the authorization policy grants this caller no metrics verb\n";
+            rc = send_text(c, MHD_HTTP_FORBIDDEN, "text/plain", denied, sizeof denied - 1);
         } else {
             char *body = NULL;
             size_t len = 0;
@@ -153,9 +182,10 @@ drey_ops *drey_ops_start(const drey_ops_options *opts, char *err, size_t err_cap
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    o->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, o, MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    /* The logger first: libmicrohttpd says so otherwise (on its own logger). */
+    o->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, o, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                 MHD_OPTION_SOCK_ADDR, res->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     freeaddrinfo(res);
     if (o->daemon == NULL) {
         snprintf(err, err_cap, "ops listener: cannot listen on %s (in use?)", opts->listen);

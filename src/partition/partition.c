@@ -162,6 +162,7 @@ static ProtobufCMessage *import_apply(void *ctx, drey_apply *ax, const ProtobufC
         drey_value v = {.kind = (drey_value_kind)e->kind, .data = bytes_of(&e->value), .len = (uint32_t)e->value.len};
         drey_store_txn t;
         drey_store_txn_begin(s, &t, &k, 1);
+        t.tenant = drey_store_tenant_id(s, e->tenant, strlen(e->tenant)); /* as it was on the old copy */
         drey_store_txn_put(&t, &k, &v, e->expires_at_ms, e->version);
         drey_store_txn_end(&t);
     }
@@ -218,9 +219,9 @@ void drey_partition_destroy(drey_partition *ps) {
 
 bool drey_partition_register(drey_method_table *t, drey_partition *ps) {
     const drey_method_spec specs[] = {
-        {.name = "Import", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
+        {.name = "Import", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
          .growth = import_growth, .versions_brought = import_versions},
-        {.name = "Drop", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
+        {.name = "Drop", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,
                                          sizeof specs / sizeof specs[0], ps);

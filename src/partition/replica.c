@@ -150,10 +150,10 @@ static ProtobufCMessage *hash_apply(void *ctx, drey_apply *ax, const ProtobufCMe
 
 bool drey_partition_register_replica(drey_method_table *t, drey_partition_replica *rep) {
     const drey_method_spec specs[] = {
-        {.name = "Apply", .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = apply_record},
-        {.name = "Hash", .flags = DREY_METHOD_READ | DREY_METHOD_PEER, .apply = hash_apply},
-        {.name = "Beat", .flags = DREY_METHOD_READ | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = beat},
-        {.name = "Confirm", .flags = DREY_METHOD_READ | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = confirm},
+        {.name = "Apply", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = apply_record},
+        {.name = "Hash", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_READ | DREY_METHOD_PEER, .apply = hash_apply},
+        {.name = "Beat", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_READ | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = beat},
+        {.name = "Confirm", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_READ | DREY_METHOD_PEER | DREY_METHOD_ORDERED, .apply = confirm},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__replica__descriptor, specs,
                                          sizeof specs / sizeof specs[0], rep);

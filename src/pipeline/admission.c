@@ -5,7 +5,9 @@
  * principal: a bearer token is verified (auth) and names the caller
  *   jwt:{sub}; without one the caller is conn:{connection}. A node with
  *   keys refuses token-less calls (auth_required); a node without keys
- *   refuses calls that bring a token it cannot check.
+ *   refuses calls that bring a token it cannot check. With a policy
+ *   (authz) the caller's grants come with the verified token (or are the
+ *   anonymous bindings'), for the authz stage (authz.c).
  * backpressure: takes a slot, waits in the queue, or is refused. The slot is
  *   released in exactly one place, when the request is answered whatever
  *   stage answered it (drey_request_reply/fail); a cancelled waiter leaves
@@ -74,6 +76,8 @@ drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
             return DREY_STAGE_REJECT;
         }
         r->principal = conn;
+        if (o->authz != NULL)
+            r->grants = drey_authz_grants_for(o->authz, NULL, 0); /* the anonymous bindings' */
         return DREY_STAGE_NEXT;
     }
     if (o->auth == NULL) {
@@ -81,7 +85,10 @@ drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r) {
         return DREY_STAGE_REJECT;
     }
     char sub[SUB_MAX];
-    drey_error e = drey_auth_verify(o->auth, header, len, drey_wall_ms(), sub, sizeof sub);
+    void *grants = NULL;
+    drey_error e = drey_auth_verify_attached(o->auth, header, len, drey_wall_ms(), sub, sizeof sub,
+                                             o->authz != NULL ? &grants : NULL);
+    r->grants = grants; /* compiled once per token, kept with it in the token cache */
     if (e != DREY_ERR_NONE) {
         drey_pipeline__status(r, e);
         DREY_LOG_DEBUG("token refused", DREY_LOG_STR("principal", conn), DREY_LOG_STR("method", r->method->path),
@@ -187,8 +194,11 @@ drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r) {
     int64_t others = growth > 0 && rep != NULL && rep->memory_room != NULL && drey_memory_evicts(o->memory)
                          ? rep->memory_room(rep->ctx, r)
                          : INT64_MAX;
-    if (drey_memory_admit_evicting(o->memory, growth, drey_wall_ms(), &r->evict_only, others, r->arena,
-                                   &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
+    /* The tenant stage may have chosen some of the tenant's own entries
+     * already (its quota): they count first. */
+    evicted_bytes = r->tenant_evicted;
+    if (drey_memory_admit_evicting_tenant(o->memory, growth, drey_wall_ms(), &r->evict_only, r->tenant_id, others,
+                                          r->arena, &r->write.evicted, &r->write.n_evicted, &evicted_bytes, st)) {
         r->growth -= evicted_bytes; /* its backups evict the same entries */
         return DREY_STAGE_NEXT;
     }

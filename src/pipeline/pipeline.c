@@ -30,8 +30,10 @@ static const stage chain[] = {
     {"validate", 0, drey_pipeline__validate},
     {"principal", DATA | DREY_METHOD_ADMIN | DREY_METHOD_PEER, drey_pipeline__principal},
     {"backpressure", DATA | DREY_METHOD_ADMIN | DREY_METHOD_PEER, drey_pipeline__backpressure},
+    {"authz", DATA | DREY_METHOD_ADMIN, drey_pipeline__authz},
     {"route", DATA, drey_pipeline__route},
     {"idempotency", DREY_METHOD_WRITE, drey_pipeline__idempotency},
+    {"tenant", DREY_METHOD_WRITE, drey_pipeline__tenant},
     {"memory", DREY_METHOD_WRITE, drey_pipeline__memory},
     {"journal", DREY_METHOD_WRITE, drey_pipeline__journal},
 };
@@ -163,6 +165,11 @@ static void release(drey_request *r) {
         r->on_release(r->release_arg);
     if (r->has_ticket)
         drey_bp_release(r->pipeline->opts.backpressure, &r->ticket);
+    if (r->tenant_reserved != 0)
+        drey_tenants_release(r->pipeline->opts.tenants, r->tenant_id, r->tenant_reserved);
+    r->tenant_reserved = 0;
+    drey_authz_grants_unref(r->grants);
+    r->grants = NULL;
 }
 
 void drey_request_reply(drey_request *r, const ProtobufCMessage *response) {

@@ -14,8 +14,10 @@ drey_stage_result drey_pipeline__ready(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__validate(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__principal(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__backpressure(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__authz(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__route(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__idempotency(drey_pipeline *p, drey_request *r);
+drey_stage_result drey_pipeline__tenant(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__memory(drey_pipeline *p, drey_request *r);
 drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r);
 

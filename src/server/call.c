@@ -84,8 +84,8 @@ static void call_free(drey_call *c) {
     if (c->reply_bb != NULL)
         grpc_byte_buffer_destroy(c->reply_bb);
     free(c->finish_status);
-    if (c->has_trailer)
-        grpc_slice_unref(c->trailer.value);
+    for (size_t i = 0; i < c->n_trailers; i++)
+        grpc_slice_unref(c->trailers[i].value);
     grpc_slice_unref(c->status_msg); /* a zeroed slice is inline: a no-op */
     if (c->has_request)
         grpc_slice_unref(c->request);
@@ -122,6 +122,40 @@ static void start_batch(drey_call *c, const grpc_op *ops, size_t n, drey_server_
     }
 }
 
+/* Whether a refusal's RetryInfo asks for a longer wait than the call has
+ * left: a retry then waits out the deadline and ends DEADLINE_EXCEEDED,
+ * which hides the refusal (and, for a write refused before the journal,
+ * reads as "commit unknown"). */
+static bool retry_outlives_deadline(const drey_call *c, int64_t retry_delay_ms) {
+    if (retry_delay_ms < 0)
+        return false;
+    int64_t deadline = drey_call_deadline_mono_ns(c);
+    return deadline != INT64_MAX && (deadline - drey_mono_ns()) / 1000000 < retry_delay_ms;
+}
+
+/* The trailers of a failed call: its google.rpc.Status details, and
+ * grpc-retry-pushback-ms: -1 when its RetryInfo delay outlives the deadline.
+ * gRPC clients with a retry policy honour that trailer: a negative value
+ * stops their retries, so the caller gets the refusal with its details at
+ * once. drey never sends a positive pushback: gRPC waits exactly that long
+ * and restarts its backoff from the beginning, so the same short delay on
+ * every attempt would replace the growing backoff RetryInfo asks for (at
+ * least the delay, then longer), and the few attempts gRPC allows would
+ * span less than a failover (docs/clients.md). */
+static void set_trailers(drey_call *c, grpc_op *op, const uint8_t *details, size_t len, int64_t retry_delay_ms) {
+    c->n_trailers = 0;
+    if (details != NULL) {
+        c->trailers[c->n_trailers].key = grpc_slice_from_static_string("grpc-status-details-bin");
+        c->trailers[c->n_trailers++].value = grpc_slice_from_copied_buffer((const char *)details, len);
+    }
+    if (retry_outlives_deadline(c, retry_delay_ms)) {
+        c->trailers[c->n_trailers].key = grpc_slice_from_static_string("grpc-retry-pushback-ms");
+        c->trailers[c->n_trailers++].value = grpc_slice_from_static_string("-1");
+    }
+    op->data.send_status_from_server.trailing_metadata_count = c->n_trailers;
+    op->data.send_status_from_server.trailing_metadata = c->trailers;
+}
+
 /* Fills the status ops of a batch from st (NULL = OK). */
 static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
     drey_server *s = c->server;
@@ -143,15 +177,11 @@ static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
     uint8_t *details;
     size_t len;
     drey_status_encode(st, &a, &details, &len);
-    c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
-    c->trailer.value = grpc_slice_from_copied_buffer((const char *)details, len);
+    set_trailers(c, op, details, len, st->retry_delay_ms);
     drey_arena_destroy(&a);
-    c->has_trailer = true;
     c->status_msg = grpc_slice_from_static_string(drey_status_message(st));
     op->data.send_status_from_server.status = drey_status_code(st);
     op->data.send_status_from_server.status_details = &c->status_msg;
-    op->data.send_status_from_server.trailing_metadata_count = 1;
-    op->data.send_status_from_server.trailing_metadata = &c->trailer;
     return 1;
 }
 
@@ -204,13 +234,9 @@ void drey_call_relay(drey_call *c, const drey_call_answer *a) {
     if (a->code != GRPC_STATUS_OK) {
         c->status_msg = grpc_slice_from_copied_buffer(a->message != NULL ? a->message : "", a->message_len);
         op->data.send_status_from_server.status_details = &c->status_msg;
-        if (a->details != NULL) {
-            c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
-            c->trailer.value = grpc_slice_from_copied_buffer((const char *)a->details, a->details_len);
-            c->has_trailer = true;
-            op->data.send_status_from_server.trailing_metadata_count = 1;
-            op->data.send_status_from_server.trailing_metadata = &c->trailer;
-        }
+        /* The deadline that counts is this call's: the caller's, less the hop. */
+        int64_t delay = a->details != NULL ? drey_status_retry_delay_ms(a->details, a->details_len) : -1;
+        set_trailers(c, op, a->details, a->details_len, delay);
     }
     c->status_sent = true;
     start_batch(c, ops, n, &c->send_tag);

@@ -87,9 +87,9 @@ struct drey_call {
 
     /* Storage the status batch points into until it completes. */
     grpc_byte_buffer *reply_bb;
-    grpc_metadata trailer;
+    grpc_metadata trailers[2]; /* grpc-status-details-bin, grpc-retry-pushback-ms */
+    size_t n_trailers;
     grpc_slice status_msg;
-    bool has_trailer;
 
     drey_arena arena;
     char arena_buf[DREY_SERVER__CALL_ARENA_INLINE];

@@ -25,6 +25,8 @@
 #define SNAP_MAGIC "DREYSNP"
 #define SNAP_END_MAGIC "DREYEND"
 #define SNAP_VERSION 1u
+#define SNAP_VERSION_TENANTS 2u
+#define KIND_TENANT 0x80u /* in a version 2 file: a tenant follows the value */
 #define SNAP_HEADER 64u
 #define SNAP_TRAILER 32u
 #define RECORD_HEAD 8u  /* length + CRC */
@@ -39,6 +41,7 @@ typedef struct buffer {
 
 struct drey_snapshot {
     drey_store *store;
+    _Atomic bool tenants; /* some record names a tenant: the file is version 2 */
     uint64_t lsn;
     int64_t time_ms;
     uint64_t last_version;
@@ -65,11 +68,19 @@ static void on_item(void *ctx, size_t shard, const drey_store_item *it) {
         atomic_store(&b->complete, true);
         return;
     }
-    size_t body = BODY_FIXED + it->cache_len + it->key_len + it->entry.value.len;
+    size_t tlen = 0;
+    const char *tenant = drey_store_tenant_name(snap->store, it->tenant, &tlen);
+    size_t body = BODY_FIXED + it->cache_len + it->key_len + it->entry.value.len + (tlen > 0 ? 1 + tlen : 0);
     uint8_t *p = reserve(b, RECORD_HEAD + body);
     uint8_t *q = p + RECORD_HEAD;
     q[0] = (uint8_t)it->cache_len;
-    q[1] = (uint8_t)it->entry.value.kind;
+    q[1] = (uint8_t)(it->entry.value.kind | (tlen > 0 ? KIND_TENANT : 0));
+    if (tlen > 0) {
+        uint8_t *t = q + BODY_FIXED + it->cache_len + it->key_len + it->entry.value.len;
+        t[0] = (uint8_t)tlen;
+        memcpy(t + 1, tenant, tlen);
+        atomic_store_explicit(&snap->tenants, true, memory_order_relaxed);
+    }
     drey_bytes_put16(q + 2, (uint16_t)it->key_len);
     drey_bytes_put32(q + 4, it->entry.value.len);
     drey_bytes_put64(q + 8, it->entry.version);
@@ -138,6 +149,12 @@ int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char
         b->len = b->cap = 0;
     }
     drey_store_capture_end(snap->store);
+    if (rc == 0 && atomic_load(&snap->tenants)) {
+        /* Known only once every record is written: the header again. */
+        drey_bytes_put32(head + 8, SNAP_VERSION_TENANTS);
+        drey_bytes_put32(head + 48, drey_crc32c(0, head, 48));
+        rc = drey_io_pwrite_all(io, fd, head, sizeof head, 0);
+    }
     if (rc == 0) {
         uint8_t trailer[SNAP_TRAILER] = {0};
         memcpy(trailer, SNAP_END_MAGIC, 8);
@@ -193,8 +210,10 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
             io->ops->close(io, fd);
         return rc;
     }
+    uint32_t version = drey_bytes_get32(head + 8);
     if ((uint64_t)size < SNAP_HEADER + SNAP_TRAILER || memcmp(head, SNAP_MAGIC, 8) != 0 ||
-        drey_bytes_get32(head + 8) != SNAP_VERSION || drey_bytes_get32(head + 48) != drey_crc32c(0, head, 48) ||
+        (version != SNAP_VERSION && version != SNAP_VERSION_TENANTS) ||
+        drey_bytes_get32(head + 48) != drey_crc32c(0, head, 48) ||
         drey_bytes_get32(head + 12) < SNAP_HEADER || drey_bytes_get32(head + 12) > (uint64_t)size - SNAP_TRAILER)
         FAIL("%s: bad snapshot header", path); /* a header size past the records would read past the end */
     memset(info, 0, sizeof *info);
@@ -230,11 +249,18 @@ int drey_snapshot_read(drey_io *io, const char *path, void (*fn)(void *ctx, cons
                 .cache_len = q[0],
                 .key_len = drey_bytes_get16(q + 2),
             };
-            it.entry.value.kind = (drey_value_kind)q[1];
+            bool has_tenant = version == SNAP_VERSION_TENANTS && (q[1] & KIND_TENANT) != 0;
+            it.entry.value.kind = (drey_value_kind)(has_tenant ? q[1] & ~KIND_TENANT : q[1]);
             it.entry.value.len = drey_bytes_get32(q + 4);
             it.entry.version = drey_bytes_get64(q + 8);
             it.entry.expires_at_ms = (int64_t)drey_bytes_get64(q + 16);
-            if ((uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len != body)
+            uint64_t fixed = (uint64_t)BODY_FIXED + it.cache_len + it.key_len + it.entry.value.len;
+            if (has_tenant && fixed < body) {
+                it.tenant_name = (const char *)q + fixed + 1;
+                it.tenant_name_len = q[fixed];
+                fixed += 1 + it.tenant_name_len;
+            }
+            if (fixed != body || (has_tenant && it.tenant_name_len == 0))
                 FAIL("%s: record at offset %" PRIu64 " has inconsistent lengths", path, rec);
             it.cache = (const char *)q + BODY_FIXED;
             it.key = it.cache + it.cache_len;
@@ -300,7 +326,9 @@ static uint64_t announced_count(drey_io *io, const char *path) {
 }
 
 static void load_item(void *ctx, const drey_store_item *it) {
-    drey_store_load(ctx, it);
+    drey_store_item with = *it;
+    with.tenant = drey_store_tenant_id(ctx, it->tenant_name, it->tenant_name_len);
+    drey_store_load(ctx, &with);
 }
 
 int drey_snapshot_load(drey_io *io, const char *path, drey_store *s, drey_snapshot_info *info, char *err,

@@ -71,6 +71,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     E(NODE_WATCH_LIMIT, RESOURCE_EXHAUSTED, "the node has as many Watch streams open as it may (--max-watches)"),
     E(JOURNAL_QUEUE_FULL, RESOURCE_EXHAUSTED,
       "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
+    E(TENANT_MEMORY_QUOTA, RESOURCE_EXHAUSTED,
+      "the write would take its tenant's entries past the tenant's memory quota (tenants.maxBytes)"),
     E(CROSS_PARTITION, INVALID_ARGUMENT, "the entries of an atomic batch must share a partition (use one {hash tag})"),
     E(NOT_PRIMARY, UNAVAILABLE, "this node does not own the key's partition; ErrorInfo names the owner"),
     E(PARTITION_UNAVAILABLE, UNAVAILABLE, "the node that owns the key's partition cannot be reached; retry later"),
@@ -101,6 +103,8 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     E(NOT_CAUGHT_UP, FAILED_PRECONDITION,
       "this backup has not applied every write of the partition up to the sequence asked (or its table is older "
       "than the epoch): ask again"),
+    E(NOT_PERMITTED, PERMISSION_DENIED,
+      "the caller's roles do not grant this verb on this cache and every key the request names (--authz-policy)"),
     E(INTERNAL, INTERNAL, "internal error"),
 #undef E
 };
@@ -256,4 +260,27 @@ void drey_status_encode(const drey_status *st, drey_arena *a, uint8_t **out, siz
     *out_len = protobuf_c_message_get_packed_size(&s.base);
     *out = drey_arena_alloc(a, *out_len);
     protobuf_c_message_pack(&s.base, *out);
+}
+
+int64_t drey_status_retry_delay_ms(const uint8_t *details, size_t len) {
+    static const char suffix[] = "/google.rpc.RetryInfo";
+    const size_t n = sizeof suffix - 1;
+    Google__Rpc__Status *s = google__rpc__status__unpack(NULL, len, details);
+    if (s == NULL)
+        return -1;
+    int64_t ms = -1;
+    for (size_t i = 0; i < s->n_details && ms < 0; i++) {
+        const Google__Protobuf__Any *any = s->details[i];
+        size_t tl = any->type_url != NULL ? strlen(any->type_url) : 0;
+        if (tl < n || strcmp(any->type_url + tl - n, suffix) != 0)
+            continue;
+        Google__Rpc__RetryInfo *ri = google__rpc__retry_info__unpack(NULL, any->value.len, any->value.data);
+        if (ri != NULL && ri->retry_delay != NULL && ri->retry_delay->seconds >= 0 && ri->retry_delay->nanos >= 0 &&
+            ri->retry_delay->seconds < INT64_MAX / 1000 - 1)
+            ms = ri->retry_delay->seconds * 1000 + (ri->retry_delay->nanos + 999999) / 1000000;
+        if (ri != NULL)
+            google__rpc__retry_info__free_unpacked(ri, NULL);
+    }
+    google__rpc__status__free_unpacked(s, NULL);
+    return ms;
 }

@@ -141,6 +141,10 @@ static int dump_record(void *ctx, const drey_journal_record *rec) {
     json_string(out, jr->principal, strlen(jr->principal));
     fprintf(out, ",\"request_id\":");
     json_string(out, jr->request_id, strlen(jr->request_id));
+    if (jr->tenant[0] != '\0') {
+        fprintf(out, ",\"tenant\":");
+        json_string(out, jr->tenant, strlen(jr->tenant));
+    }
     fprintf(out, ",\"request_bytes\":%zu}\n", jr->request.len);
     drey__journal__v1__journal_record__free_unpacked(jr, NULL);
     return 0;
@@ -154,6 +158,10 @@ static void dump_entry(void *ctx, const drey_store_item *it) {
     json_string(out, it->key, it->key_len);
     fprintf(out, ",\"version\":%" PRIu64 ",\"kind\":%d,\"value_bytes\":%u", it->entry.version,
             (int)it->entry.value.kind, it->entry.value.len);
+    if (it->tenant_name_len > 0) {
+        fprintf(out, ",\"tenant\":");
+        json_string(out, it->tenant_name, it->tenant_name_len);
+    }
     if (it->entry.expires_at_ms != 0) {
         char when[40];
         iso_time(it->entry.expires_at_ms, when, sizeof when);

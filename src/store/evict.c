@@ -212,7 +212,11 @@ static size_t shard_evictable(const drey_store *s, const shard *sh) {
  * Thorough: probe whole shards, not SAMPLE_BUCKETS buckets from a random
  * one (after a sample found nothing, so a rare eligible entry is found). */
 static bool allowed(const drey_store_filter *only, const entry *e) {
-    return only == NULL || only->keep == NULL ||
+    if (only == NULL)
+        return true;
+    if (only->tenant != 0 && drey_store__tenant(e) != only->tenant)
+        return false;
+    return only->keep == NULL ||
            only->keep(only->ctx, (const char *)e->data, e->cache_len, (const char *)e->data + e->cache_len, e->key_len);
 }
 
@@ -282,6 +286,7 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, const drey_store_filter 
                         .cache_len = e->cache_len,
                         .key = (const char *)e->data + e->cache_len,
                         .key_len = e->key_len,
+                        .tenant = drey_store__tenant(e),
                     };
                     it.entry.version = e->version;
                     it.entry.expires_at_ms = e->expires_at_ms;

@@ -31,9 +31,25 @@ typedef struct entry {
     uint32_t cache_id;     /* the cache slot the entry counts in (registry) */
     uint16_t key_len;
     uint8_t cache_len;
-    uint8_t kind;          /* drey_value_kind */
-    unsigned char data[];  /* cache name, key, value */
+    uint8_t kind;          /* drey_value_kind, | ENTRY_TENANT */
+    /* cache name, key, value; then, with ENTRY_TENANT, the tenant's number
+     * (4 bytes, unaligned): an entry nobody's costs nothing more. */
+    unsigned char data[];
 } entry;
+
+/* In kind: the entry is a tenant's (whose write created or last replaced it). */
+#define ENTRY_TENANT 0x80u
+
+static inline uint8_t drey_store__kind(const entry *e) {
+    return (uint8_t)(e->kind & ~ENTRY_TENANT);
+}
+
+static inline uint32_t drey_store__tenant(const entry *e) {
+    uint32_t t = 0;
+    if (e->kind & ENTRY_TENANT)
+        __builtin_memcpy(&t, e->data + e->cache_len + e->key_len + e->value_len, sizeof t);
+    return t;
+}
 
 typedef struct shard {
     pthread_rwlock_t lock;
@@ -118,6 +134,8 @@ struct drey_store {
     size_t pool_len;            /* sorted by score, ascending */
     /* Hears of changes (drey_store_set_observer); NULL: nobody. */
     _Atomic(const drey_store_observer *) observer;
+    /* Tenants' bytes and names (drey_store_set_tenants); account NULL: none. */
+    drey_store_tenants tenants;
 };
 
 cache_slot *drey_store__slot(drey_store *s, uint32_t id);

@@ -219,11 +219,16 @@ drey_store *drey_store_create(void) {
     return s;
 }
 
-static void free_entries(shard *sh) {
+static void tenant_account(drey_store *s, const entry *e, int64_t delta);
+
+/* tell: the entries' tenants hear they are gone (a clear, not the end). */
+static void free_entries(drey_store *s, shard *sh, bool tell) {
     for (size_t b = 0; b <= sh->mask; b++) {
         entry *e = sh->buckets[b];
         while (e != NULL) {
             entry *next = e->next;
+            if (tell)
+                tenant_account(s, e, -(int64_t)drey_store__entry_bytes(e));
             free(e);
             e = next;
         }
@@ -241,7 +246,7 @@ void drey_store_destroy(drey_store *s) {
         return;
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
-        free_entries(sh);
+        free_entries(s, sh, false);
         free(sh->buckets);
         pthread_rwlock_destroy(&sh->lock);
     }
@@ -258,7 +263,7 @@ void drey_store_clear(drey_store *s) {
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         shard *sh = &s->shards[i];
         atomic_fetch_sub_explicit(&s->bytes, (int64_t)sh->bytes, memory_order_relaxed);
-        free_entries(sh);
+        free_entries(s, sh, true);
     }
     /* No entry is left to name a slot: every cache starts over. */
     registry *r = &s->reg;
@@ -351,11 +356,12 @@ static entry **find_slot(shard *sh, const drey_key *k) {
 }
 
 static void view_of(const entry *e, drey_entry_view *v) {
-    v->value.kind = (drey_value_kind)e->kind;
+    v->value.kind = (drey_value_kind)drey_store__kind(e);
     v->value.data = e->data + e->cache_len + e->key_len;
     v->value.len = e->value_len;
     v->version = e->version;
     v->expires_at_ms = e->expires_at_ms;
+    v->tenant = drey_store__tenant(e);
 }
 
 static void item_of(const entry *e, drey_store_item *it) {
@@ -364,6 +370,7 @@ static void item_of(const entry *e, drey_store_item *it) {
     it->key = (const char *)e->data + e->cache_len;
     it->key_len = e->key_len;
     view_of(e, &it->entry);
+    it->tenant = it->entry.tenant;
 }
 
 static void resize(shard *sh, size_t nbuckets) {
@@ -385,12 +392,20 @@ static void resize(shard *sh, size_t nbuckets) {
     sh->sweep_cursor &= nmask;
 }
 
+/* A tenant's entry's bytes: what its accountant hears. */
+static void tenant_account(drey_store *s, const entry *e, int64_t delta) {
+    if ((e->kind & ENTRY_TENANT) != 0 && s->tenants.account != NULL && delta != 0)
+        s->tenants.account(s->tenants.ctx, drey_store__tenant(e), (const char *)e->data, e->cache_len,
+                           (const char *)e->data + e->cache_len, e->key_len, delta);
+}
+
 /* Accounted bytes change here and only here (and in free_entries): the
- * shard's, the store's and the entry's cache's. */
+ * shard's, the store's and the entry's cache's; its tenant's is told. */
 static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
     sh->bytes += (size_t)delta;
     atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->bytes, delta, memory_order_relaxed);
+    tenant_account(s, e, delta);
 }
 
 /* Keeps the counts of expiring entries (shard and cache) as an entry's
@@ -473,7 +488,7 @@ static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) 
         .cache_len = e->cache_len,
         .key = (const char *)e->data + e->cache_len,
         .key_len = e->key_len,
-        .value = {.kind = (drey_value_kind)e->kind, .data = e->data + e->cache_len + e->key_len, .len = e->value_len},
+        .value = {.kind = (drey_value_kind)drey_store__kind(e), .data = e->data + e->cache_len + e->key_len, .len = e->value_len},
         .version = e->version,
         .expires_at_ms = e->expires_at_ms,
     };
@@ -575,8 +590,10 @@ void drey_store_reserve(drey_store *s, size_t n) {
     }
 }
 
-static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_at_ms, uint64_t version) {
-    entry *e = drey_xmalloc(offsetof(entry, data) + k->cache_len + k->key_len + v->len);
+static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_at_ms, uint64_t version,
+                        uint32_t tenant) {
+    size_t tail = tenant != 0 ? sizeof tenant : 0;
+    entry *e = drey_xmalloc(offsetof(entry, data) + k->cache_len + k->key_len + v->len + tail);
     e->version = version;
     e->expires_at_ms = expires_at_ms;
     e->hash = (uint32_t)k->hash;
@@ -585,11 +602,13 @@ static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_
     e->cache_id = 0;
     e->key_len = (uint16_t)k->key_len;
     e->cache_len = (uint8_t)k->cache_len;
-    e->kind = (uint8_t)v->kind;
+    e->kind = (uint8_t)((uint8_t)v->kind | (tenant != 0 ? ENTRY_TENANT : 0));
     memcpy(e->data, k->cache, k->cache_len);
     memcpy(e->data + k->cache_len, k->key, k->key_len);
     if (v->len > 0)
         memcpy(e->data + k->cache_len + k->key_len, v->data, v->len);
+    if (tenant != 0)
+        memcpy(e->data + k->cache_len + k->key_len + v->len, &tenant, sizeof tenant);
     return e;
 }
 
@@ -597,7 +616,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
     shard *sh = shard_of(s, k.hash);
-    entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version);
+    entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version, item->tenant);
     pthread_rwlock_wrlock(&sh->lock);
     e->cache_id = slot_for(s, k.cache, k.cache_len);
     e->access = drey_store__access_new(s, 0, false);
@@ -614,6 +633,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
 
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n) {
     t->store = s;
+    t->tenant = 0;
     memset(t->locked, 0, sizeof t->locked);
     for (size_t i = 0; i < n; i++) {
         size_t idx = shard_index(keys[i].hash);
@@ -667,7 +687,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
                         uint64_t version) {
     drey_store *s = t->store;
     shard *sh = txn_shard(t, k);
-    entry *e = new_entry(k, v, expires_at_ms, version);
+    entry *e = new_entry(k, v, expires_at_ms, version, t->tenant);
     entry **slot = find_slot(sh, k);
     entry *old = *slot;
     if (old != NULL && !retired(s, old)) {
@@ -678,6 +698,12 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
         e->next = old->next;
         *slot = e;
         track_expiry(s, sh, e, old->expires_at_ms, expires_at_ms);
+        if (drey_store__tenant(old) != t->tenant) {
+            /* The entry changes hands: the old tenant's bytes go, the new
+             * one's come (the totals see only the difference). */
+            tenant_account(s, old, -(int64_t)entry_bytes(old));
+            tenant_account(s, e, (int64_t)entry_bytes(old));
+        }
         account(s, sh, e, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
         free(old); /* after the copy: v may point into it */
         observe(s, DREY_STORE_CHANGE_SET, e);
@@ -782,12 +808,39 @@ int64_t drey_store_bytes(const drey_store *s) {
 }
 
 size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms) {
+    uint32_t tenant;
+    return drey_store_entry_size_tenant(s, k, now_ms, &tenant);
+}
+
+size_t drey_store_entry_size_tenant(drey_store *s, const drey_key *k, int64_t now_ms, uint32_t *tenant) {
     shard *sh = shard_of(s, k->hash);
     pthread_rwlock_rdlock(&sh->lock);
     entry *e = *find_slot(sh, k);
-    size_t n = e != NULL && is_live(s, e, now_ms) ? entry_bytes(e) : 0;
+    bool live = e != NULL && is_live(s, e, now_ms);
+    size_t n = live ? entry_bytes(e) : 0;
+    *tenant = live ? drey_store__tenant(e) : 0;
     pthread_rwlock_unlock(&sh->lock);
     return n;
+}
+
+/* --- tenants -------------------------------------------------------------- */
+
+void drey_store_set_tenants(drey_store *s, const drey_store_tenants *t) {
+    s->tenants = *t;
+}
+
+uint32_t drey_store_tenant_id(drey_store *s, const char *name, size_t len) {
+    if (len == 0 || s->tenants.intern == NULL)
+        return 0;
+    return s->tenants.intern(s->tenants.ctx, name, len);
+}
+
+const char *drey_store_tenant_name(drey_store *s, uint32_t tenant, size_t *len) {
+    if (tenant == 0 || s->tenants.name == NULL) {
+        *len = 0;
+        return "";
+    }
+    return s->tenants.name(s->tenants.ctx, tenant, len);
 }
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out) {

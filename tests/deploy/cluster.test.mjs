@@ -5,8 +5,9 @@
 // dreyd and drey).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { readFileSync, readdirSync, realpathSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseAllDocuments } from 'yaml';
@@ -14,6 +15,7 @@ import { ConfigMap, Service } from 'kubernetes-models/v1';
 import { StatefulSet } from 'kubernetes-models/apps/v1';
 import { Job } from 'kubernetes-models/batch/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
+import { Issuer } from '@kubernetes-models/cert-manager/cert-manager.io/v1';
 
 const here = dirname(realpathSync(fileURLToPath(import.meta.url)));
 const k8sDir = join(process.env.DREY_K8S_DIR ?? join(here, '..', '..', 'deploy', 'k8s'), 'cluster');
@@ -23,6 +25,7 @@ const models = {
   'apps/v1/StatefulSet': StatefulSet,
   'batch/v1/Job': Job,
   'policy/v1/PodDisruptionBudget': PodDisruptionBudget,
+  'cert-manager.io/v1/Issuer': Issuer,
 };
 
 function documents() {
@@ -112,38 +115,116 @@ test('the node id is the pod name and the advertised names are its headless-Serv
     assert.ok(headless.spec.ports.some((p) => p.targetPort === name), `the headless Service publishes ${name}`);
 });
 
-test('internal certificates come from a Secret, one per pod by name, with the CA', () => {
-  const vol = pod.volumes.find((v) => v.name === 'internal-tls');
-  assert.ok(vol.secret.secretName);
+/** The pod's cert-manager CSI volume of that name. */
+const csi = (spec, name) => {
+  const v = spec.volumes.find((x) => x.name === name);
+  assert.ok(v && v.csi, `volume ${name} is a CSI volume`);
+  assert.equal(v.csi.driver, 'csi.cert-manager.io');
+  assert.equal(v.csi.readOnly, true);
+  return v.csi.volumeAttributes;
+};
+
+test('each pod gets its own internal certificate: no Secret holds every pod\'s key', () => {
+  const attrs = csi(pod, 'internal-tls');
+  const issuer = one('Issuer', attrs['csi.cert-manager.io/issuer-name']);
+  assert.equal(attrs['csi.cert-manager.io/issuer-kind'], 'Issuer');
+  assert.ok(issuer.spec.ca.secretName, 'the CA key is in a Secret only cert-manager reads');
+  for (const v of pod.volumes)
+    assert.notEqual(v.secret?.secretName, issuer.spec.ca.secretName, 'no pod mounts the CA key');
+  // The node id (the pod name) is a SAN: peers check it.
+  const dns = attrs['csi.cert-manager.io/dns-names'].split(',');
+  assert.ok(dns.includes('${POD_NAME}'));
+  assert.ok(dns.includes(`\${POD_NAME}.${headless.metadata.name}.\${POD_NAMESPACE}.svc`));
+  assert.match(attrs['csi.cert-manager.io/key-usages'], /server auth/);
+  assert.match(attrs['csi.cert-manager.io/key-usages'], /client auth/);
+  assert.equal(attrs['csi.cert-manager.io/fs-group'], String(pod.securityContext.runAsUser), 'readable by the image user');
   const mount = dreyd.volumeMounts.find((m) => m.name === 'internal-tls');
   assert.equal(mount.readOnly, true);
-  assert.equal(args.get('internal-tls-cert'), `${mount.mountPath}/$(POD_NAME).crt`);
-  assert.equal(args.get('internal-tls-key'), `${mount.mountPath}/$(POD_NAME).key`);
+  assert.equal(args.get('internal-tls-cert'), `${mount.mountPath}/tls.crt`);
+  assert.equal(args.get('internal-tls-key'), `${mount.mountPath}/tls.key`);
   assert.equal(args.get('internal-tls-ca'), `${mount.mountPath}/ca.crt`);
-  // The image runs as 10001 without root: the files must be readable by its group.
-  assert.equal(vol.secret.defaultMode & 0o040, 0o040);
   assert.equal(pod.securityContext.fsGroup, pod.securityContext.runAsUser);
 });
 
-test('etcd is a list of endpoints, the same for the nodes and the init Job', () => {
-  const cm = one('ConfigMap');
+test('two copies of a partition never share a Kubernetes node; pods spread over zones', () => {
+  const anti = pod.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution;
+  assert.equal(anti.length, 1);
+  assert.equal(anti[0].topologyKey, 'kubernetes.io/hostname');
+  assert.deepEqual(anti[0].labelSelector.matchLabels, sts.spec.selector.matchLabels);
+  const spread = Object.fromEntries(pod.topologySpreadConstraints.map((t) => [t.topologyKey, t]));
+  assert.equal(spread['kubernetes.io/hostname'].whenUnsatisfiable, 'DoNotSchedule');
+  assert.equal(spread['topology.kubernetes.io/zone'].maxSkew, 1);
+  for (const t of pod.topologySpreadConstraints)
+    assert.deepEqual(t.labelSelector.matchLabels, sts.spec.selector.matchLabels);
+});
+
+test('seccomp RuntimeDefault, no privilege, a read-only root for every pod', () => {
+  for (const spec of [pod, job.spec.template.spec]) {
+    assert.equal(spec.securityContext.seccompProfile.type, 'RuntimeDefault');
+    assert.equal(spec.securityContext.runAsNonRoot, true);
+    for (const c of spec.containers) {
+      assert.equal(c.securityContext.allowPrivilegeEscalation, false);
+      assert.equal(c.securityContext.readOnlyRootFilesystem, true);
+      assert.deepEqual(c.securityContext.capabilities.drop, ['ALL']);
+    }
+  }
+});
+
+test('the init Job has resources and goes away once finished', () => {
+  assert.ok(job.spec.ttlSecondsAfterFinished > 0);
+  assert.ok(initContainer.resources.requests.cpu && initContainer.resources.requests.memory);
+  assert.ok(initContainer.resources.limits.memory);
+});
+
+test('etcd over TLS with its own authentication, the same for the nodes and the init Job', () => {
+  const cm = one('ConfigMap', 'drey-cluster');
   const endpoints = cm.data['etcd-endpoints'].split(',');
   assert.ok(endpoints.length >= 3, 'an existing etcd cluster of three members');
-  for (const e of endpoints) assert.match(e, /^http:\/\/[^,/]+:\d+$/);
-  for (const c of [dreyd, initContainer]) {
-    assert.equal(envFrom(c, 'ETCD_ENDPOINTS').valueFrom.configMapKeyRef.name, cm.metadata.name);
-    assert.equal(envFrom(c, 'ETCD_ENDPOINTS').valueFrom.configMapKeyRef.key, 'etcd-endpoints');
-    assert.equal(envFrom(c, 'CLUSTER_PREFIX').valueFrom.configMapKeyRef.key, 'prefix');
+  for (const e of endpoints) assert.match(e, /^https:\/\/[^,/]+:\d+$/, 'TLS, never plaintext');
+  const jobSpec = job.spec.template.spec;
+  for (const [c, spec] of [[dreyd, pod], [initContainer, jobSpec]]) {
+    const env = (n) => envFrom(c, n);
+    assert.equal(env('DREY_CLUSTER_ETCD').valueFrom.configMapKeyRef.key, 'etcd-endpoints');
+    assert.equal(env('DREY_CLUSTER_ETCD').valueFrom.configMapKeyRef.name, cm.metadata.name);
+    assert.equal(env('DREY_CLUSTER_PREFIX').valueFrom.configMapKeyRef.key, 'prefix');
+    assert.equal(env('DREY_CLUSTER_ETCD_USER').valueFrom.configMapKeyRef.key, 'etcd-user');
+    // Its own etcd client certificate, from the etcd client Issuer.
+    const attrs = csi(spec, 'etcd-tls');
+    one('Issuer', attrs['csi.cert-manager.io/issuer-name']);
+    assert.equal(attrs['csi.cert-manager.io/common-name'], cm.data['etcd-user'], 'the CN etcd sees is the user');
+    const tlsMount = c.volumeMounts.find((m) => m.name === 'etcd-tls').mountPath;
+    assert.equal(env('DREY_CLUSTER_ETCD_CA').value, `${tlsMount}/ca.crt`);
+    assert.equal(env('DREY_CLUSTER_ETCD_CERT').value, `${tlsMount}/tls.crt`);
+    assert.equal(env('DREY_CLUSTER_ETCD_KEY').value, `${tlsMount}/tls.key`);
+    // The password file: one key of a Secret, nothing else of it.
+    const auth = spec.volumes.find((v) => v.name === 'etcd-auth').secret;
+    assert.deepEqual(auth.items.map((i) => i.path), ['password']);
+    const authMount = c.volumeMounts.find((m) => m.name === 'etcd-auth').mountPath;
+    assert.equal(env('DREY_CLUSTER_ETCD_PASSWORD_FILE').value, `${authMount}/password`);
   }
-  assert.equal(args.get('cluster-etcd'), '$(ETCD_ENDPOINTS)');
-  assert.equal(args.get('cluster-prefix'), '$(CLUSTER_PREFIX)');
   const init = flags(initContainer.args);
   assert.deepEqual(initContainer.args.slice(0, 2), ['cluster', 'init']);
-  assert.equal(init.get('etcd'), '$(ETCD_ENDPOINTS)');
-  assert.equal(init.get('prefix'), '$(CLUSTER_PREFIX)');
   assert.equal(init.get('partitions'), args.get('cluster-partitions'), 'nodes expect the partitions init writes');
   assert.equal(init.get('initial-nodes'), String(sts.spec.replicas));
   assert.equal(job.spec.template.spec.restartPolicy, 'OnFailure', 'init retries until etcd answers');
+});
+
+test('a policy in force; Prometheus gets the metrics verb and nothing else', () => {
+  const cm = one('ConfigMap', 'drey-authz-policy');
+  const policy = JSON.parse(cm.data['policy.json']);
+  const mount = dreyd.volumeMounts.find((m) => m.name === 'authz-policy');
+  assert.equal(args.get('authz-policy'), `${mount.mountPath}/policy.json`);
+  assert.equal(pod.volumes.find((v) => v.name === 'authz-policy').configMap.name, cm.metadata.name);
+  const scrape = policy.bindings.filter((b) => b.claim === 'sub' && b.equals === 'prometheus');
+  assert.equal(scrape.length, 1);
+  for (const role of scrape[0].roles)
+    for (const rule of policy.roles[role]) assert.deepEqual(rule.verbs, ['metrics'], 'only metrics');
+});
+
+test('drey ready and drey drain inside the pod find the ops listener', () => {
+  const ops = dreyd.ports.find((p) => p.name === 'ops').containerPort;
+  assert.equal(envFrom(dreyd, 'DREY_OPS_LISTEN').value, `0.0.0.0:${ops}`);
+  assert.ok(!args.has('ops-listen'), 'one place: the variable both dreyd and drey read');
 });
 
 test('the preStop drain fits inside the termination grace period', () => {
@@ -176,6 +257,11 @@ test('every flag the manifests pass is one the binaries list', { skip: !process.
   const dreydHelp = helpOf(process.env.DREY_DREYD);
   assert.match(dreydHelp, /--cluster-etcd=/, 'this dreyd has the cluster flags');
   for (const name of args.keys()) assert.ok(dreydHelp.includes(`--${name}=`), `dreyd --help lists --${name}`);
+  // Settings given as DREY_* variables are options of dreyd too.
+  for (const e of dreyd.env.filter((x) => x.name.startsWith('DREY_'))) {
+    const name = e.name.slice(5).toLowerCase().replaceAll('_', '-');
+    assert.ok(dreydHelp.includes(`--${name}=`), `${e.name} is dreyd's --${name}`);
+  }
   const cli = process.env.DREY_CLI;
   const clusterHelp = helpOf(cli, 'cluster', 'init');
   for (const name of flags(initContainer.args).keys())
@@ -185,4 +271,26 @@ test('every flag the manifests pass is one the binaries list', { skip: !process.
     assert.match(drainHelp, new RegExp(`--${name}[= \\]]`), `drey drain --help lists --${name}`);
   // The check can fail: a flag dreyd does not have is caught.
   assert.ok(!dreydHelp.includes('--cluster-etcd-endpoints='));
+});
+
+test('the policy the manifest ships loads in dreyd', { skip: !process.env.DREY_DREYD && 'DREY_DREYD unset' }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'drey-policy-'));
+  try {
+    const file = join(dir, 'policy.json');
+    writeFileSync(file, one('ConfigMap', 'drey-authz-policy').data['policy.json']);
+    const log = await new Promise((resolve) => {
+      const p = spawn(process.env.DREY_DREYD, ['--ephemeral', '--listen=127.0.0.1:0', '--ops-listen=',
+        `--authz-policy=${file}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+      let text = '';
+      p.stderr.on('data', (d) => {
+        text += d;
+        if (text.includes('"msg":"serving"') || text.includes('cannot load')) p.kill('SIGKILL');
+      });
+      p.on('exit', () => resolve(text));
+    });
+    assert.match(log, /"msg":"authz policy loaded"/, log);
+    assert.match(log, /"roles":3/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -74,4 +74,5 @@ test('probes, ports and grace periods fit drey', () => {
   assert.ok(mount.mountPath);
   for (const svc of docs.filter((d) => d.obj.kind === 'Service').map((d) => d.obj))
     assert.deepEqual(svc.spec.selector, sts.spec.selector.matchLabels);
+  assert.equal(pod.securityContext.seccompProfile.type, 'RuntimeDefault');
 });

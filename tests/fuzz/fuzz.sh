@@ -24,7 +24,7 @@ here=$top/tests/fuzz
 work=${DREY_FUZZ_DIR:-$top/.fuzz}
 cd "$top"
 
-targets_all=(request journal recover snapshot token keys ops config status)
+targets_all=(request journal recover snapshot token keys ops config status authz)
 
 # What each target is for: the sources its coverage is reported over.
 declare -A aims=(
@@ -37,18 +37,19 @@ declare -A aims=(
   [ops]="src/ops/ops.c src/ops/json.c"
   [config]="src/config/config.c"
   [status]="src/client/status.c"
+  [authz]="src/authz/policy.c src/authz/grants.c"
 )
 # Longest input tried (bytes).
 declare -A max_len=(
   [request]=4096 [journal]=4096 [recover]=16384 [snapshot]=8192 [token]=4096 [keys]=8192 [ops]=2048 [config]=1024
-  [status]=2048
+  [status]=2048 [authz]=8192
 )
 
 say() { printf 'fuzz.sh: %s\n' "$*" >&2; }
 
 cc=${CC_FUZZ:-clang-14}
 cflags=(-std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-braces -g -O1 -fno-omit-frame-pointer
-        -Iinclude -Igen -I.)
+        -Iinclude -Igen -I. -I"$work/gen_build_info")
 libs=(-lgrpc -lgpr -lprotobuf-c -ljwt -ljansson -lssl -lcrypto -lmicrohttpd -lpthread -lm)
 
 # Every module's sources (not the programs' mains), compiled once per build
@@ -58,7 +59,18 @@ sources() {
 }
 
 # build VARIANT FLAGS...: fuzz (ASan+UBSan) or cov (source-based coverage).
+# The header Bazel stamps (//:build_info_h), written the same way here.
+build_info() {
+  local h=$work/gen_build_info/drey_build_info.h rev
+  rev=$(git rev-parse HEAD 2>/dev/null) || rev=unknown
+  mkdir -p "${h%/*}"
+  printf '#define DREY_BUILD_VERSION "%s"\n#define DREY_BUILD_REVISION "%s"\n#define DREY_BUILD_MODE "fuzz"\n' \
+    "$(tr -d ' \n' < VERSION)" "$rev" > "$h.new"
+  if cmp -s "$h.new" "$h"; then rm "$h.new"; else mv "$h.new" "$h"; fi
+}
+
 build() {
+  build_info
   local variant=$1
   shift
   local out=$work/$variant obj=$work/$variant/obj
@@ -66,7 +78,7 @@ build() {
   local flags=("${cflags[@]}" "$@")
   # Recompile a source when it or any header changed since the archive.
   local stamp=$out/libdrey.a
-  if [ ! -f "$stamp" ] || [ -n "$(find src gen include -newer "$stamp" -print -quit)" ] ||
+  if [ ! -f "$stamp" ] || [ -n "$(find src gen include "$work/gen_build_info" -newer "$stamp" -print -quit)" ] ||
      [ "$(cat "$out/flags" 2>/dev/null)" != "${flags[*]}" ]; then
     rm -f "$obj"/*.o
     sources | xargs -P "${DREY_FUZZ_JOBS:-2}" -I{} sh -c \

@@ -241,7 +241,7 @@ class Moves(DreyTestCase):
 
     def test_the_controller_killed_mid_move_is_replaced_and_the_moves_finish(self):
         # Slow moves (a rate cap, preloaded data) so the kill lands among them.
-        flags = ("--cluster-move-rate=256KiB",)
+        flags = ("--cluster-move-rate=64KiB",)
         with Cluster(partitions=PARTS, initial_nodes=3, ephemeral=False) as cl:
             dirs = {}
             for i in (1, 2, 3):

@@ -1,6 +1,6 @@
 """A node on defaults and a small real file system: the journal's disk cap
 derived from the data directory's file system (--journal-max-bytes not
-given; README "Journal disk quota", src/storage/diskcap.c).
+given; docs/durability.md "Journal disk quota", src/storage/diskcap.c).
 
 The data directory is a 24 MiB tmpfs (with 1 MiB segments: the default
 64 MiB segment does not fit such a volume at all).
@@ -62,12 +62,12 @@ SKIP_REASON = None
 
 
 def reserve_of(fs_bytes):
-    """README: 5 % of the file system, at least 1 MiB, at most 1 GiB."""
+    """docs/durability.md: 5 % of the file system, at least 1 MiB, at most 1 GiB."""
     return min(max(fs_bytes // 20, MIB), GIB)
 
 
 def derived_cap(fs_bytes, avail, journal, snapshot):
-    """README: the journal may grow by half of what is available beyond the
+    """docs/durability.md: the journal may grow by half of what is available beyond the
     reserve and the next snapshot."""
     spare = max(avail - reserve_of(fs_bytes) - snapshot, 0)
     return max(journal + spare // 2, 1)

@@ -185,7 +185,7 @@ class AccountingTest(MemoryCase):
         self.assertEqual((m["state"], m["writeRejectionActive"]), ("normal", False))
 
     def test_calls_that_would_store_nothing_are_not_refused_at_critical(self):
-        """README: a write is refused when its growth, new size - old size,
+        """docs/security.md: a write is refused when its growth, new size - old size,
         would pass critical. Add or GetOrAdd of a live key and Update of an
         absent one store nothing (growth 0): at critical they answer as
         they always do (GetOrAdd of a live key is a read)."""

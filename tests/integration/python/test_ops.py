@@ -4,7 +4,7 @@
   (Prometheus text) answer from loopback without a token; /health/ready is
   503 while the node drains, /health/live stays 200.
 * The details document has every field of drey.admin.v1.ReadinessDetails
-  (the README's "same details"), in lowerCamelCase with 64-bit integers as
+  (docs/operations.md's "same details"), in lowerCamelCase with 64-bit integers as
   numbers, and agrees with Admin/GetReadinessDetails over gRPC.
 * /metrics passes `promtool check metrics` after traffic that fills every
   family (refusals and per-principal figures included), and its figures
@@ -162,9 +162,12 @@ class EndpointsTest(OpsCase):
             self.cache.Get(self.pb.cache.GetRequest(key="k"), timeout=RPC_TIMEOUT)
         d = self.get_details()
         want = expected_shape(admin_pb2().ReadinessDetails.DESCRIPTOR)
-        # A single node has no cluster section (test_cluster checks it there).
-        self.assertIsNone(d.pop("cluster"))
-        del want["cluster"]
+        # A single node has no cluster section (test_cluster checks it there),
+        # and a node without --authz-policy no authz or tenants section
+        # (test_authz and test_tenant_quota check them).
+        for section in ("cluster", "authz", "tenants"):
+            self.assertIsNone(d.pop(section), section)
+            del want[section]
 
         def check(obj, shape, where):
             self.assertIsInstance(obj, dict, where)

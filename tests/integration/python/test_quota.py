@@ -68,7 +68,7 @@ SKIP_REASON = None
 
 def frame_size(payload_len):
     """A journal frame's size on disk: header and payload, 8-byte aligned
-    (README "Durability")."""
+    (docs/durability.md)."""
     return (FRAME_HEADER + payload_len + 7) & ~7
 
 

@@ -192,6 +192,8 @@ class ReadinessCase(DreyTestCase):
                     self.assertTrue(isinstance(mv, int) and not isinstance(mv, bool), "%s[%s] = %r" % (w, mk, mv))
             elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE and f.json_name == "cluster":
                 self.assertIsNone(v, w + ": a single node has no cluster section")
+            elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE and f.json_name in ("authz", "tenants"):
+                self.assertIsNone(v, w + ": no section without --authz-policy")
             elif f.type == pbd.FieldDescriptor.TYPE_MESSAGE:
                 self.assertShape(v, f.message_type, w)
             elif f.type == pbd.FieldDescriptor.TYPE_BOOL:

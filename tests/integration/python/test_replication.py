@@ -158,6 +158,9 @@ class Scenario:
                     return unsettled("partition %d: copies under way to %s" % (p, joining))
             for n in nodes:
                 d = details(n)
+                if d.get("movesWaiting", 0):
+                    return unsettled("%s: the controller holds %s moves back while partitions settle" % (
+                        n.id, d["movesWaiting"]))
                 if d["underReplicatedPartitions"] != 0 or d["replicationPending"] != 0:
                     waiting = ["partition %s: %s pending, the oldest %s ms, in sync %s" % (
                         r["partition"], r.get("pending", 0), r.get("lagMs", 0), r.get("inSync", []))

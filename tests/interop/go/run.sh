@@ -52,6 +52,12 @@ for f in drey/cache/v1/cache.proto drey/admin/v1/admin.proto google/rpc/error_de
     fi
 done
 
+# The service-config test reads deploy/client/ and runs the cluster fixture
+# tests/integration/python/drey_failover.py from here; grpc-go before 1.40
+# retries only when this says so.
+DREY_SOURCE_ROOT="$(cd "$here/../../.." && pwd)"
+export DREY_SOURCE_ROOT GRPC_GO_RETRY=on
+
 export GO111MODULE=off GOFLAGS= GOPROXY=off
 export GOPATH="$gopath:/usr/share/gocode"
 export GOCACHE="$work/gocache" GOTMPDIR="$work"

@@ -677,7 +677,7 @@ static size_t cells(char *row, char **out, size_t max) {
     return n;
 }
 
-/* The README table: a header, a separator, then one row per option, in the
+/* The options table of docs/operations.md: a header, a separator, then one row per option, in the
  * order and with the names, variables, types and defaults --help gives;
  * each row's default, given back as the flag or as the variable, parses
  * and (for the options this file knows) reproduces the default

@@ -37,17 +37,30 @@
 typedef struct etcd_member {
     pid_t pid; /* 0: not running */
     int client_port, peer_port;
+    int metrics_port; /* plain HTTP /health of a TLS member; 0: the client port */
     char name[16];
     char dir[512];
     char log[512];
 } etcd_member;
+
+/* TLS and authentication for the members (etcd_start_secure). */
+typedef struct etcd_security {
+    bool tls;            /* https:// client URLs, --client-cert-auth with the fixture's CA */
+    int auth_token_ttl;  /* --auth-token-ttl in seconds (simple tokens); 0: etcd's */
+} etcd_security;
 
 typedef struct etcd_cluster {
     etcd_member m[FIXTURE_MAX_MEMBERS];
     int n;
     char root[400];
     char initial_cluster[512];
-    char endpoints[256]; /* "http://127.0.0.1:A,http://127.0.0.1:B,..." */
+    char endpoints[256]; /* "http://127.0.0.1:A,http://127.0.0.1:B,..." (https:// with TLS) */
+    etcd_security sec;
+    /* With TLS, under root/certs: the CA, etcd's certificate (SAN IP
+     * 127.0.0.1), a client certificate it signed (CN drey), another CA and
+     * a client certificate that one signed. */
+    char ca[512], server_cert[512], server_key[512], client_cert[512], client_key[512];
+    char other_ca[512], other_cert[512], other_key[512];
 } etcd_cluster;
 
 /* The lowest port the kernel hands out for bind(0) and outgoing
@@ -131,15 +144,16 @@ static inline void fixture_print_log(const etcd_member *m) {
     fclose(f);
 }
 
-/* GET /health on the member's client port: true when etcd says it is
- * healthy (it has a leader). */
+/* GET /health on the member's client port (its metrics port with TLS):
+ * true when etcd says it is healthy (it has a leader). */
 static inline bool fixture_healthy(const etcd_member *m) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         return false;
     struct timeval tv = {.tv_sec = 1};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)m->client_port),
+    int port = m->metrics_port != 0 ? m->metrics_port : m->client_port;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = false;
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
@@ -160,19 +174,35 @@ static inline bool fixture_healthy(const etcd_member *m) {
 
 static inline void fixture_spawn(etcd_cluster *c, int i, const char *state) {
     etcd_member *m = &c->m[i];
-    char client[64], peer[64];
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", m->client_port);
+    char client[64], peer[64], metrics[64], ttl[32];
+    snprintf(client, sizeof client, "%s://127.0.0.1:%d", c->sec.tls ? "https" : "http", m->client_port);
+    snprintf(metrics, sizeof metrics, "http://127.0.0.1:%d", m->metrics_port);
+    snprintf(ttl, sizeof ttl, "%d", c->sec.auth_token_ttl);
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", m->peer_port);
     char token[64];
     snprintf(token, sizeof token, "drey-test-%d", (int)getpid());
     /* Fast elections for the failover tests; the minimum lease TTL becomes
      * ceil(1.5 x 500 ms) = 1 s. */
-    const char *argv[] = {"/usr/bin/etcd", "--name", m->name, "--data-dir", m->dir,
+    const char *argv[40] = {"/usr/bin/etcd", "--name", m->name, "--data-dir", m->dir,
                           "--listen-client-urls", client, "--advertise-client-urls", client,
                           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                           "--initial-cluster", c->initial_cluster, "--initial-cluster-state", state,
                           "--initial-cluster-token", token, "--heartbeat-interval", "50",
-                          "--election-timeout", "500", "--logger", "zap", "--log-level", "warn", NULL};
+                          "--election-timeout", "500", "--logger", "zap", "--log-level", "warn",
+                          /* TLS: etcd's certificate, clients' checked against the CA */
+                          NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t k = 0;
+    while (argv[k] != NULL)
+        k++;
+    if (c->sec.tls) {
+        argv[k++] = "--cert-file", argv[k++] = c->server_cert;
+        argv[k++] = "--key-file", argv[k++] = c->server_key;
+        argv[k++] = "--trusted-ca-file", argv[k++] = c->ca;
+        argv[k++] = "--client-cert-auth";
+        argv[k++] = "--listen-metrics-urls", argv[k++] = metrics;
+    }
+    if (c->sec.auth_token_ttl > 0)
+        argv[k++] = "--auth-token-ttl", argv[k++] = ttl;
     int log = open(m->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     cr_assert_geq(log, 0, "%s: %s", m->log, strerror(errno));
     pid_t pid = fork();
@@ -214,32 +244,94 @@ static inline bool fixture_wait_healthy(etcd_cluster *c) {
 
 static inline void etcd_kill(etcd_cluster *c, int i);
 
+/* Runs a shell command, asserting it succeeds. */
+static inline void fixture_sh(const char *cmd) {
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+/* Certificates with the openssl CLI: a CA, a certificate it signs with
+ * subject CN and the extension lines ext (a file written here). */
+static inline void fixture_issue(const char *dir, const char *ca, const char *name, const char *cn, const char *ext) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && printf '%s' > %s.ext && "
+             "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout %s.key -out %s.csr "
+             "-subj /CN=%s 2>/dev/null && "
+             "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key -CAcreateserial -out %s.pem -days 2 "
+             "-extfile %s.ext 2>/dev/null",
+             dir, ext, name, name, name, cn, name, ca, ca, name, name);
+    fixture_sh(cmd);
+}
+
+static inline void fixture_certs(etcd_cluster *c) {
+    char dir[480], cmd[1024];
+    snprintf(dir, sizeof dir, "%s/certs", c->root);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    for (int k = 0; k < 2; k++) {
+        const char *ca = k == 0 ? "ca" : "other-ca";
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout %s.key "
+                 "-out %s.pem -days 2 -subj /CN=%s 2>/dev/null",
+                 dir, ca, ca, ca);
+        fixture_sh(cmd);
+    }
+    fixture_issue(dir, "ca", "server", "etcd", "subjectAltName=IP:127.0.0.1,DNS:localhost\\n"
+                                                 "extendedKeyUsage=serverAuth,clientAuth\\n");
+    fixture_issue(dir, "ca", "client", "drey", "extendedKeyUsage=clientAuth\\n");
+    fixture_issue(dir, "other-ca", "other", "drey", "extendedKeyUsage=clientAuth\\n");
+    snprintf(c->ca, sizeof c->ca, "%s/ca.pem", dir);
+    snprintf(c->server_cert, sizeof c->server_cert, "%s/server.pem", dir);
+    snprintf(c->server_key, sizeof c->server_key, "%s/server.key", dir);
+    snprintf(c->client_cert, sizeof c->client_cert, "%s/client.pem", dir);
+    snprintf(c->client_key, sizeof c->client_key, "%s/client.key", dir);
+    snprintf(c->other_ca, sizeof c->other_ca, "%s/other-ca.pem", dir);
+    snprintf(c->other_cert, sizeof c->other_cert, "%s/other.pem", dir);
+    snprintf(c->other_key, sizeof c->other_key, "%s/other.key", dir);
+}
+
+static inline void etcd_start_secure(etcd_cluster *c, int n, const etcd_security *sec);
+
 /* Starts an n-member cluster and waits until every member is healthy; new
  * ports and a clean directory when a member could not start. */
 static inline void etcd_start(etcd_cluster *c, int n) {
+    etcd_start_secure(c, n, NULL);
+}
+
+/* etcd_start, with TLS (certificates made under the cluster's directory)
+ * and authentication settings. */
+static inline void etcd_start_secure(etcd_cluster *c, int n, const etcd_security *sec) {
     memset(c, 0, sizeof *c);
     cr_assert(n >= 1 && n <= FIXTURE_MAX_MEMBERS);
     c->n = n;
+    if (sec != NULL)
+        c->sec = *sec;
     const char *tmp = getenv("TEST_TMPDIR");
     for (int attempt = 0;; attempt++) {
         snprintf(c->root, sizeof c->root, "%s/etcd-XXXXXX", tmp != NULL ? tmp : "/tmp");
         cr_assert_not_null(mkdtemp(c->root), "mkdtemp: %s", strerror(errno));
+        if (c->sec.tls)
+            fixture_certs(c);
         size_t used = 0, eused = 0;
-        int held[2 * FIXTURE_MAX_MEMBERS];
+        int held[3 * FIXTURE_MAX_MEMBERS];
         for (int i = 0; i < n; i++) {
             etcd_member *m = &c->m[i];
             snprintf(m->name, sizeof m->name, "m%d", i);
             snprintf(m->dir, sizeof m->dir, "%.400s/m%d", c->root, i);
             snprintf(m->log, sizeof m->log, "%.400s/m%d.log", c->root, i);
-            m->client_port = fixture_bound_port(&held[2 * i]);
-            m->peer_port = fixture_bound_port(&held[2 * i + 1]);
+            m->client_port = fixture_bound_port(&held[3 * i]);
+            m->peer_port = fixture_bound_port(&held[3 * i + 1]);
+            m->metrics_port = c->sec.tls ? fixture_bound_port(&held[3 * i + 2]) : 0;
+            if (!c->sec.tls)
+                held[3 * i + 2] = -1;
             used += (size_t)snprintf(c->initial_cluster + used, sizeof c->initial_cluster - used,
                                      "%sm%d=http://127.0.0.1:%d", i ? "," : "", i, m->peer_port);
-            eused += (size_t)snprintf(c->endpoints + eused, sizeof c->endpoints - eused, "%shttp://127.0.0.1:%d",
-                                      i ? "," : "", m->client_port);
+            eused += (size_t)snprintf(c->endpoints + eused, sizeof c->endpoints - eused, "%s%s://127.0.0.1:%d",
+                                      i ? "," : "", c->sec.tls ? "https" : "http", m->client_port);
         }
-        for (int i = 0; i < 2 * n; i++)
-            close(held[i]); /* just before etcd binds them */
+        for (int i = 0; i < 3 * n; i++) {
+            if (held[i] >= 0)
+                close(held[i]); /* just before etcd binds them */
+        }
         for (int i = 0; i < n; i++)
             fixture_spawn(c, i, "new");
         if (fixture_wait_healthy(c))
@@ -307,17 +399,20 @@ static inline void etcd_stop_all(etcd_cluster *c) {
         fprintf(stderr, "could not remove %s\n", c->root);
 }
 
-/* "http://127.0.0.1:<client port of member i>" */
+/* "http://127.0.0.1:<client port of member i>" (https:// with TLS) */
 static inline const char *etcd_endpoint(const etcd_cluster *c, int i, char *buf, size_t cap) {
-    snprintf(buf, cap, "http://127.0.0.1:%d", c->m[i].client_port);
+    snprintf(buf, cap, "%s://127.0.0.1:%d", c->sec.tls ? "https" : "http", c->m[i].client_port);
     return buf;
 }
 
 /* Runs etcdctl against the cluster with the given arguments (a command
- * line tail), asserting it succeeds. */
+ * line tail, which may carry --user), asserting it succeeds. */
 static inline void etcdctl(const etcd_cluster *c, const char *args) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s >/dev/null 2>&1", c->endpoints, args);
+    char cmd[4096], tls[1700] = "";
+    if (c->sec.tls)
+        snprintf(tls, sizeof tls, "--cacert=%s --cert=%s --key=%s", c->ca, c->client_cert, c->client_key);
+    snprintf(cmd, sizeof cmd, "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=%s %s %s >/dev/null 2>&1", c->endpoints,
+             tls, args);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
 }
 

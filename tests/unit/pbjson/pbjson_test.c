@@ -176,7 +176,7 @@ Test(json, readiness_details_are_written_whole_in_camel_case) {
                  "\"dataDisk\":{\"journalCap\":\"derived\",\"fsBytes\":2199023255552,"
                  "\"availableBytes\":1500000000000,\"reserveBytes\":1073741824,"
                  "\"snapshotEstimateBytes\":5000000000,\"snapshotFilesBytes\":9000000000,"
-                 "\"snapshotRoom\":\"ok\"},\"eviction\":null,\"cluster\":null,\"build\":null}"));
+                 "\"snapshotRoom\":\"ok\"},\"eviction\":null,\"cluster\":null,\"build\":null,\"authz\":null,\"tenants\":null}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "journalDisk"), &x.disk.base);
@@ -231,7 +231,7 @@ Test(json, default_values_are_written_not_omitted) {
                  "\"compaction\":{\"state\":\"\",\"lastRun\":\"\"},"
                  "\"recovery\":{\"state\":\"\",\"replayedRecords\":0},"
                  "\"dataDisk\":{\"journalCap\":\"\",\"fsBytes\":0,\"availableBytes\":0,\"reserveBytes\":0,"
-                 "\"snapshotEstimateBytes\":0,\"snapshotFilesBytes\":0,\"snapshotRoom\":\"\"},\"eviction\":null,\"cluster\":null,\"build\":null}"));
+                 "\"snapshotEstimateBytes\":0,\"snapshotFilesBytes\":0,\"snapshotRoom\":\"\"},\"eviction\":null,\"cluster\":null,\"build\":null,\"authz\":null,\"tenants\":null}"));
     json_t *j = parse(text, 0);
     assert_every_field_present(j, &x.d.base);
     assert_every_field_present(json_object_get(j, "memory"), &x.mem.base);
@@ -247,7 +247,7 @@ Test(json, absent_sub_messages_are_null) {
     char *text = render(&d);
     cr_assert(eq(str, text,
                  "{\"ready\":false,\"journalDisk\":null,\"memory\":null,\"backpressure\":null,\"journal\":null,"
-                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null,\"dataDisk\":null,\"eviction\":null,\"cluster\":null,\"build\":null}"));
+                 "\"snapshot\":null,\"compaction\":null,\"recovery\":null,\"dataDisk\":null,\"eviction\":null,\"cluster\":null,\"build\":null,\"authz\":null,\"tenants\":null}"));
     json_t *j = parse(text, 0);
     cr_assert(eq(sz, json_object_size(j), d.base.descriptor->n_fields));
     json_decref(j);

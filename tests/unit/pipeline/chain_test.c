@@ -9,18 +9,27 @@
  * unchanged, no remembered outcome, no version consumed); the stages run in
  * the declared order; a parked request resumes; a cancelled waiter leaves
  * the queue while a cancelled running request keeps its slot; the journal's
- * queue is bounded.
+ * queue is bounded; a request not permitted by the policy, or past its
+ * tenant's memory quota, leaves no trace either.
  *
  * A second service (drey.admin.v1.Admin, with a test's own handlers) lets a
  * test hold a request at the end of the chain for as long as it likes: its
  * Snapshot handler only records the request, and the test answers it.
  */
 #include <criterion/criterion.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "drey/admin/v1/admin.pb-c.h"
+#include "drey/auth.h"
+#include "drey/authz.h"
 #include "drey/cache.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
@@ -34,6 +43,7 @@
 #include "drey/partition.h"
 #include "drey/pipeline.h"
 #include "drey/store.h"
+#include "drey/tenant.h"
 #include "drey/timer.h"
 
 #define WAIT_MS 10000
@@ -181,6 +191,8 @@ typedef struct fixture_opts {
     uint32_t max_caches;
     uint64_t journal_max_bytes, max_queued_records;
     size_t max_key_bytes;
+    /* A policy (--authz-policy): tokens are then HS256 with mint(). */
+    const char *policy;
 } fixture_opts;
 
 typedef struct fixture {
@@ -195,6 +207,10 @@ typedef struct fixture {
     drey_io_fault *fs;
     drey_journal *journal;
     drey_pipeline *p;
+    char dir[64]; /* the keys and the policy, when there is one */
+    drey_auth *auth;
+    drey_authz *authz;
+    drey_tenants *tenants;
     /* The parked Admin/Snapshot request, for the test to answer. */
     pthread_mutex_t mu;
     drey_request *held;
@@ -225,6 +241,89 @@ static const drey_method_spec admin_specs[] = {
     {.name = "Snapshot", .flags = DREY_METHOD_ADMIN, .handle = hold},
     {.name = "GetReadinessDetails", .flags = DREY_METHOD_ADMIN, .apply = empty_details},
 };
+
+/* --- tokens and a policy (the authz and tenant stages) ---------------------- */
+
+static const unsigned char secret[32] = "0123456789abcdef0123456789abcdef";
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    cr_assert_not_null(fp, "%s", path);
+    cr_assert_eq(fwrite(data, 1, n, fp), n);
+    fclose(fp);
+}
+
+/* base64url without padding, into out (NUL-terminated). */
+static void b64url(const unsigned char *in, size_t n, char *out) {
+    int len = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+    int j = 0;
+    for (int i = 0; i < len; i++) {
+        char c = out[i];
+        if (c == '=')
+            break;
+        out[j++] = c == '+' ? '-' : c == '/' ? '_' : c;
+    }
+    out[j] = '\0';
+}
+
+/* "Bearer <an HS256 token>" for sub with extra claims (",..." or ""); the
+ * caller frees it. */
+static char *mint(const char *sub, const char *extra) {
+    char payload[512], hp[1024], h64[128], p64[768], sig64[64];
+    snprintf(payload, sizeof payload, "{\"sub\":\"%s\",\"exp\":%lld%s}", sub,
+             (long long)time(NULL) + 3600, extra);
+    const char *header = "{\"alg\":\"HS256\",\"kid\":\"k1\",\"typ\":\"JWT\"}";
+    b64url((const unsigned char *)header, strlen(header), h64);
+    b64url((const unsigned char *)payload, strlen(payload), p64);
+    snprintf(hp, sizeof hp, "%s.%s", h64, p64);
+    unsigned char mac[32];
+    unsigned int mac_len = sizeof mac;
+    cr_assert_not_null(HMAC(EVP_sha256(), secret, sizeof secret, (const unsigned char *)hp, strlen(hp), mac, &mac_len));
+    b64url(mac, mac_len, sig64);
+    size_t n = strlen(hp) + strlen(sig64) + 16;
+    char *out = malloc(n);
+    snprintf(out, n, "Bearer %s.%s", hp, sig64);
+    return out;
+}
+
+static void *grants_make(void *ctx, const char *claims, size_t len) {
+    return drey_authz_grants_for(ctx, claims, len);
+}
+static void grants_ref(void *g) {
+    drey_authz_grants_ref(g);
+}
+static void grants_unref(void *g) {
+    drey_authz_grants_unref(g);
+}
+static bool grants_current(void *ctx, const void *g) {
+    return drey_authz_current(ctx, g);
+}
+static int64_t tenant_limit(void *ctx, const char *tenant, size_t len) {
+    return drey_authz_tenant_limit(ctx, tenant, len);
+}
+
+/* Keys, the policy, auth with grants attached and tenants, as dreyd wires them. */
+static void authz_open(const char *policy) {
+    snprintf(f.dir, sizeof f.dir, "/tmp/chain-authz-XXXXXX");
+    cr_assert_not_null(mkdtemp(f.dir));
+    char keys[96], path[128];
+    snprintf(keys, sizeof keys, "%s/keys", f.dir);
+    cr_assert_eq(mkdir(keys, 0700), 0);
+    snprintf(path, sizeof path, "%s/k1.HS256.key", keys);
+    write_file(path, secret, sizeof secret);
+    snprintf(path, sizeof path, "%s/policy.json", f.dir);
+    write_file(path, policy, strlen(policy));
+    char err[512] = "";
+    drey_auth_options ao = {.keys_dir = keys, .clock_skew_ms = 30000, .max_token_bytes = 8192, .cache_entries = 64};
+    f.auth = drey_auth_create(&ao, err, sizeof err);
+    cr_assert_not_null(f.auth, "%s", err);
+    f.authz = drey_authz_create(path, err, sizeof err);
+    cr_assert_not_null(f.authz, "%s", err);
+    drey_auth_set_attach(f.auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref, .unref = grants_unref,
+                                                     .current = grants_current, .ctx = f.authz});
+    f.tenants = drey_tenants_create(f.store);
+    drey_tenants_set_limits(f.tenants, tenant_limit, f.authz);
+}
 
 static void fixture_open(const fixture_opts *o) {
     memset(&f, 0, sizeof f);
@@ -273,7 +372,12 @@ static void fixture_open(const fixture_opts *o) {
         char err[256];
         cr_assert_eq(drey_journal_open(&jo, 0, NULL, NULL, &f.journal, err, sizeof err), 0, "%s", err);
     }
+    if (o->policy != NULL)
+        authz_open(o->policy);
     drey_pipeline_options po = {
+        .auth = f.auth,
+        .authz = f.authz,
+        .tenants = f.tenants,
         .limits = {.max_cache_name_bytes = 64,
                    .max_key_bytes = o->max_key_bytes ? o->max_key_bytes : 256,
                    .max_value_bytes = 1 << 20,
@@ -293,6 +397,8 @@ static void fixture_open(const fixture_opts *o) {
 static void fixture_close(void) {
     drey_journal_close(f.journal);
     drey_pipeline_destroy(f.p);
+    drey_auth_destroy(f.auth); /* its token cache holds grants */
+    drey_authz_destroy(f.authz);
     drey_memory_destroy(f.memory);
     drey_bp_destroy(f.bp);
     drey_timers_destroy(f.timers);
@@ -301,7 +407,18 @@ static void fixture_close(void) {
     drey_cache_destroy(f.cache);
     drey_partition_destroy(f.partitions);
     drey_store_destroy(f.store);
+    drey_tenants_destroy(f.tenants);
     drey_io_fault_destroy(f.fs);
+    if (f.dir[0] != '\0') {
+        char path[128];
+        snprintf(path, sizeof path, "%s/keys/k1.HS256.key", f.dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/keys", f.dir);
+        rmdir(path);
+        snprintf(path, sizeof path, "%s/policy.json", f.dir);
+        unlink(path);
+        rmdir(f.dir);
+    }
     pthread_mutex_destroy(&f.mu);
     pthread_cond_destroy(&f.cond);
 }
@@ -627,6 +744,116 @@ Test(chain, a_full_journal_queue_refuses_before_anything_is_queued) {
     door_free(a);
     door_free(b);
     door_free(c);
+}
+
+/* Anonymous callers may do anything (baseline() writes without a token);
+ * alice only user:* in "c", and her writes are acme's, 300 bytes at most. */
+#define POLICY                                                                                                    \
+    "{\"roles\": {\"all\": [{\"caches\": [\"*\"], \"keys\": [\"*\"], \"verbs\": [\"read\", \"write\", \"delete\"]}]," \
+    "  \"users\": [{\"caches\": [\"c\"], \"keys\": [\"user:*\"], \"verbs\": [\"read\", \"write\", \"delete\"]}]},"   \
+    " \"bindings\": [{\"claim\": \"sub\", \"equals\": \"alice\", \"roles\": [\"users\"]},"                          \
+    "  {\"anonymous\": true, \"roles\": [\"all\"]}],"                                                             \
+    " \"tenants\": {\"claim\": \"tenant\", \"maxBytes\": {\"acme\": 300, \"*\": 1000000}}}"
+
+static door *set_many(const char *authorization, const char *k1, const char *k2) {
+    Drey__Cache__V1__Value v = DREY__CACHE__V1__VALUE__INIT;
+    v.kind_case = DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE;
+    v.bytes_value.data = (uint8_t *)"v";
+    v.bytes_value.len = 1;
+    Drey__Cache__V1__SetManyRequest__Entry e1 = DREY__CACHE__V1__SET_MANY_REQUEST__ENTRY__INIT, e2 = e1;
+    e1.key = (char *)k1;
+    e1.value = &v;
+    e2.key = (char *)k2;
+    e2.value = &v;
+    Drey__Cache__V1__SetManyRequest__Entry *es[] = {&e1, &e2};
+    Drey__Cache__V1__SetManyRequest req = DREY__CACHE__V1__SET_MANY_REQUEST__INIT;
+    req.cache = "c";
+    req.n_entries = 2;
+    req.entries = es;
+    return submit("/drey.cache.v1.Cache/SetMany", &req.base, authorization);
+}
+
+Test(chain, a_request_not_permitted_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .policy = POLICY});
+    trace t = baseline();
+    char *alice = mint("alice", "");
+    door *d = set((set_args){.key = "other", .value = "v", .request_id = "r1", .authorization = alice});
+    expect_refused(d, DREY_ERR_NOT_PERMITTED);
+    expect_no_trace(&t, "authz");
+    door_free(d);
+    /* One key of a batch not granted: the whole batch is refused. */
+    d = set_many(alice, "user:1", "other");
+    expect_refused(d, DREY_ERR_NOT_PERMITTED);
+    expect_no_trace(&t, "authz, batch");
+    door_free(d);
+    d = set_many(alice, "user:1", "user:2");
+    expect_ok(d);
+    door_free(d);
+    drey_authz_stats as;
+    drey_authz_get_stats(f.authz, &as);
+    cr_assert_eq(as.denied[DREY_AUTHZ_WRITE], 2);
+    cr_assert_str_eq(as.denials[0].principal, "jwt:alice");
+    free(alice);
+}
+
+Test(chain, a_tenant_quota_refusal_leaves_no_trace) {
+    fixture_open(&(fixture_opts){.durable = true, .policy = POLICY});
+    char *acme = mint("alice", ",\"tenant\":\"acme\"");
+    static char v[100];
+    memset(v, 'x', sizeof v);
+    door *d = set((set_args){.key = "user:1", .value = v, .value_len = sizeof v, .authorization = acme});
+    expect_ok(d);
+    door_free(d);
+    uint32_t id = drey_tenants_intern(f.tenants, "acme", 4);
+    int64_t used = drey_tenants_used(f.tenants, id);
+    cr_assert_gt(used, 100);
+    cr_assert_leq(used, 300);
+    trace t = take_trace();
+    static char big[250];
+    memset(big, 'y', sizeof big);
+    d = set((set_args){.key = "user:2", .value = big, .value_len = sizeof big, .request_id = "r2", .authorization = acme});
+    expect_refused(d, DREY_ERR_TENANT_MEMORY_QUOTA);
+    cr_assert_str_eq(d->st.quota_subject, "tenant:acme");
+    expect_no_trace(&t, "tenant");
+    cr_assert_eq(drey_tenants_used(f.tenants, id), used, "nothing reserved is left behind");
+    door_free(d);
+    /* Replacing the tenant's own entry grows it only by the difference. */
+    d = set((set_args){.key = "user:1", .value = big, .value_len = 150, .authorization = acme});
+    expect_ok(d);
+    door_free(d);
+    cr_assert_eq(drey_tenants_used(f.tenants, id), used + 50);
+    /* Removing gives the bytes back. */
+    Drey__Cache__V1__RemoveRequest rm = DREY__CACHE__V1__REMOVE_REQUEST__INIT;
+    rm.cache = "c";
+    rm.key = "user:1";
+    d = submit("/drey.cache.v1.Cache/Remove", &rm.base, acme);
+    expect_ok(d);
+    door_free(d);
+    cr_assert_eq(drey_tenants_used(f.tenants, id), 0);
+    free(acme);
+}
+
+Test(chain, authz_runs_after_principal_and_before_idempotency_and_tenant_before_memory) {
+    fixture_open(&(fixture_opts){.durable = true, .policy = POLICY, .memory_limit = 4096});
+    door *first = set((set_args){.key = "k0", .value = "v0", .request_id = "r0"});
+    expect_ok(first);
+    door_free(first);
+    char *alice = mint("alice", ",\"tenant\":\"acme\"");
+    /* authz before idempotency: r0 reused, by a caller who may not write k0. */
+    door *d = set((set_args){.key = "k0", .value = "other", .request_id = "r0", .authorization = alice});
+    expect_refused(d, DREY_ERR_NOT_PERMITTED);
+    door_free(d);
+    /* principal before authz: a token that cannot be checked. */
+    d = set((set_args){.key = "k0", .value = "v", .authorization = "Bearer a.b.c"});
+    expect_refused(d, DREY_ERR_TOKEN_MALFORMED);
+    door_free(d);
+    /* tenant before memory: too big for both. */
+    static char big[5000];
+    memset(big, 'x', sizeof big);
+    d = set((set_args){.key = "user:1", .value = big, .value_len = sizeof big, .authorization = alice});
+    expect_refused(d, DREY_ERR_TENANT_MEMORY_QUOTA);
+    door_free(d);
+    free(alice);
 }
 
 /* --- the order of the stages ----------------------------------------------- */

@@ -668,3 +668,99 @@ Test(snapshot, a_huge_trailer_count_does_not_size_the_table) {
     free(v);
     free(file);
 }
+
+/* --- tenants (version 2) ------------------------------------------------------ */
+
+/* A tiny accountant: two names, bytes per tenant. */
+static const char *const tenant_names[] = {"", "acme", "globex"};
+static int64_t tenant_bytes[3];
+
+static void t_account(void *ctx, uint32_t tenant, const char *cache, size_t cache_len, const char *key,
+                      size_t key_len, int64_t delta) {
+    (void)ctx, (void)cache, (void)cache_len, (void)key, (void)key_len;
+    cr_assert_lt(tenant, 3u);
+    tenant_bytes[tenant] += delta;
+}
+
+static uint32_t t_intern(void *ctx, const char *name, size_t len) {
+    (void)ctx;
+    for (uint32_t i = 0; i < 3; i++)
+        if (strlen(tenant_names[i]) == len && memcmp(tenant_names[i], name, len) == 0)
+            return i;
+    cr_assert_fail("unknown tenant %.*s", (int)len, name);
+    return 0;
+}
+
+static const char *t_name(void *ctx, uint32_t tenant, size_t *len) {
+    (void)ctx;
+    *len = strlen(tenant_names[tenant]);
+    return tenant_names[tenant];
+}
+
+static const drey_store_tenants tenant_table = {.account = t_account, .intern = t_intern, .name = t_name};
+
+static void put_tenant(drey_store *s, const char *key, const char *value, uint32_t tenant) {
+    drey_key k;
+    drey_store_key(s, &k, "c", 1, key, strlen(key));
+    drey_value v = {.kind = DREY_VALUE_BYTES, .data = (const uint8_t *)value, .len = (uint32_t)strlen(value)};
+    drey_store_txn t;
+    drey_store_txn_begin(s, &t, &k, 1);
+    t.tenant = tenant;
+    drey_store_txn_put(&t, &k, &v, 0, 0);
+    drey_store_txn_end(&t);
+}
+
+static uint32_t version_of(const char *path) {
+    int fd = io->ops->open(io, path, O_RDONLY, 0);
+    cr_assert_geq(fd, 0);
+    uint8_t h[12];
+    cr_assert_eq(io->ops->pread(io, fd, h, sizeof h, 0), (ssize_t)sizeof h);
+    io->ops->close(io, fd);
+    return (uint32_t)h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
+}
+
+Test(snapshot, entries_keep_their_tenants_and_a_file_without_tenants_stays_version_1) {
+    memset(tenant_bytes, 0, sizeof tenant_bytes);
+    drey_store_set_tenants(st, &tenant_table);
+    char name[64], path[256], err[512];
+    drey_snapshot_info info;
+
+    put_tenant(st, "plain", "v0", 0);
+    cr_assert_eq(take(st, 1, 5, name, &info), 0);
+    path_of(path, sizeof path, name);
+    cr_assert_eq(version_of(path), 1u, "no tenant: what version 1 wrote");
+
+    put_tenant(st, "a1", "value-of-acme", 1);
+    put_tenant(st, "a2", "more", 1);
+    put_tenant(st, "g1", "value-of-globex", 2);
+    int64_t acme = tenant_bytes[1], globex = tenant_bytes[2];
+    cr_assert_gt(acme, 0);
+    cr_assert_gt(globex, 0);
+    cr_assert_eq(take(st, 2, 6, name, &info), 0);
+    path_of(path, sizeof path, name);
+    cr_assert_eq(version_of(path), 2u);
+
+    /* Loaded into a new store, every entry is its tenant's again, and the
+     * accountant hears the same bytes. */
+    memset(tenant_bytes, 0, sizeof tenant_bytes);
+    drey_store *again = drey_store_create();
+    drey_store_set_tenants(again, &tenant_table);
+    cr_assert_eq(drey_snapshot_load(io, path, again, &info, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(info.entries, 4);
+    cr_assert_eq(tenant_bytes[1], acme);
+    cr_assert_eq(tenant_bytes[2], globex);
+    const char *keys[] = {"plain", "a1", "a2", "g1"};
+    const uint32_t want[] = {0, 1, 1, 2};
+    for (size_t i = 0; i < 4; i++) {
+        drey_key k;
+        drey_store_key(again, &k, "c", 1, keys[i], strlen(keys[i]));
+        uint32_t tenant = 99;
+        cr_assert_gt(drey_store_entry_size_tenant(again, &k, 6, &tenant), 0, "%s", keys[i]);
+        cr_assert_eq(tenant, want[i], "%s", keys[i]);
+    }
+    /* Replacing an entry under another tenant moves its bytes. */
+    put_tenant(again, "a1", "now-globex", 2);
+    cr_assert_lt(tenant_bytes[1], acme);
+    cr_assert_gt(tenant_bytes[2], globex);
+    drey_store_destroy(again);
+}

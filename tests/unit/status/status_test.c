@@ -433,3 +433,73 @@ Test(status, encode_every_catalogue_row) {
         decoded_free(&d);
     }
 }
+
+/* --- reading another node's answer ------------------------------------------ */
+
+static int64_t delay_of_encoded(const drey_status *st) {
+    drey_arena a;
+    drey_arena_init(&a, NULL, 0);
+    uint8_t *bytes;
+    size_t len;
+    drey_status_encode(st, &a, &bytes, &len);
+    int64_t ms = drey_status_retry_delay_ms(bytes, len);
+    drey_arena_destroy(&a);
+    return ms;
+}
+
+/* The delay comes back as it was encoded, among the other details; a
+ * status without RetryInfo has none. */
+Test(status, retry_delay_of_encoded_statuses) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_status_set(&st, DREY_ERR_NODE_RATE_LIMIT);
+    strcpy(st.quota_subject, "node:n1");
+    drey_status_add_metadata(&st, "limitRequestsPerSecond", "%d", 1);
+    st.retry_delay_ms = 1500;
+    cr_assert(eq(i64, delay_of_encoded(&st), 1500));
+    st.retry_delay_ms = 0;
+    cr_assert(eq(i64, delay_of_encoded(&st), 0));
+    st.retry_delay_ms = -1;
+    cr_assert(eq(i64, delay_of_encoded(&st), -1));
+    drey_status_init(&st);
+    drey_status_add_violation(&st, DREY_ERR_INVALID_KEY, "key");
+    cr_assert(eq(i64, delay_of_encoded(&st), -1));
+}
+
+/* A google.rpc.Status made elsewhere: any type URL host, a delay with
+ * sub-millisecond nanos rounded up, a RetryInfo without a delay skipped;
+ * bytes that are not a Status give none. */
+Test(status, retry_delay_of_foreign_statuses) {
+    Google__Protobuf__Duration d = GOOGLE__PROTOBUF__DURATION__INIT;
+    d.seconds = 2;
+    d.nanos = 1;
+    Google__Rpc__RetryInfo ri = GOOGLE__RPC__RETRY_INFO__INIT;
+    ri.retry_delay = &d;
+    uint8_t ri_bytes[64];
+    size_t ri_len = google__rpc__retry_info__pack(&ri, ri_bytes);
+    Google__Rpc__RetryInfo empty = GOOGLE__RPC__RETRY_INFO__INIT;
+    uint8_t empty_bytes[8];
+    size_t empty_len = google__rpc__retry_info__pack(&empty, empty_bytes);
+
+    Google__Protobuf__Any any[2] = {GOOGLE__PROTOBUF__ANY__INIT, GOOGLE__PROTOBUF__ANY__INIT};
+    any[0].type_url = "example.com/google.rpc.RetryInfo";
+    any[0].value = (ProtobufCBinaryData){empty_len, empty_bytes};
+    any[1].type_url = "example.com/google.rpc.RetryInfo";
+    any[1].value = (ProtobufCBinaryData){ri_len, ri_bytes};
+    Google__Protobuf__Any *anys[2] = {&any[0], &any[1]};
+    Google__Rpc__Status s = GOOGLE__RPC__STATUS__INIT;
+    s.code = GRPC_STATUS_UNAVAILABLE;
+    s.n_details = 2;
+    s.details = anys;
+    uint8_t bytes[256];
+    size_t len = google__rpc__status__pack(&s, bytes);
+    cr_assert(eq(i64, drey_status_retry_delay_ms(bytes, len), 2001));
+
+    any[1].type_url = "example.com/google.rpc.RetryInfoX";
+    len = google__rpc__status__pack(&s, bytes);
+    cr_assert(eq(i64, drey_status_retry_delay_ms(bytes, len), -1));
+
+    static const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff};
+    cr_assert(eq(i64, drey_status_retry_delay_ms(junk, sizeof junk), -1));
+    cr_assert(eq(i64, drey_status_retry_delay_ms(NULL, 0), -1));
+}

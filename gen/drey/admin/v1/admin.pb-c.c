@@ -220,6 +220,36 @@ void   drey__admin__v1__readiness_details__build__init
   static const Drey__Admin__V1__ReadinessDetails__Build init_value = DREY__ADMIN__V1__READINESS_DETAILS__BUILD__INIT;
   *message = init_value;
 }
+void   drey__admin__v1__readiness_details__authz__denied_by_verb_entry__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry init_value = DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__DENIED_BY_VERB_ENTRY__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__authz__denial__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz__Denial         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Authz__Denial init_value = DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__DENIAL__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__authz__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Authz init_value = DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__tenants__tenant__init
+                     (Drey__Admin__V1__ReadinessDetails__Tenants__Tenant         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Tenants__Tenant init_value = DREY__ADMIN__V1__READINESS_DETAILS__TENANTS__TENANT__INIT;
+  *message = init_value;
+}
+void   drey__admin__v1__readiness_details__tenants__init
+                     (Drey__Admin__V1__ReadinessDetails__Tenants         *message)
+{
+  static const Drey__Admin__V1__ReadinessDetails__Tenants init_value = DREY__ADMIN__V1__READINESS_DETAILS__TENANTS__INIT;
+  *message = init_value;
+}
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message)
 {
@@ -1355,7 +1385,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__pa
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__partition_replica__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[38] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[39] =
 {
   {
     "node_id",
@@ -1813,6 +1843,18 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "moves_waiting",
+    39,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, moves_waiting),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   24,   /* field[24] = backup_partitions */
@@ -1832,6 +1874,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
   19,   /* field[19] = moved_entries */
   17,   /* field[17] = moves_done */
   18,   /* field[18] = moves_failed */
+  38,   /* field[38] = moves_waiting */
   14,   /* field[14] = moving_in */
   16,   /* field[16] = moving_now */
   15,   /* field[15] = moving_out */
@@ -1857,7 +1900,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 38 }
+  { 0, 39 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1867,7 +1910,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  38,
+  39,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,
@@ -1938,7 +1981,535 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__build__desc
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__build__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[12] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__authz__denied_by_verb_entry__field_descriptors[2] =
+{
+  {
+    "key",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry, key),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "value",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry, value),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__authz__denied_by_verb_entry__field_indices_by_name[] = {
+  0,   /* field[0] = key */
+  1,   /* field[1] = value */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__authz__denied_by_verb_entry__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__denied_by_verb_entry__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Authz.DeniedByVerbEntry",
+  "DeniedByVerbEntry",
+  "Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry),
+  2,
+  drey__admin__v1__readiness_details__authz__denied_by_verb_entry__field_descriptors,
+  drey__admin__v1__readiness_details__authz__denied_by_verb_entry__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__authz__denied_by_verb_entry__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__authz__denied_by_verb_entry__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__authz__denial__field_descriptors[6] =
+{
+  {
+    "principal",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, principal),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "verb",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, verb),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cache",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "method",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, method),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_at",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, last_at),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "count",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz__Denial, count),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__authz__denial__field_indices_by_name[] = {
+  2,   /* field[2] = cache */
+  5,   /* field[5] = count */
+  4,   /* field[4] = last_at */
+  3,   /* field[3] = method */
+  0,   /* field[0] = principal */
+  1,   /* field[1] = verb */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__authz__denial__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__denial__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Authz.Denial",
+  "Denial",
+  "Drey__Admin__V1__ReadinessDetails__Authz__Denial",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Authz__Denial),
+  6,
+  drey__admin__v1__readiness_details__authz__denial__field_descriptors,
+  drey__admin__v1__readiness_details__authz__denial__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__authz__denial__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__authz__denial__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__authz__field_descriptors[11] =
+{
+  {
+    "path",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, path),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "generation",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, generation),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "loaded_at",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, loaded_at),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "roles",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, roles),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rules",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, rules),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bindings",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, bindings),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reloads",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, reloads),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reload_failures",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, reload_failures),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_error",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, last_error),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "denied_by_verb",
+    10,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, n_denied_by_verb),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, denied_by_verb),
+    &drey__admin__v1__readiness_details__authz__denied_by_verb_entry__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "last_denials",
+    11,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, n_last_denials),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Authz, last_denials),
+    &drey__admin__v1__readiness_details__authz__denial__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__authz__field_indices_by_name[] = {
+  5,   /* field[5] = bindings */
+  9,   /* field[9] = denied_by_verb */
+  1,   /* field[1] = generation */
+  10,   /* field[10] = last_denials */
+  8,   /* field[8] = last_error */
+  2,   /* field[2] = loaded_at */
+  0,   /* field[0] = path */
+  7,   /* field[7] = reload_failures */
+  6,   /* field[6] = reloads */
+  3,   /* field[3] = roles */
+  4,   /* field[4] = rules */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__authz__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 11 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Authz",
+  "Authz",
+  "Drey__Admin__V1__ReadinessDetails__Authz",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Authz),
+  11,
+  drey__admin__v1__readiness_details__authz__field_descriptors,
+  drey__admin__v1__readiness_details__authz__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__authz__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__authz__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__tenants__tenant__field_descriptors[6] =
+{
+  {
+    "tenant",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, tenant),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "used_bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, used_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "limit_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, limit_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cluster_used_bytes",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, cluster_used_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "granted_bytes",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, granted_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "refused_writes",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant, refused_writes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__tenants__tenant__field_indices_by_name[] = {
+  3,   /* field[3] = cluster_used_bytes */
+  4,   /* field[4] = granted_bytes */
+  2,   /* field[2] = limit_bytes */
+  5,   /* field[5] = refused_writes */
+  0,   /* field[0] = tenant */
+  1,   /* field[1] = used_bytes */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__tenants__tenant__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__tenants__tenant__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Tenants.Tenant",
+  "Tenant",
+  "Drey__Admin__V1__ReadinessDetails__Tenants__Tenant",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Tenants__Tenant),
+  6,
+  drey__admin__v1__readiness_details__tenants__tenant__field_descriptors,
+  drey__admin__v1__readiness_details__tenants__tenant__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__tenants__tenant__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__tenants__tenant__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__tenants__field_descriptors[6] =
+{
+  {
+    "claim",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, claim),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tenants",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, tenants),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "top",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, n_top),
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, top),
+    &drey__admin__v1__readiness_details__tenants__tenant__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "other",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, other),
+    &drey__admin__v1__readiness_details__tenants__tenant__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "other_tenants",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, other_tenants),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "refused_writes",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Tenants, refused_writes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__admin__v1__readiness_details__tenants__field_indices_by_name[] = {
+  0,   /* field[0] = claim */
+  3,   /* field[3] = other */
+  4,   /* field[4] = other_tenants */
+  5,   /* field[5] = refused_writes */
+  1,   /* field[1] = tenants */
+  2,   /* field[2] = top */
+};
+static const ProtobufCIntRange drey__admin__v1__readiness_details__tenants__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__tenants__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.admin.v1.ReadinessDetails.Tenants",
+  "Tenants",
+  "Drey__Admin__V1__ReadinessDetails__Tenants",
+  "drey.admin.v1",
+  sizeof(Drey__Admin__V1__ReadinessDetails__Tenants),
+  6,
+  drey__admin__v1__readiness_details__tenants__field_descriptors,
+  drey__admin__v1__readiness_details__tenants__field_indices_by_name,
+  1,  drey__admin__v1__readiness_details__tenants__number_ranges,
+  (ProtobufCMessageInit) drey__admin__v1__readiness_details__tenants__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_descriptors[14] =
 {
   {
     "ready",
@@ -2084,8 +2655,33 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "authz",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, authz),
+    &drey__admin__v1__readiness_details__authz__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tenants",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails, tenants),
+    &drey__admin__v1__readiness_details__tenants__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[] = {
+  12,   /* field[12] = authz */
   3,   /* field[3] = backpressure */
   11,   /* field[11] = build */
   10,   /* field[10] = cluster */
@@ -2098,11 +2694,12 @@ static const unsigned drey__admin__v1__readiness_details__field_indices_by_name[
   0,   /* field[0] = ready */
   7,   /* field[7] = recovery */
   5,   /* field[5] = snapshot */
+  13,   /* field[13] = tenants */
 };
 static const ProtobufCIntRange drey__admin__v1__readiness_details__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 12 }
+  { 0, 14 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor =
 {
@@ -2112,7 +2709,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__descriptor 
   "Drey__Admin__V1__ReadinessDetails",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails),
-  12,
+  14,
   drey__admin__v1__readiness_details__field_descriptors,
   drey__admin__v1__readiness_details__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__number_ranges,

@@ -33,6 +33,11 @@ typedef struct Drey__Admin__V1__ReadinessDetails__Eviction Drey__Admin__V1__Read
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster Drey__Admin__V1__ReadinessDetails__Cluster;
 typedef struct Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica Drey__Admin__V1__ReadinessDetails__Cluster__PartitionReplica;
 typedef struct Drey__Admin__V1__ReadinessDetails__Build Drey__Admin__V1__ReadinessDetails__Build;
+typedef struct Drey__Admin__V1__ReadinessDetails__Authz Drey__Admin__V1__ReadinessDetails__Authz;
+typedef struct Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry;
+typedef struct Drey__Admin__V1__ReadinessDetails__Authz__Denial Drey__Admin__V1__ReadinessDetails__Authz__Denial;
+typedef struct Drey__Admin__V1__ReadinessDetails__Tenants Drey__Admin__V1__ReadinessDetails__Tenants;
+typedef struct Drey__Admin__V1__ReadinessDetails__Tenants__Tenant Drey__Admin__V1__ReadinessDetails__Tenants__Tenant;
 
 
 /* --- enums --- */
@@ -413,10 +418,16 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
    * would have replaced an in-sync one, or one no longer planned.
    */
   uint64_t copies_refused;
+  /*
+   * The controller: moves its last look would plan but held back while
+   * their partitions settle after a change of primary (a few seconds);
+   * 4294967295 while that look repaired instead. 0 on other nodes.
+   */
+  uint32_t moves_waiting;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0, 0 }
 
 
 /*
@@ -444,6 +455,138 @@ struct  Drey__Admin__V1__ReadinessDetails__Build
     , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
 
 
+struct  Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry
+{
+  ProtobufCMessage base;
+  char *key;
+  uint64_t value;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__DENIED_BY_VERB_ENTRY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__authz__denied_by_verb_entry__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
+
+
+/*
+ * The last refusals, most recent first; one line per principal, verb,
+ * cache and method (keys and values are never recorded).
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Authz__Denial
+{
+  ProtobufCMessage base;
+  char *principal;
+  char *verb;
+  char *cache;
+  char *method;
+  /*
+   * RFC 3339, milliseconds
+   */
+  char *last_at;
+  uint64_t count;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__DENIAL__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__authz__denial__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
+
+
+/*
+ * The authorization policy (--authz-policy); absent without one.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Authz
+{
+  ProtobufCMessage base;
+  char *path;
+  /*
+   * policies loaded since start (1: the first)
+   */
+  uint64_t generation;
+  /*
+   * when the one in force was (RFC 3339)
+   */
+  char *loaded_at;
+  uint32_t roles;
+  uint32_t rules;
+  uint32_t bindings;
+  uint64_t reloads;
+  uint64_t reload_failures;
+  /*
+   * Why the last attempt to load the file failed (the policy in force
+   * stayed); "" once a load succeeded after it.
+   */
+  char *last_error;
+  size_t n_denied_by_verb;
+  Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry **denied_by_verb;
+  size_t n_last_denials;
+  Drey__Admin__V1__ReadinessDetails__Authz__Denial **last_denials;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__AUTHZ__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__authz__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+
+
+struct  Drey__Admin__V1__ReadinessDetails__Tenants__Tenant
+{
+  ProtobufCMessage base;
+  char *tenant;
+  /*
+   * here
+   */
+  int64_t used_bytes;
+  /*
+   * maxBytes (or "*"); -1: none
+   */
+  int64_t limit_bytes;
+  /*
+   * A cluster node: the tenant's bytes on every primary, as last heard
+   * (docs/security.md), and the share of the quota this node holds.
+   */
+  int64_t cluster_used_bytes;
+  int64_t granted_bytes;
+  /*
+   * TENANT_MEMORY_QUOTA refusals here
+   */
+  uint64_t refused_writes;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__TENANTS__TENANT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__tenants__tenant__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
+
+
+/*
+ * Tenants' memory (the policy's tenants section): the accounted bytes of
+ * the entries each tenant's writes created or last replaced, here (on a
+ * cluster node: in the partitions it leads), and the tenant's quota.
+ */
+struct  Drey__Admin__V1__ReadinessDetails__Tenants
+{
+  ProtobufCMessage base;
+  /*
+   * the token claim that names the tenant
+   */
+  char *claim;
+  /*
+   * tenants with entries here
+   */
+  uint32_t tenants;
+  /*
+   * the largest by used bytes
+   */
+  size_t n_top;
+  Drey__Admin__V1__ReadinessDetails__Tenants__Tenant **top;
+  /*
+   * Every tenant not in top, summed (tenant "", count how many).
+   */
+  Drey__Admin__V1__ReadinessDetails__Tenants__Tenant *other;
+  uint32_t other_tenants;
+  /*
+   * every tenant's refusals here
+   */
+  uint64_t refused_writes;
+};
+#define DREY__ADMIN__V1__READINESS_DETAILS__TENANTS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__tenants__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0,NULL, NULL, 0, 0 }
+
+
 struct  Drey__Admin__V1__ReadinessDetails
 {
   ProtobufCMessage base;
@@ -464,10 +607,12 @@ struct  Drey__Admin__V1__ReadinessDetails
   Drey__Admin__V1__ReadinessDetails__Eviction *eviction;
   Drey__Admin__V1__ReadinessDetails__Cluster *cluster;
   Drey__Admin__V1__ReadinessDetails__Build *build;
+  Drey__Admin__V1__ReadinessDetails__Authz *authz;
+  Drey__Admin__V1__ReadinessDetails__Tenants *tenants;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__descriptor) \
-    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+    , 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 
 /* Drey__Admin__V1__SnapshotRequest methods */
@@ -566,6 +711,21 @@ void   drey__admin__v1__readiness_details__cluster__init
 /* Drey__Admin__V1__ReadinessDetails__Build methods */
 void   drey__admin__v1__readiness_details__build__init
                      (Drey__Admin__V1__ReadinessDetails__Build         *message);
+/* Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry methods */
+void   drey__admin__v1__readiness_details__authz__denied_by_verb_entry__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry         *message);
+/* Drey__Admin__V1__ReadinessDetails__Authz__Denial methods */
+void   drey__admin__v1__readiness_details__authz__denial__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz__Denial         *message);
+/* Drey__Admin__V1__ReadinessDetails__Authz methods */
+void   drey__admin__v1__readiness_details__authz__init
+                     (Drey__Admin__V1__ReadinessDetails__Authz         *message);
+/* Drey__Admin__V1__ReadinessDetails__Tenants__Tenant methods */
+void   drey__admin__v1__readiness_details__tenants__tenant__init
+                     (Drey__Admin__V1__ReadinessDetails__Tenants__Tenant         *message);
+/* Drey__Admin__V1__ReadinessDetails__Tenants methods */
+void   drey__admin__v1__readiness_details__tenants__init
+                     (Drey__Admin__V1__ReadinessDetails__Tenants         *message);
 /* Drey__Admin__V1__ReadinessDetails methods */
 void   drey__admin__v1__readiness_details__init
                      (Drey__Admin__V1__ReadinessDetails         *message);
@@ -635,6 +795,21 @@ typedef void (*Drey__Admin__V1__ReadinessDetails__Cluster_Closure)
 typedef void (*Drey__Admin__V1__ReadinessDetails__Build_Closure)
                  (const Drey__Admin__V1__ReadinessDetails__Build *message,
                   void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Authz__DeniedByVerbEntry *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Authz__Denial_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Authz__Denial *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Authz_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Authz *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Tenants__Tenant_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Tenants__Tenant *message,
+                  void *closure_data);
+typedef void (*Drey__Admin__V1__ReadinessDetails__Tenants_Closure)
+                 (const Drey__Admin__V1__ReadinessDetails__Tenants *message,
+                  void *closure_data);
 typedef void (*Drey__Admin__V1__ReadinessDetails_Closure)
                  (const Drey__Admin__V1__ReadinessDetails *message,
                   void *closure_data);
@@ -691,6 +866,11 @@ extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__evic
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__partition_replica__descriptor;
 extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__build__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__denied_by_verb_entry__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__authz__denial__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__tenants__descriptor;
+extern const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__tenants__tenant__descriptor;
 extern const ProtobufCServiceDescriptor drey__admin__v1__admin__descriptor;
 
 PROTOBUF_C__END_DECLS

@@ -598,7 +598,7 @@ void   drey__internal__v1__hash_response__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__hash_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_descriptors[6] =
+static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_descriptors[7] =
 {
   {
     "cache",
@@ -672,19 +672,32 @@ static const ProtobufCFieldDescriptor drey__internal__v1__moved_entry__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "tenant",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__MovedEntry, tenant),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__moved_entry__field_indices_by_name[] = {
   0,   /* field[0] = cache */
   5,   /* field[5] = expires_at_ms */
   1,   /* field[1] = key */
   2,   /* field[2] = kind */
+  6,   /* field[6] = tenant */
   3,   /* field[3] = value */
   4,   /* field[4] = version */
 };
 static const ProtobufCIntRange drey__internal__v1__moved_entry__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__moved_entry__descriptor =
 {
@@ -694,7 +707,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__moved_entry__descriptor =
   "Drey__Internal__V1__MovedEntry",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__MovedEntry),
-  6,
+  7,
   drey__internal__v1__moved_entry__field_descriptors,
   drey__internal__v1__moved_entry__field_indices_by_name,
   1,  drey__internal__v1__moved_entry__number_ranges,

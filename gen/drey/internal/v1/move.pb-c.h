@@ -55,10 +55,14 @@ struct  Drey__Internal__V1__MovedEntry
    * 0: never
    */
   int64_t expires_at_ms;
+  /*
+   * whose write stored it; "": none
+   */
+  char *tenant;
 };
 #define DREY__INTERNAL__V1__MOVED_ENTRY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__moved_entry__descriptor) \
-    , {0,NULL}, {0,NULL}, 0, {0,NULL}, 0, 0 }
+    , {0,NULL}, {0,NULL}, 0, {0,NULL}, 0, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Drey__Internal__V1__ImportRequest

@@ -142,7 +142,7 @@ void   drey__journal__v1__manifest__free_unpacked
   assert(message->base.descriptor == &drey__journal__v1__manifest__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[6] =
+static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[7] =
 {
   {
     "method",
@@ -216,6 +216,18 @@ static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "tenant",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Journal__V1__JournalRecord, tenant),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__journal__v1__journal_record__field_indices_by_name[] = {
   4,   /* field[4] = evicted */
@@ -224,11 +236,12 @@ static const unsigned drey__journal__v1__journal_record__field_indices_by_name[]
   2,   /* field[2] = principal */
   1,   /* field[1] = request */
   3,   /* field[3] = request_id */
+  6,   /* field[6] = tenant */
 };
 static const ProtobufCIntRange drey__journal__v1__journal_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
 {
@@ -238,7 +251,7 @@ const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
   "Drey__Journal__V1__JournalRecord",
   "drey.journal.v1",
   sizeof(Drey__Journal__V1__JournalRecord),
-  6,
+  7,
   drey__journal__v1__journal_record__field_descriptors,
   drey__journal__v1__journal_record__field_indices_by_name,
   1,  drey__journal__v1__journal_record__number_ranges,

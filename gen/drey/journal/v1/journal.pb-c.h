@@ -65,10 +65,16 @@ struct  Drey__Journal__V1__JournalRecord
    * node's counter.
    */
   uint64_t first_version;
+  /*
+   * The tenant of the caller (the policy's tenants.claim of its token): the
+   * entries the write stores belong to it, so that replay counts them where
+   * they counted live. "": none.
+   */
+  char *tenant;
 };
 #define DREY__JOURNAL__V1__JOURNAL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__journal__v1__journal_record__descriptor) \
-    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Drey__Journal__V1__Evicted

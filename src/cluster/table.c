@@ -1,45 +1,41 @@
 /*
- * member — joining the cluster, watching its table, and the controller.
+ * table — the cluster as etcd holds it, seen from this node: the config,
+ * the members under their leases, the partition table (one entry per
+ * partition, its mod_revision the partition's epoch), this node's own
+ * registration and lease, and the watch that keeps all of it current.
  *
- * Join: read and check the cluster's config, take a lease, register the
- * node under it (waiting for an earlier registration of the same id to
- * expire: two processes must never share an id), keep the lease alive on a
- * stream, read everything under the prefix and watch it from there. The
- * watch's callbacks run on the etcd client's thread and only update the
- * table and publish a new topology; everything that calls etcd runs on the
- * controller thread, woken by every change and once a second.
- *
- * The controller thread of every node stands for controller (a transaction
- * that puts <prefix>controller under the node's lease if nobody holds it).
- * The node that holds it reconciles the partition table (controller.c):
- * each write compares the entry's mod_revision (its epoch) with the one
- * this node saw, so a deposed or stale controller changes nothing; a new
- * controller resumes from whatever the table says.
+ * Join (drey_cluster__table_open, _start): read and check the cluster's
+ * config, take a lease, register the node under it (waiting for an earlier
+ * registration of the same id to expire: two processes must never share
+ * an id), keep the lease alive on a stream, read everything under the
+ * prefix and watch it from there. The watch's callbacks run on the etcd
+ * client's thread and only update the table and publish a new topology
+ * (topology.c); everything that calls etcd runs on other threads.
  *
  * A lost lease (etcd unreachable past the TTL, or the node paused) takes the
  * node out of the membership; the controller thread registers it again with
- * a new lease once etcd answers, while routing goes on with the last table.
+ * a new lease once etcd answers (drey_cluster__register_again), while
+ * routing goes on with the last table.
+ *
+ * The lease also bounds what this node may do as a primary: it commits and
+ * serves only while the lease is valid by its own monotonic clock
+ * (drey_cluster__lease_valid), and etcd expires it later than that.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
-#include "drey/placement.h"
 #include "internal.h"
+#include "table.h"
 
 #define CALL_MS 2000
 
-static char *xstrdup(const char *s) {
-    return drey_xstrdup(s != NULL ? s : "");
-}
-
-static char *key_of(const drey_cluster *c, drey_arena *a, const char *suffix) {
+char *drey_cluster__key(const drey_cluster *c, drey_arena *a, const char *suffix) {
     return drey_arena_sprintf(a, "%s%s", c->prefix, suffix);
 }
 
@@ -55,13 +51,6 @@ static void set_keepalive(drey_cluster *c, drey_etcd_keepalive *ka) {
     c->keepalive = ka;
     pthread_mutex_unlock(&c->lease_mu);
     drey_etcd_keepalive_stop(old);
-}
-
-void drey_cluster__nap_ms(int64_t ms) {
-    if (ms <= 0)
-        return;
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
 }
 
 /* --- the table ------------------------------------------------------------- */
@@ -190,6 +179,14 @@ out:
     return rev;
 }
 
+const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id) {
+    for (size_t i = 0; i < c->n_members; i++) {
+        if (strcmp(c->members[i]->id, id) == 0)
+            return c->members[i];
+    }
+    return NULL;
+}
+
 /* --- membership ------------------------------------------------------------- */
 
 static void on_lease_lost(void *user, drey_etcd_lease_loss why) {
@@ -293,7 +290,7 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
             DREY_LOG_INFO("waiting for an earlier registration of this node id to expire",
                           DREY_LOG_STR("node_id", c->opts.node_id));
         told = true;
-        drey_cluster__nap_ms(100);
+        drey_nap_ms(100);
     }
 }
 
@@ -303,7 +300,7 @@ static bool check_config(drey_cluster *c, char *err, size_t cap) {
     bool ok = false;
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
-    const char *key = key_of(c, &a, "config");
+    const char *key = drey_cluster__key(c, &a, "config");
     if (drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
         snprintf(err, cap, "cannot reach etcd at %s: %s", c->opts.etcd, st.message);
         goto out;
@@ -344,62 +341,20 @@ out:
     return ok;
 }
 
-drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, size_t cap) {
-    drey_cluster *c = drey_xcalloc(1, sizeof *c);
-    c->opts = *opts;
-    c->opts.node_id = xstrdup(opts->node_id);
-    c->opts.advertise = xstrdup(opts->advertise);
-    c->opts.internal = xstrdup(opts->internal);
-    c->opts.etcd = xstrdup(opts->etcd);
-    c->opts.build = xstrdup(opts->build);
-    size_t pl = strlen(opts->prefix);
-    c->prefix = drey_xmalloc(pl + 2);
-    snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cond, NULL);
-    pthread_mutex_init(&c->move_mu, NULL);
-    pthread_cond_init(&c->move_cond, NULL);
-    pthread_mutex_init(&c->shrink_mu, NULL);
-    pthread_mutex_init(&c->rooms_mu, NULL);
-    pthread_mutex_init(&c->lease_mu, NULL);
-    pthread_cond_init(&c->shrink_cond, NULL);
-    if (c->opts.replication_timeout_ms <= 0)
-        c->opts.replication_timeout_ms = 1000;
-    if (c->opts.min_in_sync == 0)
-        c->opts.min_in_sync = 1;
-    /* Room for a clock running a little fast against etcd's, and for the
-     * time etcd takes to act on an expiry it decided. */
-    c->lease_margin_ns = 200 * 1000000LL;
-    atomic_store(&c->moving, -1);
-    pthread_mutex_lock(&c->mu);
-    drey_cluster__publish_locked(c); /* an empty table until joined */
-    pthread_mutex_unlock(&c->mu);
-    c->peers = drey_cluster__peers_create(opts->tls_cert, opts->tls_key, opts->tls_ca, err, cap);
-    if (c->peers == NULL ||
-        (opts->peer_addresses != NULL && !drey_cluster__peers_dial_via(c->peers, opts->peer_addresses, err, cap))) {
-        drey_cluster_destroy(c);
-        return NULL;
-    }
-    return c;
-}
-
-void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const char *internal) {
-    free((char *)c->opts.advertise);
-    free((char *)c->opts.internal);
-    c->opts.advertise = xstrdup(advertise);
-    c->opts.internal = xstrdup(internal);
-}
-
-int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
-    c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd}, err, cap);
+int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
+    c->etcd = drey_etcd_open(&(drey_etcd_options){.endpoints = c->opts.etcd,
+                                                  .tls = c->opts.etcd_tls,
+                                                  .user = c->opts.etcd_user,
+                                                  .password_file = c->opts.etcd_password_file},
+                             err, cap);
     if (c->etcd == NULL || !check_config(c, err, cap))
         return -1;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
-    c->pstate = drey_xcalloc(c->n_parts, sizeof *c->pstate);
-    c->lines = drey_xcalloc(c->n_parts, sizeof *c->lines);
-    for (uint32_t p = 0; p < c->n_parts; p++)
-        pthread_mutex_init(&c->lines[p].mu, NULL);
+    return 0;
+}
+
+int64_t drey_cluster__table_start(drey_cluster *c, char *err, size_t cap) {
     if (register_node(c, 3 * 1000 * c->opts.lease_ttl_s + 2000, err, cap) != 0)
         return -1;
     set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
@@ -415,76 +370,34 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
         .user = c,
     };
     c->watch = drey_etcd_watch_start(c->etcd, &wo);
-    if (c->rf > 1 && drey_cluster__step_down(c, err, cap) != 0)
-        return -1;
-    if (pthread_create(&c->controller_thread, NULL, drey_cluster__controller_main, c) != 0)
-        abort();
-    c->controller_running = true;
-    if (c->opts.store != NULL) {
-        if (pthread_create(&c->mover_thread, NULL, drey_cluster__mover_main, c) != 0)
-            abort();
-        c->mover_running = true;
-    }
-    if (pthread_create(&c->shrinker_thread, NULL, drey_cluster__shrinker_main, c) != 0 ||
-        pthread_create(&c->beater_thread, NULL, drey_cluster__beater_main, c) != 0)
-        abort();
-    c->shrinker_running = true;
-    DREY_LOG_INFO("joined the cluster", DREY_LOG_STR("node_id", c->opts.node_id),
-                  DREY_LOG_UINT("partitions", c->n_parts), DREY_LOG_INT("revision", rev),
-                  DREY_LOG_INT("lease_ttl_s", c->lease.ttl_s));
-    return 0;
+    return rev;
 }
 
-static size_t pending_writes(drey_cluster *c) {
-    size_t n = 0;
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++) {
-        pthread_mutex_lock(&c->lines[p].mu);
-        n += c->lines[p].queued;
-        pthread_mutex_unlock(&c->lines[p].mu);
-    }
-    return n;
-}
-
-static void stop_shrinker(drey_cluster *c) {
-    if (!c->shrinker_running)
-        return;
-    pthread_mutex_lock(&c->shrink_mu);
-    c->shrink_stop = true;
-    pthread_cond_broadcast(&c->shrink_cond);
-    pthread_mutex_unlock(&c->shrink_mu);
-    pthread_join(c->shrinker_thread, NULL);
-    pthread_join(c->beater_thread, NULL);
-    c->shrinker_running = false;
-}
-
-void drey_cluster_leave(drey_cluster *c) {
-    if (c == NULL)
-        return;
+bool drey_cluster__register_again(drey_cluster *c, char *err, size_t cap) {
+    set_keepalive(c, NULL);
+    if (register_node(c, 0, err, cap) != 0)
+        return false;
+    set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
     pthread_mutex_lock(&c->mu);
-    bool was = c->leaving;
-    c->leaving = true;
-    pthread_cond_broadcast(&c->cond);
+    c->lease_lost = false;
     pthread_mutex_unlock(&c->mu);
-    if (was)
-        return;
-    drey_cluster__close_watchers(c);
-    if (c->controller_running) {
-        pthread_join(c->controller_thread, NULL);
-        c->controller_running = false;
-    }
-    if (c->mover_running) {
-        pthread_join(c->mover_thread, NULL);
-        c->mover_running = false;
-    }
-    /* Writes waiting for their backups finish while the lease still says
-     * this node leads (bounded: a backup that does not answer is dropped
-     * within the replication timeout); what is left is answered as of
-     * unknown outcome. */
-    int64_t until = drey_mono_ms() + c->opts.replication_timeout_ms + 1000;
-    while (pending_writes(c) > 0 && drey_mono_ms() < until)
-        drey_cluster__nap_ms(10);
-    stop_shrinker(c);
-    drey_cluster__abandon_lines(c);
+    DREY_LOG_INFO("registered again with a new lease", DREY_LOG_STR("node_id", c->opts.node_id));
+    return true;
+}
+
+bool drey_cluster__mark_draining(drey_cluster *c, char *err, size_t cap) {
+    uint8_t buf[1024];
+    size_t len = pack_member(c, buf, sizeof buf);
+    drey_etcd_status st;
+    bool marked;
+    /* Only over this node's own registration. */
+    put_member(c, DREY_ETCD_NOT_EQUAL, buf, len, &marked, &st);
+    if (!marked)
+        snprintf(err, cap, "%s", st.message);
+    return marked;
+}
+
+void drey_cluster__table_release(drey_cluster *c) {
     set_keepalive(c, NULL);
     if (c->lease.id != 0) {
         drey_etcd_status st;
@@ -492,92 +405,12 @@ void drey_cluster_leave(drey_cluster *c) {
             DREY_LOG_WARN("could not revoke the lease; it expires by itself", DREY_LOG_STR("error", st.message));
         c->lease.id = 0;
     }
-    DREY_LOG_INFO("left the cluster", DREY_LOG_STR("node_id", c->opts.node_id));
 }
 
-static uint32_t owned_locked(const drey_cluster *c) {
-    uint32_t n = 0;
-    for (uint32_t p = 0; p < c->n_parts; p++)
-        n += c->entries[p] != NULL && strcmp(c->entries[p]->primary, c->opts.node_id) == 0;
-    return n;
-}
-
-uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms) {
-    if (c == NULL || c->etcd == NULL)
-        return 0;
-    pthread_mutex_lock(&c->mu);
-    c->draining = true;
-    uint32_t owned = owned_locked(c);
-    bool someone = false; /* to take the partitions */
-    for (size_t i = 0; i < c->n_members && !someone; i++)
-        someone = !c->members[i]->draining && strcmp(c->members[i]->id, c->opts.node_id) != 0;
-    pthread_mutex_unlock(&c->mu);
-    if (owned == 0 || timeout_ms <= 0)
-        return owned;
-    if (!someone) {
-        DREY_LOG_WARN("draining: no other node can take this node's partitions; they are unavailable until it "
-                      "returns", DREY_LOG_UINT("partitions", owned));
-        return owned;
-    }
-    uint8_t buf[1024];
-    size_t len = pack_member(c, buf, sizeof buf);
-    drey_etcd_status st;
-    bool marked;
-    /* Only over this node's own registration. */
-    put_member(c, DREY_ETCD_NOT_EQUAL, buf, len, &marked, &st);
-    if (!marked) {
-        DREY_LOG_WARN("could not mark this node draining in etcd; its partitions stay here",
-                      DREY_LOG_STR("error", st.message));
-        return owned;
-    }
-    DREY_LOG_INFO("draining: moving this node's partitions to the others", DREY_LOG_UINT("partitions", owned),
-                  DREY_LOG_INT("timeout_ms", timeout_ms));
-    int64_t until = drey_deadline_after_ms(timeout_ms);
-    pthread_mutex_lock(&c->mu);
-    while ((owned = owned_locked(c)) > 0 && !c->leaving) {
-        if (drey_cond_wait_until(&c->cond, &c->mu, until) == ETIMEDOUT) {
-            owned = owned_locked(c);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (owned > 0)
-        DREY_LOG_WARN("drain timed out: partitions still on this node are unavailable until it returns",
-                      DREY_LOG_UINT("partitions", owned));
-    else
-        DREY_LOG_INFO("drained: this node owns no partition");
-    return owned;
-}
-
-void drey_cluster_destroy(drey_cluster *c) {
-    if (c == NULL)
-        return;
-    pthread_mutex_lock(&c->mu);
-    c->leaving = true;
-    pthread_cond_broadcast(&c->cond);
-    pthread_mutex_unlock(&c->mu);
-    if (c->controller_running)
-        pthread_join(c->controller_thread, NULL);
-    if (c->mover_running)
-        pthread_join(c->mover_thread, NULL);
-    stop_shrinker(c);
-    drey_cluster__abandon_lines(c);
+void drey_cluster__table_free(drey_cluster *c) {
     set_keepalive(c, NULL);
     drey_etcd_watch_close(c->watch);
     drey_etcd_close(c->etcd);
-    drey_cluster__subs_destroy(c->subs); /* its calls run on the peers' channels */
-    drey_cluster__peers_destroy(c->peers);
-    for (drey_cluster__shrink *s = c->shrinks, *next; s != NULL; s = next) {
-        next = s->next;
-        free(s);
-    }
-    for (uint32_t p = 0; c->lines != NULL && p < c->n_parts; p++)
-        pthread_mutex_destroy(&c->lines[p].mu);
-    free(c->lines);
-    pthread_mutex_destroy(&c->shrink_mu);
-    pthread_mutex_destroy(&c->rooms_mu);
-    pthread_mutex_destroy(&c->lease_mu);
-    pthread_cond_destroy(&c->shrink_cond);
     for (size_t i = 0; i < c->n_members; i++)
         drey__internal__v1__member__free_unpacked(c->members[i], NULL);
     free(c->members);
@@ -587,82 +420,18 @@ void drey_cluster_destroy(drey_cluster *c) {
     }
     free(c->entries);
     free(c->epochs);
-    free(c->pstate);
-    for (drey_cluster__dirty *d = c->dirty, *next; d != NULL; d = next) {
-        next = d->next;
-        free(d);
-    }
-    pthread_mutex_destroy(&c->move_mu);
-    pthread_cond_destroy(&c->move_cond);
-    drey_cluster__topology_unref(c->topo);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cond);
-    free((char *)c->opts.node_id);
-    free((char *)c->opts.advertise);
-    free((char *)c->opts.internal);
-    free((char *)c->opts.etcd);
-    free((char *)c->opts.build);
-    free(c->prefix);
-    free(c->seen_primary);
-    free(c->primary_since_ms);
-    free(c);
 }
 
-/* --- the controller --------------------------------------------------------- */
+/* --- the lease ------------------------------------------------------------------ */
 
-static bool campaign(drey_cluster *c) {
-    drey_arena a;
-    drey_arena_init(&a, NULL, 0);
-    const char *key = key_of(c, &a, "controller");
-    drey_etcd_txn t;
-    drey_etcd_txn_init(&t, &a);
-    drey_etcd_txn_if_create_revision(&t, key, DREY_ETCD_EQUAL, 0);
-    drey_etcd_txn_put(&t, DREY_ETCD_THEN, key, c->opts.node_id, strlen(c->opts.node_id), c->lease.id);
-    Etcdserverpb__TxnResponse *resp;
-    drey_etcd_status st;
-    bool won = drey_etcd_txn_commit(c->etcd, &t, CALL_MS, &a, &resp, &st) == GRPC_STATUS_OK && resp->succeeded;
-    drey_arena_destroy(&a);
-    if (won)
-        DREY_LOG_INFO("this node is the cluster's controller", DREY_LOG_STR("node_id", c->opts.node_id));
-    return won;
+bool drey_cluster__lease_valid(drey_cluster *c) {
+    pthread_mutex_lock(&c->lease_mu);
+    int64_t until = c->keepalive != NULL ? drey_etcd_keepalive_valid_until_ns(c->keepalive) : 0;
+    pthread_mutex_unlock(&c->lease_mu);
+    return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
 }
 
-const Drey__Internal__V1__Member *drey_cluster__member_locked(const drey_cluster *c, const char *id) {
-    for (size_t i = 0; i < c->n_members; i++) {
-        if (strcmp(c->members[i]->id, id) == 0)
-            return c->members[i];
-    }
-    return NULL;
+bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
+    return drey_cluster__lease_valid(c) && t->revision >= atomic_load(&c->registered_revision);
 }
 
-void *drey_cluster__controller_main(void *arg) {
-    drey_cluster *c = arg;
-    char err[256];
-    pthread_mutex_lock(&c->mu);
-    while (!c->leaving) {
-        bool lost = c->lease_lost;
-        bool leader = strcmp(c->controller, c->opts.node_id) == 0;
-        bool vacant = c->controller[0] == '\0';
-        pthread_mutex_unlock(&c->mu);
-        if (lost) {
-            set_keepalive(c, NULL);
-            if (register_node(c, 0, err, sizeof err) == 0) {
-                set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
-                pthread_mutex_lock(&c->mu);
-                c->lease_lost = false;
-                pthread_mutex_unlock(&c->mu);
-                DREY_LOG_INFO("registered again with a new lease", DREY_LOG_STR("node_id", c->opts.node_id));
-            }
-        } else if (vacant) {
-            leader = campaign(c);
-        }
-        if (leader && !lost)
-            drey_cluster__control(c);
-        pthread_mutex_lock(&c->mu);
-        if (c->leaving)
-            break;
-        drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(1000));
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
-}
