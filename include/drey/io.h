@@ -61,6 +61,12 @@ int drey_io_pread_all(drey_io *io, int fd, void *buf, size_t n, off_t off);
 /* Writes a whole file atomically and durably: a temporary file next to it,
  * fdatasync, rename over `path`, sync of the directory. */
 int drey_io_write_file_atomic(drey_io *io, const char *dir, const char *name, const void *data, size_t n);
+
+/* Puts a file written under tmp in place as dst, durably: when rc (the
+ * writing's result so far) is 0, syncs and closes fd, renames tmp to dst
+ * and syncs dir (dst's directory); on any failure closes fd and removes
+ * tmp. fd < 0: nothing to close. Returns the first failure, or 0. */
+int drey_io_install(drey_io *io, int fd, int rc, const char *tmp, const char *dst, const char *dir);
 /* Reads a whole file (malloc'd). */
 int drey_io_read_file(drey_io *io, const char *path, uint8_t **data, size_t *n);
 

@@ -303,22 +303,22 @@ bool drey_config_listen_is_loopback(const char *listen) {
     return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
 
-bool drey_config_parse_bytes(const char *s, int64_t *out) {
+typedef struct unit {
+    const char *suffix;
+    int64_t mult;
+} unit;
+
+/* A non-negative number followed by one of the units' suffixes (compared
+ * ignoring case or not), in the smallest unit; false on anything else or
+ * an overflow. */
+static bool parse_with_units(const char *s, const unit *units, size_t n_units, bool any_case, int64_t *out) {
     errno = 0;
     char *end;
     long long n = strtoll(s, &end, 10);
     if (end == s || errno != 0 || n < 0)
         return false;
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {
-        {"", 1},           {"b", 1},           {"k", 1000},       {"kb", 1000},      {"kib", 1024},
-        {"m", 1000000},    {"mb", 1000000},    {"mib", 1 << 20},  {"g", 1000000000}, {"gb", 1000000000},
-        {"gib", 1 << 30},  {"ki", 1024},       {"mi", 1 << 20},   {"gi", 1 << 30},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(end, units[i].suffix) == 0) {
+    for (size_t i = 0; i < n_units; i++) {
+        if ((any_case ? strcasecmp(end, units[i].suffix) : strcmp(end, units[i].suffix)) == 0) {
             if (n > INT64_MAX / units[i].mult)
                 return false;
             *out = n * units[i].mult;
@@ -328,25 +328,18 @@ bool drey_config_parse_bytes(const char *s, int64_t *out) {
     return false;
 }
 
+bool drey_config_parse_bytes(const char *s, int64_t *out) {
+    static const unit units[] = {
+        {"", 1},           {"b", 1},           {"k", 1000},       {"kb", 1000},      {"kib", 1024},
+        {"m", 1000000},    {"mb", 1000000},    {"mib", 1 << 20},  {"g", 1000000000}, {"gb", 1000000000},
+        {"gib", 1 << 30},  {"ki", 1024},       {"mi", 1 << 20},   {"gi", 1 << 30},
+    };
+    return parse_with_units(s, units, sizeof units / sizeof units[0], true, out);
+}
+
 bool drey_config_parse_duration_ms(const char *s, int64_t *out) {
-    errno = 0;
-    char *end;
-    long long n = strtoll(s, &end, 10);
-    if (end == s || errno != 0 || n < 0)
-        return false;
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) == 0) {
-            if (n > INT64_MAX / units[i].mult)
-                return false;
-            *out = n * units[i].mult;
-            return true;
-        }
-    }
-    return false;
+    static const unit units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    return parse_with_units(s, units, sizeof units / sizeof units[0], false, out);
 }
 
 static bool parse_bool(const char *s, bool *out) {
