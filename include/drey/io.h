@@ -53,6 +53,14 @@ struct drey_io {
 /* The real file system. */
 drey_io *drey_io_posix(void);
 
+/* For watchers that poll files for rotation: a number that changes when
+ * the file at path is replaced, rewritten, renamed over, appears or goes
+ * (device, inode, size, times, mode, links), mixed into h with FNV-1a
+ * (drey_io_fnv) so that several files make one. */
+#define DREY_IO_FNV_OFFSET 0xcbf29ce484222325ULL
+uint64_t drey_io_fnv(uint64_t h, const void *p, size_t n);
+uint64_t drey_io_fingerprint(uint64_t h, const char *path);
+
 /* Loops over short writes/reads; -errno on failure, -EIO on a short read
  * past the end of the file. */
 int drey_io_pwrite_all(drey_io *io, int fd, const void *buf, size_t n, off_t off);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "drey/alloc.h"
 #include "drey/io.h"
@@ -85,4 +86,33 @@ void drey_io_free_names(char **names, size_t n) {
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
+}
+
+uint64_t drey_io_fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t drey_io_fingerprint(uint64_t h, const char *path) {
+    struct stat st;
+    int64_t f[9] = {0};
+    if (stat(path, &st) != 0) {
+        f[0] = -1;
+        f[1] = errno;
+    } else {
+        f[0] = (int64_t)st.st_dev;
+        f[1] = (int64_t)st.st_ino;
+        f[2] = (int64_t)st.st_size;
+        f[3] = (int64_t)st.st_mtim.tv_sec;
+        f[4] = (int64_t)st.st_mtim.tv_nsec;
+        f[5] = (int64_t)st.st_ctim.tv_sec;
+        f[6] = (int64_t)st.st_ctim.tv_nsec;
+        f[7] = (int64_t)st.st_mode;
+        f[8] = (int64_t)st.st_nlink;
+    }
+    return drey_io_fnv(h, f, sizeof f);
 }
