@@ -21,6 +21,7 @@
 #define DREY_ALLOC_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 void *drey_xmalloc(size_t size);
 /* n * size bytes, zeroed. */
@@ -32,5 +33,8 @@ void *drey_xaligned(size_t align, size_t size);
 char *drey_xstrdup(const char *s);
 /* At most n bytes of s, always NUL-terminated. */
 char *drey_xstrndup(const char *s, size_t n);
+/* open_memstream: a stream writing into *buf (its size in *len), which the
+ * caller frees after fclose. It allocates, so it follows the same policy. */
+FILE *drey_xopen_memstream(char **buf, size_t *len);
 
 #endif

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drey/list.h"
 #include "drey/status.h"
 #include "drey/timer.h"
 
@@ -67,7 +68,7 @@ typedef struct drey_bp_ticket {
 
     /* The module's. */
     struct drey_bp *bp_;
-    struct drey_bp_ticket *next_, *prev_;
+    drey_link link_; /* in the queue while T_QUEUED */
     drey_bp_principal *principal_;
     drey_timer timer_;
     int state_;

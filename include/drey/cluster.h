@@ -127,7 +127,7 @@ void drey_cluster_destroy(drey_cluster *c);
  * it still owns (0: nothing is lost by leaving now). */
 uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms);
 
-/* The pipeline's route row (drey_pipeline_options.route; ctx: the cluster). */
+/* The pipeline's route row (drey_pipeline_set_route; ctx: the cluster). */
 drey_stage_result drey_cluster_route(void *cluster, drey_request *r);
 
 /* The cluster's (once joined): copies of each partition. */

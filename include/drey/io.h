@@ -53,6 +53,14 @@ struct drey_io {
 /* The real file system. */
 drey_io *drey_io_posix(void);
 
+/* For watchers that poll files for rotation: a number that changes when
+ * the file at path is replaced, rewritten, renamed over, appears or goes
+ * (device, inode, size, times, mode, links), mixed into h with FNV-1a
+ * (drey_io_fnv) so that several files make one. */
+#define DREY_IO_FNV_OFFSET 0xcbf29ce484222325ULL
+uint64_t drey_io_fnv(uint64_t h, const void *p, size_t n);
+uint64_t drey_io_fingerprint(uint64_t h, const char *path);
+
 /* Loops over short writes/reads; -errno on failure, -EIO on a short read
  * past the end of the file. */
 int drey_io_pwrite_all(drey_io *io, int fd, const void *buf, size_t n, off_t off);
@@ -61,6 +69,12 @@ int drey_io_pread_all(drey_io *io, int fd, void *buf, size_t n, off_t off);
 /* Writes a whole file atomically and durably: a temporary file next to it,
  * fdatasync, rename over `path`, sync of the directory. */
 int drey_io_write_file_atomic(drey_io *io, const char *dir, const char *name, const void *data, size_t n);
+
+/* Puts a file written under tmp in place as dst, durably: when rc (the
+ * writing's result so far) is 0, syncs and closes fd, renames tmp to dst
+ * and syncs dir (dst's directory); on any failure closes fd and removes
+ * tmp. fd < 0: nothing to close. Returns the first failure, or 0. */
+int drey_io_install(drey_io *io, int fd, int rc, const char *tmp, const char *dst, const char *dir);
 /* Reads a whole file (malloc'd). */
 int drey_io_read_file(drey_io *io, const char *path, uint8_t **data, size_t *n);
 

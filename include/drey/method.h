@@ -37,9 +37,10 @@ enum {
     DREY_METHOD_WRITE = 1u << 1,  /* mutates the store: memory admission, journal */
     DREY_METHOD_SYSTEM = 1u << 2, /* health: answers without a token, under overload */
     DREY_METHOD_ADMIN = 1u << 3,  /* operator actions: authenticated and admitted, no store access */
-    /* Between cluster nodes (moving a partition): served only on the
-     * internal listener, to a caller that proved it is a node (mutual TLS);
-     * no token. */
+    /* Between cluster nodes: a partition's copy and drop (Import, Drop) and
+     * its replication (Apply, Hash, Beat, Confirm). Served only on the
+     * internal listener, to a caller that proved it is a node (mutual TLS):
+     * its principal is node:<id>, never a token. */
     DREY_METHOD_PEER = 1u << 4,
     /* Taken in the order it arrives (a backup's records): no stage may park
      * it, so backpressure does not apply. */

@@ -42,6 +42,11 @@ void drey_pem_files_keep(drey_pem_files *f, const drey_pem_id now[3]);
  * first certificate, the CA bundle parses. false with err (and pem[] freed)
  * otherwise. */
 bool drey_pem_files_read(const drey_pem_files *f, char *pem[3], char *err, size_t cap);
+
+/* Whether the chain's first certificate names `name` (exactly, no
+ * wildcard) as TLS hostname verification does: in a DNS subject
+ * alternative name, or in its subject's common name when it has none. */
+bool drey_pem_names(const char *chain, const char *name);
 void drey_pem_free(char *pem[3]);
 
 #endif

@@ -11,12 +11,20 @@
  * drey_pipeline_resume(). Each stage says which methods it applies to by
  * method flags (include/drey/method.h).
  *
+ * route is a cluster node's: a data request runs here, or goes to its
+ * partition's owner (drey_pipeline_set_route); a single node passes it.
+ *
  * The chain does not know where a request came from. A request is a door
  * (a small table of operations: reply, fail, metadata, peer, deadline,
- * cancellation) plus the method and the decoded message. The gRPC server is
- * one door (drey_pipeline_serve), a frame of a peer's forwarding stream
- * another; a record replicated from a primary is to be a third, and unit
- * tests use an in-memory one.
+ * cancellation) plus the method and the decoded message. A unary call on
+ * either listener is one door (drey_pipeline_serve, grpc.c), a frame of a
+ * peer's forwarding stream another (peer.c), an operation of a Pipeline
+ * stream another (stream.c), a node's call to its own chain another
+ * (drey_pipeline_call_local, local.c: a partition's move, a node's own share
+ * of a cache-wide call); a Watch's admission brings its own, and unit tests
+ * use an in-memory one. A record replicated from a primary needs none of its
+ * own: it is a peer call (a partition's Apply, DREY_METHOD_PEER) through one
+ * of these.
  */
 #ifndef DREY_PIPELINE_H
 #define DREY_PIPELINE_H
@@ -72,12 +80,6 @@ typedef struct drey_pipeline_options {
     drey_memory *memory;     /* NULL: no memory admission */
     drey_metrics *metrics;   /* NULL: not counted */
     const char *node_id;     /* QuotaFailure subject node:<id> */
-    /* Clusters: where a data request runs. NEXT: here; PARKED: sent to its
-     * partition's owner, answered later (drey_request_relay); REJECT:
-     * r->status (not the owner of a forwarded call, or no owner to reach).
-     * NULL: a single node, everything runs here. */
-    drey_stage_result (*route)(void *ctx, drey_request *r);
-    void *route_ctx;
     /* drey.cache.v1.Cache/Pipeline: operations of one stream read and not
      * yet answered (0: 128). At the window the stream is not read. */
     size_t pipeline_window;
@@ -199,13 +201,18 @@ void drey_pipeline_destroy(drey_pipeline *p);
 /* Durable nodes: writes go through this journal (NULL: applied at once,
  * the ephemeral mode). Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j);
-/* Clusters: the route row's function (see drey_pipeline_options.route).
- * Set before drey_pipeline_set_ready. */
+/* Clusters: the route row's function, where a data request runs. NEXT:
+ * here; PARKED: sent to its partition's owner, answered later
+ * (drey_request_relay); REJECT: r->status (not the owner of a forwarded
+ * call, or no owner to reach). Without one (a single node) everything
+ * runs here. Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx);
 /* Clusters whose partitions have backups. Set before drey_pipeline_set_ready. */
 void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep);
 /* Whether writes go through a journal (a durable node). */
 bool drey_pipeline_journaled(const drey_request *r);
+/* The journal set by drey_pipeline_set_journal (NULL: an ephemeral node). */
+drey_journal *drey_pipeline_journal(const drey_pipeline *p);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);
@@ -269,8 +276,7 @@ static inline drey_arena *drey_request_arena(const drey_request *r) {
 bool drey_validate_request(const drey_limits *lim, const ProtobufCMessage *msg, const uint8_t *wire, size_t wire_len,
                            drey_arena *arena, drey_status *st);
 
-/* Key, cache name and UTF-8 rules, shared with clients' tests. */
-bool drey_validate_utf8(const uint8_t *s, size_t n);
+/* Key and cache name rules, shared with clients' tests. */
 bool drey_validate_key(const char *key, size_t len, size_t max_len);
 bool drey_validate_cache_name(const char *name, size_t len, size_t max_len);
 

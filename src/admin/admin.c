@@ -194,12 +194,14 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     RD *d = NEW(arena, RD, drey__admin__v1__readiness_details__init);
     drey_storage *st = atomic_load(&a->storage);
 
-    RD_(JournalDisk) *jd = NEW(arena, RD_(JournalDisk), drey__admin__v1__readiness_details__journal_disk__init);
-    RD_(Journal) *j = NEW(arena, RD_(Journal), drey__admin__v1__readiness_details__journal__init);
-    RD_(Snapshot) *sn = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
-    RD_(Compaction) *co = NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
-    RD_(Recovery) *re = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
-    RD_(DataDisk) *dd = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
+    RD_(JournalDisk) *jd = d->journal_disk =
+        NEW(arena, RD_(JournalDisk), drey__admin__v1__readiness_details__journal_disk__init);
+    RD_(Journal) *j = d->journal = NEW(arena, RD_(Journal), drey__admin__v1__readiness_details__journal__init);
+    RD_(Snapshot) *sn = d->snapshot = NEW(arena, RD_(Snapshot), drey__admin__v1__readiness_details__snapshot__init);
+    RD_(Compaction) *co = d->compaction =
+        NEW(arena, RD_(Compaction), drey__admin__v1__readiness_details__compaction__init);
+    RD_(Recovery) *re = d->recovery = NEW(arena, RD_(Recovery), drey__admin__v1__readiness_details__recovery__init);
+    RD_(DataDisk) *dd = d->data_disk = NEW(arena, RD_(DataDisk), drey__admin__v1__readiness_details__data_disk__init);
     dd->journal_cap = "";
     dd->snapshot_room = "";
     jd->state = "normal";
@@ -244,7 +246,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
     }
     if (atomic_load(&a->draining))
         d->ready = false;
-    RD_(Eviction) *ev = NEW(arena, RD_(Eviction), drey__admin__v1__readiness_details__eviction__init);
+    RD_(Eviction) *ev = d->eviction = NEW(arena, RD_(Eviction), drey__admin__v1__readiness_details__eviction__init);
     {
         drey_store_stats ss;
         drey_store_get_stats(a->opts.store, &ss);
@@ -257,13 +259,6 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
             ev->refused_writes = ms.rejections;
         }
     }
-    d->eviction = ev;
-    d->journal_disk = jd;
-    d->journal = j;
-    d->snapshot = sn;
-    d->compaction = co;
-    d->recovery = re;
-    d->data_disk = dd;
     drey_cluster *cl = atomic_load(&a->cluster);
     if (cl != NULL) {
         drey_cluster_status cs;
@@ -390,6 +385,23 @@ static void counter(FILE *out, const char *name, const char *help, double v) {
     drey_metrics_sample(out, name, NULL, v);
 }
 
+/* One series of one sample: a counter when its name ends in _total (as
+ * Prometheus names them), else a gauge. */
+typedef struct series {
+    const char *name, *help;
+    double value;
+} series;
+
+static void emit(FILE *out, const series *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(s[i].name);
+        if (len > 6 && strcmp(s[i].name + len - 6, "_total") == 0)
+            counter(out, s[i].name, s[i].help, s[i].value);
+        else
+            gauge(out, s[i].name, s[i].help, s[i].value);
+    }
+}
+
 static void state_gauge(FILE *out, const char *name, const char *help, const char *current,
                         const char *const *states, size_t n) {
     drey_metrics_header(out, name, "gauge", help);
@@ -473,67 +485,58 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
           (double)d->recovery->replayed_records);
     if (d->cluster != NULL) {
         const RD_(Cluster) *c = d->cluster;
-        gauge(out, "drey_cluster_partitions_owned", "Partitions this node is primary of.", c->owned_partitions);
-        gauge(out, "drey_cluster_partitions_unassigned", "Partitions no node owns.", c->unassigned_partitions);
-        gauge(out, "drey_cluster_members", "Nodes registered in etcd, this one included.", c->members);
-        gauge(out, "drey_cluster_is_controller", "1 when this node is the cluster's controller.", c->is_controller);
-        gauge(out, "drey_cluster_etcd_reachable", "1 while the membership lease and the table's watch are current.",
-              c->etcd_reachable);
-        counter(out, "drey_cluster_forwarded_calls_total", "Calls forwarded to the owner of their partition.",
-                (double)c->forwarded_calls);
-        counter(out, "drey_cluster_not_primary_total", "Forwarded calls refused here: not this node's partition.",
-                (double)c->not_primary_answers);
-        counter(out, "drey_cluster_not_primary_retries_total", "Calls routed again after an owner's NOT_PRIMARY.",
-                (double)c->not_primary_retries);
-        counter(out, "drey_cluster_unavailable_total", "Calls refused PARTITION_UNAVAILABLE.",
-                (double)c->unavailable_answers);
-        gauge(out, "drey_cluster_draining", "1 while this node moves its partitions away to leave.", c->draining);
-        gauge(out, "drey_cluster_partitions_moving_in", "Partitions planned to move to this node.", c->moving_in);
-        gauge(out, "drey_cluster_partitions_moving_out", "Partitions planned to move off this node.",
-              c->moving_out);
-        counter(out, "drey_cluster_moves_total", "Partitions this node handed over to another.",
-                (double)c->moves_done);
-        counter(out, "drey_cluster_moves_failed_total", "Moves out of this node that failed before the handover.",
-                (double)c->moves_failed);
-        counter(out, "drey_cluster_moved_entries_total", "Entries sent by moves out of this node.",
-                (double)c->moved_entries);
-        counter(out, "drey_cluster_moved_bytes_total", "Bytes sent by moves out of this node.",
-                (double)c->moved_bytes);
-        gauge(out, "drey_cluster_move_pause_max_seconds",
-              "The longest pause of a partition's writes for a handover since start.", (double)c->pause_max_us / 1e6);
-        gauge(out, "drey_cluster_move_pause_last_seconds", "The last handover's pause of its partition's writes.",
-              (double)c->pause_last_us / 1e6);
-        gauge(out, "drey_cluster_partitions_backup", "Partitions this node is an in-sync backup of.",
-              c->backup_partitions);
-        gauge(out, "drey_cluster_partitions_under_replicated",
-              "Partitions with fewer in-sync copies than the replication factor.", c->under_replicated_partitions);
-        gauge(out, "drey_cluster_lease_valid", "1 while this node's lease is valid by its own clock (it leads only then).",
-              c->lease_valid);
-        gauge(out, "drey_cluster_replication_pending", "Writes waiting here for their backups' acknowledgements.",
-              (double)c->replication_pending);
-        counter(out, "drey_cluster_replicated_records_total", "Records a backup acknowledged.",
-                (double)c->replicated_records);
-        counter(out, "drey_cluster_replica_failures_total", "Records a backup refused or did not acknowledge in time.",
-                (double)c->replica_failures);
-        counter(out, "drey_cluster_in_sync_shrinks_total", "Backups this node took out of an in-sync set.",
-                (double)c->in_sync_shrinks);
-        counter(out, "drey_cluster_backups_added_total", "Copies to new backups this node completed.",
-                (double)c->backups_added);
-        counter(out, "drey_cluster_records_taken_total", "Records this node took as a backup.",
-                (double)c->records_taken);
-        counter(out, "drey_cluster_records_refused_total", "Records this node refused as a backup.",
-                (double)c->records_refused);
-        counter(out, "drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.",
-                (double)c->failovers);
+        const series cluster[] = {
+            {"drey_cluster_partitions_owned", "Partitions this node is primary of.", c->owned_partitions},
+            {"drey_cluster_partitions_unassigned", "Partitions no node owns.", c->unassigned_partitions},
+            {"drey_cluster_members", "Nodes registered in etcd, this one included.", c->members},
+            {"drey_cluster_is_controller", "1 when this node is the cluster's controller.", c->is_controller},
+            {"drey_cluster_etcd_reachable",
+             "1 while the membership lease and the table's watch are current.", c->etcd_reachable},
+            {"drey_cluster_forwarded_calls_total",
+             "Calls forwarded to the owner of their partition.", c->forwarded_calls},
+            {"drey_cluster_not_primary_total",
+             "Forwarded calls refused here: not this node's partition.", c->not_primary_answers},
+            {"drey_cluster_not_primary_retries_total",
+             "Calls routed again after an owner's NOT_PRIMARY.", c->not_primary_retries},
+            {"drey_cluster_unavailable_total", "Calls refused PARTITION_UNAVAILABLE.", c->unavailable_answers},
+            {"drey_cluster_draining", "1 while this node moves its partitions away to leave.", c->draining},
+            {"drey_cluster_partitions_moving_in", "Partitions planned to move to this node.", c->moving_in},
+            {"drey_cluster_partitions_moving_out", "Partitions planned to move off this node.", c->moving_out},
+            {"drey_cluster_moves_total", "Partitions this node handed over to another.", c->moves_done},
+            {"drey_cluster_moves_failed_total",
+             "Moves out of this node that failed before the handover.", c->moves_failed},
+            {"drey_cluster_moved_entries_total", "Entries sent by moves out of this node.", c->moved_entries},
+            {"drey_cluster_moved_bytes_total", "Bytes sent by moves out of this node.", c->moved_bytes},
+            {"drey_cluster_move_pause_max_seconds",
+             "The longest pause of a partition's writes for a handover since start.", c->pause_max_us / 1e6},
+            {"drey_cluster_move_pause_last_seconds",
+             "The last handover's pause of its partition's writes.", c->pause_last_us / 1e6},
+            {"drey_cluster_partitions_backup", "Partitions this node is an in-sync backup of.", c->backup_partitions},
+            {"drey_cluster_partitions_under_replicated",
+             "Partitions with fewer in-sync copies than the replication factor.", c->under_replicated_partitions},
+            {"drey_cluster_lease_valid",
+             "1 while this node's lease is valid by its own clock (it leads only then).", c->lease_valid},
+            {"drey_cluster_replication_pending",
+             "Writes waiting here for their backups' acknowledgements.", c->replication_pending},
+            {"drey_cluster_replicated_records_total", "Records a backup acknowledged.", c->replicated_records},
+            {"drey_cluster_replica_failures_total",
+             "Records a backup refused or did not acknowledge in time.", c->replica_failures},
+            {"drey_cluster_in_sync_shrinks_total", "Backups this node took out of an in-sync set.", c->in_sync_shrinks},
+            {"drey_cluster_backups_added_total", "Copies to new backups this node completed.", c->backups_added},
+            {"drey_cluster_records_taken_total", "Records this node took as a backup.", c->records_taken},
+            {"drey_cluster_records_refused_total", "Records this node refused as a backup.", c->records_refused},
+            {"drey_cluster_failovers_total", "Partitions this node, as controller, gave a new primary.", c->failovers},
+            {"drey_cluster_handovers_total", "Primary roles this node handed to an in-sync backup.", c->handovers_done},
+            {"drey_cluster_copies_refused_total",
+             "Imports, handover checks and drops this node refused (a copy not planned, or an in-sync one).",
+             c->copies_refused},
+        };
+        emit(out, cluster, sizeof cluster / sizeof cluster[0]);
+        /* UINT32_MAX: the controller's last look repaired instead (unknown, not 0). */
         if (c->moves_waiting != UINT32_MAX)
             gauge(out, "drey_cluster_moves_waiting",
                   "The controller: moves held back while their partitions settle after a change of primary.",
                   (double)c->moves_waiting);
-        counter(out, "drey_cluster_handovers_total", "Primary roles this node handed to an in-sync backup.",
-                (double)c->handovers_done);
-        counter(out, "drey_cluster_copies_refused_total",
-                "Imports, handover checks and drops this node refused (a copy not planned, or an in-sync one).",
-                (double)c->copies_refused);
         /* The worst partition per role: per-partition series are in the
          * readiness details. */
         uint64_t lag[2] = {0, 0}; /* primary, backup */

@@ -79,3 +79,10 @@ char *drey_xstrndup(const char *s, size_t n) {
     d[len] = '\0';
     return d;
 }
+
+FILE *drey_xopen_memstream(char **buf, size_t *len) {
+    FILE *f = open_memstream(buf, len);
+    if (f == NULL)
+        out_of_memory("open_memstream", 1, 0);
+    return f;
+}

@@ -13,51 +13,20 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "auth_internal.h"
 #include "drey/clock.h"
+#include "drey/io.h"
 #include "drey/log.h"
 
-#define FNV_OFFSET 0xcbf29ce484222325ULL
-#define FNV_PRIME 0x100000001b3ULL
-
-static uint64_t mix(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= FNV_PRIME;
-    }
-    return h;
-}
-
-static uint64_t mix_stat(uint64_t h, const char *path) {
-    struct stat st;
-    int64_t f[9] = {0};
-    if (stat(path, &st) != 0) {
-        f[0] = -1;
-        f[1] = errno;
-    } else {
-        f[0] = (int64_t)st.st_dev;
-        f[1] = (int64_t)st.st_ino;
-        f[2] = (int64_t)st.st_size;
-        f[3] = (int64_t)st.st_mtim.tv_sec;
-        f[4] = (int64_t)st.st_mtim.tv_nsec;
-        f[5] = (int64_t)st.st_ctim.tv_sec;
-        f[6] = (int64_t)st.st_ctim.tv_nsec;
-        f[7] = (int64_t)st.st_mode;
-        f[8] = (int64_t)st.st_nlink;
-    }
-    return mix(h, f, sizeof f);
-}
 
 uint64_t drey_auth__sources_fingerprint(const char *jwks_file, const char *keys_dir) {
-    uint64_t h = FNV_OFFSET;
+    uint64_t h = DREY_IO_FNV_OFFSET;
     if (jwks_file != NULL)
-        h = mix_stat(mix(h, "j", 1), jwks_file);
+        h = drey_io_fingerprint(drey_io_fnv(h, "j", 1), jwks_file);
     if (keys_dir != NULL) {
-        h = mix_stat(mix(h, "d", 1), keys_dir);
+        h = drey_io_fingerprint(drey_io_fnv(h, "d", 1), keys_dir);
         DIR *d = opendir(keys_dir);
         uint64_t sum = 0, count = 0;
         if (d != NULL) {
@@ -67,16 +36,16 @@ uint64_t drey_auth__sources_fingerprint(const char *jwks_file, const char *keys_
                 if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
                     continue;
                 /* Entries come in no particular order: add up their hashes. */
-                uint64_t eh = mix(FNV_OFFSET, de->d_name, strlen(de->d_name) + 1);
+                uint64_t eh = drey_io_fnv(DREY_IO_FNV_OFFSET, de->d_name, strlen(de->d_name) + 1);
                 if ((size_t)snprintf(path, sizeof path, "%s/%s", keys_dir, de->d_name) < sizeof path)
-                    eh = mix_stat(eh, path);
+                    eh = drey_io_fingerprint(eh, path);
                 sum += eh;
                 count++;
             }
             closedir(d);
         }
-        h = mix(h, &sum, sizeof sum);
-        h = mix(h, &count, sizeof count);
+        h = drey_io_fnv(h, &sum, sizeof sum);
+        h = drey_io_fnv(h, &count, sizeof count);
     }
     return h;
 }

@@ -18,10 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/io.h"
 #include "drey/log.h"
 #include "drey/metrics.h"
 #include "internal.h"
@@ -45,29 +45,6 @@ struct drey_authz {
     bool watching, watch_stop;
     int64_t watch_interval_ms;
 };
-
-static uint64_t fingerprint(const char *path) {
-    struct stat st;
-    int64_t f[8] = {0};
-    if (stat(path, &st) != 0) {
-        f[0] = -1;
-        f[1] = errno;
-    } else {
-        f[0] = (int64_t)st.st_dev;
-        f[1] = (int64_t)st.st_ino;
-        f[2] = (int64_t)st.st_size;
-        f[3] = (int64_t)st.st_mtim.tv_sec;
-        f[4] = (int64_t)st.st_mtim.tv_nsec;
-        f[5] = (int64_t)st.st_ctim.tv_sec;
-        f[6] = (int64_t)st.st_ctim.tv_nsec;
-        f[7] = (int64_t)st.st_mode;
-    }
-    uint64_t h = 1469598103934665603ULL;
-    const unsigned char *b = (const unsigned char *)f;
-    for (size_t i = 0; i < sizeof f; i++)
-        h = (h ^ b[i]) * 1099511628211ULL;
-    return h;
-}
 
 /* The file's policy, or NULL with err. */
 static drey_authz_policy *load(const char *path, char *err, size_t cap) {
@@ -96,7 +73,7 @@ static drey_authz_policy *load(const char *path, char *err, size_t cap) {
 }
 
 drey_authz *drey_authz_create(const char *path, char *err, size_t err_cap) {
-    uint64_t fp = fingerprint(path);
+    uint64_t fp = drey_io_fingerprint(DREY_IO_FNV_OFFSET, path);
     drey_authz_policy *p = load(path, err, err_cap);
     if (p == NULL)
         return NULL;
@@ -131,7 +108,7 @@ void drey_authz_destroy(drey_authz *a) {
 static bool reload(drey_authz *a, const char *trigger, char *err, size_t err_cap) {
     char why[256];
     pthread_mutex_lock(&a->mu);
-    a->seen = fingerprint(a->path);
+    a->seen = drey_io_fingerprint(DREY_IO_FNV_OFFSET, a->path);
     drey_authz_policy *p = load(a->path, why, sizeof why);
     if (p == NULL) {
         a->reload_failures++;
@@ -173,7 +150,7 @@ static void *watch_main(void *arg) {
         if (a->watch_stop)
             break;
         pthread_mutex_unlock(&a->watch_mu);
-        uint64_t fp = fingerprint(a->path);
+        uint64_t fp = drey_io_fingerprint(DREY_IO_FNV_OFFSET, a->path);
         pthread_mutex_lock(&a->mu);
         bool changed = fp != a->seen;
         pthread_mutex_unlock(&a->mu);

@@ -15,6 +15,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/list.h"
 
 enum { T_NEW, T_QUEUED, T_DELAYED, T_RUNNING, T_DONE };
 enum { R_NODE_RATE, R_PRINCIPAL_RATE, R_PRINCIPAL_CONCURRENCY, R_QUEUE_FULL, R_QUEUE_TIMEOUT, R_DEADLINE };
@@ -35,7 +36,7 @@ static const drey_error reason_errors[DREY_BP_REASONS] = {
 struct drey_bp_principal {
     uint64_t hash;
     drey_bp_principal *hnext;
-    drey_bp_principal *older, *newer; /* LRU list */
+    drey_link lru; /* in drey_bp's lru */
     uint32_t inflight, queued;
     uint32_t max_inflight, max_queued; /* a tenant's limits, or a peer's */
     bool rated;                        /* the per-principal rate applies */
@@ -56,11 +57,11 @@ struct drey_bp {
     drey_timers *timers;
     pthread_mutex_t mu;
     uint32_t inflight, queued;
-    drey_bp_ticket *q_head, *q_tail;
+    drey_list queue; /* of drey_bp_ticket by link_, in arrival order */
     bucket node;
     drey_bp_principal **table;
     size_t table_mask, n_principals;
-    drey_bp_principal *oldest, *newest;
+    drey_list lru; /* of drey_bp_principal, least recently used first */
     uint64_t admitted, delayed, rejected[DREY_BP_REASONS];
 };
 
@@ -88,11 +89,8 @@ drey_bp *drey_bp_create(const drey_bp_options *opts, drey_timers *timers) {
 void drey_bp_destroy(drey_bp *bp) {
     if (bp == NULL)
         return;
-    for (drey_bp_principal *p = bp->oldest; p != NULL;) {
-        drey_bp_principal *next = p->newer;
-        free(p);
-        p = next;
-    }
+    for (drey_link *l; (l = drey_list_pop(&bp->lru)) != NULL;)
+        free(DREY_LIST_ITEM(l, drey_bp_principal, lru));
     free(bp->table);
     pthread_mutex_destroy(&bp->mu);
     free(bp);
@@ -114,34 +112,12 @@ static uint64_t hash_name(const char *s) {
     return h;
 }
 
-static void lru_unlink(drey_bp *bp, drey_bp_principal *p) {
-    if (p->older != NULL)
-        p->older->newer = p->newer;
-    else
-        bp->oldest = p->newer;
-    if (p->newer != NULL)
-        p->newer->older = p->older;
-    else
-        bp->newest = p->older;
-    p->older = p->newer = NULL;
-}
-
-static void lru_push_newest(drey_bp *bp, drey_bp_principal *p) {
-    p->older = bp->newest;
-    p->newer = NULL;
-    if (bp->newest != NULL)
-        bp->newest->newer = p;
-    else
-        bp->oldest = p;
-    bp->newest = p;
-}
-
 static void table_remove(drey_bp *bp, drey_bp_principal *p) {
     drey_bp_principal **slot = &bp->table[p->hash & bp->table_mask];
     while (*slot != p)
         slot = &(*slot)->hnext;
     *slot = p->hnext;
-    lru_unlink(bp, p);
+    drey_list_remove(&bp->lru, &p->lru);
     bp->n_principals--;
     free(p);
 }
@@ -152,15 +128,14 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
     uint64_t h = hash_name(name);
     for (drey_bp_principal *p = bp->table[h & bp->table_mask]; p != NULL; p = p->hnext) {
         if (p->hash == h && strcmp(p->name, name) == 0) {
-            lru_unlink(bp, p);
-            lru_push_newest(bp, p);
+            drey_list_move_to_tail(&bp->lru, &p->lru);
             return p;
         }
     }
     if (bp->n_principals >= bp->opts.max_principals) {
-        drey_bp_principal *victim = bp->oldest;
+        drey_bp_principal *victim = DREY_LIST_ITEM(bp->lru.head, drey_bp_principal, lru);
         while (victim != NULL && (victim->inflight > 0 || victim->queued > 0))
-            victim = victim->newer;
+            victim = DREY_LIST_ITEM(victim->lru.next, drey_bp_principal, lru);
         if (victim == NULL)
             return NULL;
         table_remove(bp, victim);
@@ -181,7 +156,7 @@ static drey_bp_principal *principal_get(drey_bp *bp, const char *name, int64_t n
     p->refilled_ns = now;
     p->hnext = bp->table[h & bp->table_mask];
     bp->table[h & bp->table_mask] = p;
-    lru_push_newest(bp, p);
+    drey_list_push(&bp->lru, &p->lru);
     bp->n_principals++;
     return p;
 }
@@ -231,8 +206,8 @@ static int64_t ms_to_token(double tokens, double rate) {
 
 static void on_delay_done(void *arg);
 static void on_queue_timer(void *arg);
-static drey_bp_ticket *admit_waiters(drey_bp *bp);
-static void resume_all(drey_bp_ticket *t);
+static void admit_waiters(drey_bp *bp, drey_list *ready);
+static void resume_all(drey_list *ready);
 
 /* Takes a slot for t. Returns the slowdown to apply (ns; 0 = none). Needs
  * bp->mu. */
@@ -313,13 +288,7 @@ drey_bp_result drey_bp_admit(drey_bp *bp, drey_bp_ticket *t, drey_status *st) {
     }
     /* Wait in line. */
     t->state_ = T_QUEUED;
-    t->next_ = NULL;
-    t->prev_ = bp->q_tail;
-    if (bp->q_tail != NULL)
-        bp->q_tail->next_ = t;
-    else
-        bp->q_head = t;
-    bp->q_tail = t;
+    drey_list_push(&bp->queue, &t->link_);
     bp->queued++;
     p->queued++;
     int64_t until = now + bp->opts.max_wait_ms * 1000000;
@@ -336,46 +305,33 @@ rejected:
 }
 
 static void dequeue(drey_bp *bp, drey_bp_ticket *t) {
-    if (t->prev_ != NULL)
-        t->prev_->next_ = t->next_;
-    else
-        bp->q_head = t->next_;
-    if (t->next_ != NULL)
-        t->next_->prev_ = t->prev_;
-    else
-        bp->q_tail = t->prev_;
-    t->next_ = t->prev_ = NULL;
+    drey_list_remove(&bp->queue, &t->link_);
     bp->queued--;
     t->principal_->queued--;
 }
 
 /* Admits waiters while there is room, skipping those whose principal is
- * full; returns them chained through next_ for resuming outside the lock.
- * Needs bp->mu. */
-static drey_bp_ticket *admit_waiters(drey_bp *bp) {
-    drey_bp_ticket *ready = NULL, **tail = &ready;
-    drey_bp_ticket *t = bp->q_head;
+ * full; moves them to ready (empty) for resuming outside the lock. Needs
+ * bp->mu. */
+static void admit_waiters(drey_bp *bp, drey_list *ready) {
+    drey_bp_ticket *t = DREY_LIST_ITEM(bp->queue.head, drey_bp_ticket, link_);
     while (t != NULL && bp->inflight < bp->opts.max_inflight) {
-        drey_bp_ticket *next = t->next_;
+        drey_bp_ticket *next = DREY_LIST_ITEM(t->link_.next, drey_bp_ticket, link_);
         if (t->principal_->inflight < t->principal_->max_inflight) {
             dequeue(bp, t);
             drey_timer_cancel(bp->timers, &t->timer_);
             take_slot(bp, t); /* a call that waited is not held back again */
             t->state_ = T_RUNNING;
-            *tail = t;
-            tail = &t->next_;
+            drey_list_push(ready, &t->link_);
         }
         t = next;
     }
-    return ready;
 }
 
-static void resume_all(drey_bp_ticket *t) {
-    while (t != NULL) {
-        drey_bp_ticket *next = t->next_;
-        t->next_ = NULL;
+static void resume_all(drey_list *ready) {
+    for (drey_link *l; (l = drey_list_pop(ready)) != NULL;) {
+        drey_bp_ticket *t = DREY_LIST_ITEM(l, drey_bp_ticket, link_);
         t->resume(t->arg);
-        t = next;
     }
 }
 
@@ -412,9 +368,10 @@ static bool release(drey_bp *bp, drey_bp_ticket *t, bool only_parked) {
         break;
     }
     t->state_ = T_DONE;
-    drey_bp_ticket *ready = admit_waiters(bp);
+    drey_list ready = {0};
+    admit_waiters(bp, &ready);
     pthread_mutex_unlock(&bp->mu);
-    resume_all(ready);
+    resume_all(&ready);
     /* The ticket's timer may have fired as it was released (or resumed),
      * its callback still to take the mutex and read the ticket, which the
      * caller frees once this returns. The callback finds T_DONE (or
@@ -457,9 +414,10 @@ static void on_queue_timer(void *arg) {
     int reason = drey_mono_ns() >= t->deadline_ns ? R_DEADLINE : R_QUEUE_TIMEOUT;
     drey_status st;
     refuse(bp, t->principal_, reason, -1, &st);
-    drey_bp_ticket *ready = admit_waiters(bp);
+    drey_list ready = {0};
+    admit_waiters(bp, &ready);
     pthread_mutex_unlock(&bp->mu);
-    resume_all(ready);
+    resume_all(&ready);
     t->fail(t->arg, &st);
 }
 
@@ -477,7 +435,8 @@ void drey_bp_get_stats(drey_bp *bp, drey_bp_stats *out) {
 size_t drey_bp_top_principals(drey_bp *bp, drey_bp_principal_stats *out, size_t n) {
     size_t k = 0;
     pthread_mutex_lock(&bp->mu);
-    for (drey_bp_principal *p = bp->newest; p != NULL; p = p->older) {
+    for (drey_bp_principal *p = DREY_LIST_ITEM(bp->lru.tail, drey_bp_principal, lru); p != NULL;
+         p = DREY_LIST_ITEM(p->lru.prev, drey_bp_principal, lru)) {
         /* Insertion into a small sorted array: n is a handful. */
         size_t i = k < n ? k++ : n;
         while (i > 0 && out[i - 1].rejected < p->rejected) {
@@ -508,7 +467,8 @@ size_t drey_bp_busiest_principals(drey_bp *bp, drey_bp_principal_stats *out, siz
     snprintf(rest->name, sizeof rest->name, "other");
     size_t k = 0;
     pthread_mutex_lock(&bp->mu);
-    for (drey_bp_principal *p = bp->newest; p != NULL; p = p->older) {
+    for (drey_bp_principal *p = DREY_LIST_ITEM(bp->lru.tail, drey_bp_principal, lru); p != NULL;
+         p = DREY_LIST_ITEM(p->lru.prev, drey_bp_principal, lru)) {
         uint64_t calls = p->admitted + p->rejected;
         drey_bp_principal_stats cur = {.inflight = p->inflight, .queued = p->queued, .admitted = p->admitted,
                                        .rejected = p->rejected};

@@ -1,7 +1,9 @@
 /*
  * options — drey-bench's command line. Every option is --name=value; sizes
  * and durations take the units dreyd's options do (256, 4KiB; 500ms, 10s).
+ * Every option is also DREY_<NAME> in the environment.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,9 @@ static const char usage[] =
     "Output\n"
     "  --json                 one JSON object on stdout instead of text\n"
     "  --label=TEXT           a name for the run, echoed in the output\n"
+    "\n"
+    "Every option is also read from DREY_<NAME> (--key-bytes: DREY_KEY_BYTES); the command\n"
+    "line wins.\n"
     "\n"
     "Exit status: 0 the run finished (errors are counted, not fatal); 1 it could not run;\n"
     "2 a bad option.\n";
@@ -134,6 +139,120 @@ static void read_tokens(drey_bench_options *o, const char *path) {
         die("--tokens-file %s holds no token", path);
 }
 
+/* What one option does to the run; false for a name drey-bench does not
+ * know. Both the environment and the command line come through here. */
+struct parse {
+    drey_bench_options *o;
+    bool duration_set, warmup_set, keys_set;
+    const char *payloads_file;
+};
+
+static bool flag_option(const char *name) {
+    return strcmp(name, "json") == 0 || strcmp(name, "request-ids") == 0 || strcmp(name, "cluster") == 0;
+}
+
+static bool set_option(struct parse *p, const char *name, const char *v) {
+    drey_bench_options *o = p->o;
+    if (flag_option(name)) {
+        bool on = v == NULL || strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
+        if (strcmp(name, "json") == 0)
+            o->json = on;
+        else if (strcmp(name, "cluster") == 0)
+            o->cluster = on;
+        else
+            o->request_ids = on;
+        return true;
+    }
+    if (strcmp(name, "target") == 0) {
+        o->target = v;
+    } else if (strcmp(name, "connections") == 0) {
+        o->connections = (int)parse_count(name, v, 1);
+    } else if (strcmp(name, "pipeline") == 0) {
+        o->pipeline = (int)parse_count(name, v, 1);
+    } else if (strcmp(name, "streams") == 0) {
+        o->streams = (int)parse_count(name, v, 1);
+    } else if (strcmp(name, "duration") == 0) {
+        o->duration_ms = parse_duration(name, v);
+        p->duration_set = true;
+    } else if (strcmp(name, "warmup") == 0) {
+        o->warmup_ms = parse_duration(name, v);
+        p->warmup_set = true;
+    } else if (strcmp(name, "count") == 0) {
+        o->count = parse_count(name, v, 1);
+    } else if (strcmp(name, "timeout") == 0) {
+        o->timeout_ms = parse_duration(name, v);
+    } else if (strcmp(name, "mix") == 0) {
+        parse_mix(o, v);
+    } else if (strcmp(name, "keys") == 0) {
+        o->keys = parse_count(name, v, 1);
+        p->keys_set = true;
+    } else if (strcmp(name, "key-bytes") == 0) {
+        o->key_bytes = (int)parse_count(name, v, 2);
+        if (o->key_bytes > 60)
+            die("--%s is at most 60", name);
+    } else if (strcmp(name, "distribution") == 0) {
+        if (strcmp(v, "uniform") == 0)
+            o->dist = DREY_BENCH_UNIFORM;
+        else if (strcmp(v, "zipf") == 0)
+            o->dist = DREY_BENCH_ZIPF;
+        else if (strcmp(v, "sequential") == 0)
+            o->dist = DREY_BENCH_SEQUENTIAL;
+        else
+            die("unknown --distribution %s (uniform, zipf, sequential)", v);
+    } else if (strcmp(name, "zipf-s") == 0) {
+        char *end;
+        o->zipf_s = strtod(v, &end);
+        if (end == v || *end != '\0' || o->zipf_s <= 0)
+            die("bad value for --%s", name);
+    } else if (strcmp(name, "value-bytes") == 0) {
+        int64_t b;
+        if (!drey_config_parse_bytes(v, &b) || b < 0)
+            die("bad size for --%s", name);
+        o->value_bytes = (size_t)b;
+    } else if (strcmp(name, "cache") == 0) {
+        o->cache = v;
+    } else if (strcmp(name, "ttl") == 0) {
+        o->ttl_ms = parse_duration(name, v);
+    } else if (strcmp(name, "seed") == 0) {
+        o->seed = parse_count(name, v, 0);
+    } else if (strcmp(name, "token") == 0) {
+        o->tokens = drey_xrealloc(o->tokens, o->n_tokens + 1, sizeof *o->tokens);
+        o->tokens[o->n_tokens++] = drey_xstrdup(v);
+    } else if (strcmp(name, "tokens-file") == 0) {
+        read_tokens(o, v);
+    } else if (strcmp(name, "raw-method") == 0) {
+        o->raw_method = v;
+    } else if (strcmp(name, "raw-payloads") == 0) {
+        p->payloads_file = v;
+    } else if (strcmp(name, "label") == 0) {
+        o->label = v;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* Every option also comes from DREY_<NAME> (--key-bytes: DREY_KEY_BYTES), as
+ * dreyd's and drey's do; the command line wins. */
+static const char *const option_names[] = {
+    "target", "connections", "pipeline", "streams", "duration", "warmup", "count", "timeout", "mix", "keys",
+    "key-bytes", "distribution", "zipf-s", "value-bytes", "cache", "ttl", "seed", "token", "tokens-file",
+    "raw-method", "raw-payloads", "label", "json", "request-ids", "cluster",
+};
+
+static void from_environment(struct parse *p) {
+    for (size_t i = 0; i < sizeof option_names / sizeof option_names[0]; i++) {
+        char var[64] = "DREY_";
+        size_t n = strlen(var);
+        for (const char *c = option_names[i]; *c != '\0' && n + 1 < sizeof var; c++)
+            var[n++] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
+        var[n] = '\0';
+        const char *v = getenv(var);
+        if (v != NULL && v[0] != '\0')
+            set_option(p, option_names[i], v);
+    }
+}
+
 void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->target = "127.0.0.1:50051";
@@ -150,9 +269,9 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
     o->cache = "";
     o->timeout_ms = 10000;
     o->seed = 0x5eed;
-    bool duration_set = false, warmup_set = false, keys_set = false;
-    const char *payloads_file = NULL;
 
+    struct parse p = {.o = o};
+    from_environment(&p);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -174,108 +293,33 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
         memcpy(name, a, nlen);
         name[nlen] = '\0';
         const char *v = eq != NULL ? eq + 1 : NULL;
-        /* Flags without a value. */
-        if (strcmp(name, "json") == 0 || strcmp(name, "request-ids") == 0 || strcmp(name, "cluster") == 0) {
-            bool on = v == NULL || strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
-            if (strcmp(name, "json") == 0)
-                o->json = on;
-            else if (strcmp(name, "cluster") == 0)
-                o->cluster = on;
-            else
-                o->request_ids = on;
-            continue;
-        }
-        if (v == NULL && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+        if (v == NULL && !flag_option(name) && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
             v = argv[++i]; /* --name value */
-        if (v == NULL)
+        if (v == NULL && !flag_option(name))
             die("--%s needs a value (--name value or --name=value)", name);
-        if (strcmp(name, "target") == 0) {
-            o->target = v;
-        } else if (strcmp(name, "connections") == 0) {
-            o->connections = (int)parse_count(name, v, 1);
-        } else if (strcmp(name, "pipeline") == 0) {
-            o->pipeline = (int)parse_count(name, v, 1);
-        } else if (strcmp(name, "streams") == 0) {
-            o->streams = (int)parse_count(name, v, 1);
-        } else if (strcmp(name, "duration") == 0) {
-            o->duration_ms = parse_duration(name, v);
-            duration_set = true;
-        } else if (strcmp(name, "warmup") == 0) {
-            o->warmup_ms = parse_duration(name, v);
-            warmup_set = true;
-        } else if (strcmp(name, "count") == 0) {
-            o->count = parse_count(name, v, 1);
-        } else if (strcmp(name, "timeout") == 0) {
-            o->timeout_ms = parse_duration(name, v);
-        } else if (strcmp(name, "mix") == 0) {
-            parse_mix(o, v);
-        } else if (strcmp(name, "keys") == 0) {
-            o->keys = parse_count(name, v, 1);
-            keys_set = true;
-        } else if (strcmp(name, "key-bytes") == 0) {
-            o->key_bytes = (int)parse_count(name, v, 2);
-            if (o->key_bytes > 60)
-                die("--%s is at most 60", name);
-        } else if (strcmp(name, "distribution") == 0) {
-            if (strcmp(v, "uniform") == 0)
-                o->dist = DREY_BENCH_UNIFORM;
-            else if (strcmp(v, "zipf") == 0)
-                o->dist = DREY_BENCH_ZIPF;
-            else if (strcmp(v, "sequential") == 0)
-                o->dist = DREY_BENCH_SEQUENTIAL;
-            else
-                die("unknown --distribution %s (uniform, zipf, sequential)", v);
-        } else if (strcmp(name, "zipf-s") == 0) {
-            char *end;
-            o->zipf_s = strtod(v, &end);
-            if (end == v || *end != '\0' || o->zipf_s <= 0)
-                die("bad value for --%s", name);
-        } else if (strcmp(name, "value-bytes") == 0) {
-            int64_t b;
-            if (!drey_config_parse_bytes(v, &b) || b < 0)
-                die("bad size for --%s", name);
-            o->value_bytes = (size_t)b;
-        } else if (strcmp(name, "cache") == 0) {
-            o->cache = v;
-        } else if (strcmp(name, "ttl") == 0) {
-            o->ttl_ms = parse_duration(name, v);
-        } else if (strcmp(name, "seed") == 0) {
-            o->seed = parse_count(name, v, 0);
-        } else if (strcmp(name, "token") == 0) {
-            o->tokens = drey_xrealloc(o->tokens, o->n_tokens + 1, sizeof *o->tokens);
-            o->tokens[o->n_tokens++] = drey_xstrdup(v);
-        } else if (strcmp(name, "tokens-file") == 0) {
-            read_tokens(o, v);
-        } else if (strcmp(name, "raw-method") == 0) {
-            o->raw_method = v;
-        } else if (strcmp(name, "raw-payloads") == 0) {
-            payloads_file = v;
-        } else if (strcmp(name, "label") == 0) {
-            o->label = v;
-        } else {
+        if (!set_option(&p, name, v))
             die("unknown option --%s", name);
-        }
     }
 
-    if ((o->raw_method != NULL) != (payloads_file != NULL))
+    if ((o->raw_method != NULL) != (p.payloads_file != NULL))
         die("%s", "--raw-method and --raw-payloads go together");
     if (o->raw_method != NULL) {
         if (o->raw_method[0] != '/')
             die("--raw-method %s must be a path like /pkg.Service/Method", o->raw_method);
         char err[256];
-        if (!drey_bench_load_payloads(payloads_file, &o->payloads, &o->n_payloads, err, sizeof err))
+        if (!drey_bench_load_payloads(p.payloads_file, &o->payloads, &o->n_payloads, err, sizeof err))
             die("%s", err);
         memset(o->mix, 0, sizeof o->mix);
         o->mix[DREY_BENCH_RAW] = 1;
-        if (!keys_set)
+        if (!p.keys_set)
             o->keys = o->n_payloads;
         if (o->keys > o->n_payloads)
             die("%s", "--keys is larger than the number of raw payloads");
     }
     if (o->count > 0) {
-        if (!duration_set)
+        if (!p.duration_set)
             o->duration_ms = 0;
-        if (!warmup_set)
+        if (!p.warmup_set)
             o->warmup_ms = 0;
     } else if (o->duration_ms == 0 && o->dist != DREY_BENCH_SEQUENTIAL) {
         die("%s", "give --duration or --count");

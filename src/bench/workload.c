@@ -13,30 +13,36 @@
 #include <string.h>
 #include <time.h>
 
-#include "drey/alloc.h"
 #include "bench.h"
+#include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
+#include "drey/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define ZIPF_MAX_KEYS 100000000ull
 
-const char *drey_bench_op_name(drey_bench_op op) {
-    static const char *const names[DREY_BENCH_N_OPS] = {
-        [DREY_BENCH_GET] = "get",         [DREY_BENCH_SET] = "set",       [DREY_BENCH_ADD] = "add",
-        [DREY_BENCH_INCREMENT] = "increment", [DREY_BENCH_REMOVE] = "remove", [DREY_BENCH_HEALTH] = "health",
-        [DREY_BENCH_RAW] = "raw",
-    };
-    return (unsigned)op < DREY_BENCH_N_OPS ? names[op] : "?";
-}
-
-static const char *const methods[DREY_BENCH_N_OPS] = {
-    [DREY_BENCH_GET] = "/drey.cache.v1.Cache/Get",
-    [DREY_BENCH_SET] = "/drey.cache.v1.Cache/Set",
-    [DREY_BENCH_ADD] = "/drey.cache.v1.Cache/Add",
-    [DREY_BENCH_INCREMENT] = "/drey.cache.v1.Cache/Increment",
-    [DREY_BENCH_REMOVE] = "/drey.cache.v1.Cache/Remove",
-    [DREY_BENCH_HEALTH] = "/grpc.health.v1.Health/Check",
+/* Each operation's name (in reports), method and request type; the request
+ * is filled by field names (next_request): a key, a value, a request_id,
+ * a delta and a TTL where its type has those fields. Raw payloads come as
+ * they are. */
+static const struct {
+    const char *name, *method;
+    const ProtobufCMessageDescriptor *request;
+} ops[DREY_BENCH_N_OPS] = {
+    [DREY_BENCH_GET] = {"get", "/drey.cache.v1.Cache/Get", &drey__cache__v1__get_request__descriptor},
+    [DREY_BENCH_SET] = {"set", "/drey.cache.v1.Cache/Set", &drey__cache__v1__set_request__descriptor},
+    [DREY_BENCH_ADD] = {"add", "/drey.cache.v1.Cache/Add", &drey__cache__v1__add_request__descriptor},
+    [DREY_BENCH_INCREMENT] = {"increment", "/drey.cache.v1.Cache/Increment",
+                              &drey__cache__v1__increment_request__descriptor},
+    [DREY_BENCH_REMOVE] = {"remove", "/drey.cache.v1.Cache/Remove", &drey__cache__v1__remove_request__descriptor},
+    [DREY_BENCH_HEALTH] = {"health", "/grpc.health.v1.Health/Check",
+                           &grpc__health__v1__health_check_request__descriptor},
+    [DREY_BENCH_RAW] = {"raw", NULL, NULL},
 };
+
+const char *drey_bench_op_name(drey_bench_op op) {
+    return (unsigned)op < DREY_BENCH_N_OPS ? ops[op].name : "?";
+}
 
 /* --- randomness ----------------------------------------------------------- */
 
@@ -177,10 +183,19 @@ bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
         out->len = o->payloads[i].len;
         return !exhausted;
     }
-    out->method = methods[op];
+    out->method = ops[op].method;
+    union { /* room for any of the ops' requests */
+        ProtobufCMessage base;
+        Drey__Cache__V1__GetRequest get;
+        Drey__Cache__V1__SetRequest set;
+        Drey__Cache__V1__AddRequest add;
+        Drey__Cache__V1__IncrementRequest increment;
+        Drey__Cache__V1__RemoveRequest remove;
+        Grpc__Health__V1__HealthCheckRequest health;
+    } req;
+    protobuf_c_message_init(ops[op].request, &req);
     if (op == DREY_BENCH_HEALTH) {
-        Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-        out->len = grpc__health__v1__health_check_request__pack(&req, g->buf);
+        out->len = protobuf_c_message_pack(&req.base, g->buf);
         out->data = g->buf;
         return true;
     }
@@ -201,66 +216,19 @@ bool drey_bench_next_request(drey_bench_gen *g, drey_bench_request *out) {
     value.kind_case = DREY__CACHE__V1__VALUE__KIND_BYTES_VALUE;
     value.bytes_value.data = g->w->value;
     value.bytes_value.len = o->value_bytes;
-    char *cache = (char *)o->cache;
 
-    switch (op) {
-    case DREY_BENCH_GET: {
-        Drey__Cache__V1__GetRequest req = DREY__CACHE__V1__GET_REQUEST__INIT;
-        req.cache = cache;
-        req.key = key;
-        out->len = drey__cache__v1__get_request__pack(&req, g->buf);
-        break;
-    }
-    case DREY_BENCH_SET: {
-        Drey__Cache__V1__SetRequest req = DREY__CACHE__V1__SET_REQUEST__INIT;
-        req.cache = cache;
-        req.key = key;
-        req.value = &value;
-        req.request_id = request_id;
-        if (o->ttl_ms > 0) {
-            req.expiration_case = DREY__CACHE__V1__SET_REQUEST__EXPIRATION_TTL;
-            req.ttl = &ttl;
-        }
-        out->len = drey__cache__v1__set_request__pack(&req, g->buf);
-        break;
-    }
-    case DREY_BENCH_ADD: {
-        Drey__Cache__V1__AddRequest req = DREY__CACHE__V1__ADD_REQUEST__INIT;
-        req.cache = cache;
-        req.key = key;
-        req.value = &value;
-        req.request_id = request_id;
-        if (o->ttl_ms > 0) {
-            req.expiration_case = DREY__CACHE__V1__ADD_REQUEST__EXPIRATION_TTL;
-            req.ttl = &ttl;
-        }
-        out->len = drey__cache__v1__add_request__pack(&req, g->buf);
-        break;
-    }
-    case DREY_BENCH_INCREMENT: {
-        Drey__Cache__V1__IncrementRequest req = DREY__CACHE__V1__INCREMENT_REQUEST__INIT;
-        req.cache = cache;
-        req.key = key;
-        req.delta = 1;
-        req.request_id = request_id;
-        if (o->ttl_ms > 0) {
-            req.expiration_case = DREY__CACHE__V1__INCREMENT_REQUEST__EXPIRATION_TTL;
-            req.ttl = &ttl;
-        }
-        out->len = drey__cache__v1__increment_request__pack(&req, g->buf);
-        break;
-    }
-    case DREY_BENCH_REMOVE: {
-        Drey__Cache__V1__RemoveRequest req = DREY__CACHE__V1__REMOVE_REQUEST__INIT;
-        req.cache = cache;
-        req.key = key;
-        req.request_id = request_id;
-        out->len = drey__cache__v1__remove_request__pack(&req, g->buf);
-        break;
-    }
-    default:
-        abort();
-    }
+    *(const char **)drey_rpc_field(&req.base, "cache", NULL) = o->cache;
+    *(char **)drey_rpc_field(&req.base, "key", NULL) = key;
+    void *slot;
+    if ((slot = drey_rpc_field(&req.base, "value", NULL)) != NULL)
+        *(Drey__Cache__V1__Value **)slot = &value;
+    if ((slot = drey_rpc_field(&req.base, "request_id", NULL)) != NULL)
+        *(char **)slot = request_id;
+    if ((slot = drey_rpc_field(&req.base, "delta", NULL)) != NULL)
+        *(int64_t *)slot = 1;
+    if (o->ttl_ms > 0 && (slot = drey_rpc_field(&req.base, "ttl", NULL)) != NULL)
+        *(Google__Protobuf__Duration **)slot = &ttl;
+    out->len = protobuf_c_message_pack(&req.base, g->buf);
     out->data = g->buf;
     out->key = key;
     out->key_len = strlen(key);

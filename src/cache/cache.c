@@ -16,6 +16,7 @@
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/thread.h"
 #include "value.h"
 
 struct drey_cache {
@@ -842,18 +843,13 @@ void drey_cache_set_expiry_horizon(drey_cache *c, int64_t (*fn)(void *ctx, int64
 void drey_cache_start_expiry(drey_cache *c, int64_t interval_ms) {
     c->expiry_interval_ms = interval_ms;
     c->stopping = false;
-    if (pthread_create(&c->expiry_thread, NULL, expiry_main, c) != 0)
-        abort();
+    drey_thread_start(&c->expiry_thread, "expiry sweep", expiry_main, c);
     c->expiry_running = true;
 }
 
 void drey_cache_stop_expiry(drey_cache *c) {
     if (!c->expiry_running)
         return;
-    pthread_mutex_lock(&c->mu);
-    c->stopping = true;
-    pthread_cond_broadcast(&c->cond);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->expiry_thread, NULL);
+    drey_thread_stop(c->expiry_thread, &c->mu, &c->cond, &c->stopping);
     c->expiry_running = false;
 }

@@ -108,8 +108,6 @@ static const char *prefix_of(drey_cli *c, char *buf, size_t cap) {
     return buf;
 }
 
-/* --- init ---------------------------------------------------------------------------- */
-
 /* etcd's endpoints with TLS and its authentication: the options, else the
  * variables dreyd reads for the same settings (a pod's environment
  * configures both). */
@@ -131,6 +129,20 @@ static drey_etcd_options etcd_options(const drey_cli *c, const char *etcd) {
                                .password_file = v[4]};
 }
 
+/* A client of the etcd at etcd and the cluster's prefix in it (room for
+ * 256); NULL with the reason printed for the subcommand (init, status). */
+static drey_etcd *open_etcd(drey_cli *c, const char *etcd, const char *sub, char *prefix) {
+    char err[320];
+    prefix_of(c, prefix, 256);
+    drey_etcd_options eo = etcd_options(c, etcd);
+    drey_etcd *e = drey_etcd_open(&eo, err, sizeof err);
+    if (e == NULL)
+        fprintf(stderr, "drey cluster %s: %s\n", sub, err);
+    return e;
+}
+
+/* --- init ---------------------------------------------------------------------------- */
+
 int drey_cli_cluster_init(drey_cli *c, char **args) {
     (void)args;
     const char *etcd = drey_cli_opt(c, "etcd") != NULL ? drey_cli_opt(c, "etcd") : getenv("DREY_CLUSTER_ETCD");
@@ -150,14 +162,10 @@ int drey_cli_cluster_init(drey_cli *c, char **args) {
         fprintf(stderr, "drey cluster init: --partitions must be 1 to 65536 and --replication-factor 1 to 3\n");
         return DREY_EXIT_USAGE;
     }
-    char prefix[256], err[320];
-    prefix_of(c, prefix, sizeof prefix);
-    drey_etcd_options eo = etcd_options(c, etcd);
-    drey_etcd *e = drey_etcd_open(&eo, err, sizeof err);
-    if (e == NULL) {
-        fprintf(stderr, "drey cluster init: %s\n", err);
+    char prefix[256];
+    drey_etcd *e = open_etcd(c, etcd, "init", prefix);
+    if (e == NULL)
         return DREY_EXIT_USAGE;
-    }
     Drey__Internal__V1__ClusterConfig cfg = DREY__INTERNAL__V1__CLUSTER_CONFIG__INIT;
     cfg.format = DREY__INTERNAL__V1__CLUSTER_CONFIG__FORMAT__FORMAT_V1;
     cfg.partitions = partitions;
@@ -214,14 +222,10 @@ int drey_cli_cluster_init(drey_cli *c, char **args) {
 /* --- the table from etcd ------------------------------------------------------------- */
 
 static int from_etcd(drey_cli *c, const char *etcd, view *v) {
-    char prefix[256], err[320];
-    prefix_of(c, prefix, sizeof prefix);
-    drey_etcd_options eo = etcd_options(c, etcd);
-    drey_etcd *e = drey_etcd_open(&eo, err, sizeof err);
-    if (e == NULL) {
-        fprintf(stderr, "drey cluster status: %s\n", err);
+    char prefix[256];
+    drey_etcd *e = open_etcd(c, etcd, "status", prefix);
+    if (e == NULL)
         return DREY_EXIT_USAGE;
-    }
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
     int rc = DREY_EXIT_FAILED;

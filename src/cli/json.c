@@ -12,6 +12,8 @@
 
 #include <jansson.h>
 
+#include "drey/alloc.h"
+
 static Google__Protobuf__Struct *struct_of(json_t *obj, drey_arena *a);
 
 static Google__Protobuf__Value *value_of(json_t *j, drey_arena *a) {
@@ -121,9 +123,7 @@ static int by_key(const void *a, const void *b) {
 json_t *drey_cli_json_of_struct(const Google__Protobuf__Struct *s) {
     json_t *obj = json_object();
     size_t n = s != NULL ? s->n_fields : 0;
-    Google__Protobuf__Struct__FieldsEntry **sorted = malloc((n ? n : 1) * sizeof *sorted);
-    if (sorted == NULL)
-        abort();
+    Google__Protobuf__Struct__FieldsEntry **sorted = drey_xcalloc(n, sizeof *sorted);
     if (n > 0)
         memcpy(sorted, s->fields, n * sizeof *sorted);
     qsort(sorted, n, sizeof *sorted, by_key);

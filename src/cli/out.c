@@ -97,9 +97,7 @@ void drey_out_quote(FILE *out, const char *s, size_t n) {
 char *drey_out_field(const json_t *v, bool table) {
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (f == NULL)
-        abort();
+    FILE *f = drey_xopen_memstream(&buf, &len);
     switch (v != NULL ? json_typeof(v) : JSON_NULL) {
     case JSON_STRING: {
         const char *s = json_string_value(v);

@@ -58,4 +58,14 @@ bool drey_pb_from_json(drey_pb_pool *p, const char *type, const json_t *j, uint8
 json_t *drey_pb_to_json(drey_pb_pool *p, const char *type, const uint8_t *data, size_t len, char *err,
                         size_t err_cap);
 
+/* A pool of the descriptor set built into drey (the one dreyd serves). */
+drey_pb_pool *drey_pb_pool_builtin(void);
+
+/* A message of a type the pool knows, as JSON (an empty object when it
+ * does not decode). */
+json_t *drey_pb_message_json(drey_pb_pool *p, const ProtobufCMessage *m);
+
+/* d in standard base64 with padding (the caller frees it). */
+char *drey_pb_base64(const uint8_t *d, size_t n);
+
 #endif

@@ -243,13 +243,7 @@ uint32_t drey_client_topology_partitions(const drey_client_topology *t) {
 void drey_client_topology_close(drey_client_topology *t) {
     if (t == NULL)
         return;
-    pthread_mutex_lock(&t->mu);
-    t->stopping = true;
-    if (t->stream != NULL)
-        drey_client_stream_cancel(t->stream);
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    pthread_join(t->thread, NULL);
+    drey_client__stop_reader(t->thread, &t->mu, &t->cv, &t->stopping, &t->stream);
     drey_client_close(t->seed);
     table_unref(t->current);
     pthread_cond_destroy(&t->cv);

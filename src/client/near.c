@@ -25,6 +25,9 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/client.h"
+#include "drey/list.h"
+#include "drey/thread.h"
+#include "internal.h"
 
 #define DEFAULT_MAX_ENTRIES 10000
 #define BACKOFF_MIN_MS 50
@@ -32,7 +35,7 @@
 
 typedef struct near_entry {
     struct near_entry *hnext;       /* bucket chain */
-    struct near_entry *older, *newer; /* age list */
+    drey_link age;                  /* in the cache's ages */
     uint64_t hash;
     bool ready;
     uint64_t fill_id;
@@ -53,7 +56,7 @@ struct drey_near_cache {
     pthread_cond_t cond;
     near_entry **buckets;
     size_t n_buckets, n_entries;
-    near_entry *oldest, *newest;
+    drey_list ages; /* of near_entry, oldest first */
     uint64_t fill_seq;
     bool watching, closing;
     drey_client_stream *stream;
@@ -79,14 +82,7 @@ static near_entry **slot_of(drey_near_cache *n, const char *key, size_t len, uin
 static void unlink_entry(drey_near_cache *n, near_entry **pp) {
     near_entry *e = *pp;
     *pp = e->hnext;
-    if (e->older != NULL)
-        e->older->newer = e->newer;
-    else
-        n->oldest = e->newer;
-    if (e->newer != NULL)
-        e->newer->older = e->older;
-    else
-        n->newest = e->older;
+    drey_list_remove(&n->ages, &e->age);
     n->n_entries--;
     free(e->value);
     free(e);
@@ -110,8 +106,8 @@ static void drop_all(drey_near_cache *n) {
 
 /* Under mu: a placeholder for key (dropping the oldest entry when full). */
 static near_entry *add_placeholder(drey_near_cache *n, const char *key, size_t len, uint64_t h) {
-    if (n->n_entries >= n->opts.max_entries && n->oldest != NULL) {
-        near_entry *victim = n->oldest;
+    if (n->n_entries >= n->opts.max_entries && !drey_list_empty(&n->ages)) {
+        near_entry *victim = DREY_LIST_ITEM(n->ages.head, near_entry, age);
         unlink_entry(n, slot_of(n, victim->key, strlen(victim->key), victim->hash));
     }
     near_entry *e = drey_xcalloc(1, sizeof *e + len + 1);
@@ -121,12 +117,7 @@ static near_entry *add_placeholder(drey_near_cache *n, const char *key, size_t l
     near_entry **pp = &n->buckets[h % n->n_buckets];
     e->hnext = *pp;
     *pp = e;
-    e->older = n->newest;
-    if (n->newest != NULL)
-        n->newest->newer = e;
-    else
-        n->oldest = e;
-    n->newest = e;
+    drey_list_push(&n->ages, &e->age);
     n->n_entries++;
     return e;
 }
@@ -221,8 +212,7 @@ drey_near_cache *drey_near_open(const drey_near_options *opts, int64_t timeout_m
         drey_near_close(n);
         return NULL;
     }
-    if (pthread_create(&n->thread, NULL, watch_main, n) != 0)
-        abort();
+    drey_thread_start(&n->thread, "near cache watch", watch_main, n);
     pthread_mutex_lock(&n->mu);
     int64_t deadline = drey_deadline_after_ms(timeout_ms);
     while (!n->watching && drey_mono_ns() < deadline)
@@ -241,15 +231,8 @@ drey_near_cache *drey_near_open(const drey_near_options *opts, int64_t timeout_m
 void drey_near_close(drey_near_cache *n) {
     if (n == NULL)
         return;
-    if (n->watcher != NULL) {
-        pthread_mutex_lock(&n->mu);
-        n->closing = true;
-        if (n->stream != NULL)
-            drey_client_stream_cancel(n->stream);
-        pthread_cond_broadcast(&n->cond);
-        pthread_mutex_unlock(&n->mu);
-        pthread_join(n->thread, NULL);
-    }
+    if (n->watcher != NULL)
+        drey_client__stop_reader(n->thread, &n->mu, &n->cond, &n->closing, &n->stream);
     drop_all(n);
     drey_client_close(n->watcher);
     drey_client_close(n->reader);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "drey/client.h"
+#include "drey/rpc.h"
 #include "google/protobuf/any.pb-c.h"
 #include "google/protobuf/duration.pb-c.h"
 
@@ -108,26 +109,6 @@ int64_t drey_client_status_retry_delay_ms(const drey_client_status *st) {
 }
 
 const char *drey_client_code_name(grpc_status_code code) {
-    static const char *const names[] = {
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    };
-    if ((unsigned)code >= sizeof names / sizeof names[0])
-        return "UNKNOWN_CODE";
-    return names[code];
+    const char *name = drey_rpc_code_name(code);
+    return name != NULL ? name : "UNKNOWN_CODE";
 }

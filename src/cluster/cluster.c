@@ -63,7 +63,7 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     pthread_mutex_lock(&c->mu);
     drey_cluster__publish_locked(c); /* an empty table until joined */
     pthread_mutex_unlock(&c->mu);
-    c->peers = drey_cluster__peers_create(opts->tls_cert, opts->tls_key, opts->tls_ca, err, cap);
+    c->peers = drey_cluster__peers_create(opts->node_id, opts->tls_cert, opts->tls_key, opts->tls_ca, err, cap);
     if (c->peers == NULL ||
         (opts->peer_addresses != NULL && !drey_cluster__peers_dial_via(c->peers, opts->peer_addresses, err, cap))) {
         drey_cluster_destroy(c);

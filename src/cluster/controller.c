@@ -27,6 +27,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/journal.h"
 #include "drey/log.h"
 #include "internal.h"
 #include "controller.h"
@@ -156,6 +157,36 @@ static bool campaign(drey_cluster *c) {
     return won;
 }
 
+/* A node whose journal failed (a write or an fdatasync: every later append
+ * fails until a restart, include/drey/journal.h) can make nothing durable
+ * any more, as a primary or as a backup; its in-sync backups can. It marks
+ * itself draining, as a drain does, so the controller hands each partition
+ * it leads to an in-sync backup (a handover copies nothing and needs no
+ * journal here) and gives its backup roles to others; until a restart.
+ * Kafka treats a failed log directory the same way (KIP-112). A journal
+ * that only could not get a new segment (ENOSPC) goes on: not this. */
+static void hand_off_if_journal_failed(drey_cluster *c) {
+    drey_journal *j = c->opts.pipeline != NULL ? drey_pipeline_journal(c->opts.pipeline) : NULL;
+    if (j == NULL || c->ctl.journal_failed)
+        return;
+    drey_journal_stats js;
+    drey_journal_get_stats(j, &js);
+    if (!js.failed)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->draining = true;
+    pthread_mutex_unlock(&c->mu);
+    char err[256];
+    if (!drey_cluster__mark_draining(c, err, sizeof err)) {
+        DREY_LOG_WARN("this node's journal failed, and it could not mark itself draining yet; trying again",
+                      DREY_LOG_STR("error", err));
+        return;
+    }
+    c->ctl.journal_failed = true;
+    DREY_LOG_ERROR("this node's journal failed: its partitions go to their in-sync backups until it restarts",
+                   DREY_LOG_INT("errno", js.failed_errno));
+}
+
 void *drey_cluster__controller_main(void *arg) {
     drey_cluster *c = arg;
     char err[256];
@@ -165,11 +196,12 @@ void *drey_cluster__controller_main(void *arg) {
         bool leader = strcmp(c->controller, c->opts.node_id) == 0;
         bool vacant = c->controller[0] == '\0';
         pthread_mutex_unlock(&c->mu);
-        if (lost) {
+        if (lost)
             drey_cluster__register_again(c, err, sizeof err);
-        } else if (vacant) {
+        else
+            hand_off_if_journal_failed(c);
+        if (!lost && vacant)
             leader = campaign(c);
-        }
         if (leader && !lost)
             drey_cluster__control(c);
         pthread_mutex_lock(&c->mu);

@@ -178,6 +178,7 @@ typedef struct drey_cluster__ctl {
      * look repaired instead, and did not plan). */
     _Atomic uint32_t moves_waiting;
     _Atomic uint64_t failovers; /* partitions given a new primary */
+    bool journal_failed;        /* this node's: marked draining for it (the thread's own) */
 } drey_cluster__ctl;
 
 /* The router's counts (router.c, owner.c). */

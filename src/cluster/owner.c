@@ -37,21 +37,37 @@ static drey_stage_result not_primary(drey_cluster *c, drey_request *r, const dre
     drey_status_add_metadata(st, "partition", "%u", p);
     drey_status_add_metadata(st, "epoch", "%lld", (long long)t->parts[p].epoch);
     drey_status_add_metadata(st, "primary", "%s", t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "");
+    drey_status_add_metadata(st, "outcome", "not_applied"); /* refused before any journal */
     r->status = st;
     return DREY_STAGE_REJECT;
 }
 
-/* PARTITION_UNAVAILABLE (no owner to reach), or LEASE_EXPIRED (this node
- * owns it but may not lead it now). */
-static drey_stage_result unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e) {
+drey_status *drey_cluster__unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e, const char *cause,
+                                       const char *primary, bool maybe_applied) {
     if (e == DREY_ERR_PARTITION_UNAVAILABLE)
         atomic_fetch_add(&c->route.unavailable, 1);
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
     drey_status_init(st);
     drey_status_set(st, e);
     drey_status_add_metadata(st, "partition", "%u", p);
+    drey_status_add_metadata(st, "primary", "%s", primary);
+    drey_status_add_metadata(st, "cause", "%s", cause);
+    drey_status_add_metadata(st, "outcome", "%s", maybe_applied ? "unknown" : "not_applied");
     st->retry_delay_ms = UNAVAILABLE_RETRY_MS;
-    r->status = st;
+    return st;
+}
+
+/* Refused at routing, before any journal: not applied anywhere. */
+static drey_stage_result unavailable(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
+                                     drey_error e) {
+    int32_t o = t->parts[p].primary;
+    /* A primary whose membership lease expired: with backups the controller
+     * promotes one; with none the partition waits for it to return. */
+    const char *cause = e == DREY_ERR_LEASE_EXPIRED                       ? "LEASE_EXPIRED"
+                        : o >= 0 && !t->nodes[o].member && c->rf <= 1     ? "LEASE_EXPIRED"
+                        : o < 0 || !t->nodes[o].member                    ? "FAILOVER_IN_PROGRESS"
+                                                                          : "OWNER_UNREACHABLE";
+    r->status = drey_cluster__unavailable(c, r, p, e, cause, o >= 0 ? t->nodes[o].id : "", false);
     return DREY_STAGE_REJECT;
 }
 
@@ -73,7 +89,7 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
         /* Another node may lead it once etcd expired the lease: not before
          * it lapsed by this node's clock. */
         if (c->rf > 1 && !drey_cluster__may_lead(c, t)) {
-            *refusal = unavailable(c, r, p, DREY_ERR_LEASE_EXPIRED);
+            *refusal = unavailable(c, r, t, p, DREY_ERR_LEASE_EXPIRED);
             return -1;
         }
         return 1;
@@ -85,7 +101,7 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
         return -1;
     }
     if (o < 0 || !t->nodes[o].member || t->nodes[o].internal[0] == '\0') {
-        *refusal = unavailable(c, r, p, DREY_ERR_PARTITION_UNAVAILABLE);
+        *refusal = unavailable(c, r, t, p, DREY_ERR_PARTITION_UNAVAILABLE);
         return -1;
     }
     *node = &t->nodes[o];

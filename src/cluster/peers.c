@@ -121,6 +121,7 @@ typedef struct dial_override {
 } dial_override;
 
 struct drey_cluster__peers {
+    char node_id[DREY_CLUSTER_MAX_ID]; /* what the certificate must name */
     drey_pem_files files; /* cert, key, ca */
     dial_override *dial;
     size_t n_dial;
@@ -357,6 +358,18 @@ static grpc_channel_credentials *load_creds(drey_cluster__peers *p, const drey_p
     char *pem[3];
     if (!drey_pem_files_read(&p->files, pem, err, cap))
         return NULL;
+    /* Every peer would refuse it: a peer dialling this node checks the
+     * certificate against the node id as a host name, and the internal
+     * listener compares the id a call claims with the certificate's. Said
+     * at once, not as moves failing three times a second. */
+    if (!drey_pem_names(pem[0], p->node_id)) {
+        snprintf(err, cap,
+                 "the internal certificate %s does not name \"%s\" (--node-id) in a DNS subject alternative name "
+                 "(or, without one, its common name), so every peer would refuse this node",
+                 p->files.paths[0], p->node_id);
+        drey_pem_free(pem);
+        return NULL;
+    }
     grpc_ssl_pem_key_cert_pair pair = {.private_key = pem[1], .cert_chain = pem[0]};
     grpc_channel_credentials *creds = grpc_ssl_credentials_create(pem[2], &pair, NULL, NULL);
     drey_pem_free(pem);
@@ -561,13 +574,14 @@ static void *peers_main(void *arg) {
     }
 }
 
-drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *key, const char *ca, char *err,
-                                                size_t err_cap) {
+drey_cluster__peers *drey_cluster__peers_create(const char *node_id, const char *cert, const char *key, const char *ca,
+                                                char *err, size_t err_cap) {
     if (cert == NULL || cert[0] == '\0' || key == NULL || key[0] == '\0' || ca == NULL || ca[0] == '\0') {
         snprintf(err, err_cap, "a cluster node needs --internal-tls-cert, --internal-tls-key and --internal-tls-ca");
         return NULL;
     }
     drey_cluster__peers *p = drey_xcalloc(1, sizeof *p);
+    snprintf(p->node_id, sizeof p->node_id, "%s", node_id);
     drey_pem_files_init(&p->files, cert, key, ca);
     grpc_init();
     drey_pem_id ids[3];

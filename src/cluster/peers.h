@@ -8,8 +8,11 @@
 
 #include "internal.h"
 
-drey_cluster__peers *drey_cluster__peers_create(const char *cert, const char *key, const char *ca, char *err,
-                                                size_t err_cap);
+/* The peer certificates: the chain must name node_id (its SAN or CN), as
+ * every peer checks; NULL with a message in err when not, or when the
+ * files do not load. */
+drey_cluster__peers *drey_cluster__peers_create(const char *node_id, const char *cert, const char *key, const char *ca,
+                                                char *err, size_t err_cap);
 void drey_cluster__peers_destroy(drey_cluster__peers *p);
 /* --cluster-peer-address: "id=host:port[,id=host:port...]", each peer id
  * dialled at its address instead of the one it advertises; before the

@@ -61,14 +61,10 @@
 #include "partition.h"
 #include "peers.h"
 #include "primary.h"
+#include "room.h"
 #include "table.h"
 
 #define BEAT_NS 250000000LL
-/* A backup's room is heard with acknowledgements and heartbeats: once it
- * was not heard for this long (it does not answer, say) and nothing is in
- * flight to it, the next write goes to it as a probe. If it has no room it
- * refuses and is dropped, as a backup whose room was never heard is. */
-#define ROOM_FRESH_NS 1000000000LL
 
 /* One write in its partition's line. Not in the request's arena: an
  * acknowledgement may come after the write was answered (abandoned at a
@@ -125,34 +121,18 @@ static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
     return r;
 }
 
-/* What is left of a backup's memory room: what it said, less what was sent
- * to it since; INT64_MAX when it was not heard lately (room_refusal lets
- * the write through as a probe then). */
-static int64_t memory_left(const drey_cluster__room *room) {
-    if (drey_mono_ns() - atomic_load(&room->heard_ns) > ROOM_FRESH_NS && atomic_load(&room->sent_journal) == 0)
-        return INT64_MAX;
-    int64_t m = atomic_load(&room->memory), ms = atomic_load(&room->sent_memory);
-    return m == INT64_MAX ? INT64_MAX : ms >= m ? 0 : m - ms;
-}
-
-/* NONE, or the refusal of a write that would not fit on the backup (what
- * it lately said it has room for, less what was sent to it since). */
-static drey_error room_refusal(const drey_cluster__room *room, uint64_t journal_need, int64_t memory_need,
-                               uint64_t *have) {
-    if (drey_mono_ns() - atomic_load(&room->heard_ns) > ROOM_FRESH_NS && atomic_load(&room->sent_journal) == 0)
-        return DREY_ERR_NONE;
-    uint64_t j = atomic_load(&room->journal);
-    uint64_t js = atomic_load(&room->sent_journal);
-    if (j != UINT64_MAX && (js >= j || journal_need > j - js)) {
-        *have = js >= j ? 0 : j - js;
-        return DREY_ERR_JOURNAL_DISK_QUOTA;
-    }
-    int64_t m = memory_left(room);
-    if (memory_need > 0 && memory_need > m) {
-        *have = (uint64_t)m;
-        return DREY_ERR_MEMORY_PRESSURE;
-    }
-    return DREY_ERR_NONE;
+/* The rules (room.h) take numbers read at one moment. No room (more
+ * backups than DREY_CLUSTER_MAX_ROOMS): never heard, so never refused. */
+static drey_cluster__room_seen room_seen(const drey_cluster__room *room) {
+    if (room == NULL)
+        return (drey_cluster__room_seen){.journal = UINT64_MAX, .memory = INT64_MAX, .since_heard_ns = INT64_MAX};
+    return (drey_cluster__room_seen){
+        .journal = atomic_load(&room->journal),
+        .sent_journal = atomic_load(&room->sent_journal),
+        .memory = atomic_load(&room->memory),
+        .sent_memory = atomic_load(&room->sent_memory),
+        .since_heard_ns = drey_mono_ns() - atomic_load(&room->heard_ns),
+    };
 }
 
 static void room_heard(drey_cluster__room *room, const uint8_t *response, size_t len) {
@@ -398,7 +378,8 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         const char *id = t->nodes[part->replicas[i]].id;
         rooms[i] = room_of(c, id);
         uint64_t have = 0;
-        drey_error e = rooms[i] != NULL ? room_refusal(rooms[i], journal_need, memory_need, &have) : DREY_ERR_NONE;
+        drey_cluster__room_seen seen = room_seen(rooms[i]);
+        drey_error e = drey_cluster__room_verdict(&seen, journal_need, memory_need, &have);
         if (e != DREY_ERR_NONE) {
             /* Definitive, as the primary's own quota would be: nothing was
              * journaled or sent anywhere. */
@@ -460,8 +441,8 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
     drey_cluster__topology *t = drey_cluster__acquire(c);
     int64_t least = INT64_MAX;
     for (uint8_t i = 0; p < t->n_parts && i < t->parts[p].n_replicas; i++) {
-        drey_cluster__room *room = room_of(c, t->nodes[t->parts[p].replicas[i]].id);
-        int64_t m = room != NULL ? memory_left(room) : INT64_MAX;
+        drey_cluster__room_seen seen = room_seen(room_of(c, t->nodes[t->parts[p].replicas[i]].id));
+        int64_t m = drey_cluster__room_memory_left(&seen);
         least = m < least ? m : least;
     }
     drey_cluster__topology_unref(t);

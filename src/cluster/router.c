@@ -69,6 +69,8 @@ typedef struct fwd {
     int64_t await_revision; /* the retry waits for a table at least this new */
     int64_t retry_until_ns;
     bool retried, awaited;
+    uint32_t partition;                /* of the last forward */
+    char owner[DREY_CLUSTER_MAX_ID];   /* where it went */
     drey_timer timer;
     drey_cluster__parked parked; /* its partition is frozen */
 } fwd;
@@ -163,6 +165,19 @@ static void forwarded_done(void *arg, const drey_answer *a) {
         atomic_compare_exchange_strong(&f->call, &done, NULL)) {
         f->retried = true;
         await_table(f, f->revision + 1);
+        return;
+    }
+    if (a->code == GRPC_STATUS_UNAVAILABLE && a->details == NULL) {
+        /* The transport's, not the owner's (whose refusals carry details):
+         * the owner could not be reached, or its stream broke. A write may
+         * have reached its journal before the stream broke. */
+        drey_request *r = f->r;
+        drey_status *st = drey_cluster__unavailable(f->c, r, f->partition, DREY_ERR_PARTITION_UNAVAILABLE,
+                                                    "OWNER_UNREACHABLE", f->owner,
+                                                    (r->method->flags & DREY_METHOD_WRITE) != 0);
+        drey_status_add_metadata(st, "transport", "%.*s", (int)(a->message_len < 200 ? a->message_len : 200),
+                                 a->message != NULL ? a->message : "");
+        drey_request_fail(r, st);
         return;
     }
     drey_request_relay(f->r, a);
@@ -315,6 +330,8 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
         f->awaited = true;
         await_table(f, drey_cluster__forwarded_epoch(r));
     } else {
+        f->partition = p;
+        snprintf(f->owner, sizeof f->owner, "%s", to->id);
         forward(c, f, to, t->parts[p].epoch);
     }
     return DREY_STAGE_PARKED;

@@ -19,6 +19,13 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
 /* The epoch a forwarding node's table had for the request's partition
  * (drey-epoch); 0: none. */
 int64_t drey_cluster__forwarded_epoch(drey_request *r);
+/* UNAVAILABLE e (PARTITION_UNAVAILABLE, LEASE_EXPIRED) for partition p,
+ * typed for a client: ErrorInfo names the partition, its primary, the
+ * cause (OWNER_UNREACHABLE, LEASE_EXPIRED, FAILOVER_IN_PROGRESS) and the
+ * outcome (not_applied, or unknown when the call may have reached a
+ * journal), with a RetryInfo; counted (drey_cluster_unavailable_total). */
+drey_status *drey_cluster__unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e, const char *cause,
+                                       const char *primary, bool maybe_applied);
 
 /* Whether a read that allows it may be answered from this node's backup
  * copy of p (in sync, not broken, once known current), and how stale it

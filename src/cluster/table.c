@@ -31,6 +31,7 @@
 #include "drey/clock.h"
 #include "drey/log.h"
 #include "internal.h"
+#include "room.h"
 #include "table.h"
 
 #define CALL_MS 2000
@@ -428,10 +429,10 @@ bool drey_cluster__lease_valid(drey_cluster *c) {
     pthread_mutex_lock(&c->lease_mu);
     int64_t until = c->keepalive != NULL ? drey_etcd_keepalive_valid_until_ns(c->keepalive) : 0;
     pthread_mutex_unlock(&c->lease_mu);
-    return until != 0 && drey_mono_ns() < until - c->lease_margin_ns;
+    return drey_cluster__lease_holds(until, c->lease_margin_ns, drey_mono_ns());
 }
 
 bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
-    return drey_cluster__lease_valid(c) && t->revision >= atomic_load(&c->registered_revision);
+    return drey_cluster__may_lead_at(drey_cluster__lease_valid(c), t->revision, atomic_load(&c->registered_revision));
 }
 

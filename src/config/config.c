@@ -19,6 +19,7 @@
 
 typedef enum {
     OPT_STRING,
+    OPT_ADDRESS, /* host:port (or unix:PATH); empty where the default is */
     OPT_INT,
     OPT_BYTES,
     OPT_DURATION,
@@ -57,7 +58,7 @@ static const char *word_of(const option *o, int64_t *value) {
 #define MIB (1024 * 1024)
 
 static const option options[] = {
-    {"listen", OPT_STRING, FIELD(listen), "127.0.0.1:50051", 0, 0,
+    {"listen", OPT_ADDRESS, FIELD(listen), "127.0.0.1:50051", 0, 0,
      "Address of the gRPC listener (host:port; port 0 picks a free one)."},
     {"workers", OPT_INT, FIELD(workers), "0", 0, 256,
      "Completion-queue threads serving calls; 0 means one per CPU."},
@@ -199,11 +200,11 @@ static const option options[] = {
     {"min-in-sync", OPT_INT, FIELD(min_in_sync), "1", 1, 3,
      "Copies of a partition (its primary included) that must be in sync for it to take writes; below, writes "
      "are refused UNAVAILABLE NOT_ENOUGH_REPLICAS. 1: availability first (a primary alone takes writes)."},
-    {"internal-listen", OPT_STRING, FIELD(internal_listen), "", 0, 0,
+    {"internal-listen", OPT_ADDRESS, FIELD(internal_listen), "", 0, 0,
      "host:port of the internal listener peers forward calls to (mutual TLS only; required with --cluster-etcd)."},
-    {"advertise", OPT_STRING, FIELD(advertise), "", 0, 0,
+    {"advertise", OPT_ADDRESS, FIELD(advertise), "", 0, 0,
      "host:port clients reach this node's public listener at (a StatefulSet pod's DNS name); empty: --listen."},
-    {"internal-advertise", OPT_STRING, FIELD(internal_advertise), "", 0, 0,
+    {"internal-advertise", OPT_ADDRESS, FIELD(internal_advertise), "", 0, 0,
      "host:port peers reach the internal listener at; empty: --internal-listen."},
     {"internal-tls-cert", OPT_STRING, FIELD(internal_tls_cert), "", 0, 0,
      "PEM certificate of this node for the internal listener and its calls to peers; its SAN or CN must be the "
@@ -253,7 +254,7 @@ static const option options[] = {
     {"watch-history-linger", OPT_DURATION, FIELD(watch_history_linger_ms), "60s", 0, 24 * 3600 * 1000,
      "How long changes are still recorded after the last Watch closed, so a client that reconnects within it "
      "resumes; after it, recording stops (writes then cost nothing extra) and older positions cannot resume."},
-    {"ops-listen", OPT_STRING, FIELD(ops_listen), "127.0.0.1:9090", 0, 0,
+    {"ops-listen", OPT_ADDRESS, FIELD(ops_listen), "127.0.0.1:9090", 0, 0,
      "Address of the operators' HTTP listener: /health/live, /health/ready, /health/ready/details, /metrics "
      "(details and metrics need a JWT from outside loopback); empty: none."},
     {"metrics-principals", OPT_INT, FIELD(metrics_principals), "10", 0, 1000,
@@ -276,12 +277,31 @@ static const option options[] = {
 static const char *type_name(opt_type t) {
     switch (t) {
     case OPT_STRING: return "string";
+    case OPT_ADDRESS: return "host:port";
     case OPT_INT: return "int";
     case OPT_BYTES: return "bytes";
     case OPT_DURATION: return "duration";
     case OPT_BOOL: return "bool";
     }
     return "?";
+}
+
+/* host:port with a port of 0-65535 (a host may be a bracketed IPv6
+ * address), or unix:PATH. gRPC would take "localhost" alone as port 443
+ * and the ops listener would fail later: refused here, with the reason. */
+static bool address_ok(const char *v) {
+    if (v[0] == '\0' || strncmp(v, "unix:", 5) == 0)
+        return true;
+    const char *colon = strrchr(v, ':');
+    if (colon == NULL || colon == v || colon[1] == '\0' || strlen(colon + 1) > 5)
+        return false;
+    if (strchr(v, ':') != colon && (v[0] != '[' || colon[-1] != ']'))
+        return false; /* an IPv6 address without brackets: where is the port? */
+    for (const char *d = colon + 1; *d != '\0'; d++) {
+        if (*d < '0' || *d > '9')
+            return false;
+    }
+    return atoi(colon + 1) <= 65535;
 }
 
 bool drey_config_listen_is_loopback(const char *listen) {
@@ -303,22 +323,22 @@ bool drey_config_listen_is_loopback(const char *listen) {
     return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
 
-bool drey_config_parse_bytes(const char *s, int64_t *out) {
+typedef struct unit {
+    const char *suffix;
+    int64_t mult;
+} unit;
+
+/* A non-negative number followed by one of the units' suffixes (compared
+ * ignoring case or not), in the smallest unit; false on anything else or
+ * an overflow. */
+static bool parse_with_units(const char *s, const unit *units, size_t n_units, bool any_case, int64_t *out) {
     errno = 0;
     char *end;
     long long n = strtoll(s, &end, 10);
     if (end == s || errno != 0 || n < 0)
         return false;
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {
-        {"", 1},           {"b", 1},           {"k", 1000},       {"kb", 1000},      {"kib", 1024},
-        {"m", 1000000},    {"mb", 1000000},    {"mib", 1 << 20},  {"g", 1000000000}, {"gb", 1000000000},
-        {"gib", 1 << 30},  {"ki", 1024},       {"mi", 1 << 20},   {"gi", 1 << 30},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(end, units[i].suffix) == 0) {
+    for (size_t i = 0; i < n_units; i++) {
+        if ((any_case ? strcasecmp(end, units[i].suffix) : strcmp(end, units[i].suffix)) == 0) {
             if (n > INT64_MAX / units[i].mult)
                 return false;
             *out = n * units[i].mult;
@@ -328,25 +348,18 @@ bool drey_config_parse_bytes(const char *s, int64_t *out) {
     return false;
 }
 
+bool drey_config_parse_bytes(const char *s, int64_t *out) {
+    static const unit units[] = {
+        {"", 1},           {"b", 1},           {"k", 1000},       {"kb", 1000},      {"kib", 1024},
+        {"m", 1000000},    {"mb", 1000000},    {"mib", 1 << 20},  {"g", 1000000000}, {"gb", 1000000000},
+        {"gib", 1 << 30},  {"ki", 1024},       {"mi", 1 << 20},   {"gi", 1 << 30},
+    };
+    return parse_with_units(s, units, sizeof units / sizeof units[0], true, out);
+}
+
 bool drey_config_parse_duration_ms(const char *s, int64_t *out) {
-    errno = 0;
-    char *end;
-    long long n = strtoll(s, &end, 10);
-    if (end == s || errno != 0 || n < 0)
-        return false;
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) == 0) {
-            if (n > INT64_MAX / units[i].mult)
-                return false;
-            *out = n * units[i].mult;
-            return true;
-        }
-    }
-    return false;
+    static const unit units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    return parse_with_units(s, units, sizeof units / sizeof units[0], false, out);
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -367,6 +380,13 @@ static bool set_option(drey_config *cfg, const option *o, const char *value, con
     int64_t n = 0;
     bool ok = true;
     switch (o->type) {
+    case OPT_ADDRESS:
+        if (!address_ok(value)) {
+            fprintf(err, "dreyd: %s: expected host:port (e.g. 127.0.0.1:50051, [::1]:50051, 0.0.0.0:0), got \"%s\"\n",
+                    origin, value);
+            return false;
+        }
+        __attribute__((fallthrough)); /* stored as a string */
     case OPT_STRING: {
         char **slot = (char **)(void *)base;
         free(*slot);
@@ -501,7 +521,7 @@ bool drey_config_parse(drey_config *cfg, int argc, char **argv, int first, char 
 
 void drey_config_free(drey_config *cfg) {
     for (size_t i = 0; i < N_OPTIONS; i++) {
-        if (options[i].type == OPT_STRING) {
+        if (options[i].type == OPT_STRING || options[i].type == OPT_ADDRESS) {
             char **slot = (char **)(void *)((char *)cfg + options[i].offset);
             free(*slot);
             *slot = NULL;

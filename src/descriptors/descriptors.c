@@ -61,78 +61,74 @@ static void add_symbol(drey_descriptors *d, char *name, size_t file) {
     d->n_symbols++;
 }
 
-static void index_enum(drey_descriptors *d, const char *scope, const Google__Protobuf__EnumDescriptorProto *e,
+/* Names are optional on the wire and required here: each index_ function
+ * returns false on a missing one (the caller then drops the whole index). */
+
+static bool index_enum(drey_descriptors *d, const char *scope, const Google__Protobuf__EnumDescriptorProto *e,
                        size_t file) {
-    char *name = join(scope, e->name);
-    add_symbol(d, name, file);
-    /* Enum values live in the enum's enclosing scope, as in C++. */
-    for (size_t i = 0; i < e->n_value; i++)
-        add_symbol(d, join(scope, e->value[i]->name), file);
-}
-
-static void index_message(drey_descriptors *d, const char *scope, const Google__Protobuf__DescriptorProto *m,
-                          size_t file) {
-    char *name = join(scope, m->name);
-    add_symbol(d, name, file);
-    for (size_t i = 0; i < m->n_field; i++)
-        add_symbol(d, join(name, m->field[i]->name), file);
-    for (size_t i = 0; i < m->n_nested_type; i++)
-        index_message(d, name, m->nested_type[i], file);
-    for (size_t i = 0; i < m->n_enum_type; i++)
-        index_enum(d, name, m->enum_type[i], file);
-}
-
-static bool enum_names_present(const Google__Protobuf__EnumDescriptorProto *e) {
     if (e->name == NULL)
         return false;
+    add_symbol(d, join(scope, e->name), file);
+    /* Enum values live in the enum's enclosing scope, as in C++. */
     for (size_t i = 0; i < e->n_value; i++) {
         if (e->value[i]->name == NULL)
             return false;
+        add_symbol(d, join(scope, e->value[i]->name), file);
     }
     return true;
 }
 
-static bool message_names_present(const Google__Protobuf__DescriptorProto *m) {
+static bool index_message(drey_descriptors *d, const char *scope, const Google__Protobuf__DescriptorProto *m,
+                          size_t file) {
     if (m->name == NULL)
         return false;
+    char *name = join(scope, m->name);
+    add_symbol(d, name, file);
     for (size_t i = 0; i < m->n_field; i++) {
         if (m->field[i]->name == NULL)
             return false;
+        add_symbol(d, join(name, m->field[i]->name), file);
     }
     for (size_t i = 0; i < m->n_nested_type; i++) {
-        if (!message_names_present(m->nested_type[i]))
+        if (!index_message(d, name, m->nested_type[i], file))
             return false;
     }
     for (size_t i = 0; i < m->n_enum_type; i++) {
-        if (!enum_names_present(m->enum_type[i]))
+        if (!index_enum(d, name, m->enum_type[i], file))
             return false;
     }
     return true;
 }
 
-/* Every name the index reads is present (and every dependency). */
-static bool names_present(const Google__Protobuf__FileDescriptorProto *fp) {
-    if (fp->name == NULL)
+static bool index_service(drey_descriptors *d, const char *scope, const Google__Protobuf__ServiceDescriptorProto *sp,
+                          size_t file) {
+    if (sp->name == NULL)
         return false;
+    char *sname = join(scope, sp->name);
+    add_symbol(d, sname, file);
+    d->services = drey_xrealloc(d->services, d->n_services + 1, sizeof *d->services);
+    d->services[d->n_services++] = sname;
+    for (size_t m = 0; m < sp->n_method; m++) {
+        if (sp->method[m]->name == NULL)
+            return false;
+        add_symbol(d, join(sname, sp->method[m]->name), file);
+    }
+    return true;
+}
+
+/* The files of the set that f imports, by their index in it. */
+static bool link_deps(drey_descriptors *d, size_t f) {
+    const Google__Protobuf__FileDescriptorProto *fp = d->set->file[f];
+    d->files[f].deps = drey_xcalloc(fp->n_dependency, sizeof(size_t));
     for (size_t i = 0; i < fp->n_dependency; i++) {
-        if (fp->dependency[i] == NULL)
-            return false;
-    }
-    for (size_t i = 0; i < fp->n_message_type; i++) {
-        if (!message_names_present(fp->message_type[i]))
-            return false;
-    }
-    for (size_t i = 0; i < fp->n_enum_type; i++) {
-        if (!enum_names_present(fp->enum_type[i]))
-            return false;
-    }
-    for (size_t i = 0; i < fp->n_service; i++) {
-        if (fp->service[i]->name == NULL)
-            return false;
-        for (size_t m = 0; m < fp->service[i]->n_method; m++) {
-            if (fp->service[i]->method[m]->name == NULL)
-                return false;
+        long dep = -1;
+        for (size_t g = 0; fp->dependency[i] != NULL && g < d->n_files; g++) {
+            if (strcmp(d->set->file[g]->name, fp->dependency[i]) == 0)
+                dep = (long)g;
         }
+        if (dep < 0)
+            return false; /* protoc --include_imports always includes them */
+        d->files[f].deps[d->files[f].n_deps++] = (size_t)dep;
     }
     return true;
 }
@@ -169,35 +165,25 @@ drey_descriptors *drey_descriptors_load(const uint8_t *set, size_t len) {
         goto fail;
 
     for (size_t f = 0; f < d->n_files; f++) {
-        if (!names_present(fds->file[f]))
+        if (fds->file[f]->name == NULL)
             goto fail; /* names are optional on the wire, required here */
     }
     for (size_t f = 0; f < d->n_files; f++) {
         const Google__Protobuf__FileDescriptorProto *fp = fds->file[f];
         const char *pkg = fp->package != NULL ? fp->package : "";
-        d->files[f].deps = drey_xcalloc(fp->n_dependency, sizeof(size_t));
-        for (size_t i = 0; i < fp->n_dependency; i++) {
-            long dep = -1;
-            for (size_t g = 0; g < d->n_files; g++) {
-                if (strcmp(fds->file[g]->name, fp->dependency[i]) == 0)
-                    dep = (long)g;
-            }
-            if (dep < 0)
-                goto fail; /* protoc --include_imports always includes them */
-            d->files[f].deps[d->files[f].n_deps++] = (size_t)dep;
+        if (!link_deps(d, f))
+            goto fail;
+        for (size_t i = 0; i < fp->n_message_type; i++) {
+            if (!index_message(d, pkg, fp->message_type[i], f))
+                goto fail;
         }
-        for (size_t i = 0; i < fp->n_message_type; i++)
-            index_message(d, pkg, fp->message_type[i], f);
-        for (size_t i = 0; i < fp->n_enum_type; i++)
-            index_enum(d, pkg, fp->enum_type[i], f);
+        for (size_t i = 0; i < fp->n_enum_type; i++) {
+            if (!index_enum(d, pkg, fp->enum_type[i], f))
+                goto fail;
+        }
         for (size_t i = 0; i < fp->n_service; i++) {
-            const Google__Protobuf__ServiceDescriptorProto *sp = fp->service[i];
-            char *sname = join(pkg, sp->name);
-            add_symbol(d, sname, f);
-            d->services = drey_xrealloc(d->services, d->n_services + 1, sizeof *d->services);
-            d->services[d->n_services++] = sname;
-            for (size_t m = 0; m < sp->n_method; m++)
-                add_symbol(d, join(sname, sp->method[m]->name), f);
+            if (!index_service(d, pkg, fp->service[i], f))
+                goto fail;
         }
     }
     if (d->n_symbols > 0)

@@ -13,6 +13,12 @@
  * health for "" is NOT_SERVING until recovery ends.
  *
  * `dreyd storage inspect|verify|dump|repair <dir>` are the offline tools.
+ *
+ * main is the list of the node's phases, each a function below: configure
+ * (the options, checked, and the keys), build (the chain and the
+ * services), the cluster's parts, register the services, listen, recover
+ * (the data directory), join (the cluster), serve, drain and stop, tear
+ * down. A phase that fails leaves what was built for tear_down.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -174,17 +180,62 @@ static int64_t tenant_limit(void *ctx, const char *tenant, size_t len) {
     return drey_authz_tenant_limit(ctx, tenant, len);
 }
 
-int main(int argc, char **argv, char **envp) {
-    if (argc >= 2 && strcmp(argv[1], "storage") == 0)
-        return drey_storage_tool(argc - 2, argv + 2, stdout, stderr);
-
+/* Everything the node runs, built in this order and torn down in reverse. */
+typedef struct node {
     drey_config cfg;
-    drey_config_defaults(&cfg);
+    /* What the options say, checked. */
+    drey_log_level log_level;
+    drey_fsync_policy fsync_policy;
+    int64_t fsync_interval_ms;
+    drey_evict_policy eviction;
+    bool clustered, jwt;
+    char node_id[96];
+    size_t workers;
+    sigset_t signals; /* taken by the main thread only: blocked in every other */
+    /* The parts. */
+    drey_auth *auth;
+    drey_authz *authz; /* NULL: no --authz-policy */
+    drey_timers *timers;
+    drey_bp *bp;
+    drey_store *store;
+    drey_tenants *tenants;
+    drey_memory *memory;
+    drey_cache *cache;
+    drey_health *health;
+    drey_metrics *metrics;
+    drey_admin *admin;
+    drey_server *server;
+    drey_method_table *methods;
+    drey_commit *commit;
+    drey_partition_replica *replica;
+    drey_partition *partitions;
+    drey_pipeline *pipeline;
+    drey_watch *watch;
+    drey_server *internal; /* cluster nodes: the peers' mutual-TLS listener */
+    drey_cluster *cluster;
+    drey_ops *ops;
+    drey_storage *storage;
+    int port, internal_port;
+    char err[512];
+} node;
+
+/* A bad option: the message on stderr, exit status 2. */
+static int usage_error(const char *message) {
+    fprintf(stderr, "dreyd: %s\n", message);
+    return 2;
+}
+
+#define GO_ON (-1)
+
+/* Parses and checks the options, starts the log, blocks the signals and
+ * loads the JWT keys and the authorization policy. GO_ON, or the exit
+ * status: 0 after --help or --version, 2 on a bad option. */
+static int configure(node *n, int argc, char **argv, char **envp) {
+    drey_config *cfg = &n->cfg;
+    drey_config_defaults(cfg);
     drey_config_help help;
-    if (!drey_config_parse(&cfg, argc, argv, 1, envp, stderr, &help)) {
-        drey_config_free(&cfg);
+    if (!drey_config_parse(cfg, argc, argv, 1, envp, stderr, &help))
         return 2;
-    }
     if (help != DREY_CONFIG_HELP_NONE) {
         if (help == DREY_CONFIG_HELP_MARKDOWN)
             drey_config_print_markdown(stdout);
@@ -194,460 +245,493 @@ int main(int argc, char **argv, char **envp) {
             drey_version_print(stdout, "dreyd");
         else
             drey_config_print_help(stdout);
-        drey_config_free(&cfg);
         return 0;
     }
-    drey_log_level level;
-    if (!drey_log_parse_level(cfg.log_level, &level)) {
-        fprintf(stderr, "dreyd: --log-level: expected debug, info, warn or error\n");
-        drey_config_free(&cfg);
-        return 2;
-    }
-    drey_fsync_policy fsync_policy;
-    int64_t fsync_interval_ms;
-    if (!parse_fsync(cfg.fsync, &fsync_policy, &fsync_interval_ms)) {
-        fprintf(stderr, "dreyd: --fsync: expected always, never or interval:<duration> (e.g. interval:100ms)\n");
-        drey_config_free(&cfg);
-        return 2;
-    }
-    if (cfg.journal_max_bytes > 0 && cfg.journal_max_bytes < cfg.segment_bytes) {
-        fprintf(stderr, "dreyd: --journal-max-bytes must be 0 or at least --segment-bytes (one segment)\n");
-        drey_config_free(&cfg);
-        return 2;
-    }
-    bool clustered = cfg.cluster_etcd[0] != '\0';
-    if (clustered && (cfg.internal_listen[0] == '\0' || cfg.internal_tls_cert[0] == '\0' ||
-                      cfg.internal_tls_key[0] == '\0' || cfg.internal_tls_ca[0] == '\0')) {
-        fprintf(stderr, "dreyd: a cluster node (--cluster-etcd) needs --internal-listen, --internal-tls-cert, "
-                        "--internal-tls-key and --internal-tls-ca: peers forward calls only over mutual TLS\n");
-        drey_config_free(&cfg);
-        return 2;
-    }
-    drey_evict_policy eviction;
-    if (!drey_evict_policy_parse(cfg.eviction, &eviction)) {
-        fprintf(stderr, "dreyd: --eviction: expected none, allkeys-lru, allkeys-lfu, volatile-lru or volatile-ttl\n");
-        drey_config_free(&cfg);
-        return 2;
-    }
-    drey_log_set_level(level);
+    if (!drey_log_parse_level(cfg->log_level, &n->log_level))
+        return usage_error("--log-level: expected debug, info, warn or error");
+    if (!parse_fsync(cfg->fsync, &n->fsync_policy, &n->fsync_interval_ms))
+        return usage_error("--fsync: expected always, never or interval:<duration> (e.g. interval:100ms)");
+    if (cfg->journal_max_bytes > 0 && cfg->journal_max_bytes < cfg->segment_bytes)
+        return usage_error("--journal-max-bytes must be 0 or at least --segment-bytes (one segment)");
+    n->clustered = cfg->cluster_etcd[0] != '\0';
+    if (n->clustered && (cfg->internal_listen[0] == '\0' || cfg->internal_tls_cert[0] == '\0' ||
+                         cfg->internal_tls_key[0] == '\0' || cfg->internal_tls_ca[0] == '\0'))
+        return usage_error("a cluster node (--cluster-etcd) needs --internal-listen, --internal-tls-cert, "
+                           "--internal-tls-key and --internal-tls-ca: peers forward calls only over mutual TLS");
+    if (!drey_evict_policy_parse(cfg->eviction, &n->eviction))
+        return usage_error("--eviction: expected none, allkeys-lru, allkeys-lfu, volatile-lru or volatile-ttl");
+    drey_log_set_level(n->log_level);
     /* First, so every log says what wrote it. */
     DREY_LOG_INFO("dreyd", DREY_LOG_STR("version", drey_version()), DREY_LOG_STR("revision", drey_version_revision()),
                   DREY_LOG_STR("build", drey_version_build()));
     gpr_set_log_function(grpc_log_to_json);
-    bool jwt = cfg.jwt_jwks_file[0] != '\0' || cfg.jwt_keys_dir[0] != '\0';
-    if (!jwt && !drey_config_listen_is_loopback(cfg.listen) && !cfg.insecure_allow_anonymous_remote) {
+    n->jwt = cfg->jwt_jwks_file[0] != '\0' || cfg->jwt_keys_dir[0] != '\0';
+    if (!n->jwt && !drey_config_listen_is_loopback(cfg->listen) && !cfg->insecure_allow_anonymous_remote) {
         fprintf(stderr, "dreyd: refusing to listen on %s without JWT keys: anyone who reaches it could read and "
                         "write every cache. Configure --jwt-keys-dir or --jwt-jwks-file, listen on loopback, or "
                         "pass --insecure-allow-anonymous-remote for an isolated lab.\n",
-                cfg.listen);
-        drey_config_free(&cfg);
+                cfg->listen);
         return 2;
     }
-    char node_id[96];
-    if (cfg.node_id[0] != '\0')
-        snprintf(node_id, sizeof node_id, "%s", cfg.node_id);
-    else if (gethostname(node_id, sizeof node_id) != 0)
-        snprintf(node_id, sizeof node_id, "drey");
-    node_id[sizeof node_id - 1] = '\0';
+    if (cfg->node_id[0] != '\0')
+        snprintf(n->node_id, sizeof n->node_id, "%s", cfg->node_id);
+    else if (gethostname(n->node_id, sizeof n->node_id) != 0)
+        snprintf(n->node_id, sizeof n->node_id, "drey");
+    n->node_id[sizeof n->node_id - 1] = '\0';
 
     /* Signals are taken synchronously by this thread; every thread created
      * from here on inherits the mask. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    sigemptyset(&n->signals);
+    sigaddset(&n->signals, SIGTERM);
+    sigaddset(&n->signals, SIGINT);
+    sigaddset(&n->signals, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &n->signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t workers = cfg.workers > 0 ? (size_t)cfg.workers : (size_t)(ncpu > 0 ? ncpu : 1);
-
-    char err[512];
-    drey_auth *auth = NULL;
-    if (jwt) {
+    n->workers = cfg->workers > 0 ? (size_t)cfg->workers : (size_t)(ncpu > 0 ? ncpu : 1);
+    if (n->jwt) {
         drey_auth_options ao = {
-            .jwks_file = cfg.jwt_jwks_file,
-            .keys_dir = cfg.jwt_keys_dir,
-            .issuer = cfg.jwt_issuer,
-            .audience = cfg.jwt_audience,
-            .clock_skew_ms = cfg.jwt_clock_skew_ms,
-            .max_token_bytes = (size_t)cfg.jwt_max_token_bytes,
-            .cache_entries = (size_t)cfg.jwt_cache_entries,
+            .jwks_file = cfg->jwt_jwks_file,
+            .keys_dir = cfg->jwt_keys_dir,
+            .issuer = cfg->jwt_issuer,
+            .audience = cfg->jwt_audience,
+            .clock_skew_ms = cfg->jwt_clock_skew_ms,
+            .max_token_bytes = (size_t)cfg->jwt_max_token_bytes,
+            .cache_entries = (size_t)cfg->jwt_cache_entries,
         };
-        auth = drey_auth_create(&ao, err, sizeof err);
-        if (auth == NULL) {
-            DREY_LOG_ERROR("cannot load the JWT keys", DREY_LOG_STR("error", err));
-            drey_config_free(&cfg);
+        n->auth = drey_auth_create(&ao, n->err, sizeof n->err);
+        if (n->auth == NULL) {
+            DREY_LOG_ERROR("cannot load the JWT keys", DREY_LOG_STR("error", n->err));
             return 2;
         }
-        drey_auth_watch(auth, cfg.jwt_reload_interval_ms);
+        drey_auth_watch(n->auth, cfg->jwt_reload_interval_ms);
     }
-    drey_authz *authz = NULL;
-    if (cfg.authz_policy[0] != '\0') {
-        authz = drey_authz_create(cfg.authz_policy, err, sizeof err);
-        if (authz == NULL) {
-            DREY_LOG_ERROR("cannot load the authorization policy", DREY_LOG_STR("error", err));
-            drey_auth_destroy(auth);
-            drey_config_free(&cfg);
+    if (cfg->authz_policy[0] != '\0') {
+        n->authz = drey_authz_create(cfg->authz_policy, n->err, sizeof n->err);
+        if (n->authz == NULL) {
+            DREY_LOG_ERROR("cannot load the authorization policy", DREY_LOG_STR("error", n->err));
+            drey_auth_destroy(n->auth);
+            n->auth = NULL;
             return 2;
         }
-        drey_authz_watch(authz, cfg.authz_reload_interval_ms);
-        if (auth != NULL)
-            drey_auth_set_attach(auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref,
-                                                           .unref = grants_unref, .current = grants_current,
-                                                           .ctx = authz});
+        drey_authz_watch(n->authz, cfg->authz_reload_interval_ms);
+        if (n->auth != NULL)
+            drey_auth_set_attach(n->auth, &(drey_auth_attach){.make = grants_make, .ref = grants_ref,
+                                                              .unref = grants_unref, .current = grants_current,
+                                                              .ctx = n->authz});
     }
-    drey_timers *timers = drey_timers_create();
+    return GO_ON;
+}
+
+/* The chain and the services around the store: nothing listens yet. */
+static void build(node *n) {
+    const drey_config *cfg = &n->cfg;
+    n->timers = drey_timers_create();
     drey_bp_options bo = {
-        .max_inflight = (uint32_t)cfg.max_inflight,
-        .max_queued = (uint32_t)cfg.max_queued,
-        .max_wait_ms = cfg.queue_max_wait_ms,
-        .slowdown_at = (uint32_t)cfg.slowdown_at,
-        .slowdown_max_ms = cfg.slowdown_max_delay_ms,
-        .node_rate = (double)cfg.node_rate,
-        .node_burst = (double)(cfg.node_burst > 0 ? cfg.node_burst : cfg.node_rate),
-        .principal_max_inflight = (uint32_t)cfg.principal_max_inflight,
-        .principal_max_queued = (uint32_t)cfg.principal_max_queued,
-        .principal_rate = (double)cfg.principal_rate,
-        .principal_burst = (double)(cfg.principal_burst > 0 ? cfg.principal_burst : cfg.principal_rate),
-        .max_principals = (uint32_t)cfg.max_principals,
-        .node_id = node_id,
+        .max_inflight = (uint32_t)cfg->max_inflight,
+        .max_queued = (uint32_t)cfg->max_queued,
+        .max_wait_ms = cfg->queue_max_wait_ms,
+        .slowdown_at = (uint32_t)cfg->slowdown_at,
+        .slowdown_max_ms = cfg->slowdown_max_delay_ms,
+        .node_rate = (double)cfg->node_rate,
+        .node_burst = (double)(cfg->node_burst > 0 ? cfg->node_burst : cfg->node_rate),
+        .principal_max_inflight = (uint32_t)cfg->principal_max_inflight,
+        .principal_max_queued = (uint32_t)cfg->principal_max_queued,
+        .principal_rate = (double)cfg->principal_rate,
+        .principal_burst = (double)(cfg->principal_burst > 0 ? cfg->principal_burst : cfg->principal_rate),
+        .max_principals = (uint32_t)cfg->max_principals,
+        .node_id = n->node_id,
     };
-    drey_bp *bp = drey_bp_create(&bo, timers);
-    drey_store *store = drey_store_create();
-    drey_store_set_policy(store, eviction);
+    n->bp = drey_bp_create(&bo, n->timers);
+    n->store = drey_store_create();
+    drey_store_set_policy(n->store, n->eviction);
     /* Always: entries keep their tenants through snapshots and the journal
      * whether or not a policy names quotas now. */
-    drey_tenants *tenants = drey_tenants_create(store);
-    if (authz != NULL)
-        drey_tenants_set_limits(tenants, tenant_limit, authz);
-    drey_memory_options mo = {.limit_bytes = cfg.memory_limit_bytes, .node_id = node_id, .max_caches = (uint32_t)cfg.max_caches};
-    drey_memory *memory = drey_memory_create(&mo, store);
-    drey_cache *cache = drey_cache_create(store);
-    drey_health *health = drey_health_create();
-    drey_metrics *metrics = drey_metrics_create();
-    drey_ops *ops = NULL;
+    n->tenants = drey_tenants_create(n->store);
+    if (n->authz != NULL)
+        drey_tenants_set_limits(n->tenants, tenant_limit, n->authz);
+    drey_memory_options mo = {
+        .limit_bytes = cfg->memory_limit_bytes, .node_id = n->node_id, .max_caches = (uint32_t)cfg->max_caches};
+    n->memory = drey_memory_create(&mo, n->store);
+    n->cache = drey_cache_create(n->store);
+    n->health = drey_health_create();
+    n->metrics = drey_metrics_create();
     drey_admin_options adm = {
-        .metrics_principals = (size_t)cfg.metrics_principals,
-        .authz = authz,
-        .tenants = authz != NULL ? tenants : NULL,
-        .durable = !cfg.ephemeral,
-        .fsync_policy = cfg.fsync,
-        .memory = memory,
-        .backpressure = bp,
-        .store = store,
+        .metrics_principals = (size_t)cfg->metrics_principals,
+        .authz = n->authz,
+        .tenants = n->authz != NULL ? n->tenants : NULL,
+        .durable = !cfg->ephemeral,
+        .fsync_policy = cfg->fsync,
+        .memory = n->memory,
+        .backpressure = n->bp,
+        .store = n->store,
     };
-    drey_admin *admin = drey_admin_create(&adm);
+    n->admin = drey_admin_create(&adm);
     drey_server_options sopts = {
-        .listen = cfg.listen,
-        .workers = workers,
-        .max_recv_message_bytes = cfg.max_recv_message_bytes,
-        .tls_cert = cfg.tls_cert,
-        .tls_key = cfg.tls_key,
-        .tls_client_ca = cfg.tls_client_ca,
+        .listen = cfg->listen,
+        .workers = n->workers,
+        .max_recv_message_bytes = cfg->max_recv_message_bytes,
+        .tls_cert = cfg->tls_cert,
+        .tls_key = cfg->tls_key,
+        .tls_client_ca = cfg->tls_client_ca,
     };
-    drey_server *server = drey_server_create(&sopts);
-    drey_method_table *methods = drey_method_table_create();
+    n->server = drey_server_create(&sopts);
+    n->methods = drey_method_table_create();
     drey_commit_options copts = {
-        .store = store,
-        .methods = methods,
-        .idempotency_retention_ms = cfg.idempotency_retention_ms,
-        .partitioned = clustered,
+        .store = n->store,
+        .methods = n->methods,
+        .idempotency_retention_ms = cfg->idempotency_retention_ms,
+        .partitioned = n->clustered,
     };
-    drey_commit *commit = drey_commit_create(&copts);
-    drey_partition_replica *replica = drey_partition_replica_create(commit, memory);
-    drey_partition *partitions = drey_partition_create(store);
+    n->commit = drey_commit_create(&copts);
+    n->replica = drey_partition_replica_create(n->commit, n->memory);
+    n->partitions = drey_partition_create(n->store);
     drey_pipeline_options popts = {
         .limits = {
-            .max_cache_name_bytes = (size_t)cfg.max_cache_name_bytes,
-            .max_key_bytes = (size_t)cfg.max_key_bytes,
-            .max_value_bytes = (size_t)cfg.max_value_bytes,
-            .max_batch = (size_t)cfg.max_batch,
+            .max_cache_name_bytes = (size_t)cfg->max_cache_name_bytes,
+            .max_key_bytes = (size_t)cfg->max_key_bytes,
+            .max_value_bytes = (size_t)cfg->max_value_bytes,
+            .max_batch = (size_t)cfg->max_batch,
         },
-        .methods = methods,
-        .commit = commit,
-        .auth = auth,
-        .auth_required = auth != NULL,
-        .authz = authz,
-        .tenants = tenants,
-        .backpressure = bp,
-        .memory = memory,
-        .metrics = metrics,
-        .node_id = node_id,
-        .pipeline_window = (size_t)cfg.pipeline_window,
+        .methods = n->methods,
+        .commit = n->commit,
+        .auth = n->auth,
+        .auth_required = n->auth != NULL,
+        .authz = n->authz,
+        .tenants = n->tenants,
+        .backpressure = n->bp,
+        .memory = n->memory,
+        .metrics = n->metrics,
+        .node_id = n->node_id,
+        .pipeline_window = (size_t)cfg->pipeline_window,
     };
-    drey_pipeline *pipeline = drey_pipeline_create(&popts);
+    n->pipeline = drey_pipeline_create(&popts);
     drey_watch_options wo = {
-        .store = store,
-        .pipeline = pipeline,
-        .max_streams = (uint32_t)cfg.max_watches,
-        .max_per_principal = (uint32_t)cfg.principal_max_watches,
-        .buffer_bytes = (size_t)cfg.watch_buffer_bytes,
-        .history_bytes = (size_t)cfg.watch_history_bytes,
-        .history_linger_ms = cfg.watch_history_linger_ms,
-        .clustered = clustered,
-        .node_id = node_id,
+        .store = n->store,
+        .pipeline = n->pipeline,
+        .max_streams = (uint32_t)cfg->max_watches,
+        .max_per_principal = (uint32_t)cfg->principal_max_watches,
+        .buffer_bytes = (size_t)cfg->watch_buffer_bytes,
+        .history_bytes = (size_t)cfg->watch_history_bytes,
+        .history_linger_ms = cfg->watch_history_linger_ms,
+        .clustered = n->clustered,
+        .node_id = n->node_id,
     };
-    drey_watch *watch = drey_watch_create(&wo);
-    drey_storage *storage = NULL;
-    drey_server *internal = NULL;
-    drey_cluster *cluster = NULL;
-    int internal_port = 0;
+    n->watch = drey_watch_create(&wo);
+}
 
-    int rc = 0;
+/* A cluster node's internal listener and its cluster (not joined yet); 0,
+ * or 1 when the cluster cannot be set up. */
+static int build_cluster(node *n) {
+    const drey_config *cfg = &n->cfg;
+    drey_server_options io = {
+        .listen = cfg->internal_listen,
+        .workers = n->workers,
+        /* A peer stream message is a batch of forwarded requests (up to
+         * 256 KiB) or one request with its frame: room for either. */
+        .max_recv_message_bytes = cfg->max_recv_message_bytes < INT32_MAX - (1 << 20)
+                                      ? cfg->max_recv_message_bytes + (1 << 20)
+                                      : INT32_MAX,
+        .tls_cert = cfg->internal_tls_cert,
+        .tls_key = cfg->internal_tls_key,
+        .tls_client_ca = cfg->internal_tls_ca,
+    };
+    n->internal = drey_server_create(&io);
     char build_id[160];
     snprintf(build_id, sizeof build_id, "drey %s %s", drey_version(), drey_version_revision());
-    if (clustered) {
-        drey_server_options io = {
-            .listen = cfg.internal_listen,
-            .workers = workers,
-            /* A peer stream message is a batch of forwarded requests (up to
-             * 256 KiB) or one request with its frame: room for either. */
-            .max_recv_message_bytes = cfg.max_recv_message_bytes < INT32_MAX - (1 << 20)
-                                          ? cfg.max_recv_message_bytes + (1 << 20)
-                                          : INT32_MAX,
-            .tls_cert = cfg.internal_tls_cert,
-            .tls_key = cfg.internal_tls_key,
-            .tls_client_ca = cfg.internal_tls_ca,
-        };
-        internal = drey_server_create(&io);
-        drey_cluster_options co = {
-            .etcd = cfg.cluster_etcd,
-            .etcd_tls = {.ca_file = cfg.cluster_etcd_ca, .cert_file = cfg.cluster_etcd_cert,
-                         .key_file = cfg.cluster_etcd_key},
-            .etcd_user = cfg.cluster_etcd_user,
-            .etcd_password_file = cfg.cluster_etcd_password_file,
-            .prefix = cfg.cluster_prefix,
-            .node_id = node_id,
-            .lease_ttl_s = (cfg.cluster_lease_ttl_ms + 999) / 1000,
-            .partitions = (uint32_t)cfg.cluster_partitions,
-            .tls_cert = cfg.internal_tls_cert,
-            .tls_key = cfg.internal_tls_key,
-            .tls_ca = cfg.internal_tls_ca,
-            .peer_addresses = cfg.cluster_peer_address,
-            .build = build_id,
-            .timers = timers,
-            .store = store,
-            .pipeline = pipeline,
-            .methods = methods,
-            .commit = commit,
-            .move_rate = cfg.cluster_move_rate,
-            .max_moves = (uint32_t)cfg.cluster_max_moves,
-            .replication_timeout_ms = cfg.replication_timeout_ms,
-            .min_in_sync = (uint32_t)cfg.min_in_sync,
-            .metrics = metrics,
-        };
-        cluster = drey_cluster_create(&co, err, sizeof err);
-        if (cluster == NULL) {
-            DREY_LOG_ERROR("cannot start as a cluster node", DREY_LOG_STR("error", err));
-            rc = 1;
-            goto out;
-        }
+    drey_cluster_options co = {
+        .etcd = cfg->cluster_etcd,
+        .etcd_tls = {.ca_file = cfg->cluster_etcd_ca, .cert_file = cfg->cluster_etcd_cert,
+                     .key_file = cfg->cluster_etcd_key},
+        .etcd_user = cfg->cluster_etcd_user,
+        .etcd_password_file = cfg->cluster_etcd_password_file,
+        .prefix = cfg->cluster_prefix,
+        .node_id = n->node_id,
+        .lease_ttl_s = (cfg->cluster_lease_ttl_ms + 999) / 1000,
+        .partitions = (uint32_t)cfg->cluster_partitions,
+        .tls_cert = cfg->internal_tls_cert,
+        .tls_key = cfg->internal_tls_key,
+        .tls_ca = cfg->internal_tls_ca,
+        .peer_addresses = cfg->cluster_peer_address,
+        .build = build_id,
+        .timers = n->timers,
+        .store = n->store,
+        .pipeline = n->pipeline,
+        .methods = n->methods,
+        .commit = n->commit,
+        .move_rate = cfg->cluster_move_rate,
+        .max_moves = (uint32_t)cfg->cluster_max_moves,
+        .replication_timeout_ms = cfg->replication_timeout_ms,
+        .min_in_sync = (uint32_t)cfg->min_in_sync,
+        .metrics = n->metrics,
+    };
+    n->cluster = drey_cluster_create(&co, n->err, sizeof n->err);
+    if (n->cluster == NULL) {
+        DREY_LOG_ERROR("cannot start as a cluster node", DREY_LOG_STR("error", n->err));
+        return 1;
     }
-    /* Always: a journal written as a cluster node replays anywhere. */
-    if (!drey_cache_register(cache, methods) || !drey_partition_register(methods, partitions) ||
-        !drey_partition_register_replica(methods, replica) ||
-        !drey_health_register(health, methods, server) ||
-        !drey_admin_register(admin, methods) || !drey_pipeline_serve(pipeline, server, false) ||
-        !drey_watch_register(watch, server) ||
-        !drey_reflect_register(server) ||
-        (clustered && (!drey_pipeline_serve(pipeline, internal, true) || !drey_watch_register_internal(watch, internal) ||
-                       !drey_cluster_register(cluster, server)))) {
+    return 0;
+}
+
+/* The methods of every service, on the listeners and in the chain's table
+ * (always all of them: a journal written as a cluster node replays
+ * anywhere), and the metrics that name them; health answers from here on,
+ * NOT_SERVING until the node has recovered. 0, or 1 on a failure. */
+static int register_services(node *n) {
+    if (!drey_cache_register(n->cache, n->methods) || !drey_partition_register(n->methods, n->partitions) ||
+        !drey_partition_register_replica(n->methods, n->replica) ||
+        !drey_health_register(n->health, n->methods, n->server) || !drey_admin_register(n->admin, n->methods) ||
+        !drey_pipeline_serve(n->pipeline, n->server, false) || !drey_watch_register(n->watch, n->server) ||
+        !drey_reflect_register(n->server) ||
+        (n->clustered &&
+         (!drey_pipeline_serve(n->pipeline, n->internal, true) || !drey_watch_register_internal(n->watch, n->internal) ||
+          !drey_cluster_register(n->cluster, n->server)))) {
         DREY_LOG_ERROR("service registration failed");
-        rc = 1;
-        goto out;
+        return 1;
     }
     const char *method_names[64];
-    size_t n_methods = drey_server_method_count(server);
+    size_t n_methods = drey_server_method_count(n->server);
     for (size_t i = 0; i < n_methods && i < 64; i++)
-        method_names[i] = drey_server_method_path(server, i);
-    drey_metrics_set_methods(metrics, method_names, n_methods < 64 ? n_methods : 64);
-    drey_metrics_add_collector(metrics, drey_metrics_collect_process, NULL);
-    drey_metrics_add_collector(metrics, drey_admin_collect_metrics, admin);
-    drey_metrics_add_collector(metrics, drey_watch_collect_metrics, watch);
-    if (authz != NULL) {
-        drey_metrics_add_collector(metrics, drey_authz_collect_metrics, authz);
-        drey_metrics_add_collector(metrics, drey_tenants_collect_metrics, tenants);
+        method_names[i] = drey_server_method_path(n->server, i);
+    drey_metrics_set_methods(n->metrics, method_names, n_methods < 64 ? n_methods : 64);
+    drey_metrics_add_collector(n->metrics, drey_metrics_collect_process, NULL);
+    drey_metrics_add_collector(n->metrics, drey_admin_collect_metrics, n->admin);
+    drey_metrics_add_collector(n->metrics, drey_watch_collect_metrics, n->watch);
+    if (n->authz != NULL) {
+        drey_metrics_add_collector(n->metrics, drey_authz_collect_metrics, n->authz);
+        drey_metrics_add_collector(n->metrics, drey_tenants_collect_metrics, n->tenants);
     }
-    drey_server_set_call_observer(server, observe_call, metrics);
-    /* Health answers from the start; the node is SERVING once recovered. */
-    drey_health_set(health, "", DREY_HEALTH_NOT_SERVING);
-    drey_health_set(health, "drey.cache.v1.Cache", DREY_HEALTH_NOT_SERVING);
-    int port = drey_server_start(server, err, sizeof err);
-    if (port == 0) {
-        DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err), DREY_LOG_STR("listen", cfg.listen));
-        rc = 1;
-        goto out;
+    drey_server_set_call_observer(n->server, observe_call, n->metrics);
+    drey_health_set(n->health, "", DREY_HEALTH_NOT_SERVING);
+    drey_health_set(n->health, "drey.cache.v1.Cache", DREY_HEALTH_NOT_SERVING);
+    return 0;
+}
+
+/* The public listener, the internal one (a cluster node) and the ops
+ * listener; 0, or 1 when one cannot start. */
+static int listen_all(node *n) {
+    const drey_config *cfg = &n->cfg;
+    n->port = drey_server_start(n->server, n->err, sizeof n->err);
+    if (n->port == 0) {
+        DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", n->err), DREY_LOG_STR("listen", cfg->listen));
+        return 1;
     }
-    if (internal != NULL && (internal_port = drey_server_start(internal, err, sizeof err)) == 0) {
-        DREY_LOG_ERROR("cannot start the internal listener", DREY_LOG_STR("error", err),
-                       DREY_LOG_STR("listen", cfg.internal_listen));
-        rc = 1;
-        drey_server_shutdown(server, 0);
-        goto out;
+    if (n->internal != NULL && (n->internal_port = drey_server_start(n->internal, n->err, sizeof n->err)) == 0) {
+        DREY_LOG_ERROR("cannot start the internal listener", DREY_LOG_STR("error", n->err),
+                       DREY_LOG_STR("listen", cfg->internal_listen));
+        drey_server_shutdown(n->server, 0);
+        return 1;
     }
     int ops_port = 0;
-    if (cfg.ops_listen[0] != '\0') {
-        drey_ops_options oo = {.listen = cfg.ops_listen, .admin = admin, .metrics = metrics, .auth = auth,
-                               .authz = authz};
-        ops = drey_ops_start(&oo, err, sizeof err);
-        if (ops == NULL) {
-            DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", err));
-            rc = 1;
-            drey_server_shutdown(server, 0);
-            goto out;
+    if (cfg->ops_listen[0] != '\0') {
+        drey_ops_options oo = {
+            .listen = cfg->ops_listen, .admin = n->admin, .metrics = n->metrics, .auth = n->auth, .authz = n->authz};
+        n->ops = drey_ops_start(&oo, n->err, sizeof n->err);
+        if (n->ops == NULL) {
+            DREY_LOG_ERROR("cannot start", DREY_LOG_STR("error", n->err));
+            drey_server_shutdown(n->server, 0);
+            return 1;
         }
-        ops_port = drey_ops_port(ops);
+        ops_port = drey_ops_port(n->ops);
     }
-    DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg.listen), DREY_LOG_INT("port", port),
-                  DREY_LOG_INT("ops_port", ops_port), DREY_LOG_INT("internal_port", internal_port),
-                  DREY_LOG_UINT("workers", workers), DREY_LOG_INT("pid", getpid()), DREY_LOG_STR("node_id", node_id),
-                  DREY_LOG_BOOL("ephemeral", cfg.ephemeral), DREY_LOG_STR("fsync", cfg.ephemeral ? "" : cfg.fsync),
-                  DREY_LOG_BOOL("tls", cfg.tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", auth != NULL),
-                  DREY_LOG_STR("eviction", drey_evict_policy_name(eviction)));
-    if (!jwt && !drey_config_listen_is_loopback(cfg.listen))
+    DREY_LOG_INFO("listening", DREY_LOG_STR("listen", cfg->listen), DREY_LOG_INT("port", n->port),
+                  DREY_LOG_INT("ops_port", ops_port), DREY_LOG_INT("internal_port", n->internal_port),
+                  DREY_LOG_UINT("workers", n->workers), DREY_LOG_INT("pid", getpid()),
+                  DREY_LOG_STR("node_id", n->node_id), DREY_LOG_BOOL("ephemeral", cfg->ephemeral),
+                  DREY_LOG_STR("fsync", cfg->ephemeral ? "" : cfg->fsync),
+                  DREY_LOG_BOOL("tls", cfg->tls_cert[0] != '\0'), DREY_LOG_BOOL("jwt", n->auth != NULL),
+                  DREY_LOG_STR("eviction", drey_evict_policy_name(n->eviction)));
+    if (!n->jwt && !drey_config_listen_is_loopback(cfg->listen))
         DREY_LOG_WARN("INSECURE: serving anonymous callers on a non-loopback address",
-                      DREY_LOG_STR("listen", cfg.listen));
+                      DREY_LOG_STR("listen", cfg->listen));
+    return 0;
+}
 
-    if (!cfg.ephemeral) {
-        drey_storage_options so = {
-            .journal = {
-                .dir = cfg.data_dir,
-                .io = drey_io_posix(),
-                .segment_bytes = (uint64_t)cfg.segment_bytes,
-                .fsync = fsync_policy,
-                .fsync_interval_ms = fsync_interval_ms,
-                .batch_wait_us = cfg.batch_wait_ms * 1000,
-                .batch_max_bytes = (size_t)cfg.batch_max_bytes,
-                .max_bytes = cfg.journal_max_bytes > 0 ? (uint64_t)cfg.journal_max_bytes : 0,
-                .max_queued_records = (uint64_t)cfg.journal_max_queued,
-                .max_queued_bytes = (uint64_t)cfg.journal_max_queued_bytes,
-            },
-            .derive_journal_cap = cfg.journal_max_bytes == DREY_CONFIG_AUTO,
-            .snapshot_every_bytes = (uint64_t)cfg.snapshot_every_bytes,
-            .snapshot_every_ms = cfg.snapshot_every_ms,
-            .retain_snapshots = (unsigned)cfg.retain_snapshots,
-        };
-        if (drey_storage_open(&so, store, commit, &storage, err, sizeof err) != 0) {
-            DREY_LOG_ERROR("recovery failed: the node will not start", DREY_LOG_STR("error", err));
-            rc = 1;
-            drey_server_shutdown(server, 0);
-            goto out;
-        }
-        drey_pipeline_set_journal(pipeline, drey_storage_journal(storage));
-        drey_partition_replica_set_journal(replica, drey_storage_journal(storage));
-        drey_journal_set_batch_observer(drey_storage_journal(storage), observe_batch, metrics);
-        drey_cache_set_expiry_horizon(cache, journal_horizon, drey_storage_journal(storage));
-        drey_admin_set_storage(admin, storage);
+/* A durable node's data directory: the snapshot and the journal replayed
+ * into the store, the journal then taking writes; 0, or 1 when recovery
+ * fails. */
+static int recover(node *n) {
+    const drey_config *cfg = &n->cfg;
+    if (cfg->ephemeral)
+        return 0;
+    drey_storage_options so = {
+        .journal = {
+            .dir = cfg->data_dir,
+            .io = drey_io_posix(),
+            .segment_bytes = (uint64_t)cfg->segment_bytes,
+            .fsync = n->fsync_policy,
+            .fsync_interval_ms = n->fsync_interval_ms,
+            .batch_wait_us = cfg->batch_wait_ms * 1000,
+            .batch_max_bytes = (size_t)cfg->batch_max_bytes,
+            .max_bytes = cfg->journal_max_bytes > 0 ? (uint64_t)cfg->journal_max_bytes : 0,
+            .max_queued_records = (uint64_t)cfg->journal_max_queued,
+            .max_queued_bytes = (uint64_t)cfg->journal_max_queued_bytes,
+        },
+        .derive_journal_cap = cfg->journal_max_bytes == DREY_CONFIG_AUTO,
+        .snapshot_every_bytes = (uint64_t)cfg->snapshot_every_bytes,
+        .snapshot_every_ms = cfg->snapshot_every_ms,
+        .retain_snapshots = (unsigned)cfg->retain_snapshots,
+    };
+    if (drey_storage_open(&so, n->store, n->commit, &n->storage, n->err, sizeof n->err) != 0) {
+        DREY_LOG_ERROR("recovery failed: the node will not start", DREY_LOG_STR("error", n->err));
+        drey_server_shutdown(n->server, 0);
+        return 1;
     }
-    if (cluster != NULL) {
-        char advertise[300], internal_at[300];
-        reachable_at(advertise, sizeof advertise, cfg.advertise, cfg.listen, port);
-        reachable_at(internal_at, sizeof internal_at, cfg.internal_advertise, cfg.internal_listen, internal_port);
-        drey_cluster_set_addresses(cluster, advertise, internal_at);
-        if (drey_cluster_join(cluster, err, sizeof err) != 0) {
-            DREY_LOG_ERROR("cannot join the cluster: the node will not start", DREY_LOG_STR("error", err));
-            rc = 1;
-            drey_server_shutdown(server, 0);
-            drey_server_shutdown(internal, 0);
-            goto out;
-        }
-        if (authz != NULL && drey_cluster_attach_tenants(cluster, tenants, err, sizeof err) != 0) {
-            DREY_LOG_ERROR("cannot share tenants' quotas: the node will not start", DREY_LOG_STR("error", err));
-            rc = 1;
-            drey_server_shutdown(server, 0);
-            drey_server_shutdown(internal, 0);
-            goto out;
-        }
-        drey_pipeline_set_route(pipeline, drey_cluster_route, cluster);
-        if (drey_cluster_replication_factor(cluster) > 1)
-            drey_pipeline_set_replicator(pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
-                                                                      .appended = drey_cluster_replicate_appended,
-                                                                      .memory_room = drey_cluster_replicate_memory_room,
-                                                                      .ctx = cluster});
-        drey_cluster_attach_watch(cluster, watch);
-        drey_admin_set_cluster(admin, cluster);
+    drey_journal *journal = drey_storage_journal(n->storage);
+    drey_pipeline_set_journal(n->pipeline, journal);
+    drey_partition_replica_set_journal(n->replica, journal);
+    drey_journal_set_batch_observer(journal, observe_batch, n->metrics);
+    drey_cache_set_expiry_horizon(n->cache, journal_horizon, journal);
+    drey_admin_set_storage(n->admin, n->storage);
+    return 0;
+}
+
+/* A cluster node joins at the addresses peers and clients reach it at
+ * (with a policy, its tenants' quotas shared through etcd), and the chain
+ * routes and replicates from then on; 0, or 1 when it cannot join. */
+static int join(node *n) {
+    const drey_config *cfg = &n->cfg;
+    if (n->cluster == NULL)
+        return 0;
+    char advertise[300], internal_at[300];
+    reachable_at(advertise, sizeof advertise, cfg->advertise, cfg->listen, n->port);
+    reachable_at(internal_at, sizeof internal_at, cfg->internal_advertise, cfg->internal_listen, n->internal_port);
+    drey_cluster_set_addresses(n->cluster, advertise, internal_at);
+    bool joined = drey_cluster_join(n->cluster, n->err, sizeof n->err) == 0;
+    if (!joined ||
+        (n->authz != NULL && drey_cluster_attach_tenants(n->cluster, n->tenants, n->err, sizeof n->err) != 0)) {
+        DREY_LOG_ERROR(joined ? "cannot share tenants' quotas: the node will not start"
+                              : "cannot join the cluster: the node will not start",
+                       DREY_LOG_STR("error", n->err));
+        drey_server_shutdown(n->server, 0);
+        drey_server_shutdown(n->internal, 0);
+        return 1;
     }
+    drey_pipeline_set_route(n->pipeline, drey_cluster_route, n->cluster);
+    if (drey_cluster_replication_factor(n->cluster) > 1)
+        drey_pipeline_set_replicator(n->pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
+                                                                     .appended = drey_cluster_replicate_appended,
+                                                                     .memory_room = drey_cluster_replicate_memory_room,
+                                                                     .ctx = n->cluster});
+    drey_cluster_attach_watch(n->cluster, n->watch);
+    drey_admin_set_cluster(n->admin, n->cluster);
+    return 0;
+}
+
+/* SERVING, until SIGTERM or SIGINT (SIGHUP reloads the JWT keys and the
+ * authorization policy); returns that signal. */
+static int serve(node *n) {
     /* After recovery: replayed writes are never reported to watchers. */
-    drey_watch_start(watch);
-    drey_pipeline_set_ready(pipeline, true);
-    drey_cache_start_expiry(cache, cfg.expiry_sweep_interval_ms);
-    drey_health_set(health, "", DREY_HEALTH_SERVING);
-    drey_health_set(health, "drey.cache.v1.Cache", DREY_HEALTH_SERVING);
+    drey_watch_start(n->watch);
+    drey_pipeline_set_ready(n->pipeline, true);
+    drey_cache_start_expiry(n->cache, n->cfg.expiry_sweep_interval_ms);
+    drey_health_set(n->health, "", DREY_HEALTH_SERVING);
+    drey_health_set(n->health, "drey.cache.v1.Cache", DREY_HEALTH_SERVING);
     DREY_LOG_INFO("serving");
-
     int sig;
-    while ((sig = wait_signal(&sigs, -1)) == SIGHUP) {
+    while ((sig = wait_signal(&n->signals, -1)) == SIGHUP) {
         /* Each logs its outcome. */
-        if (auth != NULL)
-            drey_auth_reload(auth, err, sizeof err);
-        if (authz != NULL)
-            drey_authz_reload(authz, err, sizeof err);
+        if (n->auth != NULL)
+            drey_auth_reload(n->auth, n->err, sizeof n->err);
+        if (n->authz != NULL)
+            drey_authz_reload(n->authz, n->err, sizeof n->err);
     }
-    /* A cluster node first hands its partitions to the others, serving
-     * meanwhile: what it owns when it stops is unavailable until it comes
-     * back. */
-    if (cluster != NULL)
-        drey_cluster_drain(cluster, cfg.cluster_drain_timeout_ms);
-    DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg.drain_grace_ms));
-    drey_health_drain(health);
-    drey_admin_set_draining(admin);
-    int64_t grace_end = drey_mono_ms() + cfg.drain_grace_ms;
+    return sig;
+}
+
+/* The drain: a cluster node hands its partitions to the others, health
+ * goes NOT_SERVING for the grace period (a second signal ends it), then
+ * the node leaves the membership, streams end and calls in flight finish
+ * within the shutdown timeout. */
+static void drain_and_stop(node *n, int sig) {
+    const drey_config *cfg = &n->cfg;
+    /* Serving meanwhile: what a node owns when it stops is unavailable
+     * until it comes back. */
+    if (n->cluster != NULL)
+        drey_cluster_drain(n->cluster, cfg->cluster_drain_timeout_ms);
+    DREY_LOG_INFO("draining", DREY_LOG_STR("signal", strsignal(sig)), DREY_LOG_INT("grace_ms", cfg->drain_grace_ms));
+    drey_health_drain(n->health);
+    drey_admin_set_draining(n->admin);
+    int64_t grace_end = drey_mono_ms() + cfg->drain_grace_ms;
     for (;;) {
         int64_t left = grace_end - drey_mono_ms();
         if (left <= 0)
             break;
-        sig = wait_signal(&sigs, left);
+        sig = wait_signal(&n->signals, left);
         if (sig == SIGTERM || sig == SIGINT) {
             DREY_LOG_INFO("second signal: ending the grace period now");
             break;
         }
     }
-    DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg.shutdown_timeout_ms));
+    DREY_LOG_INFO("stopping", DREY_LOG_INT("timeout_ms", cfg->shutdown_timeout_ms));
     /* Out of the membership first, so peers stop forwarding here; calls in
      * flight still finish. The quota ledger goes before the etcd client. */
-    drey_tenants_leave(tenants);
-    drey_cluster_leave(cluster);
+    drey_tenants_leave(n->tenants);
+    drey_cluster_leave(n->cluster);
     /* Streams end now, or the server would wait for them until its timeout. */
-    drey_watch_stop(watch);
-    drey_server_shutdown(server, cfg.shutdown_timeout_ms);
-    if (internal != NULL) {
-        drey_pipeline_drain_peers(pipeline);
-        drey_server_shutdown(internal, cfg.shutdown_timeout_ms);
+    drey_watch_stop(n->watch);
+    drey_server_shutdown(n->server, cfg->shutdown_timeout_ms);
+    if (n->internal != NULL) {
+        drey_pipeline_drain_peers(n->pipeline);
+        drey_server_shutdown(n->internal, cfg->shutdown_timeout_ms);
     }
-    drey_cache_stop_expiry(cache);
+    drey_cache_stop_expiry(n->cache);
+}
 
-out:
-    drey_ops_stop(ops);
+/* Frees what was built, whatever phase the node reached. */
+static void tear_down(node *n) {
+    drey_ops_stop(n->ops);
     /* The journal completes what it holds before the server goes. */
-    drey_storage_close(storage);
-    drey_server_destroy(server);
-    drey_server_destroy(internal);
-    drey_watch_destroy(watch); /* after the server: its streams are over */
-    drey_tenants_leave(tenants); /* before the etcd client goes (a start that failed after joining) */
-    drey_cluster_destroy(cluster);
-    drey_pipeline_destroy(pipeline);
-    drey_commit_destroy(commit);
-    drey_partition_replica_destroy(replica);
-    drey_partition_destroy(partitions);
-    drey_method_table_destroy(methods);
-    drey_admin_destroy(admin);
-    drey_health_destroy(health);
-    drey_cache_destroy(cache);
-    drey_metrics_destroy(metrics);
-    drey_memory_destroy(memory);
-    drey_store_destroy(store);
-    drey_tenants_destroy(tenants); /* the store no longer calls in */
-    drey_bp_destroy(bp);
-    drey_timers_destroy(timers);
-    if (auth != NULL) {
-        drey_auth_stop_watch(auth);
-        drey_auth_destroy(auth); /* before authz: the token cache holds grants */
+    drey_storage_close(n->storage);
+    drey_server_destroy(n->server);
+    drey_server_destroy(n->internal);
+    drey_watch_destroy(n->watch); /* after the server: its streams are over */
+    drey_tenants_leave(n->tenants); /* before the etcd client goes (a start that failed after joining) */
+    drey_cluster_destroy(n->cluster);
+    drey_pipeline_destroy(n->pipeline);
+    drey_commit_destroy(n->commit);
+    drey_partition_replica_destroy(n->replica);
+    drey_partition_destroy(n->partitions);
+    drey_method_table_destroy(n->methods);
+    drey_admin_destroy(n->admin);
+    drey_health_destroy(n->health);
+    drey_cache_destroy(n->cache);
+    drey_metrics_destroy(n->metrics);
+    drey_memory_destroy(n->memory);
+    drey_store_destroy(n->store);
+    drey_tenants_destroy(n->tenants); /* the store no longer calls in */
+    drey_bp_destroy(n->bp);
+    drey_timers_destroy(n->timers);
+    if (n->auth != NULL) {
+        drey_auth_stop_watch(n->auth);
+        drey_auth_destroy(n->auth); /* before authz: the token cache holds grants */
     }
-    drey_authz_destroy(authz);
-    if (rc == 0)
-        DREY_LOG_INFO("stopped");
-    drey_config_free(&cfg);
+    drey_authz_destroy(n->authz);
+}
+
+int main(int argc, char **argv, char **envp) {
+    if (argc >= 2 && strcmp(argv[1], "storage") == 0)
+        return drey_storage_tool(argc - 2, argv + 2, stdout, stderr);
+    static node n; /* large (the options, every part's handle): not on the stack */
+    int rc = configure(&n, argc, argv, envp);
+    if (rc == GO_ON) {
+        build(&n);
+        rc = n.clustered ? build_cluster(&n) : 0;
+        if (rc == 0)
+            rc = register_services(&n);
+        if (rc == 0)
+            rc = listen_all(&n);
+        if (rc == 0)
+            rc = recover(&n);
+        if (rc == 0)
+            rc = join(&n);
+        if (rc == 0)
+            drain_and_stop(&n, serve(&n));
+        tear_down(&n);
+        if (rc == 0)
+            DREY_LOG_INFO("stopped");
+    }
+    drey_config_free(&n.cfg);
     return rc;
 }

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/thread.h"
 #include "internal.h"
 
 #define REFRESH_TIMEOUT_NS (5 * 1000000000LL)
@@ -53,10 +55,7 @@ static char *password(drey_etcd *e, drey_etcd_status *st) {
     fclose(f);
     if (n < 0) {
         free(line);
-        line = strdup("");
-        if (line == NULL)
-            abort();
-        return line;
+        return drey_xstrdup("");
     }
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = '\0';
@@ -89,9 +88,7 @@ grpc_status_code drey_etcd__authenticate(drey_etcd *e, uint64_t gen, int64_t dea
     free(pw);
     if (code == GRPC_STATUS_OK) {
         const Etcdserverpb__AuthenticateResponse *r = (const void *)resp;
-        char *tok = strdup(r->token != NULL ? r->token : "");
-        if (tok == NULL)
-            abort();
+        char *tok = drey_xstrdup(r->token != NULL ? r->token : "");
         pthread_mutex_lock(&e->auth_mu);
         free(e->token);
         e->token = tok;
@@ -143,19 +140,13 @@ void drey_etcd__auth_start(drey_etcd *e) {
     pthread_cond_init(&e->auth_cv, NULL);
     if (e->user == NULL)
         return;
-    if (pthread_create(&e->auth_thread, NULL, refresher, e) != 0)
-        abort();
+    drey_thread_start(&e->auth_thread, "etcd token refresher", refresher, e);
     e->auth_thread_running = true;
 }
 
 void drey_etcd__auth_stop(drey_etcd *e) {
-    if (e->auth_thread_running) {
-        pthread_mutex_lock(&e->auth_mu);
-        e->auth_stopping = true;
-        pthread_cond_signal(&e->auth_cv);
-        pthread_mutex_unlock(&e->auth_mu);
-        pthread_join(e->auth_thread, NULL);
-    }
+    if (e->auth_thread_running)
+        drey_thread_stop(e->auth_thread, &e->auth_mu, &e->auth_cv, &e->auth_stopping);
     free(e->token);
     free(e->user);
     free(e->password_file);

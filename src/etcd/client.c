@@ -23,7 +23,10 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/rpc.h"
+#include "drey/thread.h"
 #include "internal.h"
 
 static const char *const method_paths[DREY_ETCD__N_METHODS] = {
@@ -58,43 +61,9 @@ void drey_etcd__status_set(drey_etcd_status *st, grpc_status_code code, const ch
     va_end(ap);
 }
 
-grpc_byte_buffer *drey_etcd__pack(const ProtobufCMessage *m) {
-    size_t n = protobuf_c_message_get_packed_size(m);
-    grpc_slice s = grpc_slice_malloc(n);
-    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
-}
-
-ProtobufCMessage *drey_etcd__unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *type,
-                                    ProtobufCAllocator *a) {
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, bb))
-        return NULL;
-    grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    ProtobufCMessage *m = protobuf_c_message_unpack(type, a, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-    grpc_slice_unref(s);
-    return m;
-}
-
-void drey_etcd__hasleader(grpc_metadata *md) {
-    memset(md, 0, sizeof *md);
-    md->key = grpc_slice_from_static_string("hasleader");
-    md->value = grpc_slice_from_static_string("true");
-}
-
 const char *drey_etcd_code_name(grpc_status_code code) {
-    static const char *const names[] = {
-        "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",    "DEADLINE_EXCEEDED",
-        "NOT_FOUND",    "ALREADY_EXISTS",     "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",  "FAILED_PRECONDITION",
-        "ABORTED",      "OUT_OF_RANGE",       "UNIMPLEMENTED",     "INTERNAL",            "UNAVAILABLE",
-        "DATA_LOSS",    "UNAUTHENTICATED",
-    };
-    if ((int)code < 0 || (size_t)code >= sizeof names / sizeof names[0])
-        return "UNKNOWN_CODE";
-    return names[code];
+    const char *name = drey_rpc_code_name(code);
+    return name != NULL ? name : "UNKNOWN_CODE";
 }
 
 /* --- waiting for the thread ----------------------------------------------- */
@@ -185,12 +154,6 @@ bool drey_etcd__may_call_back(drey_etcd__stream *s) {
     return ok;
 }
 
-grpc_call *drey_etcd__stream_call(drey_etcd *e, size_t ep, int method) {
-    return grpc_channel_create_registered_call(e->endpoints[ep].channel, NULL, GRPC_PROPAGATE_DEFAULTS, e->cq,
-                                               e->endpoints[ep].methods[method], gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                               NULL);
-}
-
 /* Marks s released; frees it when nobody will. Unlinks nothing. */
 static void release(drey_etcd *e, drey_etcd__stream *s) {
     s->on_release(s);
@@ -225,8 +188,10 @@ static int64_t housekeeping(drey_etcd *e, bool *may_stop) {
         in = in->next;
         s->next = e->streams;
         e->streams = s;
-        if (drey_etcd__may_call_back(s))
+        if (drey_etcd__may_call_back(s)) {
+            s->ep = atomic_load(&e->current);
             s->on_start(s);
+        }
     }
     int64_t next_timer = 0;
     for (drey_etcd__stream **pp = &e->streams; *pp != NULL;) {
@@ -234,7 +199,7 @@ static int64_t housekeeping(drey_etcd *e, bool *may_stop) {
         if (!s->closing && !drey_etcd__may_call_back(s)) {
             s->closing = true;
             s->timer_ns = 0;
-            s->on_close(s);
+            drey_etcd__call_cancel(s);
         }
         if (s->closing && s->pending == 0) {
             *pp = s->next;
@@ -316,7 +281,7 @@ static void call_once(drey_etcd *e, size_t ep, int method, const ProtobufCMessag
     grpc_call *call = grpc_channel_create_registered_call(e->endpoints[ep].channel, NULL, GRPC_PROPAGATE_DEFAULTS,
                                                           e->cq, e->endpoints[ep].methods[method],
                                                           gpr_deadline(deadline_ns), NULL);
-    grpc_byte_buffer *send = drey_etcd__pack(req), *recv = NULL;
+    grpc_byte_buffer *send = drey_rpc_pack(req), *recv = NULL;
     grpc_metadata_array initial_md, trailing_md;
     grpc_metadata_array_init(&initial_md);
     grpc_metadata_array_init(&trailing_md);
@@ -351,7 +316,7 @@ static void call_once(drey_etcd *e, size_t ep, int method, const ProtobufCMessag
         drey_etcd__status_set(st, code, "%.*s", (int)GRPC_SLICE_LENGTH(details),
                               (const char *)GRPC_SLICE_START_PTR(details));
         if (code == GRPC_STATUS_OK) {
-            *resp = recv != NULL ? drey_etcd__unpack(recv, resp_type, drey_arena_protobuf_allocator(arena)) : NULL;
+            *resp = recv != NULL ? drey_rpc_unpack(recv, resp_type, drey_arena_protobuf_allocator(arena)) : NULL;
             if (*resp == NULL)
                 drey_etcd__status_set(st, GRPC_STATUS_INTERNAL, "the response is not a valid %s", resp_type->name);
         }
@@ -513,9 +478,7 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
         snprintf(err, err_cap, "the connect timeout is negative");
         return NULL;
     }
-    drey_etcd *e = calloc(1, sizeof *e);
-    if (e == NULL)
-        abort();
+    drey_etcd *e = drey_xcalloc(1, sizeof *e);
     for (const char *p = opts->endpoints; *p != '\0';) {
         const char *comma = strchr(p, ',');
         size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
@@ -573,10 +536,8 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
         return NULL;
     }
     if (has_user) {
-        e->user = strdup(opts->user);
-        e->password_file = strdup(opts->password_file);
-        if (e->user == NULL || e->password_file == NULL)
-            abort();
+        e->user = drey_xstrdup(opts->user);
+        e->password_file = drey_xstrdup(opts->password_file);
     }
     grpc_arg args[3];
     memset(args, 0, sizeof args);
@@ -610,8 +571,7 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->wake_tag.done = wake_done;
-    if (pthread_create(&e->thread, NULL, thread_main, e) != 0)
-        abort();
+    drey_thread_start(&e->thread, "etcd client", thread_main, e);
     drey_etcd__auth_start(e);
     return e;
 }

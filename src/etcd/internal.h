@@ -43,22 +43,45 @@ typedef struct drey_etcd__endpoint {
     void *methods[DREY_ETCD__N_METHODS];
 } drey_etcd__endpoint;
 
-/* A stream the thread drives (a watch or a keepalive). The thread alone
- * touches its gRPC state; user threads touch only what e->mu guards. */
+/* A stream the thread drives (a watch or a keepalive): one bidirectional
+ * call at a time, opened again on another endpoint when it breaks. The
+ * thread alone touches its gRPC state; user threads touch only what e->mu
+ * guards. */
 typedef struct drey_etcd__stream drey_etcd__stream;
 struct drey_etcd__stream {
     drey_etcd__stream *next; /* e->streams (thread) or e->incoming (under mu) */
     drey_etcd *e;
-    /* Called by the thread: start (the stream was just handed over), a timer
-     * that came due, a close request, and release (nothing in flight after
-     * closing: free what the stream owns, not the stream). */
+    /* Called by the thread: start (the stream was just handed over, ep is
+     * the endpoint to try), a timer that came due, a received message in
+     * recv (NULL, or ok false: no more), the current call's end once its
+     * status has come and nothing of it is in flight (the call is freed by
+     * then), and release (nothing in flight after closing: free what the
+     * stream owns, not the stream). A close request cancels the call. */
     void (*on_start)(drey_etcd__stream *s);
     void (*on_timer)(drey_etcd__stream *s);
-    void (*on_close)(drey_etcd__stream *s);
+    void (*on_recv)(drey_etcd__stream *s, bool ok);
+    void (*on_call_end)(drey_etcd__stream *s, grpc_status_code code, const char *message);
     void (*on_release)(drey_etcd__stream *s);
     int64_t timer_ns; /* monotonic; 0: none (thread) */
     int pending;      /* batches in flight (thread) */
-    bool closing;     /* on_close was called (thread) */
+    bool closing;     /* the close request was seen (thread) */
+
+    /* The current call and what its batches fill in (the thread's). */
+    size_t ep;         /* the endpoint of the current call, or of the next */
+    grpc_call *call;   /* NULL between calls */
+    grpc_byte_buffer *send, *recv;
+    grpc_metadata md[2]; /* hasleader, and the token when etcd wants one */
+    size_t n_md;
+    uint64_t token_gen;  /* of the token the call was opened with */
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code code;
+    grpc_slice details;
+    bool status_received; /* the call's status is in code and details */
+    bool headers_sent;    /* the call's first send carried its metadata */
+    bool headers_asked;   /* the call's first receive took the server's */
+    int64_t backoff_ns;   /* before the next call after a broken one */
+    drey_etcd__tag send_tag, recv_tag, status_tag;
+
     /* Under e->mu. */
     bool close_requested;
     bool released;      /* the thread is done with it: the closer may free it */
@@ -140,13 +163,32 @@ bool drey_etcd__stream_close(drey_etcd__stream *s);
  * after close returns. */
 bool drey_etcd__may_call_back(drey_etcd__stream *s);
 
-/* A new call on endpoint ep's channel, on the thread's queue, no deadline. */
-grpc_call *drey_etcd__stream_call(drey_etcd *e, size_t ep, int method);
+/* --- stream.c: a stream's calls, on the thread --------------------------- */
 
-/* The metadata every stream sends: "hasleader: true" makes an etcd member
- * that lost its leader end our stream (clientv3.WithRequireLeader), so it
- * reconnects to one that has a leader instead of hanging. */
-void drey_etcd__hasleader(grpc_metadata *md);
+/* Sets s's tags and hooks (the members of the same names), before
+ * drey_etcd__stream_add. */
+void drey_etcd__stream_init(drey_etcd__stream *s, void (*on_start)(drey_etcd__stream *s),
+                            void (*on_timer)(drey_etcd__stream *s), void (*on_recv)(drey_etcd__stream *s, bool ok),
+                            void (*on_call_end)(drey_etcd__stream *s, grpc_status_code code, const char *message),
+                            void (*on_release)(drey_etcd__stream *s));
+
+/* Opens a call of method on endpoint s->ep, with its status batch. */
+void drey_etcd__call_open(drey_etcd__stream *s, int method);
+/* Sends msg on the call (the call's metadata with the first); on a refusal
+ * nothing is in flight and the status will say why. */
+void drey_etcd__call_send(drey_etcd__stream *s, const ProtobufCMessage *msg);
+/* Asks for the next message into s->recv (the server's metadata with the
+ * first). */
+void drey_etcd__call_recv(drey_etcd__stream *s);
+/* Cancels the call, if there is one (its status follows). */
+void drey_etcd__call_cancel(drey_etcd__stream *s);
+/* Ends the call if its status has come and nothing is in flight: frees it
+ * and calls on_call_end. */
+void drey_etcd__call_maybe_end(drey_etcd__stream *s);
+/* After a broken call: moves s->ep to the next endpoint and returns when to
+ * open the next call (now + the backoff, which doubles up to max_ns). */
+int64_t drey_etcd__call_retry_at(drey_etcd__stream *s, int64_t max_ns);
+
 
 /* Unary call with the retry rules of etcd.h. */
 grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessage *req,
@@ -155,10 +197,5 @@ grpc_status_code drey_etcd__unary(drey_etcd *e, int method, const ProtobufCMessa
 
 void drey_etcd__status_set(drey_etcd_status *st, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-grpc_byte_buffer *drey_etcd__pack(const ProtobufCMessage *m);
-/* Decodes bb as type with allocator a (NULL: malloc). */
-ProtobufCMessage *drey_etcd__unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *type,
-                                    ProtobufCAllocator *a);
 
 #endif

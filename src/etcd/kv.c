@@ -148,41 +148,46 @@ static Etcdserverpb__RequestOp *op(drey_etcd_txn *t, drey_etcd_branch b) {
     return o;
 }
 
+/* A new request of type d in the transaction's arena, added to branch b's
+ * operations (the RequestOp member of that type). */
+static void *op_of(drey_etcd_txn *t, drey_etcd_branch b, const ProtobufCMessageDescriptor *d) {
+    ProtobufCMessage *m = drey_arena_alloc(t->arena, d->sizeof_message);
+    protobuf_c_message_init(d, m);
+    Etcdserverpb__RequestOp *o = op(t, b);
+    const ProtobufCMessageDescriptor *od = &etcdserverpb__request_op__descriptor;
+    for (unsigned i = 0; i < od->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &od->fields[i];
+        if (f->descriptor == d) {
+            *(uint32_t *)(void *)((char *)o + f->quantifier_offset) = f->id;
+            *(ProtobufCMessage **)(void *)((char *)o + f->offset) = m;
+        }
+    }
+    return m;
+}
+
+/* key, or with prefix every key under it, as a request's key and range_end. */
+static void key_range(drey_etcd_txn *t, const char *key, bool prefix, ProtobufCBinaryData *k, ProtobufCBinaryData *end) {
+    *k = copy_bytes(t->arena, key, strlen(key));
+    if (prefix)
+        *end = drey_etcd_prefix_end(t->arena, key);
+}
+
 void drey_etcd_txn_put(drey_etcd_txn *t, drey_etcd_branch b, const char *key, const void *value, size_t len,
                        int64_t lease) {
-    Etcdserverpb__PutRequest *p = drey_arena_alloc(t->arena, sizeof *p);
-    Etcdserverpb__PutRequest init = ETCDSERVERPB__PUT_REQUEST__INIT;
-    *p = init;
+    Etcdserverpb__PutRequest *p = op_of(t, b, &etcdserverpb__put_request__descriptor);
     p->key = copy_bytes(t->arena, key, strlen(key));
     p->value = copy_bytes(t->arena, value, len);
     p->lease = lease;
-    Etcdserverpb__RequestOp *o = op(t, b);
-    o->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
-    o->request_put = p;
 }
 
 void drey_etcd_txn_get(drey_etcd_txn *t, drey_etcd_branch b, const char *key, bool prefix) {
-    Etcdserverpb__RangeRequest *r = drey_arena_alloc(t->arena, sizeof *r);
-    Etcdserverpb__RangeRequest init = ETCDSERVERPB__RANGE_REQUEST__INIT;
-    *r = init;
-    r->key = copy_bytes(t->arena, key, strlen(key));
-    if (prefix)
-        r->range_end = drey_etcd_prefix_end(t->arena, key);
-    Etcdserverpb__RequestOp *o = op(t, b);
-    o->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
-    o->request_range = r;
+    Etcdserverpb__RangeRequest *r = op_of(t, b, &etcdserverpb__range_request__descriptor);
+    key_range(t, key, prefix, &r->key, &r->range_end);
 }
 
 void drey_etcd_txn_delete(drey_etcd_txn *t, drey_etcd_branch b, const char *key, bool prefix) {
-    Etcdserverpb__DeleteRangeRequest *d = drey_arena_alloc(t->arena, sizeof *d);
-    Etcdserverpb__DeleteRangeRequest init = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
-    *d = init;
-    d->key = copy_bytes(t->arena, key, strlen(key));
-    if (prefix)
-        d->range_end = drey_etcd_prefix_end(t->arena, key);
-    Etcdserverpb__RequestOp *o = op(t, b);
-    o->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
-    o->request_delete_range = d;
+    Etcdserverpb__DeleteRangeRequest *d = op_of(t, b, &etcdserverpb__delete_range_request__descriptor);
+    key_range(t, key, prefix, &d->key, &d->range_end);
 }
 
 grpc_status_code drey_etcd_txn_commit(drey_etcd *e, const drey_etcd_txn *t, int64_t timeout_ms, drey_arena *arena,

@@ -19,13 +19,13 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 
+#include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/rpc.h"
 #include "internal.h"
 
 #define BACKOFF_MIN_NS (10 * 1000000LL)
 #define BACKOFF_MAX_NS (1000 * 1000000LL)
-
-#define CONTAINER(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 struct drey_etcd_watch {
     drey_etcd__stream s; /* first: the thread frees a drey_etcd_watch as a stream */
@@ -36,19 +36,7 @@ struct drey_etcd_watch {
     void *user;
 
     /* The thread's. */
-    size_t ep;
-    grpc_call *call;
-    grpc_byte_buffer *send, *recv;
-    grpc_metadata md[2];   /* hasleader, and the token when etcd wants one */
-    size_t n_md;
-    uint64_t token_gen;    /* of the token this stream was opened with */
-    grpc_metadata_array initial_md, trailing_md;
-    grpc_status_code code;
-    grpc_slice details;
-    bool status_received; /* the current call's status is in code/details */
-    bool ended;           /* on_end was called (or is owed): no more streams */
-    int64_t backoff_ns;
-    drey_etcd__tag send_tag, recv_tag, status_tag;
+    bool ended;       /* on_end was called (or is owed): no more streams */
     drey_arena arena; /* one response's decoding */
 
     /* Under e->mu. */
@@ -104,25 +92,9 @@ static void set_next_revision(drey_etcd_watch *w, int64_t r) {
     pthread_mutex_unlock(&w->s.e->mu);
 }
 
-static void post_recv(drey_etcd_watch *w) {
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &w->recv;
-    if (grpc_call_start_batch(w->call, &op, 1, &w->recv_tag, NULL) == GRPC_CALL_OK)
-        w->s.pending++;
-}
-
-static void start_attempt(drey_etcd_watch *w) {
-    drey_etcd *e = w->s.e;
-    w->call = drey_etcd__stream_call(e, w->ep, DREY_ETCD__WATCH);
-    grpc_metadata_array_init(&w->initial_md);
-    grpc_metadata_array_init(&w->trailing_md);
-    w->details = grpc_empty_slice();
-    w->recv = NULL;
-    drey_etcd__hasleader(&w->md[0]);
-    w->n_md = 1 + drey_etcd__token_md(e, &w->md[1], &w->token_gen);
-
+static void start_attempt(drey_etcd__stream *s) {
+    drey_etcd_watch *w = of(s);
+    drey_etcd__call_open(s, DREY_ETCD__WATCH);
     Etcdserverpb__WatchCreateRequest create = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
     create.key = w->key;
     create.range_end = w->range_end;
@@ -135,58 +107,15 @@ static void start_attempt(drey_etcd_watch *w) {
     Etcdserverpb__WatchRequest req = ETCDSERVERPB__WATCH_REQUEST__INIT;
     req.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
     req.create_request = &create;
-    w->send = drey_etcd__pack(&req.base);
     set_stats(w, false, true);
-
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[0].data.recv_status_on_client.trailing_metadata = &w->trailing_md;
-    ops[0].data.recv_status_on_client.status = &w->code;
-    ops[0].data.recv_status_on_client.status_details = &w->details;
-    if (grpc_call_start_batch(w->call, ops, 1, &w->status_tag, NULL) != GRPC_CALL_OK)
-        abort(); /* a fresh call always takes its status op */
-    w->s.pending++;
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = w->n_md;
-    ops[0].data.send_initial_metadata.metadata = w->md;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = w->send;
-    if (grpc_call_start_batch(w->call, ops, 2, &w->send_tag, NULL) == GRPC_CALL_OK)
-        w->s.pending++;
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[0].data.recv_initial_metadata.recv_initial_metadata = &w->initial_md;
-    ops[1].op = GRPC_OP_RECV_MESSAGE;
-    ops[1].data.recv_message.recv_message = &w->recv;
-    if (grpc_call_start_batch(w->call, ops, 2, &w->recv_tag, NULL) == GRPC_CALL_OK)
-        w->s.pending++;
+    drey_etcd__call_send(s, &req.base);
+    drey_etcd__call_recv(s);
 }
 
-/* Once the status has come and every batch of the call has completed (only
- * then may its buffers be reused): frees the call, then reconnects after a
- * backoff or ends the watch. */
-static void maybe_finish(drey_etcd_watch *w) {
-    if (!w->status_received || w->s.pending > 0)
-        return;
-    drey_etcd *e = w->s.e;
-    w->status_received = false;
-    grpc_status_code code = w->code;
-    char message[160];
-    snprintf(message, sizeof message, "%.*s", (int)GRPC_SLICE_LENGTH(w->details),
-             (const char *)GRPC_SLICE_START_PTR(w->details));
-    grpc_call_unref(w->call);
-    w->call = NULL;
-    grpc_slice_unref(w->details);
-    grpc_metadata_array_destroy(&w->initial_md);
-    grpc_metadata_array_destroy(&w->trailing_md);
-    if (w->n_md > 1)
-        grpc_slice_unref(w->md[1].value);
-    w->n_md = 0;
+/* The call is over: reconnects after a backoff, or ends the watch. */
+static void on_call_end(drey_etcd__stream *s, grpc_status_code code, const char *message) {
+    drey_etcd_watch *w = of(s);
     set_stats(w, false, false);
-    if (code == GRPC_STATUS_UNAUTHENTICATED)
-        drey_etcd__token_stale(e, w->token_gen);
     if (w->s.closing || w->ended)
         return;
     if (!retryable(code)) {
@@ -194,19 +123,7 @@ static void maybe_finish(drey_etcd_watch *w) {
         end_watch(w, &end);
         return;
     }
-    w->ep = (w->ep + 1) % e->n_endpoints;
-    w->s.timer_ns = drey_mono_ns() + w->backoff_ns;
-    w->backoff_ns = w->backoff_ns * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : w->backoff_ns * 2;
-}
-
-static void on_send(drey_etcd *e, drey_etcd__tag *t, bool ok) {
-    (void)e;
-    (void)ok; /* a failed send ends the call: its status says why */
-    drey_etcd_watch *w = CONTAINER(t, drey_etcd_watch, send_tag);
-    w->s.pending--;
-    grpc_byte_buffer_destroy(w->send);
-    w->send = NULL;
-    maybe_finish(w);
+    w->s.timer_ns = drey_etcd__call_retry_at(s, BACKOFF_MAX_NS);
 }
 
 /* One WatchResponse. Returns false when the stream must stop. */
@@ -224,7 +141,7 @@ static bool handle(drey_etcd_watch *w, const Etcdserverpb__WatchResponse *r) {
     }
     int64_t next = next_revision(w);
     if (r->created) {
-        w->backoff_ns = BACKOFF_MIN_NS;
+        w->s.backoff_ns = BACKOFF_MIN_NS;
         if (next == 0 && r->header != NULL)
             next = r->header->revision + 1; /* "from now": what now was */
         set_stats(w, true, false);
@@ -247,52 +164,29 @@ static bool handle(drey_etcd_watch *w, const Etcdserverpb__WatchResponse *r) {
     return true;
 }
 
-static void on_recv(drey_etcd *e, drey_etcd__tag *t, bool ok) {
-    (void)e;
-    drey_etcd_watch *w = CONTAINER(t, drey_etcd_watch, recv_tag);
-    w->s.pending--;
-    if (!ok || w->recv == NULL) {
-        maybe_finish(w); /* the stream is over: its status follows, if it has not come */
+static void on_recv(drey_etcd__stream *s, bool ok) {
+    drey_etcd_watch *w = of(s);
+    if (!ok || s->recv == NULL) {
+        drey_etcd__call_maybe_end(s); /* the stream is over: its status follows, if it has not come */
         return;
     }
-    Etcdserverpb__WatchResponse *r = (Etcdserverpb__WatchResponse *)drey_etcd__unpack(
-        w->recv, &etcdserverpb__watch_response__descriptor, drey_arena_protobuf_allocator(&w->arena));
-    grpc_byte_buffer_destroy(w->recv);
-    w->recv = NULL;
-    bool go_on = r != NULL && !w->s.closing && !w->ended && handle(w, r);
+    Etcdserverpb__WatchResponse *r = (Etcdserverpb__WatchResponse *)drey_rpc_unpack(
+        s->recv, &etcdserverpb__watch_response__descriptor, drey_arena_protobuf_allocator(&w->arena));
+    grpc_byte_buffer_destroy(s->recv);
+    s->recv = NULL;
+    bool go_on = r != NULL && !s->closing && !w->ended && handle(w, r);
     drey_arena_reset(&w->arena);
-    if (go_on && !w->status_received && drey_etcd__may_call_back(&w->s))
-        post_recv(w);
+    if (go_on && !s->status_received && drey_etcd__may_call_back(s))
+        drey_etcd__call_recv(s);
     else
-        grpc_call_cancel(w->call, NULL); /* undecodable, ended or closing: the status follows */
-    maybe_finish(w);
-}
-
-static void on_status(drey_etcd *e, drey_etcd__tag *t, bool ok) {
-    (void)e;
-    (void)ok;
-    drey_etcd_watch *w = CONTAINER(t, drey_etcd_watch, status_tag);
-    w->s.pending--;
-    w->status_received = true;
-    maybe_finish(w);
-}
-
-static void w_start(drey_etcd__stream *s) {
-    drey_etcd_watch *w = of(s);
-    w->ep = atomic_load(&s->e->current);
-    start_attempt(w);
+        drey_etcd__call_cancel(s); /* undecodable, ended or closing: the status follows */
+    drey_etcd__call_maybe_end(s);
 }
 
 static void w_timer(drey_etcd__stream *s) {
     drey_etcd_watch *w = of(s);
-    if (w->call == NULL && !w->ended)
-        start_attempt(w);
-}
-
-static void w_close(drey_etcd__stream *s) {
-    drey_etcd_watch *w = of(s);
-    if (w->call != NULL)
-        grpc_call_cancel(w->call, NULL);
+    if (s->call == NULL && !w->ended)
+        start_attempt(s);
 }
 
 static void w_release(drey_etcd__stream *s) {
@@ -305,23 +199,17 @@ static void w_release(drey_etcd__stream *s) {
 drey_etcd_watch *drey_etcd_watch_start(drey_etcd *e, const drey_etcd_watch_options *opts) {
     if (opts->key == NULL || opts->on_events == NULL || opts->start_revision < 0)
         return NULL;
-    drey_etcd_watch *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        abort();
+    drey_etcd_watch *w = drey_xcalloc(1, sizeof *w);
     size_t n = strlen(opts->key);
     w->key.len = n;
-    w->key.data = malloc(n > 0 ? n : 1);
-    if (w->key.data == NULL)
-        abort();
+    w->key.data = drey_xmalloc(n);
     memcpy(w->key.data, opts->key, n);
     if (opts->prefix) {
         drey_arena a;
         drey_arena_init(&a, NULL, 0);
         ProtobufCBinaryData end = drey_etcd_prefix_end(&a, opts->key);
         w->range_end.len = end.len;
-        w->range_end.data = malloc(end.len);
-        if (w->range_end.data == NULL)
-            abort();
+        w->range_end.data = drey_xmalloc(end.len);
         memcpy(w->range_end.data, end.data, end.len);
         drey_arena_destroy(&a);
     }
@@ -329,16 +217,10 @@ drey_etcd_watch *drey_etcd_watch_start(drey_etcd *e, const drey_etcd_watch_optio
     w->on_events = opts->on_events;
     w->on_end = opts->on_end;
     w->user = opts->user;
-    w->backoff_ns = BACKOFF_MIN_NS;
+    w->s.backoff_ns = BACKOFF_MIN_NS;
     w->stats.next_revision = opts->start_revision;
     drey_arena_init(&w->arena, NULL, 0);
-    w->send_tag.done = on_send;
-    w->recv_tag.done = on_recv;
-    w->status_tag.done = on_status;
-    w->s.on_start = w_start;
-    w->s.on_timer = w_timer;
-    w->s.on_close = w_close;
-    w->s.on_release = w_release;
+    drey_etcd__stream_init(&w->s, start_attempt, w_timer, on_recv, on_call_end, w_release);
     drey_etcd__stream_add(e, &w->s);
     return w;
 }

@@ -14,13 +14,14 @@
 #include <string.h>
 
 #include "drey/alloc.h"
+#include "drey/list.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define MAX_SERVICES 16
 #define MAX_SERVICE_NAME 128
 
 typedef struct watcher {
-    struct watcher *next, *prev;
+    drey_link link; /* in the health's watchers */
     drey_call *call;
     char service[MAX_SERVICE_NAME];
     drey_health_status last_sent;
@@ -33,7 +34,7 @@ struct drey_health {
         drey_health_status status;
     } services[MAX_SERVICES];
     size_t n_services;
-    watcher *watchers;
+    drey_list watchers;
     bool draining;
 };
 
@@ -80,7 +81,8 @@ void drey_health_set(drey_health *h, const char *service, drey_health_status sta
     }
     if (i < h->n_services) {
         h->services[i].status = status;
-        for (watcher *w = h->watchers; w != NULL; w = w->next) {
+        for (watcher *w = DREY_LIST_ITEM(h->watchers.head, watcher, link); w != NULL;
+             w = DREY_LIST_ITEM(w->link.next, watcher, link)) {
             if (strcmp(w->service, service) == 0 && w->last_sent != status) {
                 send_status(w->call, status);
                 w->last_sent = status;
@@ -102,7 +104,8 @@ void drey_health_drain(drey_health *h) {
     h->draining = true;
     for (size_t i = 0; i < h->n_services; i++)
         h->services[i].status = DREY_HEALTH_NOT_SERVING;
-    for (watcher *w = h->watchers; w != NULL; w = w->next) {
+    for (watcher *w = DREY_LIST_ITEM(h->watchers.head, watcher, link); w != NULL;
+         w = DREY_LIST_ITEM(w->link.next, watcher, link)) {
         if (w->last_sent != DREY_HEALTH_NOT_SERVING)
             send_status(w->call, DREY_HEALTH_NOT_SERVING);
         w->last_sent = DREY_HEALTH_NOT_SERVING;
@@ -140,10 +143,7 @@ static void watch_message(void *ctx, drey_call *call, const ProtobufCMessage *ms
         drey_call_finish(call, NULL);
         free(w);
     } else {
-        w->next = h->watchers;
-        if (h->watchers != NULL)
-            h->watchers->prev = w;
-        h->watchers = w;
+        drey_list_push(&h->watchers, &w->link);
         drey_call_set_user(call, w);
     }
     pthread_mutex_unlock(&h->mu);
@@ -154,12 +154,7 @@ static void watch_done(void *ctx, drey_call *call) {
     pthread_mutex_lock(&h->mu);
     watcher *w = drey_call_user(call);
     if (w != NULL) {
-        if (w->prev != NULL)
-            w->prev->next = w->next;
-        else
-            h->watchers = w->next;
-        if (w->next != NULL)
-            w->next->prev = w->prev;
+        drey_list_remove(&h->watchers, &w->link);
         free(w);
         drey_call_set_user(call, NULL);
     }

@@ -47,6 +47,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/io.h"
+#include "drey/list.h"
 
 #define FAULT_SECTOR 512          /* the unit a torn write keeps or loses */
 #define FAULT_MAX_FILE (1LL << 30) /* bytes; beyond it pwrite etc. fail with -EFBIG */
@@ -108,8 +109,7 @@ typedef struct fault_inode {
     fault_op *log;            /* changes since the last fdatasync, oldest first */
     size_t nlog, caplog;
     unsigned refs;            /* current names + durable names + open descriptors */
-    struct fault_inode *next; /* all live inodes, oldest first (crash order) */
-    struct fault_inode *prev;
+    drey_link link;           /* in the file system's inodes */
 } fault_inode;
 
 /* --- the file system ------------------------------------------------------------ */
@@ -143,7 +143,7 @@ struct drey_io_fault {
     fault_fd *fds; /* open descriptors, in no order */
     size_t nfds, capfds;
     int next_fd;
-    fault_inode *first, *last; /* all live inodes */
+    drey_list inodes; /* all live fault_inodes, oldest first (crash order) */
     fault_arm write_arm, sync_arm, alloc_arm, unlink_arm;
     uint64_t space_total; /* the file system's size for fs_space; 0: not reported */
     int space_err;        /* fs_space fails with -space_err */
@@ -164,12 +164,7 @@ static drey_io_fault *fs_of(drey_io *io) {
 static fault_inode *inode_new(drey_io_fault *f) {
     fault_inode *ino = drey_xmalloc(sizeof *ino);
     memset(ino, 0, sizeof *ino);
-    ino->prev = f->last;
-    if (f->last != NULL)
-        f->last->next = ino;
-    else
-        f->first = ino;
-    f->last = ino;
+    drey_list_push(&f->inodes, &ino->link);
     return ino;
 }
 
@@ -180,14 +175,7 @@ static void log_clear(fault_inode *ino) {
 }
 
 static void inode_free(drey_io_fault *f, fault_inode *ino) {
-    if (ino->prev != NULL)
-        ino->prev->next = ino->next;
-    else
-        f->first = ino->next;
-    if (ino->next != NULL)
-        ino->next->prev = ino->prev;
-    else
-        f->last = ino->prev;
+    drey_list_remove(&f->inodes, &ino->link);
     log_clear(ino);
     free(ino->log);
     free(ino->cur.data);
@@ -483,12 +471,30 @@ static int ft_close(drey_io *io, int fd) {
     return rc;
 }
 
+/* Locks the file system and finds fd; NULL (still locked) when there is no
+ * such descriptor or it was opened with the access mode denied (-1: none). */
+static fault_fd *lock_fd(drey_io *io, int fd, int denied, drey_io_fault **f) {
+    *f = fs_of(io);
+    pthread_mutex_lock(&(*f)->mu);
+    fault_fd *d = find_fd(*f, fd);
+    return d != NULL && d->accmode != denied ? d : NULL;
+}
+
+/* Normalizes path into p and locks the file system; a failure to
+ * normalize is returned, unlocked. */
+static int lock_path(drey_io *io, const char *path, char p[PATH_MAX], drey_io_fault **f) {
+    *f = fs_of(io);
+    int rc = norm_path(path, p);
+    if (rc == 0)
+        pthread_mutex_lock(&(*f)->mu);
+    return rc;
+}
+
 static ssize_t ft_pwrite(drey_io *io, int fd, const void *buf, size_t n, off_t off) {
-    drey_io_fault *f = fs_of(io);
-    pthread_mutex_lock(&f->mu);
+    drey_io_fault *f;
+    fault_fd *d = lock_fd(io, fd, O_RDONLY, &f);
     ssize_t rc;
-    fault_fd *d = find_fd(f, fd);
-    if (d == NULL || d->accmode == O_RDONLY) {
+    if (d == NULL) {
         rc = -EBADF;
     } else if (off < 0 || n > SSIZE_MAX) {
         rc = -EINVAL;
@@ -511,11 +517,10 @@ static ssize_t ft_pwrite(drey_io *io, int fd, const void *buf, size_t n, off_t o
 }
 
 static ssize_t ft_pread(drey_io *io, int fd, void *buf, size_t n, off_t off) {
-    drey_io_fault *f = fs_of(io);
-    pthread_mutex_lock(&f->mu);
+    drey_io_fault *f;
+    fault_fd *d = lock_fd(io, fd, O_WRONLY, &f);
     ssize_t rc;
-    fault_fd *d = find_fd(f, fd);
-    if (d == NULL || d->accmode == O_WRONLY) {
+    if (d == NULL) {
         rc = -EBADF;
     } else if (off < 0) {
         rc = -EINVAL;
@@ -535,10 +540,9 @@ static ssize_t ft_pread(drey_io *io, int fd, void *buf, size_t n, off_t off) {
 }
 
 static int ft_fdatasync(drey_io *io, int fd) {
-    drey_io_fault *f = fs_of(io);
-    pthread_mutex_lock(&f->mu);
+    drey_io_fault *f;
+    fault_fd *d = lock_fd(io, fd, -1, &f);
     int rc;
-    fault_fd *d = find_fd(f, fd);
     if (d == NULL) {
         rc = -EBADF;
     } else if ((rc = arm_check(&f->sync_arm)) == 0) {
@@ -550,11 +554,10 @@ static int ft_fdatasync(drey_io *io, int fd) {
 }
 
 static int ft_fallocate(drey_io *io, int fd, off_t off, off_t len) {
-    drey_io_fault *f = fs_of(io);
-    pthread_mutex_lock(&f->mu);
+    drey_io_fault *f;
+    fault_fd *d = lock_fd(io, fd, O_RDONLY, &f);
     int rc;
-    fault_fd *d = find_fd(f, fd);
-    if (d == NULL || d->accmode == O_RDONLY) {
+    if (d == NULL) {
         rc = -EBADF;
     } else if (off < 0 || len <= 0) {
         rc = -EINVAL;
@@ -630,12 +633,11 @@ out:
 }
 
 static int ft_unlink(drey_io *io, const char *path) {
-    drey_io_fault *f = fs_of(io);
+    drey_io_fault *f;
     char p[PATH_MAX];
-    int rc = norm_path(path, p);
+    int rc = lock_path(io, path, p, &f);
     if (rc != 0)
         return rc;
-    pthread_mutex_lock(&f->mu);
     if (f->hold_unlinks) {
         f->unlinks_waiting++;
         pthread_cond_broadcast(&f->unlink_cond);
@@ -664,12 +666,11 @@ out:
 }
 
 static int ft_mkdir(drey_io *io, const char *path) {
-    drey_io_fault *f = fs_of(io);
+    drey_io_fault *f;
     char p[PATH_MAX];
-    int rc = norm_path(path, p);
+    int rc = lock_path(io, path, p, &f);
     if (rc != 0)
         return rc;
-    pthread_mutex_lock(&f->mu);
     if (is_dir(f, p))
         goto out;
     if ((rc = check_parent(f, p)) != 0)
@@ -703,12 +704,11 @@ static int check_dir(drey_io_fault *f, const char *p) {
 }
 
 static int ft_sync_dir(drey_io *io, const char *path) {
-    drey_io_fault *f = fs_of(io);
+    drey_io_fault *f;
     char p[PATH_MAX], parent[PATH_MAX];
-    int rc = norm_path(path, p);
+    int rc = lock_path(io, path, p, &f);
     if (rc != 0)
         return rc;
-    pthread_mutex_lock(&f->mu);
     if ((rc = check_dir(f, p)) != 0 || (rc = arm_check(&f->sync_arm)) != 0)
         goto out;
     for (size_t i = 0; i < f->nentries; i++) {
@@ -730,12 +730,11 @@ static int name_cmp(const void *a, const void *b) {
 }
 
 static int ft_list_dir(drey_io *io, const char *path, char ***names, size_t *n) {
-    drey_io_fault *f = fs_of(io);
+    drey_io_fault *f;
     char p[PATH_MAX], parent[PATH_MAX];
-    int rc = norm_path(path, p);
+    int rc = lock_path(io, path, p, &f);
     if (rc != 0)
         return rc;
-    pthread_mutex_lock(&f->mu);
     if ((rc = check_dir(f, p)) != 0)
         goto out;
     char **v = drey_xcalloc(f->nentries + f->ndirs, sizeof *v);
@@ -767,8 +766,8 @@ static int ft_fs_space(drey_io *io, const char *path, uint64_t *total_bytes, uin
     int rc = f->space_err != 0 ? -f->space_err : f->space_total == 0 ? -ENOTSUP : 0;
     if (rc == 0) {
         uint64_t used = 0;
-        for (fault_inode *ino = f->first; ino != NULL; ino = ino->next)
-            used += ino->cur.len;
+        for (drey_link *l = f->inodes.head; l != NULL; l = l->next)
+            used += DREY_LIST_ITEM(l, fault_inode, link)->cur.len;
         *total_bytes = f->space_total;
         *avail_bytes = used < f->space_total ? f->space_total - used : 0;
     }
@@ -808,8 +807,8 @@ drey_io_fault *drey_io_fault_create(void) {
 void drey_io_fault_destroy(drey_io_fault *f) {
     if (f == NULL)
         return;
-    while (f->first != NULL)
-        inode_free(f, f->first);
+    while (!drey_list_empty(&f->inodes))
+        inode_free(f, DREY_LIST_ITEM(f->inodes.head, fault_inode, link));
     for (size_t i = 0; i < f->nentries; i++)
         free(f->entries[i].path);
     free(f->entries);
@@ -864,8 +863,8 @@ void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
     pthread_mutex_lock(&f->mu);
     /* Power is gone: descriptors first, so their references drop. Inodes
      * stay alive until names are settled: hold one reference on each. */
-    for (fault_inode *ino = f->first; ino != NULL; ino = ino->next)
-        inode_ref(ino);
+    for (drey_link *l = f->inodes.head; l != NULL; l = l->next)
+        inode_ref(DREY_LIST_ITEM(l, fault_inode, link));
     for (size_t i = 0; i < f->nfds; i++)
         inode_unref(f, f->fds[i].ino);
     f->nfds = 0;
@@ -873,8 +872,9 @@ void drey_io_fault_crash(drey_io_fault *f, bool torn, uint32_t seed) {
         set_cur(f, &f->entries[i], f->entries[i].dur);
     prune_entries(f);
     uint64_t rng = seed;
-    for (fault_inode *ino = f->first, *next; ino != NULL; ino = next) {
-        next = ino->next;
+    for (drey_link *l = f->inodes.head, *next; l != NULL; l = next) {
+        next = l->next;
+        fault_inode *ino = DREY_LIST_ITEM(l, fault_inode, link);
         if (ino->refs > 1) {
             if (torn)
                 inode_replay(ino, &rng);

@@ -21,6 +21,7 @@
 #include "drey/clock.h"
 #include "drey/journal.h"
 #include "drey/log.h"
+#include "drey/thread.h"
 #include "frame.h"
 #include "journal_internal.h"
 
@@ -421,6 +422,19 @@ static void remove_temporaries(drey_io *io, const char *dir) {
     drey_io_free_names(names, n);
 }
 
+/* Closes the segment and frees j (its writer stopped or never started). */
+static void journal_free(drey_journal *j) {
+    if (j->fd >= 0)
+        j->io->ops->close(j->io, j->fd);
+    free(j->buf);
+    free(j->segs);
+    free(j->dir);
+    pthread_mutex_destroy(&j->compact_mu);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cond);
+    free(j);
+}
+
 int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey_journal_replay_fn replay, void *ctx,
                       drey_journal **out, char *err, size_t err_cap) {
     drey_io *io = opts->io;
@@ -521,40 +535,20 @@ int drey_journal_open(const drey_journal_options *opts, uint64_t after_lsn, drey
     }
     drey_journal_scan_free(&scan);
     plan_from_actual(j);
-    if (pthread_create(&j->thread, NULL, writer_main, j) != 0)
-        abort();
+    drey_thread_start(&j->thread, "journal writer", writer_main, j);
     *out = j;
     return 0;
 fail:
     drey_journal_scan_free(&scan);
-    if (j->fd >= 0)
-        io->ops->close(io, j->fd);
-    free(j->segs);
-    free(j->dir);
-    pthread_mutex_destroy(&j->compact_mu);
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cond);
-    free(j);
+    journal_free(j);
     return rc;
 }
 
 void drey_journal_close(drey_journal *j) {
     if (j == NULL)
         return;
-    pthread_mutex_lock(&j->mu);
-    j->stopping = true;
-    pthread_cond_broadcast(&j->cond);
-    pthread_mutex_unlock(&j->mu);
-    pthread_join(j->thread, NULL);
-    if (j->fd >= 0)
-        j->io->ops->close(j->io, j->fd);
-    free(j->buf);
-    free(j->segs);
-    free(j->dir);
-    pthread_mutex_destroy(&j->compact_mu);
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cond);
-    free(j);
+    drey_thread_stop(j->thread, &j->mu, &j->cond, &j->stopping);
+    journal_free(j);
 }
 
 /* Whether a frame of `need` bytes fits the quota after what is queued;
@@ -678,9 +672,7 @@ int drey_journal_remove_through(drey_journal *j, uint64_t lsn, unsigned *removed
     while (n + 1 < j->n_segs && j->segs[n + 1].first_lsn - 1 <= lsn)
         n++;
     /* Copied: the writer may grow (and so move) the list meanwhile. */
-    char(*names)[sizeof j->segs[0].name] = n > 0 ? malloc(n * sizeof *names) : NULL;
-    if (n > 0 && names == NULL)
-        abort();
+    char(*names)[sizeof j->segs[0].name] = n > 0 ? drey_xcalloc(n, sizeof *names) : NULL;
     for (size_t i = 0; i < n; i++)
         memcpy(names[i], j->segs[i].name, sizeof names[i]);
     pthread_mutex_unlock(&j->mu);

@@ -15,18 +15,14 @@
 #include <unistd.h>
 
 #include "drey/alloc.h"
+#include "drey/rpc.h"
 #include "drey/version.h"
 
 #define MAX_METHODS 64
-#define MAX_CODES 17
+#define MAX_CODES 17 /* gRPC's: OK to UNAUTHENTICATED */
 #define MAX_REJECTION_KINDS 64
 #define MAX_COLLECTORS 16
 
-static const char *const code_names[MAX_CODES] = {
-    "OK",          "CANCELLED",        "UNKNOWN",   "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-    "OUT_OF_RANGE", "UNIMPLEMENTED",   "INTERNAL",  "UNAVAILABLE",        "DATA_LOSS",         "UNAUTHENTICATED",
-};
 
 /* Bucket bounds, in the unit the histogram observes. */
 static const double latency_bounds_s[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -351,7 +347,7 @@ void drey_metrics_write(drey_metrics *m, FILE *out) {
             uint64_t v = atomic_load_explicit(&m->calls[i][c], memory_order_relaxed);
             if (v == 0 && c != 0)
                 continue; /* sparse: codes a method never returned are omitted */
-            drey_metrics_labels(labels, sizeof labels, "method", m->methods[i], "code", code_names[c], NULL);
+            drey_metrics_labels(labels, sizeof labels, "method", m->methods[i], "code", drey_rpc_code_name((grpc_status_code)c), NULL);
             drey_metrics_sample(out, "drey_requests_total", labels, (double)v);
         }
     }

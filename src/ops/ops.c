@@ -137,7 +137,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         } else {
             char *body = NULL;
             size_t len = 0;
-            FILE *f = open_memstream(&body, &len);
+            FILE *f = drey_xopen_memstream(&body, &len);
             bool details = url[1] == 'h';
             if (details) {
                 drey_pbjson_write(f, &drey_admin_readiness(o->opts.admin, &a)->base);

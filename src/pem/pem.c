@@ -13,6 +13,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include "drey/alloc.h"
 
@@ -127,4 +128,15 @@ bool drey_pem_files_read(const drey_pem_files *f, char *pem[3], char *err, size_
         return true;
     drey_pem_free(pem);
     return false;
+}
+
+bool drey_pem_names(const char *chain, const char *name) {
+    BIO *bio = BIO_new_mem_buf(chain, -1);
+    X509 *cert = bio != NULL ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    bool named = cert != NULL &&
+                 X509_check_host(cert, name, strlen(name), X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1;
+    X509_free(cert);
+    BIO_free(bio);
+    ERR_clear_error();
+    return named;
 }

@@ -27,6 +27,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/internal/v1/peer.pb-c.h"
+#include "drey/list.h"
 #include "stages.h"
 
 #define DOOR_ARENA_INLINE 4096
@@ -39,20 +40,20 @@ typedef struct stream stream;
 struct peer_streams {
     drey_pipeline *pipeline;
     pthread_mutex_t mu;
-    stream *head;
+    drey_list streams; /* of stream */
     bool draining;
 };
 
 struct stream {
     struct peer_streams *all;
-    stream *prev, *next; /* in all->head, under all->mu */
+    drey_link link;      /* in all->streams, under all->mu */
     drey_pipeline *pipeline;
     drey_call *call;     /* valid until closed */
     pthread_mutex_t mu;
     _Atomic int refs;    /* the call's (until it is over), one per request in flight */
     bool closed;         /* the call is over: answers go nowhere */
     bool half_closed;    /* the opener sends no more: finish once all are answered */
-    door *head;          /* requests in flight */
+    drey_list doors;     /* requests in flight */
     char conn[32];
     /* Answers collected while a stream message is handled (under mu). */
     bool collecting;
@@ -62,7 +63,7 @@ struct stream {
 
 struct door {
     stream *s;
-    door *prev, *next; /* in s->head, under s->mu */
+    drey_link link;    /* in s->doors, under s->mu */
     uint64_t id;
     int64_t deadline_ns;
     Drey__Internal__V1__Header **headers; /* in the arena */
@@ -123,21 +124,12 @@ static void flush_locked(stream *s) {
 }
 
 static void finish_if_done_locked(stream *s) {
-    if (s->half_closed && s->head == NULL && !s->closed && !s->collecting) {
+    if (s->half_closed && drey_list_empty(&s->doors) && !s->closed && !s->collecting) {
         flush_locked(s);
         drey_call_finish(s->call, NULL);
     }
 }
 
-static void unlink_locked(stream *s, door *d) {
-    if (d->prev != NULL)
-        d->prev->next = d->next;
-    else
-        s->head = d->next;
-    if (d->next != NULL)
-        d->next->prev = d->prev;
-    d->prev = d->next = NULL;
-}
 
 /* Sends the answer for d's frame and lets the request go. */
 static void answer(door *d, const Drey__Internal__V1__Answer *a) {
@@ -149,7 +141,7 @@ static void answer(door *d, const Drey__Internal__V1__Answer *a) {
     pthread_mutex_lock(&s->mu);
     d->answered = true;
     d->cancel_fn = NULL;
-    unlink_locked(s, d);
+    drey_list_remove(&s->doors, &d->link);
     if (!s->closed) {
         append_locked(s, &f);
         if (handling != s)
@@ -286,10 +278,7 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
     d->deadline_ns = c->timeout_us <= 0 || c->timeout_us > (INT64_MAX - now) / 1000 ? INT64_MAX
                                                                                     : now + c->timeout_us * 1000;
     pthread_mutex_lock(&s->mu);
-    d->next = s->head;
-    if (s->head != NULL)
-        s->head->prev = d;
-    s->head = d;
+    drey_list_push(&s->doors, &d->link);
     pthread_mutex_unlock(&s->mu);
 
     const drey_method *m = drey_method_find(drey_pipeline__options(p)->methods, c->method);
@@ -331,7 +320,7 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
 
 static void on_cancel_frame(stream *s, uint64_t id) {
     pthread_mutex_lock(&s->mu);
-    for (door *d = s->head; d != NULL; d = d->next) {
+    for (door *d = DREY_LIST_ITEM(s->doors.head, door, link); d != NULL; d = DREY_LIST_ITEM(d->link.next, door, link)) {
         if (d->id == id) {
             cancel_locked(s, d);
             break;
@@ -355,10 +344,7 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *msg) 
         drey_call_set_user(call, s);
         pthread_mutex_lock(&all->mu);
         s->half_closed = all->draining;
-        s->next = all->head;
-        if (all->head != NULL)
-            all->head->prev = s;
-        all->head = s;
+        drey_list_push(&all->streams, &s->link);
         pthread_mutex_unlock(&all->mu);
     }
     if (msg == NULL) {
@@ -396,12 +382,7 @@ static void on_done(void *ctx, drey_call *call) {
     if (s == NULL)
         return;
     pthread_mutex_lock(&all->mu);
-    if (s->prev != NULL)
-        s->prev->next = s->next;
-    else
-        all->head = s->next;
-    if (s->next != NULL)
-        s->next->prev = s->prev;
+    drey_list_remove(&all->streams, &s->link);
     pthread_mutex_unlock(&all->mu);
     pthread_mutex_lock(&s->mu);
     s->closed = true;
@@ -410,11 +391,11 @@ static void on_done(void *ctx, drey_call *call) {
      * Each is held while its hook runs outside the lock, and the list may
      * change meanwhile, so take them all first. */
     size_t n = 0;
-    for (door *d = s->head; d != NULL; d = d->next)
+    for (drey_link *l = s->doors.head; l != NULL; l = l->next)
         n++;
     door **live = drey_xmalloc((n ? n : 1) * sizeof *live);
     n = 0;
-    for (door *d = s->head; d != NULL; d = d->next) {
+    for (door *d = DREY_LIST_ITEM(s->doors.head, door, link); d != NULL; d = DREY_LIST_ITEM(d->link.next, door, link)) {
         atomic_fetch_add(&d->refs, 1);
         live[n++] = d;
     }
@@ -435,7 +416,8 @@ void drey_pipeline_drain_peers(drey_pipeline *p) {
         return;
     pthread_mutex_lock(&all->mu);
     all->draining = true;
-    for (stream *s = all->head; s != NULL; s = s->next) {
+    for (stream *s = DREY_LIST_ITEM(all->streams.head, stream, link); s != NULL;
+         s = DREY_LIST_ITEM(s->link.next, stream, link)) {
         pthread_mutex_lock(&s->mu);
         s->half_closed = true;
         finish_if_done_locked(s);

@@ -46,6 +46,8 @@ struct drey_pipeline {
     pthread_mutex_t order; /* see order_and_append in journal.c */
     int64_t order_time;         /* under order: the last write's time */
     drey_replicator replicator; /* prepare NULL: none */
+    drey_stage_result (*route)(void *ctx, drey_request *r); /* NULL: a single node */
+    void *route_ctx;
     _Atomic bool ready;
     struct binding *bindings[2]; /* the gRPC doors', one per method: public, internal */
     struct peer_streams *peers;  /* the peer stream door's (peer.c) */
@@ -93,9 +95,13 @@ bool drey_pipeline_journaled(const drey_request *r) {
     return r->pipeline->journal != NULL;
 }
 
+drey_journal *drey_pipeline_journal(const drey_pipeline *p) {
+    return p->journal;
+}
+
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
-    p->opts.route = route;
-    p->opts.route_ctx = ctx;
+    p->route = route;
+    p->route_ctx = ctx;
 }
 
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready) {
@@ -187,9 +193,9 @@ void drey_request_relay(drey_request *r, const drey_answer *a) {
 }
 
 drey_stage_result drey_pipeline__route(drey_pipeline *p, drey_request *r) {
-    if (p->opts.route == NULL)
+    if (p->route == NULL)
         return DREY_STAGE_NEXT;
-    return p->opts.route(p->opts.route_ctx, r);
+    return p->route(p->route_ctx, r);
 }
 
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,

@@ -39,6 +39,7 @@
 #include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/clock.h"
+#include "drey/list.h"
 #include "google/rpc/status.pb-c.h"
 #include "stages.h"
 
@@ -90,8 +91,8 @@ typedef struct pop {
     pstream *s;
     uint64_t id;             /* the client's */
     const struct op_kind *kind; /* NULL: refused by the door */
-    struct pop *next;        /* stream order, or the list on_done drops */
-    struct pop *submit_next;
+    drey_link order;         /* in the stream's ops, or the list on_done drops */
+    drey_link submit;        /* in the stream's submits */
     struct pop *cancel_next;
     int state;
     bool started;            /* submitted to the chain */
@@ -107,7 +108,7 @@ typedef struct pop {
     size_t n_keys;
     size_t deps;             /* earlier unanswered ops this one waits for */
     struct dep_node *dependents; /* later ops waiting for this one */
-    struct pop *ready_next;
+    drey_link ready;         /* in the stream's ready */
     struct pop *wide_next, **wide_pprev; /* the stream's unanswered whole-cache ops */
     int64_t deadline_ns;
     void (*cancel_fn)(void *arg); /* the chain's hook, under s->mu */
@@ -129,13 +130,13 @@ struct pstream {
     const struct stream_binding *b;
     drey_call *call;         /* NULL once on_done has run */
     size_t refs;             /* the call's + one per op */
-    pop *head, *tail;        /* read and not yet sent, in stream order */
+    drey_list ops;           /* read and not yet sent, in stream order */
     size_t n_ops;
     size_t n_running;
-    pop *ready_head, *ready_tail; /* nothing holds them back; waiting for room in the window */
+    drey_list ready;          /* nothing holds them back; waiting for room in the window */
     pop *wide;                /* unanswered ops on a whole cache or every cache */
     key_node *buckets[KEY_BUCKETS];
-    pop *submit_head, *submit_tail;
+    drey_list submits;       /* to submit (drain) */
     bool submitting;         /* a thread is draining the submit queue */
     pthread_t drainer;       /* which (while submitting) */
     bool sending;            /* a response message is at the transport */
@@ -352,32 +353,17 @@ static const drey_request_ops stream_door = {
 static void queue_submit_locked(pstream *s, pop *o) {
     o->state = OP_RUNNING;
     s->n_running++;
-    o->submit_next = NULL;
-    if (s->submit_tail != NULL)
-        s->submit_tail->submit_next = o;
-    else
-        s->submit_head = o;
-    s->submit_tail = o;
+    drey_list_push(&s->submits, &o->submit);
 }
 
 static void ready_locked(pstream *s, pop *o) {
-    o->ready_next = NULL;
-    if (s->ready_tail != NULL)
-        s->ready_tail->ready_next = o;
-    else
-        s->ready_head = o;
-    s->ready_tail = o;
+    drey_list_push(&s->ready, &o->ready);
 }
 
 /* Queues the ready ops for submission while fewer than the window run. */
 static void schedule_locked(pstream *s) {
-    while (s->ready_head != NULL && s->n_running < s->b->window) {
-        pop *o = s->ready_head;
-        s->ready_head = o->ready_next;
-        if (s->ready_head == NULL)
-            s->ready_tail = NULL;
-        queue_submit_locked(s, o);
-    }
+    while (!drey_list_empty(&s->ready) && s->n_running < s->b->window)
+        queue_submit_locked(s, DREY_LIST_ITEM(drey_list_pop(&s->ready), pop, ready));
 }
 
 static void depend_locked(pop *earlier, pop *later, dep_node *node) {
@@ -393,7 +379,7 @@ static void depend_locked(pop *earlier, pop *later, dep_node *node) {
  * cache ops are checked against everything (they are rare). */
 static void admit_locked(pstream *s, pop *o) {
     if (o->whole || o->global) {
-        for (pop *e = s->head; e != o; e = e->next) {
+        for (pop *e = DREY_LIST_ITEM(s->ops.head, pop, order); e != o; e = DREY_LIST_ITEM(e->order.next, pop, order)) {
             if (e->state != OP_DONE && conflicts(e, o))
                 depend_locked(e, o, drey_arena_alloc(&o->arena, sizeof(dep_node)));
         }
@@ -453,13 +439,14 @@ static void emit_locked(pstream *s) {
     if (s->call == NULL || s->sending || s->finished)
         return;
     size_t n = 0, bytes = 0;
-    for (pop *o = s->head; o != NULL && o->state == OP_DONE && n < MAX_RESULTS_PER_MESSAGE && bytes < MAX_RESPONSE_BYTES;
-         o = o->next) {
+    for (pop *o = DREY_LIST_ITEM(s->ops.head, pop, order);
+         o != NULL && o->state == OP_DONE && n < MAX_RESULTS_PER_MESSAGE && bytes < MAX_RESPONSE_BYTES;
+         o = DREY_LIST_ITEM(o->order.next, pop, order)) {
         n++;
         bytes += o->result_bytes;
     }
     if (n == 0) {
-        if (s->half_closed && s->head == NULL) {
+        if (s->half_closed && drey_list_empty(&s->ops)) {
             s->finished = true;
             drey_call_finish(s->call, NULL);
         }
@@ -468,8 +455,8 @@ static void emit_locked(pstream *s) {
     Drey__Cache__V1__PipelineResult *inline_results[64];
     Drey__Cache__V1__PipelineResult **results =
         n <= 64 ? inline_results : drey_xmalloc(n * sizeof *results);
-    pop *o = s->head;
-    for (size_t i = 0; i < n; i++, o = o->next)
+    pop *o = DREY_LIST_ITEM(s->ops.head, pop, order);
+    for (size_t i = 0; i < n; i++, o = DREY_LIST_ITEM(o->order.next, pop, order))
         results[i] = o->result;
     Drey__Cache__V1__PipelineResponse resp = DREY__CACHE__V1__PIPELINE_RESPONSE__INIT;
     resp.n_results = n;
@@ -478,13 +465,10 @@ static void emit_locked(pstream *s) {
     if (results != inline_results)
         free(results);
     for (size_t i = 0; i < n; i++) {
-        pop *done = s->head;
-        s->head = done->next;
+        pop *done = DREY_LIST_ITEM(drey_list_pop(&s->ops), pop, order);
         done->released = true;
         settle_locked(s, done); /* never the last: the call holds one */
     }
-    if (s->head == NULL)
-        s->tail = NULL;
     s->n_ops -= n;
 }
 
@@ -504,10 +488,8 @@ static void drain(pstream *s) {
     if (!s->submitting) {
         s->submitting = true;
         s->drainer = pthread_self();
-        for (pop *o; (o = s->submit_head) != NULL;) {
-            s->submit_head = o->submit_next;
-            if (s->submit_head == NULL)
-                s->submit_tail = NULL;
+        for (drey_link *l; (l = drey_list_pop(&s->submits)) != NULL;) {
+            pop *o = DREY_LIST_ITEM(l, pop, submit);
             o->started = true;
             /* A stage may still touch the request after it was answered
              * (another thread can resume a parked one and answer it before
@@ -562,7 +544,7 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
         emit_locked(s); /* may free o */
         resume_locked(s);
     } /* else answered inside a submit: drain emits when it is done */
-    bool more = s->submit_head != NULL;
+    bool more = !drey_list_empty(&s->submits);
     if (more)
         s->refs++; /* drain's */
     pthread_mutex_unlock(&s->mu);
@@ -657,29 +639,20 @@ static void on_message(void *ctx, drey_call *call, const ProtobufCMessage *reque
     }
     const Drey__Cache__V1__PipelineRequest *req = (const Drey__Cache__V1__PipelineRequest *)request;
     int64_t now = drey_mono_ns();
-    pop *first = NULL, *last = NULL;
+    drey_list batch = {0};
     for (size_t i = 0; i < req->n_operations; i++) {
         pop *o = op_new(s, req->operations[i], now);
         o->state = OP_WAITING;
-        if (last != NULL)
-            last->next = o;
-        else
-            first = o;
-        last = o;
+        drey_list_push(&batch, &o->order);
     }
-    if (first == NULL)
+    if (drey_list_empty(&batch))
         return;
     pthread_mutex_lock(&s->mu);
     s->refs += req->n_operations;
     s->n_ops += req->n_operations;
-    for (pop *o = first, *next; o != NULL; o = next) {
-        next = o->next;
-        o->next = NULL;
-        if (s->tail != NULL)
-            s->tail->next = o;
-        else
-            s->head = o;
-        s->tail = o;
+    for (drey_link *l; (l = drey_list_pop(&batch)) != NULL;) {
+        pop *o = DREY_LIST_ITEM(l, pop, order);
+        drey_list_push(&s->ops, &o->order);
         admit_locked(s, o);
     }
     schedule_locked(s);
@@ -707,11 +680,12 @@ static void on_done(void *ctx, drey_call *call) {
     pstream *s = drey_call_user(call);
     if (s == NULL)
         return; /* over before its first message */
-    pop *drop = NULL, *cancel = NULL;
+    drey_list drop = {0};
+    pop *cancel = NULL;
     pthread_mutex_lock(&s->mu);
     s->call = NULL;
-    for (pop *o = s->head, *next; o != NULL; o = next) {
-        next = o->next;
+    for (drey_link *l; (l = drey_list_pop(&s->ops)) != NULL;) {
+        pop *o = DREY_LIST_ITEM(l, pop, order);
         o->released = true;
         if (o->state == OP_RUNNING && o->started) {
             /* Answered later, by whoever runs it; freed then. */
@@ -731,20 +705,17 @@ static void on_done(void *ctx, drey_call *call) {
         /* Never submitted: nothing else knows it. */
         if (o->state == OP_RUNNING)
             s->n_running--;
-        o->next = drop;
-        drop = o;
+        drey_list_push(&drop, &o->order);
         s->refs--;
     }
-    s->head = s->tail = NULL;
-    s->submit_head = s->submit_tail = NULL;
-    s->ready_head = s->ready_tail = NULL;
+    /* What they held of these lists was never submitted: dropped above. */
+    s->submits = (drey_list){0};
+    s->ready = (drey_list){0};
     s->refs--; /* the call's */
     bool last = s->refs == 0;
     pthread_mutex_unlock(&s->mu);
-    for (pop *o = drop, *next; o != NULL; o = next) {
-        next = o->next;
-        op_free(o);
-    }
+    for (drey_link *l; (l = drey_list_pop(&drop)) != NULL;)
+        op_free(DREY_LIST_ITEM(l, pop, order));
     /* The hooks run unlocked: one may answer its op at once, which locks.
      * A pinned op stays allocated meanwhile, answered or not. */
     for (pop *o = cancel; o != NULL; o = o->cancel_next)

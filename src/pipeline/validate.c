@@ -32,12 +32,6 @@
 #define TIMESTAMP_MIN_SECONDS (-62135596800LL)
 #define TIMESTAMP_MAX_SECONDS 253402300799LL
 
-/* The rule lives in drey/bytes.h (log.c escapes by the same one); this name
- * stays while include/drey/pipeline.h declares it. */
-bool drey_validate_utf8(const uint8_t *s, size_t n) {
-    return drey_bytes_utf8_valid(s, n);
-}
-
 bool drey_validate_key(const char *key, size_t len, size_t max_len) {
     if (len == 0 || len > max_len || !drey_bytes_utf8_valid((const uint8_t *)key, len))
         return false;

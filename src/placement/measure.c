@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
+
 double drey_placement__max_over_mean(const uint32_t *assign, size_t n_nodes, uint32_t n_partitions, uint32_t r,
                                      int primaries_only) {
     if (n_nodes == 0 || r == 0 || n_partitions == 0)
         return 0;
-    size_t *load = calloc(n_nodes, sizeof *load);
-    if (load == NULL)
-        abort();
+    size_t *load = drey_xcalloc(n_nodes, sizeof *load);
     uint32_t per = primaries_only ? 1 : r;
     for (uint32_t p = 0; p < n_partitions; p++)
         for (uint32_t k = 0; k < per; k++)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drey/alloc.h"
 #include "drey/crc32c.h"
 
 /* The caps add up to LOAD_NUM/LOAD_DEN of the slots. 1.25 keeps the
@@ -142,16 +143,13 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
     uint32_t r = drey_placement_replicas(rf, n_nodes);
     if (r == 0)
         return;
-    uint64_t *hashes = malloc(n_nodes * sizeof *hashes);
-    ranked *rank = malloc(n_nodes * sizeof *rank);
-    uint32_t *primaries = calloc(n_nodes, sizeof *primaries);
-    uint32_t *slots = calloc(n_nodes, sizeof *slots);
-    uint32_t *primary_cap = malloc(n_nodes * sizeof *primary_cap);
-    uint32_t *slot_cap = malloc(n_nodes * sizeof *slot_cap);
-    bool *taken = calloc(n_nodes, sizeof *taken);
-    if (hashes == NULL || rank == NULL || primaries == NULL || slots == NULL || primary_cap == NULL ||
-        slot_cap == NULL || taken == NULL)
-        abort();
+    uint64_t *hashes = drey_xcalloc(n_nodes, sizeof *hashes);
+    ranked *rank = drey_xcalloc(n_nodes, sizeof *rank);
+    uint32_t *primaries = drey_xcalloc(n_nodes, sizeof *primaries);
+    uint32_t *slots = drey_xcalloc(n_nodes, sizeof *slots);
+    uint32_t *primary_cap = drey_xcalloc(n_nodes, sizeof *primary_cap);
+    uint32_t *slot_cap = drey_xcalloc(n_nodes, sizeof *slot_cap);
+    bool *taken = drey_xcalloc(n_nodes, sizeof *taken);
     for (size_t i = 0; i < n_nodes; i++)
         hashes[i] = fnv1a64(node_ids[i], strlen(node_ids[i]));
     if (bounded) {

@@ -93,30 +93,30 @@ static void set_services(drey_arena *a, response *resp, const drey_descriptors *
     resp->list_services_response = ls;
 }
 
+/* The file (and what it imports), or NOT_FOUND with what when file < 0. */
+static void set_files_or_error(drey_arena *a, response *resp, const drey_descriptors *d, long file, const char *what) {
+    if (file < 0)
+        set_error(a, resp, CODE_NOT_FOUND, what);
+    else
+        set_files(a, resp, d, (size_t)file);
+}
+
 static void answer(const drey_server *s, drey_call *call, const request *req) {
     drey_arena *a = drey_call_arena(call);
     const drey_descriptors *d = drey_descriptors_builtin();
     response resp = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
     resp.valid_host = req->host;
     resp.original_request = (request *)req;
-    long file;
     switch (req->message_request_case) {
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
         set_services(a, &resp, d, s);
         break;
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
-        file = drey_descriptors_find_file(d, req->file_by_filename);
-        if (file < 0)
-            set_error(a, &resp, CODE_NOT_FOUND, "file not found");
-        else
-            set_files(a, &resp, d, (size_t)file);
+        set_files_or_error(a, &resp, d, drey_descriptors_find_file(d, req->file_by_filename), "file not found");
         break;
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
-        file = drey_descriptors_find_symbol(d, req->file_containing_symbol);
-        if (file < 0)
-            set_error(a, &resp, CODE_NOT_FOUND, "symbol not found");
-        else
-            set_files(a, &resp, d, (size_t)file);
+        set_files_or_error(a, &resp, d, drey_descriptors_find_symbol(d, req->file_containing_symbol),
+                           "symbol not found");
         break;
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
         set_error(a, &resp, CODE_NOT_FOUND, "extension not found");
@@ -166,21 +166,28 @@ static void on_message_v1alpha(void *ctx, drey_call *call, const ProtobufCMessag
 }
 
 bool drey_reflect_register(drey_server *s) {
-    const drey_server_method v1 = {
-        .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-        .input = &grpc__reflection__v1__server_reflection_request__descriptor,
-        .client_streaming = true,
-        .server_streaming = true,
-        .on_message = on_message_v1,
-        .ctx = s,
+    /* Both versions: grpcurl and most clients ask v1; older ones v1alpha. */
+    static const struct {
+        const char *path;
+        const ProtobufCMessageDescriptor *input;
+        void (*on_message)(void *ctx, drey_call *call, const ProtobufCMessage *msg);
+    } versions[] = {
+        {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+         &grpc__reflection__v1__server_reflection_request__descriptor, on_message_v1},
+        {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+         &grpc__reflection__v1alpha__server_reflection_request__descriptor, on_message_v1alpha},
     };
-    const drey_server_method v1alpha = {
-        .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-        .input = &grpc__reflection__v1alpha__server_reflection_request__descriptor,
-        .client_streaming = true,
-        .server_streaming = true,
-        .on_message = on_message_v1alpha,
-        .ctx = s,
-    };
-    return drey_server_add_method(s, &v1) && drey_server_add_method(s, &v1alpha);
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        const drey_server_method m = {
+            .path = versions[i].path,
+            .input = versions[i].input,
+            .client_streaming = true,
+            .server_streaming = true,
+            .on_message = versions[i].on_message,
+            .ctx = s,
+        };
+        if (!drey_server_add_method(s, &m))
+            return false;
+    }
+    return true;
 }

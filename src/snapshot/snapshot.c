@@ -164,16 +164,7 @@ int drey_snapshot_finish(drey_snapshot *snap, drey_io *io, const char *dir, char
         rc = drey_io_pwrite_all(io, fd, trailer, sizeof trailer, (off_t)off);
         off += sizeof trailer;
     }
-    if (rc == 0)
-        rc = io->ops->fdatasync(io, fd);
-    if (fd >= 0)
-        io->ops->close(io, fd);
-    if (rc == 0)
-        rc = io->ops->rename(io, tmp, path);
-    if (rc == 0)
-        rc = io->ops->sync_dir(io, sdir);
-    if (rc != 0)
-        io->ops->unlink(io, tmp);
+    rc = drey_io_install(io, fd, rc, tmp, path, sdir);
     if (info != NULL) {
         info->lsn = snap->lsn;
         info->time_ms = snap->time_ms;

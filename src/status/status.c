@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "drey/rpc.h"
 #include "google/protobuf/any.pb-c.h"
 #include "google/protobuf/duration.pb-c.h"
 #include "google/rpc/error_details.pb-c.h"
@@ -15,136 +16,97 @@
 
 static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     [DREY_ERR_NONE] = {DREY_ERR_NONE, GRPC_STATUS_OK, "", ""},
-    [DREY_ERR_MALFORMED_REQUEST] = {DREY_ERR_MALFORMED_REQUEST, GRPC_STATUS_INVALID_ARGUMENT, "MALFORMED_REQUEST",
-                                    "the request is not a valid protobuf message of the method's request type"},
-    [DREY_ERR_INVALID_CACHE_NAME] = {DREY_ERR_INVALID_CACHE_NAME, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_CACHE_NAME",
-                                     "cache names are 1 to max-cache-name-bytes bytes of [A-Za-z0-9._-], not . or .."},
-    [DREY_ERR_INVALID_KEY] = {DREY_ERR_INVALID_KEY, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_KEY",
-                              "keys are 1 to max-key-bytes bytes of valid UTF-8 without control characters"},
-    [DREY_ERR_INVALID_VALUE] = {DREY_ERR_INVALID_VALUE, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_VALUE",
-                                "a value must have exactly one kind set; its strings must be UTF-8 without NUL"},
-    [DREY_ERR_PAYLOAD_TOO_LARGE] = {DREY_ERR_PAYLOAD_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "PAYLOAD_TOO_LARGE",
-                                    "the value is larger than max-value-bytes"},
-    [DREY_ERR_BATCH_TOO_LARGE] = {DREY_ERR_BATCH_TOO_LARGE, GRPC_STATUS_INVALID_ARGUMENT, "BATCH_TOO_LARGE",
-                                  "a batch holds at most max-batch keys or entries"},
-    [DREY_ERR_DUPLICATE_KEY] = {DREY_ERR_DUPLICATE_KEY, GRPC_STATUS_INVALID_ARGUMENT, "DUPLICATE_KEY",
-                                "a batch names the same key more than once"},
-    [DREY_ERR_INVALID_EXPIRATION] = {DREY_ERR_INVALID_EXPIRATION, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_EXPIRATION",
-                                     "ttl must be positive and at most 100 years; durations and timestamps must be "
-                                     "normalized"},
-    [DREY_ERR_INVALID_REQUEST_ID] = {DREY_ERR_INVALID_REQUEST_ID, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_REQUEST_ID",
-                                     "request_id is at most 128 bytes"},
-    [DREY_ERR_VERSION_MISMATCH] = {DREY_ERR_VERSION_MISMATCH, GRPC_STATUS_FAILED_PRECONDITION, "VERSION_MISMATCH",
-                                   "the entry's version is not if_version"},
-    [DREY_ERR_NOT_AN_INTEGER] = {DREY_ERR_NOT_AN_INTEGER, GRPC_STATUS_FAILED_PRECONDITION, "NOT_AN_INTEGER",
-                                 "the value is not an int64"},
-    [DREY_ERR_INTEGER_OVERFLOW] = {DREY_ERR_INTEGER_OVERFLOW, GRPC_STATUS_OUT_OF_RANGE, "INTEGER_OVERFLOW",
-                                   "the result does not fit in an int64"},
-    [DREY_ERR_INVALID_CURSOR] = {DREY_ERR_INVALID_CURSOR, GRPC_STATUS_INVALID_ARGUMENT, "INVALID_CURSOR",
-                                 "the scan cursor is not one this node issued for this cache and prefix (or its "
-                                 "hash seed changed since: an ephemeral node restarted); start the scan again"},
-    [DREY_ERR_UNKNOWN_METHOD] = {DREY_ERR_UNKNOWN_METHOD, GRPC_STATUS_UNIMPLEMENTED, "UNKNOWN_METHOD",
-                                 "this server does not implement the method"},
-    [DREY_ERR_UNKNOWN_SERVICE] = {DREY_ERR_UNKNOWN_SERVICE, GRPC_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",
-                                  "the health service does not know this service name"},
-    [DREY_ERR_DEADLINE_EXCEEDED] = {DREY_ERR_DEADLINE_EXCEEDED, GRPC_STATUS_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED",
-                                    "the call's deadline passed before it could run"},
-    [DREY_ERR_CANCELLED] = {DREY_ERR_CANCELLED, GRPC_STATUS_CANCELLED, "CANCELLED",
-                            "the client cancelled the call while it waited"},
-    [DREY_ERR_IDEMPOTENCY_KEY_REUSED] = {DREY_ERR_IDEMPOTENCY_KEY_REUSED, GRPC_STATUS_FAILED_PRECONDITION,
-                                         "IDEMPOTENCY_KEY_REUSED",
-                                         "this request_id was already used for a different request"},
-    [DREY_ERR_JOURNAL_WRITE_FAILED] = {DREY_ERR_JOURNAL_WRITE_FAILED, GRPC_STATUS_UNAVAILABLE,
-                                       "JOURNAL_WRITE_FAILED",
-                                       "the write could not be made durable and was not applied; retry with the "
-                                       "same request_id"},
-    [DREY_ERR_RECOVERING] = {DREY_ERR_RECOVERING, GRPC_STATUS_UNAVAILABLE, "RECOVERING",
-                             "the node is still recovering its data; retry shortly"},
-    [DREY_ERR_EPHEMERAL_NODE] = {DREY_ERR_EPHEMERAL_NODE, GRPC_STATUS_FAILED_PRECONDITION, "EPHEMERAL_NODE",
-                                 "the node runs with --ephemeral and keeps no data on disk"},
-    [DREY_ERR_SNAPSHOT_FAILED] = {DREY_ERR_SNAPSHOT_FAILED, GRPC_STATUS_INTERNAL, "SNAPSHOT_FAILED",
-                                  "the snapshot could not be written; see the node's log"},
-#define TOKEN(e, reason, msg) [DREY_ERR_##e] = {DREY_ERR_##e, GRPC_STATUS_UNAUTHENTICATED, reason, msg}
-    TOKEN(TOKEN_MISSING, "TOKEN_MISSING", "this method needs an authorization: Bearer <JWT> header"),
-    TOKEN(TOKEN_MALFORMED, "TOKEN_MALFORMED", "the authorization header is not Bearer <header.payload.signature>"),
-    TOKEN(TOKEN_TOO_LARGE, "TOKEN_TOO_LARGE", "the token is longer than the node accepts"),
-    TOKEN(TOKEN_ALGORITHM, "TOKEN_ALGORITHM",
-          "the token's alg is not the algorithm configured for its key (alg none is never accepted)"),
-    TOKEN(TOKEN_UNKNOWN_KEY, "TOKEN_UNKNOWN_KEY", "no configured key has the token's kid"),
-    TOKEN(TOKEN_BAD_SIGNATURE, "TOKEN_BAD_SIGNATURE", "the token's signature does not verify"),
-    TOKEN(TOKEN_EXPIRED, "TOKEN_EXPIRED", "the token has expired"),
-    TOKEN(TOKEN_NOT_YET_VALID, "TOKEN_NOT_YET_VALID", "the token is not valid yet (nbf or iat in the future)"),
-    TOKEN(TOKEN_WRONG_ISSUER, "TOKEN_WRONG_ISSUER", "the token's iss is not the configured issuer"),
-    TOKEN(TOKEN_WRONG_AUDIENCE, "TOKEN_WRONG_AUDIENCE", "the token's aud does not name the configured audience"),
-    TOKEN(TOKEN_INVALID, "TOKEN_INVALID", "the token's claims are unusable (exp is required)"),
-#undef TOKEN
-#define QUOTA(e, reason, msg) [DREY_ERR_##e] = {DREY_ERR_##e, GRPC_STATUS_RESOURCE_EXHAUSTED, reason, msg}
-    QUOTA(NODE_RATE_LIMIT, "NODE_RATE_LIMIT", "the node's request rate limit is reached"),
-    QUOTA(PRINCIPAL_RATE_LIMIT, "PRINCIPAL_RATE_LIMIT", "the caller's request rate limit is reached"),
-    QUOTA(PRINCIPAL_CONCURRENCY_LIMIT, "PRINCIPAL_CONCURRENCY_LIMIT",
-          "the caller has as many calls in flight and queued as it may"),
-    QUOTA(QUEUE_FULL, "QUEUE_FULL", "the node is at its concurrency limit and its wait queue is full"),
-    QUOTA(QUEUE_TIMEOUT, "QUEUE_TIMEOUT", "the call waited in the queue for the longest time allowed"),
-    QUOTA(MEMORY_PRESSURE, "MEMORY_PRESSURE", "the write would grow memory past the node's critical level"),
-    QUOTA(JOURNAL_DISK_QUOTA, "JOURNAL_DISK_QUOTA",
-          "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
-    QUOTA(TOO_MANY_CACHES, "TOO_MANY_CACHES", "the write would open a cache past the node's limit on caches"),
-    QUOTA(PRINCIPAL_WATCH_LIMIT, "PRINCIPAL_WATCH_LIMIT",
-          "the caller has as many Watch streams open as it may (--principal-max-watches)"),
-    QUOTA(NODE_WATCH_LIMIT, "NODE_WATCH_LIMIT", "the node has as many Watch streams open as it may (--max-watches)"),
-    QUOTA(JOURNAL_QUEUE_FULL, "JOURNAL_QUEUE_FULL",
-          "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
-    QUOTA(TENANT_MEMORY_QUOTA, "TENANT_MEMORY_QUOTA",
-          "the write would take its tenant's entries past the tenant's memory quota (tenants.maxBytes)"),
-#undef QUOTA
-    [DREY_ERR_CROSS_PARTITION] = {DREY_ERR_CROSS_PARTITION, GRPC_STATUS_INVALID_ARGUMENT, "CROSS_PARTITION",
-                                  "the entries of an atomic batch must share a partition (use one {hash tag})"},
-    [DREY_ERR_NOT_PRIMARY] = {DREY_ERR_NOT_PRIMARY, GRPC_STATUS_UNAVAILABLE, "NOT_PRIMARY",
-                              "this node does not own the key's partition; ErrorInfo names the owner"},
-    [DREY_ERR_PARTITION_UNAVAILABLE] = {DREY_ERR_PARTITION_UNAVAILABLE, GRPC_STATUS_UNAVAILABLE,
-                                        "PARTITION_UNAVAILABLE",
-                                        "the node that owns the key's partition cannot be reached; retry later"},
-    [DREY_ERR_FORWARDING_NOT_ALLOWED] = {DREY_ERR_FORWARDING_NOT_ALLOWED, GRPC_STATUS_PERMISSION_DENIED,
-                                         "FORWARDING_NOT_ALLOWED",
-                                         "forwarding metadata is accepted only from cluster peers on the internal "
-                                         "listener"},
-    [DREY_ERR_PEER_UNAUTHENTICATED] = {DREY_ERR_PEER_UNAUTHENTICATED, GRPC_STATUS_UNAUTHENTICATED,
-                                       "PEER_UNAUTHENTICATED",
-                                       "the internal listener serves only peers whose certificate names the node "
-                                       "they say they are"},
-    [DREY_ERR_PARTITION_OWNED] = {DREY_ERR_PARTITION_OWNED, GRPC_STATUS_FAILED_PRECONDITION, "PARTITION_OWNED",
-                                  "this node owns the partition: an import would replace live data"},
-    [DREY_ERR_PARTITION_MOVING] = {DREY_ERR_PARTITION_MOVING, GRPC_STATUS_UNAVAILABLE, "PARTITION_MOVING",
-                                   "a node is moving a partition of this cache to another: retry the cache-wide "
-                                   "call once the move is over"},
-    [DREY_ERR_LEASE_EXPIRED] = {DREY_ERR_LEASE_EXPIRED, GRPC_STATUS_UNAVAILABLE, "LEASE_EXPIRED",
-                                "this node's cluster lease is not confirmed (etcd unreachable or the node paused): "
-                                "it neither serves nor commits its partitions until it is; a write answered so "
-                                "may have been applied: retry it with the same request_id"},
-    [DREY_ERR_NOT_ENOUGH_REPLICAS] = {DREY_ERR_NOT_ENOUGH_REPLICAS, GRPC_STATUS_UNAVAILABLE, "NOT_ENOUGH_REPLICAS",
-                                      "the partition has fewer in-sync copies than --min-in-sync: writes are "
-                                      "refused until a backup has caught up"},
-    [DREY_ERR_STALE_EPOCH] = {DREY_ERR_STALE_EPOCH, GRPC_STATUS_FAILED_PRECONDITION, "STALE_EPOCH",
-                              "the record's epoch is older than this node's table: its sender no longer leads the "
-                              "partition"},
-    [DREY_ERR_OUT_OF_SEQUENCE] = {DREY_ERR_OUT_OF_SEQUENCE, GRPC_STATUS_FAILED_PRECONDITION, "OUT_OF_SEQUENCE",
-                                  "the record does not follow the last one this node took of the partition: it "
-                                  "needs a fresh copy"},
-    [DREY_ERR_NOT_REPLICA] = {DREY_ERR_NOT_REPLICA, GRPC_STATUS_FAILED_PRECONDITION, "NOT_REPLICA",
-                              "this node is not an in-sync backup of the partition, or the sender not its primary"},
-    [DREY_ERR_IN_SYNC_COPY] = {DREY_ERR_IN_SYNC_COPY, GRPC_STATUS_FAILED_PRECONDITION, "IN_SYNC_COPY",
-                               "this node holds an in-sync copy of the partition: it has every acknowledged write "
-                               "and a failover may promote it, so no import replaces it"},
-    [DREY_ERR_COPY_NOT_PLANNED] = {DREY_ERR_COPY_NOT_PLANNED, GRPC_STATUS_FAILED_PRECONDITION, "COPY_NOT_PLANNED",
-                                   "the partition's entry at the import's epoch does not name this node the target "
-                                   "of a copy from the sender"},
-    [DREY_ERR_NOT_CAUGHT_UP] = {DREY_ERR_NOT_CAUGHT_UP, GRPC_STATUS_FAILED_PRECONDITION, "NOT_CAUGHT_UP",
-                                "this backup has not applied every write of the partition up to the sequence asked "
-                                "(or its table is older than the epoch): ask again"},
-    [DREY_ERR_NOT_PERMITTED] = {DREY_ERR_NOT_PERMITTED, GRPC_STATUS_PERMISSION_DENIED, "NOT_PERMITTED",
-                                "the caller's roles do not grant this verb on this cache and every key the "
-                                "request names (--authz-policy)"},
-    [DREY_ERR_INTERNAL] = {DREY_ERR_INTERNAL, GRPC_STATUS_INTERNAL, "INTERNAL", "internal error"},
+/* Every other error's reason (ErrorInfo.reason) is its name. */
+#define E(name, code, message) [DREY_ERR_##name] = {DREY_ERR_##name, GRPC_STATUS_##code, #name, message}
+    E(MALFORMED_REQUEST, INVALID_ARGUMENT, "the request is not a valid protobuf message of the method's request type"),
+    E(INVALID_CACHE_NAME, INVALID_ARGUMENT,
+      "cache names are 1 to max-cache-name-bytes bytes of [A-Za-z0-9._-], not . or .."),
+    E(INVALID_KEY, INVALID_ARGUMENT, "keys are 1 to max-key-bytes bytes of valid UTF-8 without control characters"),
+    E(INVALID_VALUE, INVALID_ARGUMENT, "a value must have exactly one kind set; its strings must be UTF-8 without NUL"),
+    E(PAYLOAD_TOO_LARGE, INVALID_ARGUMENT, "the value is larger than max-value-bytes"),
+    E(BATCH_TOO_LARGE, INVALID_ARGUMENT, "a batch holds at most max-batch keys or entries"),
+    E(DUPLICATE_KEY, INVALID_ARGUMENT, "a batch names the same key more than once"),
+    E(INVALID_EXPIRATION, INVALID_ARGUMENT,
+      "ttl must be positive and at most 100 years; durations and timestamps must be normalized"),
+    E(INVALID_REQUEST_ID, INVALID_ARGUMENT, "request_id is at most 128 bytes"),
+    E(VERSION_MISMATCH, FAILED_PRECONDITION, "the entry's version is not if_version"),
+    E(NOT_AN_INTEGER, FAILED_PRECONDITION, "the value is not an int64"),
+    E(INTEGER_OVERFLOW, OUT_OF_RANGE, "the result does not fit in an int64"),
+    E(INVALID_CURSOR, INVALID_ARGUMENT,
+      "the scan cursor is not one this node issued for this cache and prefix (or its hash seed changed since: an "
+      "ephemeral node restarted); start the scan again"),
+    E(UNKNOWN_METHOD, UNIMPLEMENTED, "this server does not implement the method"),
+    E(UNKNOWN_SERVICE, NOT_FOUND, "the health service does not know this service name"),
+    E(DEADLINE_EXCEEDED, DEADLINE_EXCEEDED, "the call's deadline passed before it could run"),
+    E(CANCELLED, CANCELLED, "the client cancelled the call while it waited"),
+    E(IDEMPOTENCY_KEY_REUSED, FAILED_PRECONDITION, "this request_id was already used for a different request"),
+    E(JOURNAL_WRITE_FAILED, UNAVAILABLE,
+      "the write could not be made durable and was not applied; retry with the same request_id"),
+    E(RECOVERING, UNAVAILABLE, "the node is still recovering its data; retry shortly"),
+    E(EPHEMERAL_NODE, FAILED_PRECONDITION, "the node runs with --ephemeral and keeps no data on disk"),
+    E(SNAPSHOT_FAILED, INTERNAL, "the snapshot could not be written; see the node's log"),
+    E(TOKEN_MISSING, UNAUTHENTICATED, "this method needs an authorization: Bearer <JWT> header"),
+    E(TOKEN_MALFORMED, UNAUTHENTICATED, "the authorization header is not Bearer <header.payload.signature>"),
+    E(TOKEN_TOO_LARGE, UNAUTHENTICATED, "the token is longer than the node accepts"),
+    E(TOKEN_ALGORITHM, UNAUTHENTICATED,
+      "the token's alg is not the algorithm configured for its key (alg none is never accepted)"),
+    E(TOKEN_UNKNOWN_KEY, UNAUTHENTICATED, "no configured key has the token's kid"),
+    E(TOKEN_BAD_SIGNATURE, UNAUTHENTICATED, "the token's signature does not verify"),
+    E(TOKEN_EXPIRED, UNAUTHENTICATED, "the token has expired"),
+    E(TOKEN_NOT_YET_VALID, UNAUTHENTICATED, "the token is not valid yet (nbf or iat in the future)"),
+    E(TOKEN_WRONG_ISSUER, UNAUTHENTICATED, "the token's iss is not the configured issuer"),
+    E(TOKEN_WRONG_AUDIENCE, UNAUTHENTICATED, "the token's aud does not name the configured audience"),
+    E(TOKEN_INVALID, UNAUTHENTICATED, "the token's claims are unusable (exp is required)"),
+    E(NODE_RATE_LIMIT, RESOURCE_EXHAUSTED, "the node's request rate limit is reached"),
+    E(PRINCIPAL_RATE_LIMIT, RESOURCE_EXHAUSTED, "the caller's request rate limit is reached"),
+    E(PRINCIPAL_CONCURRENCY_LIMIT, RESOURCE_EXHAUSTED, "the caller has as many calls in flight and queued as it may"),
+    E(QUEUE_FULL, RESOURCE_EXHAUSTED, "the node is at its concurrency limit and its wait queue is full"),
+    E(QUEUE_TIMEOUT, RESOURCE_EXHAUSTED, "the call waited in the queue for the longest time allowed"),
+    E(MEMORY_PRESSURE, RESOURCE_EXHAUSTED, "the write would grow memory past the node's critical level"),
+    E(JOURNAL_DISK_QUOTA, RESOURCE_EXHAUSTED,
+      "the write would grow the journal past its disk quota; a snapshot and compaction free space"),
+    E(TOO_MANY_CACHES, RESOURCE_EXHAUSTED, "the write would open a cache past the node's limit on caches"),
+    E(PRINCIPAL_WATCH_LIMIT, RESOURCE_EXHAUSTED,
+      "the caller has as many Watch streams open as it may (--principal-max-watches)"),
+    E(NODE_WATCH_LIMIT, RESOURCE_EXHAUSTED, "the node has as many Watch streams open as it may (--max-watches)"),
+    E(JOURNAL_QUEUE_FULL, RESOURCE_EXHAUSTED,
+      "the journal's queue of writes waiting for the disk is full; retry after a short delay"),
+    E(TENANT_MEMORY_QUOTA, RESOURCE_EXHAUSTED,
+      "the write would take its tenant's entries past the tenant's memory quota (tenants.maxBytes)"),
+    E(CROSS_PARTITION, INVALID_ARGUMENT, "the entries of an atomic batch must share a partition (use one {hash tag})"),
+    E(NOT_PRIMARY, UNAVAILABLE, "this node does not own the key's partition; ErrorInfo names the owner"),
+    E(PARTITION_UNAVAILABLE, UNAVAILABLE, "the node that owns the key's partition cannot be reached; retry later"),
+    E(FORWARDING_NOT_ALLOWED, PERMISSION_DENIED,
+      "forwarding metadata is accepted only from cluster peers on the internal listener"),
+    E(PEER_UNAUTHENTICATED, UNAUTHENTICATED,
+      "the internal listener serves only peers whose certificate names the node they say they are"),
+    E(PARTITION_OWNED, FAILED_PRECONDITION, "this node owns the partition: an import would replace live data"),
+    E(PARTITION_MOVING, UNAVAILABLE,
+      "a node is moving a partition of this cache to another: retry the cache-wide call once the move is over"),
+    E(LEASE_EXPIRED, UNAVAILABLE,
+      "this node's cluster lease is not confirmed (etcd unreachable or the node paused): it neither serves nor "
+      "commits its partitions until it is; a write answered so may have been applied: retry it with the same "
+      "request_id"),
+    E(NOT_ENOUGH_REPLICAS, UNAVAILABLE,
+      "the partition has fewer in-sync copies than --min-in-sync: writes are refused until a backup has caught up"),
+    E(STALE_EPOCH, FAILED_PRECONDITION,
+      "the record's epoch is older than this node's table: its sender no longer leads the partition"),
+    E(OUT_OF_SEQUENCE, FAILED_PRECONDITION,
+      "the record does not follow the last one this node took of the partition: it needs a fresh copy"),
+    E(NOT_REPLICA, FAILED_PRECONDITION,
+      "this node is not an in-sync backup of the partition, or the sender not its primary"),
+    E(IN_SYNC_COPY, FAILED_PRECONDITION,
+      "this node holds an in-sync copy of the partition: it has every acknowledged write and a failover may promote "
+      "it, so no import replaces it"),
+    E(COPY_NOT_PLANNED, FAILED_PRECONDITION,
+      "the partition's entry at the import's epoch does not name this node the target of a copy from the sender"),
+    E(NOT_CAUGHT_UP, FAILED_PRECONDITION,
+      "this backup has not applied every write of the partition up to the sequence asked (or its table is older "
+      "than the epoch): ask again"),
+    E(NOT_PERMITTED, PERMISSION_DENIED,
+      "the caller's roles do not grant this verb on this cache and every key the request names (--authz-policy)"),
+    E(INTERNAL, INTERNAL, "internal error"),
+#undef E
 };
 
 const drey_error_info *drey_error_lookup(drey_error e) {
@@ -166,12 +128,8 @@ bool drey_error_from_reason(const char *reason, size_t len, drey_error *out) {
 }
 
 const char *drey_status_code_name(grpc_status_code code) {
-    static const char *const names[] = {
-        "OK",          "CANCELLED",      "UNKNOWN",        "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED", "NOT_FOUND",
-        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-        "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",    "UNAVAILABLE",        "DATA_LOSS",         "UNAUTHENTICATED",
-    };
-    return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : "UNKNOWN";
+    const char *name = drey_rpc_code_name(code);
+    return name != NULL ? name : "UNKNOWN";
 }
 
 const drey_error_info *drey_error_catalogue(size_t *n) {

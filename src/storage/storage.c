@@ -28,6 +28,7 @@
 #include "drey/crc32c.h"
 #include "drey/journal/v1/journal.pb-c.h"
 #include "drey/log.h"
+#include "drey/thread.h"
 #include "storage_internal.h"
 
 typedef struct waiter {
@@ -675,8 +676,7 @@ int drey_storage_open(const drey_storage_options *opts, drey_store *store, drey_
     DREY_LOG_INFO("recovery: done", DREY_LOG_UINT("snapshot_lsn", snapshot_lsn),
                   DREY_LOG_UINT("replayed_records", rctx.records), DREY_LOG_UINT("last_lsn", js.last_lsn),
                   DREY_LOG_UINT("torn_tails_cut", js.torn_tails_cut), DREY_LOG_INT("ms", st->stats.recovery_ms));
-    if (pthread_create(&st->thread, NULL, snapshot_main, st) != 0)
-        abort();
+    drey_thread_start(&st->thread, "snapshotter", snapshot_main, st);
     *out = st;
     return 0;
 fail:
@@ -687,11 +687,7 @@ fail:
 void drey_storage_close(drey_storage *st) {
     if (st == NULL)
         return;
-    pthread_mutex_lock(&st->mu);
-    st->stopping = true;
-    pthread_cond_broadcast(&st->cond);
-    pthread_mutex_unlock(&st->mu);
-    pthread_join(st->thread, NULL);
+    drey_thread_stop(st->thread, &st->mu, &st->cond, &st->stopping);
     drey_journal_close(st->journal);
     free_storage(st);
 }

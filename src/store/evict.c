@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drey/alloc.h"
 #include "internal.h"
 
 #define SAMPLES 5           /* Redis's maxmemory-samples default */
@@ -194,9 +195,7 @@ static void pool_insert(drey_store *s, const entry *e, uint64_t score) {
         s->pool_len++;
     }
     size_t n = (size_t)e->cache_len + e->key_len;
-    char *name = realloc(pe.name, n ? n : 1);
-    if (name == NULL)
-        abort();
+    char *name = drey_xrealloc(pe.name, n, 1);
     memcpy(name, e->data, n);
     s->pool[k] = (pool_entry){
         .score = score, .version = e->version, .cache_len = e->cache_len, .key_len = e->key_len, .name = name};
@@ -320,9 +319,7 @@ int64_t drey_store_evict_choose(drey_store *s, int64_t now_ms, int64_t need_byte
                                 void (*fn)(void *arg, const drey_store_item *victim, size_t bytes), void *arg) {
     if (s->policy == DREY_EVICT_NONE || need_bytes <= 0 || max_victims == 0)
         return 0;
-    uint64_t *taken = malloc(max_victims * sizeof *taken);
-    if (taken == NULL)
-        abort();
+    uint64_t *taken = drey_xcalloc(max_victims, sizeof *taken);
     size_t n = 0, empty = 0;
     int64_t chosen = 0;
     pthread_mutex_lock(&s->pool_mu);

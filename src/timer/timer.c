@@ -15,6 +15,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/thread.h"
 
 #define NOT_ARMED SIZE_MAX
 
@@ -104,19 +105,14 @@ drey_timers *drey_timers_create(void) {
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cond, NULL);
     pthread_cond_init(&t->idle, NULL);
-    if (pthread_create(&t->thread, NULL, timer_main, t) != 0)
-        abort();
+    drey_thread_start(&t->thread, "timers", timer_main, t);
     return t;
 }
 
 void drey_timers_destroy(drey_timers *t) {
     if (t == NULL)
         return;
-    pthread_mutex_lock(&t->mu);
-    t->stopping = true;
-    pthread_cond_signal(&t->cond);
-    pthread_mutex_unlock(&t->mu);
-    pthread_join(t->thread, NULL);
+    drey_thread_stop(t->thread, &t->mu, &t->cond, &t->stopping);
     free(t->heap);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cond);

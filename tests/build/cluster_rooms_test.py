@@ -30,6 +30,7 @@ HEADER_OF = {  # a room's files and its header
     "router.h": ("router.c", "owner.c", "gather.c", "fanout.c"),
     "controller.h": ("controller.c",),
     "plan.h": ("plan.c",),
+    "room.h": ("room.c",),
     "subscribe.h": ("subscribe.c",),
     "internal.h": ("cluster.c", "status.c", "tenants.c"),  # the lifecycle, the report, the tenants' hook: the top
 }

@@ -408,7 +408,8 @@ class Client:
 
     def call(self, method, **fields):
         """(response, None) on success; (None, "fail", RpcFailure) when
-        every attempt was refused definitively; (None, "unknown", last
+        every attempt was refused definitively (a code that cannot be
+        ambiguous, or ErrorInfo outcome not_applied); (None, "unknown", last
         RpcFailure or None) when some attempt may have taken effect (or no
         node was up). A failure not worth retrying (VERSION_MISMATCH, a bad
         request) is raised as grpc.RpcError."""
@@ -426,7 +427,10 @@ class Client:
                     if e.code() not in RETRYABLE:
                         raise
                     last = RpcFailure(e)
-                    ambiguous = ambiguous or e.code() in AMBIGUOUS
+                    # a refusal that says it applied nothing is taken at its
+                    # word, so the checkers catch it if it did
+                    ambiguous = ambiguous or (e.code() in AMBIGUOUS and
+                                              last.metadata.get("outcome") != "not_applied")
             time.sleep(self.backoff)  # a client's retry backoff
         return None, ("unknown" if ambiguous else "fail"), last
 

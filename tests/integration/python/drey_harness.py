@@ -851,6 +851,38 @@ def mount_tmpfs(test, size_bytes, prefix="drey-tmpfs-"):
     return mnt
 
 
+def mount_thin_disk(test, backing_bytes, size_bytes=64 << 20, prefix="drey-thin-"):
+    """An ext4 file system of size_bytes on a loop device whose backing file
+    lives on a tmpfs of backing_bytes: a thin-provisioned disk. Writes that
+    need backing the tmpfs no longer has fail at writeback, so fdatasync
+    returns an error (ENOSPC, then EIO) although the file system has room,
+    as a full thin pool or a dying disk does. Returns (mount point, the
+    tmpfs's mount point): fill the tmpfs (fill_filesystem) to make the disk
+    fail. Unmounted and detached at cleanup; skips where loop devices or
+    mounting are not permitted."""
+    backing = mount_tmpfs(test, backing_bytes, prefix)
+    image = os.path.join(backing, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(size_bytes)  # sparse: backed only where written
+    r = subprocess.run(["losetup", "--find", "--show", image], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        test.skipTest("cannot attach a loop device: %s" % r.stderr.strip())
+    dev = r.stdout.strip()
+    test.addCleanup(subprocess.run, ["losetup", "-d", dev], capture_output=True, timeout=30)
+    # few inodes, no ext4 journal, inode tables written now (not by a lazy
+    # kernel thread later, which would take backing at any time)
+    r = subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "128", "-O", "^has_journal",
+                        "-E", "nodiscard,lazy_itable_init=0", dev], capture_output=True, text=True, timeout=60)
+    test.assertEqual(r.returncode, 0, r.stderr)
+    mnt = tempfile.mkdtemp(prefix=prefix + "fs-", dir=os.environ.get("TEST_TMPDIR"))
+    test.addCleanup(shutil.rmtree, mnt, True)
+    r = subprocess.run(["mount", dev, mnt], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        test.skipTest("cannot mount a loop device: %s" % r.stderr.strip())
+    test.addCleanup(subprocess.run, ["umount", "-l", mnt], capture_output=True, timeout=30)
+    return mnt, backing
+
+
 def fill_filesystem(path):
     """Writes path until its filesystem is full; returns the bytes written."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -128,6 +128,15 @@ class Plain(unittest.TestCase):
         out, _ = self.drey("drey get k --cache=conv -o json", env={"DREY_OUTPUT": "table"})
         self.assertEqual(json.loads(out)["key"], "k", "the command line wins over the environment")
         self.drey("drey get k --timeout", rc=2)
+        # drey-bench reads its options the same ways: DREY_<NAME>, then the command line.
+        out, _ = self.drey("drey-bench --count 20 --mix=set:1 --keys=20 --distribution=sequential",
+                           env={"DREY_TARGET": self.addr, "DREY_CACHE": "bench-env", "DREY_JSON": "true",
+                                "DREY_VALUE_BYTES": "3"})
+        self.assertEqual(json.loads(out)["ok"], 20, out)
+        out, _ = self.drey("drey scan --cache=bench-env -o json")
+        self.assertEqual(len(out.splitlines()), 20, out)
+        _, err = self.drey("drey-bench --count 1", rc=2, env={"DREY_CONNECTIONS": "none"})
+        self.assertIn("--connections", err)
         self.drey("drey get k --timeout=soon", rc=2)
         self.drey("drey get k", rc=2, env={"DREY_TIMEOUT": "soon"})
         self.drey("drey get k -o yaml", rc=2)

@@ -316,6 +316,22 @@ class ThreeNodes(DreyTestCase):
         self.assertEqual(srv.wait(30), 1)
         self.assertTrue(srv.find_log(lambda r: "drey cluster init" in r.get("error", "")), srv.log_text())
 
+    def test_a_node_whose_certificate_names_another_node_refuses_to_start(self):
+        """Peers take a node's identity from its certificate: a node whose
+        certificate names n8 would be refused by every peer (it used to join
+        and then fail every move with "No match found for server name")."""
+        cert, key = self.cluster.ca.issue("n8")
+        srv = DreyServer(*self.cluster.node_flags("n7", cert, key), name="n7").spawn()
+        self.assertEqual(srv.wait(30), 1)
+        self.assertTrue(srv.find_log(lambda r: '"n7" (--node-id)' in r.get("error", "")
+                                     and cert in r.get("error", "")), srv.log_text())
+        # nor is the common name enough beside a SAN naming something else:
+        # a peer dialling n7 verifies the SANs only
+        cert, key = self.cluster.ca.issue("n7", san="elsewhere.example")
+        srv = DreyServer(*self.cluster.node_flags("n7", cert, key), name="n7").spawn()
+        self.assertEqual(srv.wait(30), 1)
+        self.assertTrue(srv.find_log(lambda r: cert in r.get("error", "")), srv.log_text())
+
     def test_a_quiet_tenant_through_another_node_is_not_starved(self):
         """conn A floods n1 with more than its per-principal limit allows; B
         enters through n2 and writes keys n1 owns: forwarded, B's calls count
@@ -468,15 +484,25 @@ class Faults(unittest.TestCase):
             victim.server.kill()
             # once its lease is gone, n3's keys are unavailable, the rest are served
             get, greq, _ = n1.cache.methods["Get"]
+            refusals = []
 
             def n3_key_refused():
                 try:
                     get(greq(key=next(k for k in keys if owners[partition("", k, 16)] == "n3")), timeout=RPC)
                     return False
                 except grpc.RpcError as e:
-                    return RpcFailure(e).reason == "PARTITION_UNAVAILABLE"
+                    refusals.append(RpcFailure(e))
+                    return refusals[-1].metadata.get("cause") == "LEASE_EXPIRED"
 
             wait_until(n3_key_refused, what="n3's partitions refused after its lease")
+            # from the kill on, every refusal is typed, never the transport's bare
+            # message: while n3's lease runs its stream breaks (OWNER_UNREACHABLE),
+            # then its membership is gone (LEASE_EXPIRED); a read applied nothing
+            for f in refusals:
+                self.assertEqual((f.code, f.reason), (UNAVAILABLE, "PARTITION_UNAVAILABLE"), f.message)
+                self.assertIsNotNone(f.retry_info, "RetryInfo tells when to try again")
+                self.assertEqual((f.metadata["primary"], f.metadata["outcome"]), ("n3", "not_applied"))
+                self.assertIn(f.metadata["cause"], ("OWNER_UNREACHABLE", "LEASE_EXPIRED"))
             for k in keys:
                 if owners[partition("", k, 16)] == "n3":
                     f = failure(get, greq(key=k), timeout=RPC)

@@ -315,8 +315,13 @@ class Forwarding(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 fut.result()
             f = RpcFailure(e.exception)
-            self.assertEqual(f.code, grpc.StatusCode.UNAVAILABLE, f.message)
-            self.assertIn("stream to peer n2 broke", f.message)
+            # typed, not the transport's bare message: the write reached n2's
+            # stream, so whether n2 applied it is unknown (retry with its request_id)
+            self.assertEqual((f.code, f.reason), (grpc.StatusCode.UNAVAILABLE, "PARTITION_UNAVAILABLE"), f.message)
+            self.assertEqual((f.metadata["cause"], f.metadata["primary"], f.metadata["outcome"]),
+                             ("OWNER_UNREACHABLE", "n2", "unknown"))
+            self.assertIn("stream to peer n2 broke", f.metadata["transport"])
+            self.assertIsNotNone(f.retry_info)
             self.assertLess(time.monotonic() - t0, RPC / 2, "failed when the stream broke, not at the deadline")
             self.assertEqual(details(n1.server)["cluster"].get("notPrimaryRetries", 0), 0, "never retried")
             # n2 returns on the same internal address: the channel reconnects, a new stream carries calls.

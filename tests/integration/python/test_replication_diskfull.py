@@ -18,7 +18,8 @@ import os
 import unittest
 
 from drey_cluster import wait_until
-from drey_harness import DreyTestCase, enter_private_mount_namespace, fill_filesystem, main, mount_tmpfs
+from drey_harness import DreyTestCase, enter_private_mount_namespace, fill_filesystem, main, mount_thin_disk, \
+    mount_tmpfs
 from test_replication import Scenario, details
 
 SKIP_REASON = None
@@ -33,10 +34,8 @@ class BackupDiskFull(DreyTestCase):
             raise unittest.SkipTest(SKIP_REASON)
         super().setUpClass()
 
-    def setUp(self):
-        self.mnt = mount_tmpfs(self, 24 << 20, "drey-repl-diskfull-")
-
     def test_a_backup_whose_disk_fills_is_dropped_not_waited_for(self):
+        self.mnt = mount_tmpfs(self, 24 << 20, "drey-repl-diskfull-")
         data = os.path.join(self.mnt, "n3")
 
         def on_tmpfs(cl):
@@ -61,6 +60,37 @@ class BackupDiskFull(DreyTestCase):
             print("n3 dropped from the in-sync sets once its disk was full (%d shrinks)" % (shrinks() - before))
             s.progress()  # writes go on without it
             os.unlink(filler)
+            s.stop_and_check()
+
+    def test_a_primary_whose_journal_fails_hands_its_partitions_to_its_backups(self):
+        """n1's data directory is on a thin disk (mount_thin_disk): once its
+        backing is gone, n1's next fdatasync fails and its journal fails for
+        good (every later append is refused until a restart). n1 marks
+        itself draining; the controller hands every partition it led to an
+        in-sync backup (nothing to copy) and its backup roles go to the
+        others. Writes go on; nothing acknowledged is lost."""
+        disk, backing = mount_thin_disk(self, 16 << 20)
+        data = os.path.join(disk, "n1")
+
+        def on_thin_disk(cl):
+            os.mkdir(data)
+            cl.data_dirs["n1"] = data
+
+        with Scenario(self, extra_flags=("--segment-bytes=256KiB", "--snapshot-every=0", "--snapshot-every-bytes=0"),
+                      prepare=on_thin_disk) as s:
+            s.progress()
+            n1 = s.cl.nodes["n1"]
+            n2 = s.cl.nodes["n2"]
+            self.assertTrue(s.led_by("n1", n2), "n1 leads partitions before its disk fails")
+            self.assertGreater(fill_filesystem(os.path.join(backing, "filler")), 0)
+            wait_until(lambda: "journal failed" in n1.server.log_text(), timeout=60,
+                       what="n1's journal to fail on its next write")
+            roles = lambda: [p for p, (primary, replicas) in s.table(n2).items()
+                             if primary == "n1" or "n1" in replicas]
+            wait_until(lambda: not roles(), timeout=120, what="n1 without a role in any partition")
+            self.assertTrue(details(n1)["draining"])
+            self.assertIn("its partitions go to their in-sync backups", n1.server.log_text())
+            s.progress()  # writes go on through every node, n1 included (it forwards)
             s.stop_and_check()
 
 

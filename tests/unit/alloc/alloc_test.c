@@ -172,3 +172,14 @@ Test(alloc, strdup_and_strndup) {
     cr_assert(eq(str, d, ""));
     free(a), free(b), free(c), free(d);
 }
+
+Test(alloc, memstream_collects_what_is_written) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = drey_xopen_memstream(&buf, &len);
+    fprintf(f, "%s-%d", "drey", 42);
+    fclose(f);
+    cr_assert(eq(sz, len, 7));
+    cr_assert(eq(str, buf, "drey-42"));
+    free(buf);
+}

@@ -204,8 +204,8 @@ Test(config, flag_with_separate_value) {
  * starts with "--". */
 Test(config, flag_values_are_verbatim) {
     run r;
-    parse_ok(&r, ARGS("--listen=a=b", "--log-level", "--workers=3"), NULL);
-    cr_assert(eq(str, r.cfg.listen, "a=b"));
+    parse_ok(&r, ARGS("--cluster-prefix=a=b", "--log-level", "--workers=3"), NULL);
+    cr_assert(eq(str, r.cfg.cluster_prefix, "a=b"));
     cr_assert(eq(str, r.cfg.log_level, "--workers=3"), "the separate value is the next argument, whatever it is");
     cr_assert(eq(i64, r.cfg.workers, 0));
     done(&r);
@@ -216,6 +216,22 @@ Test(config, a_repeated_flag_takes_the_last_value) {
     parse_ok(&r, ARGS("--max-batch=5", "--listen=x:1", "--max-batch", "6", "--listen=y:2"), NULL);
     cr_assert(eq(i64, r.cfg.max_batch, 6));
     cr_assert(eq(str, r.cfg.listen, "y:2"));
+    done(&r);
+}
+
+/* gRPC takes "localhost" alone as port 443; the ops listener would fail
+ * later, or not at all. */
+Test(config, an_address_without_a_port_is_refused) {
+    parse_fails(ARGS("--listen=localhost"), NULL, "--listen", "expected host:port");
+    parse_fails(ARGS("--ops-listen=127.0.0.1"), NULL, "--ops-listen", "\"127.0.0.1\"");
+    parse_fails(ARGS("--internal-listen=127.0.0.1:65536"), NULL, "--internal-listen", "expected host:port");
+    parse_fails(ARGS("--advertise=::1:50051"), NULL, "--advertise", "expected host:port");
+    parse_fails(NO_ARGS, ARGS("DREY_LISTEN=10.0.0.1:port"), "DREY_LISTEN", "expected host:port");
+    run r;
+    parse_ok(&r, ARGS("--listen=[::1]:50051", "--ops-listen=", "--internal-listen=0.0.0.0:0",
+                      "--internal-advertise=n1.drey.svc:50052", "--advertise=unix:/run/drey.sock"),
+             NULL);
+    cr_assert(eq(str, r.cfg.ops_listen, ""), "empty: the ops listener is off");
     done(&r);
 }
 
@@ -631,7 +647,7 @@ Test(config, help_lists_every_option_with_its_variable_and_default) {
     char *help = capture_output(drey_config_print_help);
     cr_assert_not_null(strstr(help, "usage: dreyd"));
     static const char *const lines[] = {
-        "  --listen=<string>  (DREY_LISTEN, default 127.0.0.1:50051)\n",
+        "  --listen=<host:port>  (DREY_LISTEN, default 127.0.0.1:50051)\n",
         "  --max-value-bytes=<bytes>  (DREY_MAX_VALUE_BYTES, default 4MiB)\n",
         "  --drain-grace=<duration>  (DREY_DRAIN_GRACE, default 5s)\n",
         "  --workers=<int>  (DREY_WORKERS, default 0)\n",

@@ -1,0 +1,74 @@
+/*
+ * Unit tests for src/rpc/rpc.c: messages through gRPC byte buffers (one
+ * slice or several, valid or not) and the status code names that the CLI,
+ * the metrics and the logs print.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+
+#include "drey/rpc.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+static Grpc__Health__V1__HealthCheckRequest *roundtrip(grpc_byte_buffer *bb) {
+    return (Grpc__Health__V1__HealthCheckRequest *)drey_rpc_unpack(
+        bb, &grpc__health__v1__health_check_request__descriptor, NULL);
+}
+
+Test(rpc, a_packed_message_unpacks_to_the_same) {
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = "drey.cache.v1.Cache";
+    grpc_byte_buffer *bb = drey_rpc_pack(&req.base);
+    Grpc__Health__V1__HealthCheckRequest *got = roundtrip(bb);
+    cr_assert(ne(ptr, got, NULL));
+    cr_assert(eq(str, got->service, "drey.cache.v1.Cache"));
+    protobuf_c_message_free_unpacked(&got->base, NULL);
+    grpc_byte_buffer_destroy(bb);
+}
+
+Test(rpc, a_message_in_several_slices_is_flattened) {
+    /* The service name field (1) split across three slices. */
+    static const char wire[] = "\x0a\x05" "drey!";
+    grpc_slice parts[3] = {grpc_slice_from_copied_buffer(wire, 2), grpc_slice_from_copied_buffer(wire + 2, 3),
+                           grpc_slice_from_copied_buffer(wire + 5, 2)};
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(parts, 3);
+    for (int i = 0; i < 3; i++)
+        grpc_slice_unref(parts[i]);
+    grpc_slice flat = drey_rpc_flatten(bb);
+    cr_assert(eq(sz, GRPC_SLICE_LENGTH(flat), 7));
+    cr_assert(eq(int, memcmp(GRPC_SLICE_START_PTR(flat), wire, 7), 0));
+    grpc_slice_unref(flat);
+    Grpc__Health__V1__HealthCheckRequest *got = roundtrip(bb);
+    cr_assert(eq(str, got->service, "drey!"));
+    protobuf_c_message_free_unpacked(&got->base, NULL);
+    grpc_byte_buffer_destroy(bb);
+}
+
+Test(rpc, copied_bytes_are_the_callers_bytes) {
+    uint8_t bytes[4] = {1, 2, 3, 4};
+    grpc_byte_buffer *bb = drey_rpc_copy(bytes, sizeof bytes);
+    bytes[0] = 9; /* a copy: the buffer keeps what was given */
+    grpc_slice flat = drey_rpc_flatten(bb);
+    cr_assert(eq(sz, GRPC_SLICE_LENGTH(flat), 4));
+    cr_assert(eq(u8, GRPC_SLICE_START_PTR(flat)[0], 1));
+    grpc_slice_unref(flat);
+    grpc_byte_buffer_destroy(bb);
+}
+
+Test(rpc, bytes_that_are_not_the_type_unpack_to_null) {
+    static const uint8_t junk[] = {0x0a, 0x7f, 'x'}; /* a length past the end */
+    grpc_byte_buffer *bb = drey_rpc_copy(junk, sizeof junk);
+    cr_assert(eq(ptr, roundtrip(bb), NULL));
+    grpc_byte_buffer_destroy(bb);
+}
+
+Test(rpc, code_names_are_grpcs_and_null_outside) {
+    cr_assert(eq(str, (char *)drey_rpc_code_name(GRPC_STATUS_OK), "OK"));
+    cr_assert(eq(str, (char *)drey_rpc_code_name(GRPC_STATUS_FAILED_PRECONDITION), "FAILED_PRECONDITION"));
+    cr_assert(eq(str, (char *)drey_rpc_code_name(GRPC_STATUS_UNAUTHENTICATED), "UNAUTHENTICATED"));
+    cr_assert(eq(ptr, (void *)drey_rpc_code_name((grpc_status_code)17), NULL));
+    cr_assert(eq(ptr, (void *)drey_rpc_code_name((grpc_status_code)-1), NULL));
+}
