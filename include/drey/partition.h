@@ -34,6 +34,12 @@
  * names no write key (kept before the node was partitioned). */
 uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char *key, size_t key_len, uint32_t n);
 
+/* Keeps the store's entries per partition of n (drey_store_set_partitions
+ * with drey_partition_of_entry), so that Import, Drop and Hash of records
+ * naming n cost their partition's entries; a cluster node does it at join.
+ * Records naming another count walk the whole store. */
+bool drey_partition_index(drey_store *s, uint32_t n);
+
 /* drey.internal.v1.Partitions (Import, Drop) on a store: the writes, and
  * what they remember between them (the epoch each partition was last
  * imported at, so that an older Drop spares a newer copy). */

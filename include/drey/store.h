@@ -1,22 +1,26 @@
 /*
  * store — the sharded in-memory table.
  *
- * 256 shards, each a chained hash table behind its own rwlock: a read locks
- * one shard for reading, so reads never wait behind writes to other shards
- * and there is no global lock on the read path. An entry is one allocation
- * holding its header, cache name, key and value.
+ * Entries live in chained hash tables guarded by 256 rwlocks (stripes): a
+ * read locks one stripe for reading, so reads never wait behind writes to
+ * other stripes and there is no global lock on the read path. A standalone
+ * store has 256 tables, one per stripe ("shards"). A cluster node's store
+ * is partitioned (drey_store_set_partitions): each partition's entries
+ * have tables of their own, as Redis Cluster keeps a dict per slot, so a
+ * partition's walk, removal and figures cost its entries only. An entry is
+ * one allocation holding its header, cache name, key and value.
  *
  * Expiry is absolute wall-clock milliseconds (0 = never). Every operation is
  * given `now_ms`; an entry with expires_at_ms <= now_ms is invisible to it.
  * drey_store_sweep() frees expired entries nobody reads.
  *
- * Writes go through a transaction that write-locks the shards of all its keys
- * in ascending order, so a batch is applied atomically and two batches never
+ * Writes go through a transaction that write-locks the stripes of all its
+ * keys in ascending order, so a batch is applied atomically and two batches never
  * deadlock.
  *
  * Caches: every entry counts in its cache's figures (entries, bytes,
  * evictions), kept as entries come and go, so the figures cost nothing to
- * read. Clearing a cache is O(shards): its entries become invisible at once
+ * read. Clearing a cache is O(stripes): its entries become invisible at once
  * and are freed by the expiry sweep in bounded steps, their bytes counted
  * until they are.
  *
@@ -58,6 +62,7 @@ typedef struct drey_key {
     const char *key;
     size_t key_len;
     uint64_t hash;     /* set by drey_store_key() */
+    uint32_t table;    /* set by drey_store_key(): the table it lives in */
 } drey_key;
 
 /* What a reader sees of a live entry; pointers are valid only while the
@@ -102,7 +107,10 @@ drey_store *drey_store_create(void);
 void drey_store_destroy(drey_store *s);
 
 /* Normalizes the cache name ("default" and "" are the same cache) and hashes
- * the key with the store's random seed (hash flooding needs the seed). */
+ * the key with the store's random seed (hash flooding needs the seed). On a
+ * partitioned store it also finds the key's partition. A key is good for
+ * the layout it was made under: make none before drey_store_set_partitions()
+ * that is used after it. */
 void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
                     size_t key_len);
 
@@ -128,7 +136,7 @@ bool drey_store_unreserve_versions(drey_store *s, uint64_t first, size_t n);
 
 typedef struct drey_store_txn {
     drey_store *store;
-    uint64_t locked[DREY_STORE_SHARDS / 64]; /* bitmap of write-locked shards */
+    uint64_t locked[DREY_STORE_SHARDS / 64]; /* bitmap of write-locked stripes */
     /* The tenant the entries this transaction puts belong to (0: none); 0
      * after begin, set by the caller (the write's tenant, drey_apply). */
     uint32_t tenant;
@@ -149,8 +157,8 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k);
 /* One active-expiry step (Redis's active expire cycle): walks up to
  * `max_buckets` buckets from a rotating cursor, freeing expired entries
  * and entries of cleared caches. Returns how many entries it examined;
- * *expired is incremented by how many it freed (both kinds). A shard without an entry that has an expiry is passed
- * over without being locked. */
+ * *expired is incremented by how many it freed (both kinds). A table
+ * without an entry that has an expiry is passed over without being locked. */
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired);
 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out);
@@ -184,30 +192,113 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
 
 /* --- scans -------------------------------------------------------------------
  *
- * A scan walks one cache's entries shard by shard; within a shard it visits
+ * A scan walks one cache's entries table by table; within a table it visits
  * buckets in reverse-binary order (Redis's SCAN), so a key present for the
- * whole scan is returned at least once even if the shard's table grows or
- * shrinks between pages. The position is meaningful only with the same hash
- * seed (see drey_store_tag). */
+ * whole scan is returned at least once even if the table grows or shrinks
+ * between pages. The position is meaningful only with the same hash seed
+ * (see drey_store_tag) and the same partition count. */
+
+#define DREY_STORE_SCAN_DONE UINT32_MAX
 
 typedef struct drey_store_scan_pos {
-    uint32_t shard;  /* DREY_STORE_SHARDS: done */
-    uint32_t bucket; /* reverse-binary cursor within the shard */
+    uint32_t shard;  /* the table; DREY_STORE_SCAN_DONE: done */
+    uint32_t bucket; /* reverse-binary cursor within the table */
 } drey_store_scan_pos;
 
-/* Continues the scan at *pos, calling fn with the shard locked for each live
+/* Whether pos is a position of this store's scans (a cursor a client sends
+ * back may name a table the store does not have). */
+bool drey_store_scan_pos_valid(const drey_store *s, const drey_store_scan_pos *pos);
+
+/* Continues the scan at *pos, calling fn with the table locked for each live
  * entry of the cache whose key starts with prefix; stops after `limit`
  * entries (more only when more share one bucket) or `max_buckets` buckets.
- * Returns the entries delivered; pos->shard == DREY_STORE_SHARDS when done. */
+ * Returns the entries delivered; pos->shard == DREY_STORE_SCAN_DONE when
+ * done. */
 size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
                        int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
                        void (*fn)(void *arg, const drey_store_item *item), void *arg);
 
-/* Calls fn, with the shard read-locked, for every live entry of one shard
- * (0 .. DREY_STORE_SHARDS-1), internal caches included: a walk of the whole
- * store a shard at a time (a partition's entries moving to another node). */
+/* Calls fn, with the stripe read-locked, for every live entry of the tables
+ * of one stripe (0 .. DREY_STORE_SHARDS-1), internal caches included: a walk
+ * of the whole store a stripe at a time. */
 void drey_store_walk_shard(drey_store *s, size_t shard, int64_t now_ms,
                            void (*fn)(void *arg, const drey_store_item *item), void *arg);
+
+/* --- partitions ---------------------------------------------------------------
+ *
+ * A cluster node tells its store the partition count and the function that
+ * places an entry (drey_partition_of_entry); from then on each partition's
+ * entries live in tables of their own (Hazelcast's partition containers,
+ * Redis Cluster's dict per slot), a few per partition when there are fewer
+ * than 256 partitions so that locking stays as fine as a standalone
+ * store's. A partition's walk, removal and figures then cost its own
+ * entries, not the store's, and nothing is added to an entry: a key's
+ * partition is found once, when drey_store_key() picks its table.
+ *
+ * Locking: a table is guarded by stripe (table % 256), like any table. A
+ * walk step read-locks one table's stripe and releases it before it
+ * returns; a removal write-locks one table's stripe at a time; the figures
+ * read-lock the partition's stripes together (ascending, as transactions
+ * do). Lock order, everywhere: the eviction pool, then stripes (ascending),
+ * then the cache registry. */
+
+/* Where an entry belongs: a partition below n, or anything else for none
+ * (those entries form a group of their own, partition n). Called with
+ * the cache name normalized ("" for the default cache); a pure function. */
+typedef uint32_t (*drey_store_partition_fn)(const char *cache, size_t cache_len, const char *key, size_t key_len,
+                                            uint32_t n);
+
+#define DREY_STORE_MAX_PARTITIONS 65536
+
+/* Keeps entries per partition from now on: moves every entry present into
+ * its partition's tables, with every stripe write-locked (0.3 to 0.5 s per
+ * million entries, tests/bench/store_memory; a node does it once, at join,
+ * before it serves). Keys
+ * made before are stale (see drey_store_key). Calling it again with the
+ * same n and fn changes nothing. False, and nothing changed, for n = 0 or
+ * n > DREY_STORE_MAX_PARTITIONS. */
+bool drey_store_set_partitions(drey_store *s, uint32_t n, drey_store_partition_fn fn);
+/* The partition count; 0 for a store that is not partitioned. */
+uint32_t drey_store_partitions(const drey_store *s);
+
+/* Continues a walk of partition p (p == n: the entries of no partition) at
+ * *pos (start at {0, 0}), calling fn with the entry's stripe read-locked
+ * for each live entry, internal caches included; stops after about `limit`
+ * entries (more only when more share one bucket) or 8 x limit buckets, and
+ * holds no lock when it returns. Returns the entries delivered (0 is
+ * possible before the end); pos->shard == DREY_STORE_SCAN_DONE when done.
+ * Scan's promise holds while writes go on between steps: an entry present
+ * for the whole walk is delivered at least once. fn must not call into the
+ * store. */
+size_t drey_store_partition_walk(drey_store *s, uint32_t p, int64_t now_ms, drey_store_scan_pos *pos, size_t limit,
+                                 void (*fn)(void *arg, const drey_store_item *item), void *arg);
+
+/* Removes every entry of partition p, expired ones and those of cleared
+ * caches included, one table at a time; returns how many of them were
+ * live. The observer hears REMOVE for each live one and EXPIRE for each
+ * expired one, as if each had been removed or swept. A store that is not
+ * partitioned, or p > n: nothing, 0. */
+uint64_t drey_store_partition_remove(drey_store *s, uint32_t p, int64_t now_ms);
+
+/* A partition's figures, kept as entries come and go (O(tables of p) to
+ * read): entries including expired ones not yet swept and those of
+ * cleared caches not yet freed, as drey_store_get_stats counts them. */
+typedef struct drey_store_partition_stats {
+    uint64_t entries;
+    uint64_t bytes;
+    uint64_t expiring;
+} drey_store_partition_stats;
+
+void drey_store_get_partition_stats(drey_store *s, uint32_t p, drey_store_partition_stats *out);
+/* One cache's figures within partition p (evictions are the node's, not a
+ * partition's: zero here); zero for a cache that has nothing there. */
+void drey_store_partition_cache_stats(drey_store *s, uint32_t p, const char *cache, size_t cache_len,
+                                      drey_cache_stats *out);
+/* Calls fn for every cache with entries in partition p (cleared caches
+ * not), with p's stripes and the registry locked: fn must not call into the
+ * store. */
+void drey_store_partition_list_caches(drey_store *s, uint32_t p, void (*fn)(void *arg, const drey_cache_stats *c),
+                                      void *arg);
 
 /* A keyed hash of data under the store's hash seed: a tag that only this
  * seed produces (scan cursors carry one, so a cursor from another seed or
@@ -262,10 +353,11 @@ size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms);
 /* --- snapshots ------------------------------------------------------------
  *
  * A capture copies the table as of one instant without stopping it: begin
- * marks every shard, the first change to a marked shard (a write, an expiry)
- * first hands the shard's entries to the capture callback, and the
- * snapshotting thread hands over the shards nobody touched. Each shard is
- * delivered exactly once, holding its lock for the copy only. */
+ * marks every shard (here: a stripe, with all its tables), the first change
+ * to a marked shard (a write, an expiry) first hands the shard's entries to
+ * the capture callback, and the snapshotting thread hands over the shards
+ * nobody touched. Each shard is delivered exactly once, holding its lock
+ * for the copy only. */
 
 typedef struct drey_store_item {
     const char *cache;

@@ -581,7 +581,7 @@ static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMes
             return invalid_cursor(ax, "issued for another cache or prefix");
         pos.shard = get32le(c + 12);
         pos.bucket = get32le(c + 16);
-        if (pos.shard >= DREY_STORE_SHARDS)
+        if (pos.shard == DREY_STORE_SCAN_DONE || !drey_store_scan_pos_valid(s, &pos))
             return invalid_cursor(ax, "shard out of range");
     }
     size_t limit = req->limit == 0 ? SCAN_DEFAULT_LIMIT : req->limit > SCAN_MAX_LIMIT ? SCAN_MAX_LIMIT : req->limit;
@@ -594,7 +594,7 @@ static ProtobufCMessage *read_scan(void *ctx, drey_apply *ax, const ProtobufCMes
     resp->items = o.items;
     resp->n_items = o.n;
     resp->next_cursor = "";
-    if (pos.shard < DREY_STORE_SHARDS) {
+    if (pos.shard != DREY_STORE_SCAN_DONE) {
         uint8_t c[CURSOR_BYTES] = {CURSOR_FORMAT};
         put32le(c + 8, id);
         put32le(c + 12, pos.shard);

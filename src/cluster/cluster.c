@@ -2,10 +2,12 @@
  * cluster — a node's life in the cluster: made, joined, drained, left,
  * destroyed; the threads its rooms run on, started and stopped here.
  *
- * Join: the table (table.c) is opened and started; a restarted node with
- * replicas steps out of the roles its previous life held (controller.c);
- * then the controller thread (controller.c), the mover (move.c), and the
- * primary's shrinker and heartbeat threads (replicate.c) start. Leave
+ * Join: the table (table.c) is opened, the node's store partitioned as the
+ * cluster is (a move then walks its partition's entries only), and the
+ * table started; a restarted node with replicas steps out of the roles its
+ * previous life held (controller.c); then the controller thread
+ * (controller.c), the mover (move.c), and the primary's shrinker and
+ * heartbeat threads (replicate.c) start. Leave
  * stops them in the reverse order, letting the writes still waiting for
  * backups finish (bounded) before the lease is given back.
  */
@@ -17,6 +19,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/partition.h"
 #include "internal.h"
 #include "controller.h"
 #include "mover.h"
@@ -79,6 +82,9 @@ void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const ch
 int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
     if (drey_cluster__table_open(c, err, cap) != 0)
         return -1;
+    /* Before anything moves: a partition's move then costs its entries. */
+    if (c->opts.store != NULL)
+        drey_partition_index(c->opts.store, c->n_parts);
     c->partitions = drey_xcalloc(c->n_parts, sizeof *c->partitions);
     for (uint32_t p = 0; p < c->n_parts; p++)
         drey_cluster__partition_init(&c->partitions[p], p);

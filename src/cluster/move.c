@@ -20,11 +20,12 @@
  *     epoch the copy was planned at.
  *
  * A move or a new backup:
- *   1. copy: walk the store a shard at a time and send the partition's
- *      entries (remembered outcomes included) to the target as Import
- *      calls of about a megabyte, the first one replacing whatever it held
- *      of the partition, at --cluster-move-rate. Writes go on meanwhile and
- *      record the keys they changed (router.c);
+ *   1. copy: walk the partition's own tables (the store keeps entries per
+ *      partition, store.h) and send its entries (remembered outcomes
+ *      included) to the target as Import calls of about a megabyte, the
+ *      first one replacing whatever it held of the partition, at
+ *      --cluster-move-rate. Writes go on meanwhile and record the keys
+ *      they changed (router.c);
  *   2. catch up: send the current state of the changed keys, a few rounds
  *      while there are many;
  *   3. freeze: new writes of the partition wait, the ones running finish;
@@ -273,21 +274,38 @@ static bool send_chunk(mover *mv, chunk *ch, bool replace, bool last) {
     return ok;
 }
 
+#define COPY_STEP 256 /* entries per step of the partition's walk (one lock held per step) */
+
 static void export_item(void *arg, const drey_store_item *it) {
     chunk *ch = arg;
-    if (drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, ch->n_parts) == ch->partition)
-        push_entry(ch, it->cache, it->cache_len, it->key, it->key_len, &it->entry);
+    push_entry(ch, it->cache, it->cache_len, it->key, it->key_len, &it->entry);
 }
 
-/* 1: the partition as it is now, while its writes go on. */
+static void export_item_of_partition(void *arg, const drey_store_item *it) {
+    chunk *ch = arg;
+    if (drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, ch->n_parts) == ch->partition)
+        export_item(ch, it);
+}
+
+/* 1: the partition as it is now, while its writes go on: a walk of its own
+ * tables in steps, no lock held across a send; an entry present all along
+ * goes at least once, and what changes meanwhile goes again with the
+ * changed keys. A store not partitioned as the cluster (never, once
+ * joined) is walked whole. */
 static bool copy(mover *mv) {
     drey_cluster *c = mv->c;
+    drey_store *s = c->opts.store;
     chunk ch;
-    chunk_init(&ch, mv->partition, c->n_parts, c->opts.store);
-    bool ok = true, first = true;
-    for (size_t sh = 0; sh < DREY_STORE_SHARDS && ok; sh++) {
-        drey_store_walk_shard(c->opts.store, sh, drey_wall_ms(), export_item, &ch);
-        if (ch.bytes >= CHUNK_BYTES || (sh == DREY_STORE_SHARDS - 1 && (ch.n_entries > 0 || first))) {
+    chunk_init(&ch, mv->partition, c->n_parts, s);
+    bool ok = true, first = true, indexed = drey_store_partitions(s) == c->n_parts;
+    drey_store_scan_pos pos = {0, 0};
+    for (size_t sh = 0; ok && (indexed ? pos.shard != DREY_STORE_SCAN_DONE : sh < DREY_STORE_SHARDS); sh++) {
+        if (indexed)
+            drey_store_partition_walk(s, mv->partition, drey_wall_ms(), &pos, COPY_STEP, export_item, &ch);
+        else
+            drey_store_walk_shard(s, sh, drey_wall_ms(), export_item_of_partition, &ch);
+        bool last = indexed ? pos.shard == DREY_STORE_SCAN_DONE : sh == DREY_STORE_SHARDS - 1;
+        if (ch.bytes >= CHUNK_BYTES || (last && (ch.n_entries > 0 || first))) {
             ok = send_chunk(mv, &ch, first, false);
             first = false;
         }

@@ -2,10 +2,11 @@
  * partition — where an entry belongs, and Import/Drop; see
  * include/drey/partition.h.
  *
- * Both writes find a partition's entries by walking the store a shard at a
- * time and computing each entry's partition: O(entries) per move. A
- * per-partition index would make a move O(its entries); at today's sizes a
- * walk of a million entries takes well under a second, so it waits.
+ * A cluster node's store keeps each partition's entries in tables of their
+ * own (drey_store_set_partitions, at join), so Import's replace and Drop
+ * cost the partition's entries. A record whose partition count is not the
+ * store's (replayed before the node joined, or on a standalone node) walks
+ * the whole store instead, computing each entry's partition.
  *
  * A Drop names the epoch at which its node stopped holding the partition,
  * and each partition remembers the newest epoch it was imported at (in
@@ -42,7 +43,11 @@ uint32_t drey_partition_of_entry(const char *cache, size_t cache_len, const char
     return drey_placement_partition(scope, (size_t)(sep - scope), sep + 1, sl - (size_t)(sep - scope) - 1, n);
 }
 
-/* --- finding a partition's keys ------------------------------------------------ */
+bool drey_partition_index(drey_store *s, uint32_t n) {
+    return drey_store_set_partitions(s, n, drey_partition_of_entry);
+}
+
+/* --- finding a partition's keys (a store not partitioned as the record) ------- */
 
 typedef struct collect {
     drey_arena *arena;
@@ -83,6 +88,8 @@ static size_t remove_keys(drey_store *s, const drey_key *keys, size_t n) {
 
 /* Removes every entry of the partition; how many there were. */
 static size_t drop(drey_store *s, uint32_t partition, uint32_t n, int64_t now_ms, drey_arena *a) {
+    if (drey_store_partitions(s) == n)
+        return drey_store_partition_remove(s, partition, now_ms);
     size_t removed = 0;
     for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++) {
         /* Collected under the shard's read lock, removed after it. */

@@ -102,11 +102,9 @@ typedef struct hashing {
     Drey__Internal__V1__PartitionHash **by_partition; /* n; NULL: not asked */
 } hashing;
 
-static void hash_item(void *arg, const drey_store_item *it) {
-    hashing *hs = arg;
-    uint32_t p = drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, hs->n);
-    if (p >= hs->n || hs->by_partition[p] == NULL)
-        return;
+/* Adds an entry to its partition's hash: a sum, so the order entries come
+ * in does not matter. */
+static void hash_into(Drey__Internal__V1__PartitionHash *ph, const drey_store_item *it) {
     uint64_t h = fnv_u64(FNV_OFFSET, it->cache_len);
     h = fnv(h, it->cache, it->cache_len);
     h = fnv_u64(h, it->key_len);
@@ -116,9 +114,22 @@ static void hash_item(void *arg, const drey_store_item *it) {
     h = fnv(h, it->entry.value.data, it->entry.value.len);
     h = fnv_u64(h, it->entry.version);
     h = fnv_u64(h, (uint64_t)it->entry.expires_at_ms);
-    hs->by_partition[p]->hash += h;
-    hs->by_partition[p]->entries++;
+    ph->hash += h;
+    ph->entries++;
 }
+
+static void hash_item(void *arg, const drey_store_item *it) {
+    hashing *hs = arg;
+    uint32_t p = drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, hs->n);
+    if (p < hs->n && hs->by_partition[p] != NULL)
+        hash_into(hs->by_partition[p], it);
+}
+
+static void hash_partition_item(void *arg, const drey_store_item *it) {
+    hash_into(arg, it);
+}
+
+#define HASH_STEP 4096 /* entries per step of a partition's walk */
 
 static ProtobufCMessage *hash_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Internal__V1__HashRequest *req = (const void *)msg;
@@ -143,6 +154,16 @@ static ProtobufCMessage *hash_apply(void *ctx, drey_apply *ax, const ProtobufCMe
         resp->partitions[resp->n_partitions++] = ph;
     }
     drey_store *s = drey_commit_store(((drey_partition_replica *)ctx)->commit);
+    if (drey_store_partitions(s) == hs.n) {
+        /* The partitions asked for, and only their entries. */
+        for (size_t i = 0; i < resp->n_partitions; i++) {
+            drey_store_scan_pos pos = {0, 0};
+            while (pos.shard != DREY_STORE_SCAN_DONE)
+                drey_store_partition_walk(s, resp->partitions[i]->partition, ax->now_ms, &pos, HASH_STEP,
+                                          hash_partition_item, resp->partitions[i]);
+        }
+        return &resp->base;
+    }
     for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++)
         drey_store_walk_shard(s, sh, ax->now_ms, hash_item, &hs);
     return &resp->base;

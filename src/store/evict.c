@@ -206,10 +206,10 @@ static size_t shard_evictable(const drey_store *s, const shard *sh) {
     return atomic_load_explicit(volatile_only ? &sh->evictable_expiring : &sh->evictable, memory_order_relaxed);
 }
 
-/* Samples SAMPLES eligible entries into the pool, shard after shard from
- * a random one (a small store has about one entry per shard); returns how
- * many were eligible (0: no shard holds anything the policy may evict).
- * Thorough: probe whole shards, not SAMPLE_BUCKETS buckets from a random
+/* Samples SAMPLES eligible entries into the pool, table after table from
+ * a random one (a small store has about one entry per table); returns how
+ * many were eligible (0: no table holds anything the policy may evict).
+ * Thorough: probe whole tables, not SAMPLE_BUCKETS buckets from a random
  * one (after a sample found nothing, so a rare eligible entry is found). */
 static bool allowed(const drey_store_filter *only, const entry *e) {
     if (only == NULL)
@@ -223,12 +223,19 @@ static bool allowed(const drey_store_filter *only, const entry *e) {
 static size_t populate(drey_store *s, int64_t now_ms, bool thorough, const drey_store_filter *only) {
     uint64_t mono = access_ms();
     uint32_t now_lfu = lfu_now();
+    layout *L = drey_store__layout(s);
     size_t start = (size_t)rnd(), eligible = 0;
-    for (size_t i = 0; i < DREY_STORE_SHARDS && eligible < SAMPLES; i++) {
-        shard *sh = &s->shards[(start + i) % DREY_STORE_SHARDS];
+    for (size_t i = 0; i < L->n_tables && eligible < SAMPLES; i++) {
+        size_t t = (start + i) % L->n_tables;
+        shard *sh = &L->tables[t];
         if (shard_evictable(s, sh) == 0)
             continue;
-        pthread_rwlock_rdlock(&sh->lock);
+        pthread_rwlock_t *lock = drey_store__lock_of(s, t);
+        pthread_rwlock_rdlock(lock);
+        if (drey_store__layout(s) != L) {
+            pthread_rwlock_unlock(lock); /* partitioned meanwhile: this table is gone */
+            break;
+        }
         size_t nb = sh->mask + 1;
         size_t probes = thorough || nb < SAMPLE_BUCKETS ? nb : SAMPLE_BUCKETS;
         size_t b = (size_t)rnd() & sh->mask;
@@ -241,7 +248,7 @@ static size_t populate(drey_store *s, int64_t now_ms, bool thorough, const drey_
                 }
             }
         }
-        pthread_rwlock_unlock(&sh->lock);
+        pthread_rwlock_unlock(lock);
     }
     return eligible;
 }
@@ -263,13 +270,18 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, const drey_store_filter 
             dup |= taken[i] == pe.version;
         size_t bytes = 0;
         if (!dup) {
+            layout *L = drey_store__layout(s);
             drey_key k;
             drey_store_key(s, &k, pe.name, pe.cache_len, pe.name + pe.cache_len, pe.key_len);
-            shard *sh = &s->shards[k.hash >> 56];
-            pthread_rwlock_rdlock(&sh->lock);
-            entry *e = sh->buckets[(uint32_t)k.hash & sh->mask];
-            while (e != NULL && !drey_store__matches(e, &k))
-                e = e->next;
+            pthread_rwlock_t *lock = drey_store__lock_of(s, k.table);
+            pthread_rwlock_rdlock(lock);
+            entry *e = NULL;
+            if (drey_store__layout(s) == L) { /* else the key may name a table of another layout */
+                shard *sh = &L->tables[k.table];
+                e = sh->buckets[(uint32_t)k.hash & sh->mask];
+                while (e != NULL && !drey_store__matches(e, &k))
+                    e = e->next;
+            }
             uint64_t now_score;
             /* A candidate another choice sampled may be one this one may
              * not take: it goes (it is sampled again when wanted). */
@@ -293,7 +305,7 @@ static size_t pop_victim(drey_store *s, int64_t now_ms, const drey_store_filter 
                     fn(arg, &it, bytes);
                 }
             }
-            pthread_rwlock_unlock(&sh->lock);
+            pthread_rwlock_unlock(lock);
         }
         free(pe.name);
         if (bytes > 0)

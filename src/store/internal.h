@@ -51,22 +51,61 @@ static inline uint32_t drey_store__tenant(const entry *e) {
     return t;
 }
 
+/* One cache's figures in one table of a partitioned store (a partition's
+ * figures per cache are its tables' summed). Open addressing keyed by the
+ * cache slot; a cache's row goes when its last entry in the table does. */
+typedef struct table_cache {
+    uint32_t id1;      /* 1 + cache slot id; 0: empty */
+    uint32_t expiring; /* entries with an expiry */
+    uint64_t entries;
+    uint64_t bytes;
+} table_cache;
+
+/* A table: a chained hash table of entries. A standalone store has 256,
+ * table i guarded by stripe i; a partitioned one a few per partition (see
+ * layout), table t guarded by stripe t % 256. Every field but the atomics
+ * changes only under its stripe's write lock. */
 typedef struct shard {
-    pthread_rwlock_t lock;
     entry **buckets;
     size_t mask;         /* bucket count - 1 */
     size_t count;        /* entries, including expired ones */
     size_t bytes;        /* accounted bytes */
     size_t sweep_cursor; /* next bucket the expiry sweep visits */
     /* Entries with an expiry, changed under the write lock. The sweep reads
-     * it without the lock to pass over shards with nothing to expire: a
+     * it without the lock to pass over tables with nothing to expire: a
      * stale read only delays a sweep, as reads expire entries themselves. */
     _Atomic size_t expiring;
     /* Entries eviction may choose (not in an internal '#' cache): all of
      * them, and those with an expiry. Under the write lock, read without
-     * it by the sampler to pass over shards with nothing to choose. */
+     * it by the sampler to pass over tables with nothing to choose. */
     _Atomic size_t evictable, evictable_expiring;
+    table_cache *caches; /* per_cache: this table's figures per cache */
+    bool per_cache;      /* a partitioned store's table */
+    uint32_t caches_cap; /* a power of two, or 0 */
+    uint32_t caches_used;
 } __attribute__((aligned(64))) shard;
+
+/* A lock guarding the tables t with t % DREY_STORE_SHARDS == its index. */
+typedef struct stripe {
+    pthread_rwlock_t lock;
+} __attribute__((aligned(64))) stripe;
+
+/* Where entries live. The key's table is chosen by drey_store_key():
+ * standalone, the top 8 bits of its hash; partitioned, its partition's
+ * group of `per_part` tables and within it the hash's top bits. Entries
+ * the partition function places in no partition form group `parts`.
+ * A layout changes only with every stripe write-locked, so whoever holds
+ * any stripe lock sees one layout; a layout replaced is kept (emptied)
+ * until the store is destroyed, so a lock-free reader of an old one reads
+ * zeros, never freed memory. */
+typedef struct layout {
+    shard *tables;
+    uint32_t n_tables;
+    uint32_t parts;    /* partitions; 0: not partitioned */
+    uint32_t per_part; /* tables per partition: a power of two, at most 128 */
+    drey_store_partition_fn part_of;
+    struct layout *older; /* the layout this one replaced */
+} layout;
 
 /* One cache's figures. A Clear retires the cache's slot: its entries become
  * invisible at once (is_live) and are freed by the sweep in bounded steps;
@@ -114,8 +153,9 @@ typedef struct pool_entry {
 } pool_entry;
 
 struct drey_store {
-    shard shards[DREY_STORE_SHARDS];
-    /* The capture in progress (see drey_store_capture_begin). */
+    stripe stripes[DREY_STORE_SHARDS];
+    _Atomic(layout *) layout;
+    /* The capture in progress (see drey_store_capture_begin), per stripe. */
     _Atomic bool capture_pending[DREY_STORE_SHARDS];
     drey_store_capture_fn capture_fn;
     void *capture_ctx;
@@ -123,7 +163,7 @@ struct drey_store {
     uint8_t seed[16];
     _Atomic uint64_t version;
     _Atomic int64_t bytes;      /* sum of the shards' accounted bytes */
-    _Atomic size_t sweep_shard; /* shard the next sweep step starts in */
+    _Atomic size_t sweep_shard; /* table the next sweep step starts in */
     _Atomic uint64_t expired_swept;
     _Atomic int64_t orphans;    /* entries of retired slots not yet freed */
     _Atomic uint64_t evictions, evicted_bytes;
@@ -139,6 +179,10 @@ struct drey_store {
 };
 
 cache_slot *drey_store__slot(drey_store *s, uint32_t id);
+/* The layout: relaxed under a stripe lock (the lock orders it), acquire
+ * without one. */
+layout *drey_store__layout(const drey_store *s);
+pthread_rwlock_t *drey_store__lock_of(drey_store *s, size_t table);
 /* Visible to operations at now_ms: not expired, not cleared. */
 bool drey_store__is_live(drey_store *s, const entry *e, int64_t now_ms);
 bool drey_store__matches(const entry *e, const drey_key *k);

@@ -1,10 +1,12 @@
 /*
  * store — sharded hash table of cache entries; see include/drey/store.h.
  *
- * The top 8 bits of the 64-bit key hash pick the shard, the low 32 bits the
- * bucket, so a shard can grow without rehashing into other shards. Each shard
- * keeps a load factor between 1/8 and 1 by doubling or halving its bucket
- * array under its write lock (a few microseconds per thousand entries).
+ * The key picks its table (drey_store_key: the top 8 bits of the 64-bit key
+ * hash, or on a partitioned store its partition and then those bits), the
+ * low 32 bits the bucket, so a table can grow without rehashing into other
+ * tables. Each table keeps a load factor between 1/8 and 1 by doubling or
+ * halving its bucket array under its stripe's write lock (a few
+ * microseconds per thousand entries).
  *
  * Each entry names its cache's slot in a registry (cache name -> slot), and
  * every change to an entry's bytes, existence or expiry updates both its
@@ -26,12 +28,147 @@
 #include "internal.h"
 #include "siphash.h"
 
-static shard *shard_of(drey_store *s, uint64_t hash) {
-    return &s->shards[hash >> 56];
+/* --- tables and their locks ------------------------------------------------ */
+
+layout *drey_store__layout(const drey_store *s) {
+    return atomic_load_explicit(&s->layout, memory_order_acquire);
 }
 
-static size_t shard_index(uint64_t hash) {
-    return (size_t)(hash >> 56);
+pthread_rwlock_t *drey_store__lock_of(drey_store *s, size_t table) {
+    return &s->stripes[table % DREY_STORE_SHARDS].lock;
+}
+
+static pthread_rwlock_t *lock_of(drey_store *s, size_t table) {
+    return drey_store__lock_of(s, table);
+}
+
+/* The key's table; its stripe is locked, so the layout is stable. */
+static shard *table_of(drey_store *s, const drey_key *k) {
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    if (k->table >= L->n_tables) {
+        fprintf(stderr, "drey_store: a key made under another layout\n");
+        abort(); /* a caller bug that would otherwise corrupt the table */
+    }
+    return &L->tables[k->table];
+}
+
+static layout *layout_new(uint32_t parts, drey_store_partition_fn fn) {
+    layout *L = drey_xcalloc(1, sizeof *L);
+    L->parts = parts;
+    L->part_of = fn;
+    L->per_part = 1;
+    if (parts == 0) {
+        L->n_tables = DREY_STORE_SHARDS;
+    } else {
+        /* Partitions and the group of entries of none, each with enough
+         * tables that there are at least as many as stripes. */
+        while ((uint64_t)(parts + 1) * L->per_part < DREY_STORE_SHARDS)
+            L->per_part *= 2;
+        L->n_tables = (parts + 1) * L->per_part;
+    }
+    L->tables = drey_xaligned(64, L->n_tables * sizeof(shard));
+    memset(L->tables, 0, L->n_tables * sizeof(shard));
+    for (size_t i = 0; i < L->n_tables; i++) {
+        L->tables[i].buckets = drey_xcalloc(SHARD_MIN_BUCKETS, sizeof(entry *));
+        L->tables[i].mask = SHARD_MIN_BUCKETS - 1;
+        L->tables[i].per_cache = parts > 0;
+    }
+    return L;
+}
+
+/* The table, in layout L, of a key with this hash. */
+static uint32_t table_for(const layout *L, const char *cache, size_t cache_len, const char *key, size_t key_len,
+                          uint64_t hash) {
+    if (L->parts == 0)
+        return (uint32_t)(hash >> 56);
+    uint32_t p = L->part_of(cache, cache_len, key, key_len, L->parts);
+    if (p > L->parts)
+        p = L->parts; /* the group of no partition */
+    return p * L->per_part + (uint32_t)((hash >> 56) & (L->per_part - 1));
+}
+
+/* --- a table's figures per cache (partitioned stores) ----------------------- */
+
+static size_t tc_home(uint32_t id1, uint32_t mask) {
+    uint32_t h = id1 * 0x9e3779b1u;
+    return (h ^ (h >> 16)) & mask;
+}
+
+static table_cache *tc_find(const shard *sh, uint32_t id) {
+    if (sh->caches_cap == 0)
+        return NULL;
+    uint32_t mask = sh->caches_cap - 1;
+    for (size_t i = tc_home(id + 1, mask);; i = (i + 1) & mask) {
+        if (sh->caches[i].id1 == id + 1)
+            return &sh->caches[i];
+        if (sh->caches[i].id1 == 0)
+            return NULL;
+    }
+}
+
+static void tc_grow(shard *sh) {
+    table_cache *old = sh->caches;
+    uint32_t old_cap = sh->caches_cap;
+    sh->caches_cap = old_cap ? old_cap * 2 : 4;
+    sh->caches = drey_xcalloc(sh->caches_cap, sizeof *sh->caches);
+    for (uint32_t i = 0; i < old_cap; i++) {
+        if (old[i].id1 == 0)
+            continue;
+        size_t j = tc_home(old[i].id1, sh->caches_cap - 1);
+        while (sh->caches[j].id1 != 0)
+            j = (j + 1) & (sh->caches_cap - 1);
+        sh->caches[j] = old[i];
+    }
+    free(old);
+}
+
+/* The cache's row, opened if it has none. */
+static table_cache *tc_open(shard *sh, uint32_t id) {
+    table_cache *row = tc_find(sh, id);
+    if (row != NULL)
+        return row;
+    if ((sh->caches_used + 1) * 4 > sh->caches_cap * 3)
+        tc_grow(sh);
+    uint32_t mask = sh->caches_cap - 1;
+    size_t i = tc_home(id + 1, mask);
+    while (sh->caches[i].id1 != 0)
+        i = (i + 1) & mask;
+    sh->caches[i] = (table_cache){.id1 = id + 1};
+    sh->caches_used++;
+    return &sh->caches[i];
+}
+
+/* Deletes a row, moving back the rows of its probe run (linear probing
+ * without tombstones). */
+static void tc_delete(shard *sh, table_cache *row) {
+    uint32_t mask = sh->caches_cap - 1;
+    size_t hole = (size_t)(row - sh->caches);
+    for (size_t j = (hole + 1) & mask; sh->caches[j].id1 != 0; j = (j + 1) & mask) {
+        size_t home = tc_home(sh->caches[j].id1, mask);
+        /* j's row may fill the hole if its home is not in (hole, j]. */
+        bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            sh->caches[hole] = sh->caches[j];
+            hole = j;
+        }
+    }
+    sh->caches[hole].id1 = 0;
+    sh->caches_used--;
+}
+
+/* Moves the cache's figures in a table by the deltas; the row goes with the
+ * cache's last entry in the table. */
+static void tc_add(shard *sh, uint32_t id, int64_t entries, int64_t bytes, int expiring) {
+    if (!sh->per_cache)
+        return;
+    table_cache *row = entries > 0 ? tc_open(sh, id) : tc_find(sh, id);
+    if (row == NULL)
+        abort(); /* an entry counted nowhere: the figures are broken */
+    row->entries += (uint64_t)entries;
+    row->bytes += (uint64_t)bytes;
+    row->expiring += (uint32_t)expiring;
+    if (row->entries == 0)
+        tc_delete(sh, row);
 }
 
 /* --- the cache registry --------------------------------------------------- */
@@ -208,12 +345,9 @@ drey_store *drey_store_create(void) {
     memset(s, 0, sizeof *s);
     if (getrandom(s->seed, sizeof s->seed, 0) != (ssize_t)sizeof s->seed)
         abort();
-    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        shard *sh = &s->shards[i];
-        pthread_rwlock_init(&sh->lock, NULL);
-        sh->buckets = drey_xcalloc(SHARD_MIN_BUCKETS, sizeof(entry *));
-        sh->mask = SHARD_MIN_BUCKETS - 1;
-    }
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        pthread_rwlock_init(&s->stripes[i].lock, NULL);
+    atomic_store(&s->layout, layout_new(0, NULL));
     registry_init(s);
     pthread_mutex_init(&s->pool_mu, NULL);
     return s;
@@ -239,17 +373,30 @@ static void free_entries(drey_store *s, shard *sh, bool tell) {
     atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
     atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
     atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
+    free(sh->caches);
+    sh->caches = NULL;
+    sh->caches_cap = sh->caches_used = 0;
+}
+
+static void layout_destroy(drey_store *s, layout *L) {
+    while (L != NULL) {
+        layout *older = L->older;
+        for (size_t i = 0; i < L->n_tables; i++) {
+            free_entries(s, &L->tables[i], false);
+            free(L->tables[i].buckets);
+        }
+        free(L->tables);
+        free(L);
+        L = older;
+    }
 }
 
 void drey_store_destroy(drey_store *s) {
     if (s == NULL)
         return;
-    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        shard *sh = &s->shards[i];
-        free_entries(s, sh, false);
-        free(sh->buckets);
-        pthread_rwlock_destroy(&sh->lock);
-    }
+    layout_destroy(s, atomic_load(&s->layout));
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        pthread_rwlock_destroy(&s->stripes[i].lock);
     for (size_t i = 0; i < s->pool_len; i++)
         free(s->pool[i].name);
     pthread_mutex_destroy(&s->pool_mu);
@@ -257,11 +404,21 @@ void drey_store_destroy(drey_store *s) {
     free(s);
 }
 
-void drey_store_clear(drey_store *s) {
+static void lock_all(drey_store *s) {
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
-        pthread_rwlock_wrlock(&s->shards[i].lock);
-    for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        shard *sh = &s->shards[i];
+        pthread_rwlock_wrlock(&s->stripes[i].lock);
+}
+
+static void unlock_all(drey_store *s) {
+    for (size_t i = DREY_STORE_SHARDS; i-- > 0;)
+        pthread_rwlock_unlock(&s->stripes[i].lock);
+}
+
+void drey_store_clear(drey_store *s) {
+    lock_all(s);
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t i = 0; i < L->n_tables; i++) {
+        shard *sh = &L->tables[i];
         atomic_fetch_sub_explicit(&s->bytes, (int64_t)sh->bytes, memory_order_relaxed);
         free_entries(s, sh, true);
     }
@@ -277,8 +434,16 @@ void drey_store_clear(drey_store *s) {
     atomic_store(&s->orphans, 0);
     /* The eviction pool may still name entries that are gone: harmless, a
      * candidate is looked up again before it is chosen. */
-    for (size_t i = DREY_STORE_SHARDS; i-- > 0;)
-        pthread_rwlock_unlock(&s->shards[i].lock);
+    unlock_all(s);
+}
+
+/* The cache name (normalized) is prefixed by its length so ("ab","c") and
+ * ("a","bc") hash differently. */
+static uint64_t key_hash(const drey_store *s, const char *cache, size_t cache_len, const char *key, size_t key_len) {
+    uint8_t prefix[256];
+    prefix[0] = (uint8_t)cache_len;
+    memcpy(prefix + 1, cache, cache_len);
+    return drey_store__siphash2(s->seed, prefix, cache_len + 1, key, key_len);
 }
 
 void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t cache_len, const char *key,
@@ -291,12 +456,8 @@ void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t 
     k->cache_len = cache_len;
     k->key = key;
     k->key_len = key_len;
-    /* The cache name is prefixed by its length so ("ab","c") and ("a","bc")
-     * hash differently. */
-    uint8_t prefix[256];
-    prefix[0] = (uint8_t)cache_len;
-    memcpy(prefix + 1, cache, cache_len);
-    k->hash = drey_store__siphash2(s->seed, prefix, cache_len + 1, key, key_len);
+    k->hash = key_hash(s, cache, cache_len, key, key_len);
+    k->table = table_for(drey_store__layout(s), k->cache, cache_len, key, key_len, k->hash);
 }
 
 void drey_store_get_seed(const drey_store *s, uint8_t out[16]) {
@@ -400,9 +561,11 @@ static void tenant_account(drey_store *s, const entry *e, int64_t delta) {
 }
 
 /* Accounted bytes change here and only here (and in free_entries): the
- * shard's, the store's and the entry's cache's; its tenant's is told. */
+ * table's (and its cache's row), the store's and the entry's cache's; its
+ * tenant's is told. */
 static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
     sh->bytes += (size_t)delta;
+    tc_add(sh, e->cache_id, 0, delta, 0);
     atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->bytes, delta, memory_order_relaxed);
     tenant_account(s, e, delta);
@@ -419,14 +582,17 @@ static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from,
     if ((from != 0) == (to != 0))
         return;
     atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
+    tc_add(sh, e->cache_id, 0, 0, to != 0 ? 1 : -1);
     if (!internal(e))
         atomic_fetch_add_explicit(&sh->evictable_expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->expiring, to != 0 ? 1 : -1, memory_order_relaxed);
 }
 
-/* A new entry's counts; slot_for counted it in its cache already. */
+/* A new entry's counts, first of all (its cache's row in the table opens
+ * here); slot_for counted it in its cache already. */
 static void count_entry(shard *sh, const entry *e) {
     sh->count++;
+    tc_add(sh, e->cache_id, 1, 0, 0);
     if (!internal(e))
         atomic_fetch_add_explicit(&sh->evictable, 1, memory_order_relaxed);
 }
@@ -440,6 +606,7 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
         atomic_fetch_sub_explicit(&sh->evictable, 1, memory_order_relaxed);
     track_expiry(s, sh, e, e->expires_at_ms, 0);
     account(s, sh, e, -(int64_t)entry_bytes(e));
+    tc_add(sh, e->cache_id, -1, 0, 0); /* last: its row may go now */
     cache_slot *c = drey_store__slot(s, e->cache_id);
     bool retired_slot = c->retired;
     if (retired_slot)
@@ -497,9 +664,9 @@ static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) 
 
 bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
                      void (*fn)(void *arg, const drey_entry_view *e), void *arg) {
-    shard *sh = shard_of(s, k->hash);
-    pthread_rwlock_rdlock(&sh->lock);
-    entry *e = *find_slot(sh, k);
+    pthread_rwlock_t *lock = lock_of(s, k->table);
+    pthread_rwlock_rdlock(lock);
+    entry *e = *find_slot(table_of(s, k), k);
     bool found = e != NULL && is_live(s, e, now_ms);
     if (found) {
         drey_store__touch(s, e);
@@ -507,7 +674,7 @@ bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
         view_of(e, &v);
         fn(arg, &v);
     }
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(lock);
     return found;
 }
 
@@ -537,19 +704,22 @@ void drey_store_raise_version(drey_store *s, uint64_t at_least) {
     }
 }
 
-/* Hands a shard to the capture if it is still marked. Called with the
- * shard locked. */
+/* Hands a stripe's tables to the capture if it is still marked. Called
+ * with the stripe locked. */
 static void capture_if_pending(drey_store *s, size_t idx) {
     if (!atomic_exchange(&s->capture_pending[idx], false))
         return;
-    shard *sh = &s->shards[idx];
-    for (size_t b = 0; b <= sh->mask; b++) {
-        for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
-            if (!is_live(s, e, s->capture_live_at))
-                continue;
-            drey_store_item it;
-            item_of(e, &it);
-            s->capture_fn(s->capture_ctx, idx, &it);
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t t = idx; t < L->n_tables; t += DREY_STORE_SHARDS) {
+        shard *sh = &L->tables[t];
+        for (size_t b = 0; b <= sh->mask; b++) {
+            for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
+                if (!is_live(s, e, s->capture_live_at))
+                    continue;
+                drey_store_item it;
+                item_of(e, &it);
+                s->capture_fn(s->capture_ctx, idx, &it);
+            }
         }
     }
     s->capture_fn(s->capture_ctx, idx, NULL);
@@ -564,10 +734,9 @@ void drey_store_capture_begin(drey_store *s, drey_store_capture_fn fn, void *ctx
 }
 
 void drey_store_capture_shard(drey_store *s, size_t idx) {
-    shard *sh = &s->shards[idx];
-    pthread_rwlock_rdlock(&sh->lock);
+    pthread_rwlock_rdlock(&s->stripes[idx].lock);
     capture_if_pending(s, idx);
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(&s->stripes[idx].lock);
 }
 
 void drey_store_capture_end(drey_store *s) {
@@ -578,15 +747,17 @@ void drey_store_capture_end(drey_store *s) {
 }
 
 void drey_store_reserve(drey_store *s, size_t n) {
-    size_t per = n / DREY_STORE_SHARDS + 1, want = SHARD_MIN_BUCKETS;
-    while (want < per && want <= SIZE_MAX / 4) /* doubling past that would wrap to 0 and never end */
-        want *= 2;
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        shard *sh = &s->shards[i];
-        pthread_rwlock_wrlock(&sh->lock);
-        if (sh->mask + 1 < want)
-            resize(sh, want);
-        pthread_rwlock_unlock(&sh->lock);
+        pthread_rwlock_wrlock(&s->stripes[i].lock);
+        layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+        size_t per = n / L->n_tables + 1, want = SHARD_MIN_BUCKETS;
+        while (want < per && want <= SIZE_MAX / 4) /* doubling past that would wrap to 0 and never end */
+            want *= 2;
+        for (size_t t = i; t < L->n_tables; t += DREY_STORE_SHARDS) {
+            if (L->tables[t].mask + 1 < want)
+                resize(&L->tables[t], want);
+        }
+        pthread_rwlock_unlock(&s->stripes[i].lock);
     }
 }
 
@@ -615,9 +786,10 @@ static entry *new_entry(const drey_key *k, const drey_value *v, int64_t expires_
 void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
-    shard *sh = shard_of(s, k.hash);
     entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version, item->tenant);
-    pthread_rwlock_wrlock(&sh->lock);
+    pthread_rwlock_t *lock = lock_of(s, k.table);
+    pthread_rwlock_wrlock(lock);
+    shard *sh = table_of(s, &k);
     e->cache_id = slot_for(s, k.cache, k.cache_len);
     e->access = drey_store__access_new(s, 0, false);
     entry **slot = &sh->buckets[e->hash & sh->mask];
@@ -628,7 +800,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     account(s, sh, e, (int64_t)entry_bytes(e));
     if (sh->count > sh->mask + 1)
         resize(sh, (sh->mask + 1) * 2);
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(lock);
 }
 
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n) {
@@ -636,15 +808,15 @@ void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys
     t->tenant = 0;
     memset(t->locked, 0, sizeof t->locked);
     for (size_t i = 0; i < n; i++) {
-        size_t idx = shard_index(keys[i].hash);
+        size_t idx = keys[i].table % DREY_STORE_SHARDS;
         t->locked[idx / 64] |= (uint64_t)1 << (idx % 64);
     }
-    /* Ascending shard order: two transactions never wait on each other in a
-     * cycle. */
+    /* Ascending stripe order: two transactions never wait on each other in
+     * a cycle. */
     for (size_t w = 0; w < DREY_STORE_SHARDS / 64; w++) {
         for (uint64_t bits = t->locked[w]; bits != 0; bits &= bits - 1) {
             size_t idx = w * 64 + (size_t)__builtin_ctzll(bits);
-            pthread_rwlock_wrlock(&s->shards[idx].lock);
+            pthread_rwlock_wrlock(&s->stripes[idx].lock);
             capture_if_pending(s, idx);
         }
     }
@@ -653,18 +825,18 @@ void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys
 void drey_store_txn_end(drey_store_txn *t) {
     for (size_t w = 0; w < DREY_STORE_SHARDS / 64; w++) {
         for (uint64_t bits = t->locked[w]; bits != 0; bits &= bits - 1)
-            pthread_rwlock_unlock(&t->store->shards[w * 64 + (size_t)__builtin_ctzll(bits)].lock);
+            pthread_rwlock_unlock(&t->store->stripes[w * 64 + (size_t)__builtin_ctzll(bits)].lock);
     }
     memset(t->locked, 0, sizeof t->locked);
 }
 
 static shard *txn_shard(drey_store_txn *t, const drey_key *k) {
-    size_t idx = shard_index(k->hash);
+    size_t idx = k->table % DREY_STORE_SHARDS;
     if ((t->locked[idx / 64] & ((uint64_t)1 << (idx % 64))) == 0) {
         fprintf(stderr, "drey_store: key outside its transaction\n");
         abort(); /* a caller bug that would otherwise corrupt the table */
     }
-    return &t->store->shards[idx];
+    return table_of(t->store, k);
 }
 
 bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, drey_entry_view *out) {
@@ -763,14 +935,20 @@ size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t versi
 }
 
 size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_t *expired) {
-    size_t idx = atomic_fetch_add_explicit(&s->sweep_shard, 1, memory_order_relaxed) % DREY_STORE_SHARDS;
-    shard *sh = &s->shards[idx];
+    layout *L = drey_store__layout(s);
+    size_t idx = atomic_fetch_add_explicit(&s->sweep_shard, 1, memory_order_relaxed) % L->n_tables;
+    shard *sh = &L->tables[idx];
     size_t examined = 0, freed = 0, cleared = 0;
     if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0 &&
         atomic_load_explicit(&s->orphans, memory_order_relaxed) == 0)
         return 0; /* nothing can expire: no write lock to stall readers */
-    pthread_rwlock_wrlock(&sh->lock);
-    capture_if_pending(s, idx);
+    pthread_rwlock_t *lock = lock_of(s, idx);
+    pthread_rwlock_wrlock(lock);
+    if (atomic_load_explicit(&s->layout, memory_order_relaxed) != L) {
+        pthread_rwlock_unlock(lock); /* the store was partitioned meanwhile */
+        return 0;
+    }
+    capture_if_pending(s, idx % DREY_STORE_SHARDS);
     size_t nbuckets = sh->mask + 1;
     size_t steps = max_buckets < nbuckets ? max_buckets : nbuckets;
     for (size_t i = 0; i < steps; i++) {
@@ -795,7 +973,7 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
         }
     }
 out:
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(lock);
     /* Cleared entries count as freed (the expiry cycle goes on while there
      * are many), not as expired. */
     atomic_fetch_add_explicit(&s->expired_swept, freed - cleared, memory_order_relaxed);
@@ -813,13 +991,13 @@ size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms) {
 }
 
 size_t drey_store_entry_size_tenant(drey_store *s, const drey_key *k, int64_t now_ms, uint32_t *tenant) {
-    shard *sh = shard_of(s, k->hash);
-    pthread_rwlock_rdlock(&sh->lock);
-    entry *e = *find_slot(sh, k);
+    pthread_rwlock_t *lock = lock_of(s, k->table);
+    pthread_rwlock_rdlock(lock);
+    entry *e = *find_slot(table_of(s, k), k);
     bool live = e != NULL && is_live(s, e, now_ms);
     size_t n = live ? entry_bytes(e) : 0;
     *tenant = live ? drey_store__tenant(e) : 0;
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(lock);
     return n;
 }
 
@@ -846,13 +1024,16 @@ const char *drey_store_tenant_name(drey_store *s, uint32_t tenant, size_t *len) 
 void drey_store_get_stats(drey_store *s, drey_store_stats *out) {
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        shard *sh = &s->shards[i];
-        pthread_rwlock_rdlock(&sh->lock);
-        out->entries += sh->count;
-        out->bytes += sh->bytes;
-        out->buckets += sh->mask + 1;
-        out->expiring += atomic_load_explicit(&sh->expiring, memory_order_relaxed);
-        pthread_rwlock_unlock(&sh->lock);
+        pthread_rwlock_rdlock(&s->stripes[i].lock);
+        layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+        for (size_t t = i; t < L->n_tables; t += DREY_STORE_SHARDS) {
+            shard *sh = &L->tables[t];
+            out->entries += sh->count;
+            out->bytes += sh->bytes;
+            out->buckets += sh->mask + 1;
+            out->expiring += atomic_load_explicit(&sh->expiring, memory_order_relaxed);
+        }
+        pthread_rwlock_unlock(&s->stripes[i].lock);
     }
     out->expired_swept = atomic_load_explicit(&s->expired_swept, memory_order_relaxed);
     int64_t orphans = atomic_load_explicit(&s->orphans, memory_order_relaxed);
@@ -920,7 +1101,7 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
      * cache gone and another part still there. A capture in progress takes
      * each shard as it was before the clear. */
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
-        pthread_rwlock_wrlock(&s->shards[i].lock);
+        pthread_rwlock_wrlock(&s->stripes[i].lock);
         capture_if_pending(s, i);
     }
     uint64_t cleared = 0;
@@ -948,7 +1129,7 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
         o->fn(o->ctx, &c); /* every shard still locked: after each key's earlier changes */
     }
     for (size_t j = DREY_STORE_SHARDS; j-- > 0;)
-        pthread_rwlock_unlock(&s->shards[j].lock);
+        pthread_rwlock_unlock(&s->stripes[j].lock);
     return cleared;
 }
 
@@ -962,49 +1143,75 @@ static uint32_t rev32(uint32_t v) {
     return (v >> 16) | (v << 16);
 }
 
-static bool scan_match(drey_store *s, const entry *e, const char *cache, size_t cache_len, const char *prefix,
-                       size_t prefix_len, int64_t now_ms) {
-    return e->cache_len == cache_len && memcmp(e->data, cache, cache_len) == 0 && e->key_len >= prefix_len &&
-           memcmp(e->data + cache_len, prefix, prefix_len) == 0 && is_live(s, e, now_ms);
+/* What a walk delivers: every live entry, or a cache's live entries whose
+ * keys start with prefix. */
+typedef struct matcher {
+    bool any;
+    const char *cache;
+    size_t cache_len;
+    const char *prefix;
+    size_t prefix_len;
+} matcher;
+
+static bool walk_match(drey_store *s, const entry *e, const matcher *m, int64_t now_ms) {
+    if (!m->any && !(e->cache_len == m->cache_len && memcmp(e->data, m->cache, m->cache_len) == 0 &&
+                     e->key_len >= m->prefix_len && memcmp(e->data + m->cache_len, m->prefix, m->prefix_len) == 0))
+        return false;
+    return is_live(s, e, now_ms);
 }
 
-void drey_store_walk_shard(drey_store *s, size_t shard_index, int64_t now_ms,
+void drey_store_walk_shard(drey_store *s, size_t stripe_index, int64_t now_ms,
                            void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    shard *sh = &s->shards[shard_index];
-    pthread_rwlock_rdlock(&sh->lock);
-    for (size_t b = 0; sh->buckets != NULL && b <= sh->mask; b++) {
-        for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
-            if (!is_live(s, e, now_ms))
-                continue;
-            drey_store_item it;
-            item_of(e, &it);
-            fn(arg, &it);
+    pthread_rwlock_rdlock(&s->stripes[stripe_index].lock);
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t t = stripe_index; t < L->n_tables; t += DREY_STORE_SHARDS) {
+        shard *sh = &L->tables[t];
+        for (size_t b = 0; b <= sh->mask; b++) {
+            for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
+                if (!is_live(s, e, now_ms))
+                    continue;
+                drey_store_item it;
+                item_of(e, &it);
+                fn(arg, &it);
+            }
         }
     }
-    pthread_rwlock_unlock(&sh->lock);
+    pthread_rwlock_unlock(&s->stripes[stripe_index].lock);
 }
 
-size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
-                       int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
-                       void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    normalize_cache(&cache, &cache_len);
+/* Walks tables first .. first + count - 1 (pos->shard counts from first)
+ * in reverse-binary bucket order, one table's stripe read-locked at a time;
+ * tables that hold nothing are passed over without counting as visited.
+ * The scan and a partition's walk. */
+static size_t walk_tables(drey_store *s, size_t first, size_t count, const matcher *m, int64_t now_ms,
+                          drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
+                          void (*fn)(void *arg, const drey_store_item *item), void *arg) {
     size_t delivered = 0, visited = 0;
-    while (pos->shard < DREY_STORE_SHARDS && visited < max_buckets) {
-        shard *sh = &s->shards[pos->shard];
-        pthread_rwlock_rdlock(&sh->lock);
-        uint32_t m = (uint32_t)sh->mask, v = pos->bucket;
+    while (pos->shard != DREY_STORE_SCAN_DONE && visited < max_buckets) {
+        if (pos->shard >= count) {
+            pos->shard = DREY_STORE_SCAN_DONE;
+            pos->bucket = 0;
+            break;
+        }
+        size_t t = first + pos->shard;
+        pthread_rwlock_t *lock = lock_of(s, t);
+        pthread_rwlock_rdlock(lock);
+        shard *sh = &atomic_load_explicit(&s->layout, memory_order_relaxed)->tables[t];
+        uint32_t mask = (uint32_t)sh->mask, v = pos->bucket;
         bool stop = false;
-        while (visited < max_buckets) {
-            const entry *chain = sh->buckets[v & m];
+        if (sh->count == 0)
+            v = 0; /* nothing here now: nothing that was here all along either */
+        while (sh->count > 0 && visited < max_buckets) {
+            const entry *chain = sh->buckets[v & mask];
             size_t n = 0;
             for (const entry *e = chain; e != NULL; e = e->next)
-                n += scan_match(s, e, cache, cache_len, prefix, prefix_len, now_ms);
+                n += walk_match(s, e, m, now_ms);
             if (delivered > 0 && delivered + n > limit) {
                 stop = true; /* this bucket starts the next page */
                 break;
             }
             for (const entry *e = chain; e != NULL; e = e->next) {
-                if (!scan_match(s, e, cache, cache_len, prefix, prefix_len, now_ms))
+                if (!walk_match(s, e, m, now_ms))
                     continue;
                 drey_store_item it;
                 item_of(e, &it);
@@ -1014,18 +1221,18 @@ size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const
             visited++;
             /* Reverse-binary increment: the bits above the mask first, so a
              * table that doubled or halved since is still covered. */
-            v |= ~m;
+            v |= ~mask;
             v = rev32(rev32(v) + 1);
             if (v == 0 || delivered >= limit)
                 break;
         }
-        pthread_rwlock_unlock(&sh->lock);
+        pthread_rwlock_unlock(lock);
         if (stop) {
             pos->bucket = v;
             break;
         }
         if (v == 0) {
-            pos->shard++;
+            pos->shard = pos->shard + 1 < count ? pos->shard + 1 : DREY_STORE_SCAN_DONE;
             pos->bucket = 0;
         } else {
             pos->bucket = v;
@@ -1034,4 +1241,237 @@ size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const
             break;
     }
     return delivered;
+}
+
+bool drey_store_scan_pos_valid(const drey_store *s, const drey_store_scan_pos *pos) {
+    return pos->shard == DREY_STORE_SCAN_DONE || pos->shard < drey_store__layout(s)->n_tables;
+}
+
+size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
+                       int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
+                       void (*fn)(void *arg, const drey_store_item *item), void *arg) {
+    normalize_cache(&cache, &cache_len);
+    matcher m = {.cache = cache, .cache_len = cache_len, .prefix = prefix, .prefix_len = prefix_len};
+    return walk_tables(s, 0, drey_store__layout(s)->n_tables, &m, now_ms, pos, limit, max_buckets, fn, arg);
+}
+
+/* --- partitions ------------------------------------------------------------- */
+
+uint32_t drey_store_partitions(const drey_store *s) {
+    return drey_store__layout(s)->parts;
+}
+
+/* Links an entry into a table of a layout being built, with its figures
+ * (its cache's and the store's do not change). */
+static void relink(shard *dst, entry *e) {
+    entry **slot = &dst->buckets[e->hash & dst->mask];
+    e->next = *slot;
+    *slot = e;
+    dst->count++;
+    dst->bytes += entry_bytes(e);
+    bool expires = e->expires_at_ms != 0;
+    atomic_fetch_add_explicit(&dst->expiring, expires, memory_order_relaxed);
+    if (!internal(e)) {
+        atomic_fetch_add_explicit(&dst->evictable, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&dst->evictable_expiring, expires, memory_order_relaxed);
+    }
+    tc_add(dst, e->cache_id, 1, (int64_t)entry_bytes(e), expires);
+    if (dst->count > dst->mask + 1)
+        resize(dst, (dst->mask + 1) * 2);
+}
+
+bool drey_store_set_partitions(drey_store *s, uint32_t n, drey_store_partition_fn fn) {
+    if (n == 0 || n > DREY_STORE_MAX_PARTITIONS || fn == NULL)
+        return false;
+    lock_all(s);
+    layout *old = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    if (old->parts == n && old->part_of == fn) {
+        unlock_all(s);
+        return true;
+    }
+    /* A capture in progress takes every stripe as it was: after the move a
+     * stripe holds other entries. */
+    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
+        capture_if_pending(s, i);
+    layout *L = layout_new(n, fn);
+    for (size_t t = 0; t < old->n_tables; t++) {
+        shard *sh = &old->tables[t];
+        for (size_t b = 0; b <= sh->mask; b++) {
+            while (sh->buckets[b] != NULL) {
+                entry *e = sh->buckets[b];
+                sh->buckets[b] = e->next;
+                const char *cache = (const char *)e->data, *key = cache + e->cache_len;
+                uint64_t hash = key_hash(s, cache, e->cache_len, key, e->key_len);
+                relink(&L->tables[table_for(L, cache, e->cache_len, key, e->key_len, hash)], e);
+            }
+        }
+        /* Emptied, not freed: a lock-free reader of the old layout reads
+         * zeros (see layout in internal.h). */
+        sh->count = 0;
+        sh->bytes = 0;
+        atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
+        atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
+        atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
+        free(sh->caches);
+        sh->caches = NULL;
+        sh->caches_cap = sh->caches_used = 0;
+    }
+    L->older = old;
+    atomic_store_explicit(&s->layout, L, memory_order_release);
+    unlock_all(s);
+    return true;
+}
+
+/* Partition p's tables in L (first, count); false for a p it does not
+ * have. A partition's tables are guarded by consecutive stripes that do
+ * not wrap (per_part divides 256), so locking them in order is ascending. */
+static bool part_tables(const layout *L, uint32_t p, size_t *first, size_t *count) {
+    if (L->parts == 0 || p > L->parts)
+        return false;
+    *first = (size_t)p * L->per_part;
+    *count = L->per_part;
+    return true;
+}
+
+size_t drey_store_partition_walk(drey_store *s, uint32_t p, int64_t now_ms, drey_store_scan_pos *pos, size_t limit,
+                                 void (*fn)(void *arg, const drey_store_item *item), void *arg) {
+    size_t first, count;
+    if (!part_tables(drey_store__layout(s), p, &first, &count)) {
+        *pos = (drey_store_scan_pos){DREY_STORE_SCAN_DONE, 0};
+        return 0;
+    }
+    if (limit == 0)
+        limit = 1;
+    /* Tables keep at least one entry per 8 buckets: 8 x limit buckets
+     * bound the step where entries are sparse. */
+    size_t max_buckets = limit < SIZE_MAX / 16 ? limit * 8 + 64 : SIZE_MAX;
+    matcher m = {.any = true};
+    return walk_tables(s, first, count, &m, now_ms, pos, limit, max_buckets, fn, arg);
+}
+
+uint64_t drey_store_partition_remove(drey_store *s, uint32_t p, int64_t now_ms) {
+    size_t first, count;
+    if (!part_tables(drey_store__layout(s), p, &first, &count))
+        return 0;
+    uint64_t live = 0;
+    for (size_t t = first; t < first + count; t++) {
+        pthread_rwlock_t *lock = lock_of(s, t);
+        pthread_rwlock_wrlock(lock);
+        capture_if_pending(s, t % DREY_STORE_SHARDS);
+        shard *sh = &atomic_load_explicit(&s->layout, memory_order_relaxed)->tables[t];
+        for (size_t b = 0; b <= sh->mask; b++) {
+            while (sh->buckets[b] != NULL) {
+                entry *e = sh->buckets[b];
+                if (!retired(s, e)) {
+                    bool is = is_live(s, e, now_ms);
+                    observe(s, is ? DREY_STORE_CHANGE_REMOVE : DREY_STORE_CHANGE_EXPIRE, e);
+                    live += is;
+                }
+                sh->buckets[b] = e->next;
+                uncount_entry(s, sh, e);
+                free(e);
+            }
+        }
+        if (sh->mask + 1 > SHARD_MIN_BUCKETS)
+            resize(sh, SHARD_MIN_BUCKETS); /* empty: nothing to move */
+        pthread_rwlock_unlock(lock);
+    }
+    return live;
+}
+
+/* Read-locks partition p's stripes (ascending); false for a p the store
+ * does not have. */
+static bool lock_part(drey_store *s, uint32_t p, size_t *first, size_t *count) {
+    for (;;) {
+        layout *L = drey_store__layout(s);
+        if (!part_tables(L, p, first, count))
+            return false;
+        for (size_t i = 0; i < *count; i++)
+            pthread_rwlock_rdlock(lock_of(s, *first + i));
+        if (atomic_load_explicit(&s->layout, memory_order_relaxed) == L)
+            return true;
+        for (size_t i = *count; i-- > 0;) /* partitioned again meanwhile */
+            pthread_rwlock_unlock(lock_of(s, *first + i));
+    }
+}
+
+static void unlock_part(drey_store *s, size_t first, size_t count) {
+    for (size_t i = count; i-- > 0;)
+        pthread_rwlock_unlock(lock_of(s, first + i));
+}
+
+void drey_store_get_partition_stats(drey_store *s, uint32_t p, drey_store_partition_stats *out) {
+    memset(out, 0, sizeof *out);
+    size_t first, count;
+    if (!lock_part(s, p, &first, &count))
+        return;
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t t = first; t < first + count; t++) {
+        out->entries += L->tables[t].count;
+        out->bytes += L->tables[t].bytes;
+        out->expiring += atomic_load_explicit(&L->tables[t].expiring, memory_order_relaxed);
+    }
+    unlock_part(s, first, count);
+}
+
+/* Sums the cache's rows over partition p's tables; p's stripes locked. */
+static void part_cache_sum(drey_store *s, size_t first, size_t count, uint32_t id, drey_cache_stats *out) {
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t t = first; t < first + count; t++) {
+        const table_cache *row = tc_find(&L->tables[t], id);
+        if (row != NULL) {
+            out->entries += row->entries;
+            out->bytes += row->bytes;
+            out->expiring += row->expiring;
+        }
+    }
+}
+
+void drey_store_partition_cache_stats(drey_store *s, uint32_t p, const char *cache, size_t cache_len,
+                                      drey_cache_stats *out) {
+    normalize_cache(&cache, &cache_len);
+    memset(out, 0, sizeof *out);
+    out->cache = cache;
+    out->cache_len = cache_len;
+    size_t first, count;
+    if (!lock_part(s, p, &first, &count))
+        return;
+    /* With the partition's stripes held, no entry of it comes or goes, so
+     * the slot found now is the one its entries count in. */
+    pthread_mutex_lock(&s->reg.mu);
+    bool found;
+    size_t i = map_find(s, cache, cache_len, &found);
+    uint32_t id = found ? s->reg.map[i] - 1 : 0;
+    pthread_mutex_unlock(&s->reg.mu);
+    if (found)
+        part_cache_sum(s, first, count, id, out);
+    unlock_part(s, first, count);
+}
+
+void drey_store_partition_list_caches(drey_store *s, uint32_t p, void (*fn)(void *arg, const drey_cache_stats *c),
+                                      void *arg) {
+    size_t first, count;
+    if (!lock_part(s, p, &first, &count))
+        return;
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    pthread_mutex_lock(&s->reg.mu);
+    for (size_t t = first; t < first + count; t++) {
+        const shard *sh = &L->tables[t];
+        for (uint32_t r = 0; r < sh->caches_cap; r++) {
+            uint32_t id1 = sh->caches[r].id1;
+            if (id1 == 0)
+                continue;
+            bool seen = false; /* reported with an earlier table of p */
+            for (size_t u = first; u < t && !seen; u++)
+                seen = tc_find(&L->tables[u], id1 - 1) != NULL;
+            const cache_slot *c = drey_store__slot(s, id1 - 1);
+            if (seen || c->retired)
+                continue;
+            drey_cache_stats st = {.cache = c->name, .cache_len = c->name_len};
+            part_cache_sum(s, t, first + count - t, id1 - 1, &st);
+            fn(arg, &st);
+        }
+    }
+    pthread_mutex_unlock(&s->reg.mu);
+    unlock_part(s, first, count);
 }

@@ -201,3 +201,49 @@ Test(tenant, snapshots_and_walks_name_the_tenant) {
     drey_store_load(store, &it);
     cr_assert_eq(drey_tenants_used(tenants, a), bytes("c", "k", 10) + bytes("c", "loaded", 0));
 }
+
+/* A cluster node's store is partitioned at join and drops whole partitions
+ * (a move's Drop, Import's replace): the tenants' bytes follow. Moving the
+ * entries into their partitions' tables changes nobody's bytes and keeps
+ * each entry's tenant; removing a partition takes exactly its entries'
+ * bytes from their tenants. */
+static uint32_t by_first_letter(const char *cache, size_t cache_len, const char *key, size_t key_len, uint32_t n) {
+    (void)cache;
+    (void)cache_len;
+    return key_len > 0 ? (uint32_t)(key[0] - 'a') % n : 0;
+}
+
+static void tenant_of_walked(void *arg, const drey_store_item *it) {
+    uint32_t *seen = arg;
+    seen[it->key[0] - 'a'] = it->tenant;
+}
+
+Test(tenant, bytes_follow_a_partitioned_store_and_a_partitions_removal) {
+    uint32_t a = drey_tenants_intern(tenants, "acme", 4), b = drey_tenants_intern(tenants, "beta", 4);
+    put(a, "c", "a1", 100, 0); /* partition 0 */
+    put(b, "c", "a2", 50, 0);  /* partition 0 */
+    put(a, "c", "b1", 70, 0);  /* partition 1 */
+    put(b, "c", "c1", 30, 0);  /* partition 2 */
+    int64_t used_a = drey_tenants_used(tenants, a), used_b = drey_tenants_used(tenants, b);
+    cr_assert(drey_store_set_partitions(store, 4, by_first_letter));
+    cr_assert_eq(drey_tenants_used(tenants, a), used_a, "partitioning moves entries, not bytes");
+    cr_assert_eq(drey_tenants_used(tenants, b), used_b);
+    drey_key k = key_of("c", "b1"); /* a key made under the new layout */
+    uint32_t owner = 0;
+    cr_assert_eq(drey_store_entry_size_tenant(store, &k, 0, &owner), (size_t)bytes("c", "b1", 70));
+    cr_assert_eq(owner, a, "an entry keeps its tenant in its partition's table");
+    uint32_t seen[3] = {0};
+    for (uint32_t p = 0; p < 3; p++) {
+        drey_store_scan_pos pos = {0, 0};
+        while (pos.shard != DREY_STORE_SCAN_DONE)
+            drey_store_partition_walk(store, p, 0, &pos, 1, tenant_of_walked, seen);
+    }
+    cr_assert_eq(seen[1], a, "a partition's walk names the tenant (a move carries it)");
+    cr_assert_eq(seen[2], b);
+    put(b, "c", "b1", 10, 0); /* taken over after partitioning */
+    cr_assert_eq(drey_tenants_used(tenants, a), used_a - bytes("c", "b1", 70));
+    cr_assert_eq(drey_tenants_used(tenants, b), used_b + bytes("c", "b1", 10));
+    cr_assert_eq(drey_store_partition_remove(store, 0, 0), 2);
+    cr_assert_eq(drey_tenants_used(tenants, a), 0, "a1 went with partition 0, b1 is beta's now");
+    cr_assert_eq(drey_tenants_used(tenants, b), bytes("c", "b1", 10) + bytes("c", "c1", 30));
+}
