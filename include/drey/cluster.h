@@ -137,7 +137,8 @@ uint32_t drey_cluster_replication_factor(const drey_cluster *c);
  * cluster): a write this node leads, ordered, goes to the partition's
  * in-sync backups and is applied once every copy has it (replicate.c). */
 drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r);
-void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc);
+uint32_t drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc);
+void drey_cluster_replicate_released(void *cluster, uint32_t token);
 int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r);
 /* After drey_cluster_join: the node's Watch streams follow the partitions
  * they cover at their owners (src/cluster/subscribe.c; see watch.h). */

@@ -184,10 +184,16 @@ struct drey_request {
  * prepare returns NEXT (not replicated: the chain goes on as without it),
  * REJECT (r->status, nothing happened) or PARKED: then the replicator owns
  * the write's completion (it takes r->entry.done) and resumes it with
- * drey_pipeline_resume once it may apply. */
+ * drey_pipeline_resume once it may apply.
+ * Nothing may be resumed under the order lock: a resumed Pipeline
+ * operation can submit the stream's next one on the same thread, which
+ * takes the order lock again (a deadlock seen at RF 2). So completions
+ * that appended finds due wait for released, called with what appended
+ * returned (when not 0) once the lock is let go. */
 typedef struct drey_replicator {
     drey_stage_result (*prepare)(void *ctx, drey_request *r);
-    void (*appended)(void *ctx, drey_request *r, int rc);
+    uint32_t (*appended)(void *ctx, drey_request *r, int rc);
+    void (*released)(void *ctx, uint32_t token);
     /* Memory admission: the least room the write's other copies have
      * (INT64_MAX: no other, or none known), so that a write evicting to
      * fit evicts enough for every copy (its victims go everywhere). */

@@ -449,7 +449,7 @@ int64_t drey_cluster_replicate_memory_room(void *cluster, const drey_request *r)
     return least;
 }
 
-void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
+uint32_t drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     drey_cluster *c = cluster;
     drey_cluster__rec *rec = r->replica_note;
     drey_cluster__line *ln = &c->partitions[rec->partition].line;
@@ -470,7 +470,7 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
         atomic_fetch_sub(&c->partitions[rec->partition].seq, 1);
         r->replica_note = NULL;
         free(rec);
-        return;
+        return 0;
     }
     bool journaled = drey_pipeline_journaled(r);
     uint8_t *buf = NULL;
@@ -508,7 +508,11 @@ void drey_cluster_replicate_appended(void *cluster, drey_request *r, int rc) {
     pthread_mutex_unlock(&ln->mu);
     uint32_t p = rec->partition;
     rec_unref(rec);
-    drain(c, p);
+    return p + 1; /* its acknowledgements may all be in: drain once the order lock is let go */
+}
+
+void drey_cluster_replicate_released(void *cluster, uint32_t token) {
+    drain(cluster, token - 1);
 }
 
 /* --- taking a backup out of the set ------------------------------------------------ */

@@ -70,7 +70,7 @@ typedef struct fwd {
     int64_t retry_until_ns;
     bool retried, awaited;
     uint32_t partition;                /* of the last forward */
-    char owner[DREY_CLUSTER_MAX_ID];   /* where it went */
+    char primary[DREY_CLUSTER_MAX_ID]; /* the partition's then */
     drey_timer timer;
     drey_cluster__parked parked; /* its partition is frozen */
 } fwd;
@@ -173,7 +173,7 @@ static void forwarded_done(void *arg, const drey_answer *a) {
          * have reached its journal before the stream broke. */
         drey_request *r = f->r;
         drey_status *st = drey_cluster__unavailable(f->c, r, f->partition, DREY_ERR_PARTITION_UNAVAILABLE,
-                                                    "OWNER_UNREACHABLE", f->owner,
+                                                    "OWNER_UNREACHABLE", f->primary,
                                                     (r->method->flags & DREY_METHOD_WRITE) != 0);
         drey_status_add_metadata(st, "transport", "%.*s", (int)(a->message_len < 200 ? a->message_len : 200),
                                  a->message != NULL ? a->message : "");
@@ -330,8 +330,10 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
         f->awaited = true;
         await_table(f, drey_cluster__forwarded_epoch(r));
     } else {
+        /* A stale read may go to a backup; a refusal names the primary. */
+        int32_t primary = t->parts[p].primary;
         f->partition = p;
-        snprintf(f->owner, sizeof f->owner, "%s", to->id);
+        snprintf(f->primary, sizeof f->primary, "%s", primary >= 0 ? t->nodes[primary].id : to->id);
         forward(c, f, to, t->parts[p].epoch);
     }
     return DREY_STAGE_PARKED;

@@ -612,6 +612,7 @@ static int join(node *n) {
     if (drey_cluster_replication_factor(n->cluster) > 1)
         drey_pipeline_set_replicator(n->pipeline, &(drey_replicator){.prepare = drey_cluster_replicate_prepare,
                                                                      .appended = drey_cluster_replicate_appended,
+                                                                     .released = drey_cluster_replicate_released,
                                                                      .memory_room = drey_cluster_replicate_memory_room,
                                                                      .ctx = n->cluster});
     drey_cluster_attach_watch(n->cluster, n->watch);

@@ -108,9 +108,10 @@ static int order_and_append(drey_pipeline *p, drey_journal *j, drey_request *r, 
         rc = -ENOENT; /* nothing to order it with: applied as it comes */
     if (rc != 0) /* refused: no record, so no version either */
         drey_commit_unreserve_versions(c, &r->write);
-    if (*replicated == DREY_STAGE_PARKED)
-        rep->appended(rep->ctx, r, rc);
+    uint32_t due = *replicated == DREY_STAGE_PARKED ? rep->appended(rep->ctx, r, rc) : 0;
     pthread_mutex_unlock(order);
+    if (due != 0)
+        rep->released(rep->ctx, due);
     return rc;
 }
 

@@ -1,7 +1,8 @@
 /*
- * The store's internals, shared by its files (store.c: the table, caches and
- * scans; evict.c: choosing what to evict). Nothing outside src/store and its
- * unit tests includes this.
+ * The store's internals, shared by its files (store.c: the tables, entries,
+ * transactions and the sweep; registry.c: the cache registry and per-table
+ * figures; walk.c: scans and partition walks; evict.c: choosing what to
+ * evict). Nothing outside src/store and its unit tests includes this.
  */
 #ifndef DREY_STORE_INTERNAL_H
 #define DREY_STORE_INTERNAL_H
@@ -192,5 +193,33 @@ void drey_store__touch(drey_store *s, entry *e);
 /* The access word of an entry created now, or replacing one whose access
  * word was `old`. */
 uint32_t drey_store__access_new(drey_store *s, uint32_t old, bool replacing);
+
+/* The cache registry's open-addressing map: slot ids, 0 free, a tombstone
+ * where a name went (registry.c). */
+#define MAP_EMPTY 0u
+#define MAP_DELETED UINT32_MAX
+
+/* Helpers the files share (defined where their section lives); each takes
+ * the locks its section's comment names. */
+void drey_store__capture_if_pending(drey_store *s, size_t idx);
+bool drey_store__internal(const entry *e);
+void drey_store__item_of(const entry *e, drey_store_item *it);
+uint64_t drey_store__key_hash(const drey_store *s, const char *cache, size_t cache_len, const char *key, size_t key_len);
+layout *drey_store__layout_new(uint32_t parts, drey_store_partition_fn fn);
+void drey_store__lock_all(drey_store *s);
+size_t drey_store__map_find(drey_store *s, const char *name, size_t len, bool *found);
+void drey_store__normalize_cache(const char **cache, size_t *len);
+void drey_store__observe(drey_store *s, drey_store_change_kind kind, const entry *e);
+void drey_store__registry_destroy(drey_store *s);
+void drey_store__registry_init(drey_store *s);
+void drey_store__resize(shard *sh, size_t nbuckets);
+bool drey_store__retired(drey_store *s, const entry *e);
+uint32_t drey_store__slot_for(drey_store *s, const char *name, size_t len);
+void drey_store__slot_release(drey_store *s, uint32_t id);
+uint32_t drey_store__table_for(const layout *L, const char *cache, size_t cache_len, const char *key, size_t key_len, uint64_t hash);
+void drey_store__tc_add(shard *sh, uint32_t id, int64_t entries, int64_t bytes, int expiring);
+table_cache *drey_store__tc_find(const shard *sh, uint32_t id);
+void drey_store__uncount_entry(drey_store *s, shard *sh, const entry *e);
+void drey_store__unlock_all(drey_store *s);
 
 #endif

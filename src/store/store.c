@@ -38,10 +38,6 @@ pthread_rwlock_t *drey_store__lock_of(drey_store *s, size_t table) {
     return &s->stripes[table % DREY_STORE_SHARDS].lock;
 }
 
-static pthread_rwlock_t *lock_of(drey_store *s, size_t table) {
-    return drey_store__lock_of(s, table);
-}
-
 /* The key's table; its stripe is locked, so the layout is stable. */
 static shard *table_of(drey_store *s, const drey_key *k) {
     layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
@@ -52,7 +48,7 @@ static shard *table_of(drey_store *s, const drey_key *k) {
     return &L->tables[k->table];
 }
 
-static layout *layout_new(uint32_t parts, drey_store_partition_fn fn) {
+layout *drey_store__layout_new(uint32_t parts, drey_store_partition_fn fn) {
     layout *L = drey_xcalloc(1, sizeof *L);
     L->parts = parts;
     L->part_of = fn;
@@ -77,7 +73,7 @@ static layout *layout_new(uint32_t parts, drey_store_partition_fn fn) {
 }
 
 /* The table, in layout L, of a key with this hash. */
-static uint32_t table_for(const layout *L, const char *cache, size_t cache_len, const char *key, size_t key_len,
+uint32_t drey_store__table_for(const layout *L, const char *cache, size_t cache_len, const char *key, size_t key_len,
                           uint64_t hash) {
     if (L->parts == 0)
         return (uint32_t)(hash >> 56);
@@ -85,257 +81,6 @@ static uint32_t table_for(const layout *L, const char *cache, size_t cache_len, 
     if (p > L->parts)
         p = L->parts; /* the group of no partition */
     return p * L->per_part + (uint32_t)((hash >> 56) & (L->per_part - 1));
-}
-
-/* --- a table's figures per cache (partitioned stores) ----------------------- */
-
-static size_t tc_home(uint32_t id1, uint32_t mask) {
-    uint32_t h = id1 * 0x9e3779b1u;
-    return (h ^ (h >> 16)) & mask;
-}
-
-static table_cache *tc_find(const shard *sh, uint32_t id) {
-    if (sh->caches_cap == 0)
-        return NULL;
-    uint32_t mask = sh->caches_cap - 1;
-    for (size_t i = tc_home(id + 1, mask);; i = (i + 1) & mask) {
-        if (sh->caches[i].id1 == id + 1)
-            return &sh->caches[i];
-        if (sh->caches[i].id1 == 0)
-            return NULL;
-    }
-}
-
-static void tc_grow(shard *sh) {
-    table_cache *old = sh->caches;
-    uint32_t old_cap = sh->caches_cap;
-    sh->caches_cap = old_cap ? old_cap * 2 : 4;
-    sh->caches = drey_xcalloc(sh->caches_cap, sizeof *sh->caches);
-    for (uint32_t i = 0; i < old_cap; i++) {
-        if (old[i].id1 == 0)
-            continue;
-        size_t j = tc_home(old[i].id1, sh->caches_cap - 1);
-        while (sh->caches[j].id1 != 0)
-            j = (j + 1) & (sh->caches_cap - 1);
-        sh->caches[j] = old[i];
-    }
-    free(old);
-}
-
-/* The cache's row, opened if it has none. */
-static table_cache *tc_open(shard *sh, uint32_t id) {
-    table_cache *row = tc_find(sh, id);
-    if (row != NULL)
-        return row;
-    if ((sh->caches_used + 1) * 4 > sh->caches_cap * 3)
-        tc_grow(sh);
-    uint32_t mask = sh->caches_cap - 1;
-    size_t i = tc_home(id + 1, mask);
-    while (sh->caches[i].id1 != 0)
-        i = (i + 1) & mask;
-    sh->caches[i] = (table_cache){.id1 = id + 1};
-    sh->caches_used++;
-    return &sh->caches[i];
-}
-
-/* Deletes a row, moving back the rows of its probe run (linear probing
- * without tombstones). */
-static void tc_delete(shard *sh, table_cache *row) {
-    uint32_t mask = sh->caches_cap - 1;
-    size_t hole = (size_t)(row - sh->caches);
-    for (size_t j = (hole + 1) & mask; sh->caches[j].id1 != 0; j = (j + 1) & mask) {
-        size_t home = tc_home(sh->caches[j].id1, mask);
-        /* j's row may fill the hole if its home is not in (hole, j]. */
-        bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
-        if (!stays) {
-            sh->caches[hole] = sh->caches[j];
-            hole = j;
-        }
-    }
-    sh->caches[hole].id1 = 0;
-    sh->caches_used--;
-}
-
-/* Moves the cache's figures in a table by the deltas; the row goes with the
- * cache's last entry in the table. */
-static void tc_add(shard *sh, uint32_t id, int64_t entries, int64_t bytes, int expiring) {
-    if (!sh->per_cache)
-        return;
-    table_cache *row = entries > 0 ? tc_open(sh, id) : tc_find(sh, id);
-    if (row == NULL)
-        abort(); /* an entry counted nowhere: the figures are broken */
-    row->entries += (uint64_t)entries;
-    row->bytes += (uint64_t)bytes;
-    row->expiring += (uint32_t)expiring;
-    if (row->entries == 0)
-        tc_delete(sh, row);
-}
-
-/* --- the cache registry --------------------------------------------------- */
-
-#define MAP_EMPTY 0u
-#define MAP_DELETED UINT32_MAX
-
-cache_slot *drey_store__slot(drey_store *s, uint32_t id) {
-    return &atomic_load_explicit(&s->reg.chunks[id / SLOT_CHUNK], memory_order_acquire)[id % SLOT_CHUNK];
-}
-
-static uint64_t name_hash(const char *name, size_t len) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a: the map holds few names, none chosen for the seed */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (uint8_t)name[i]) * 1099511628211ULL;
-    return h;
-}
-
-static bool slot_named(const cache_slot *c, const char *name, size_t len) {
-    return c->name_len == len && memcmp(c->name, name, len) == 0;
-}
-
-/* The map position holding the name's slot, or the first free one after
- * its probe sequence. Registry lock held. */
-static size_t map_find(drey_store *s, const char *name, size_t len, bool *found) {
-    registry *r = &s->reg;
-    size_t mask = r->map_cap - 1, i = name_hash(name, len) & mask, tomb = SIZE_MAX;
-    for (;;) {
-        uint32_t v = r->map[i];
-        if (v == MAP_EMPTY) {
-            *found = false;
-            return tomb != SIZE_MAX ? tomb : i;
-        }
-        if (v == MAP_DELETED) {
-            if (tomb == SIZE_MAX)
-                tomb = i;
-        } else if (slot_named(drey_store__slot(s, v - 1), name, len)) {
-            *found = true;
-            return i;
-        }
-        i = (i + 1) & mask;
-    }
-}
-
-/* Rehashes the map when live names and tombstones fill it: twice as large
- * when the live names alone fill half of it, else the same size (caches
- * come and go, and their tombstones must not grow the map for ever). */
-static void map_grow(drey_store *s) {
-    registry *r = &s->reg;
-    uint32_t *old = r->map;
-    size_t old_cap = r->map_cap, live = 0;
-    for (size_t i = 0; i < old_cap; i++)
-        live += old[i] != MAP_EMPTY && old[i] != MAP_DELETED;
-    r->map_cap = live * 2 >= old_cap ? old_cap * 2 : old_cap;
-    r->map = drey_xcalloc(r->map_cap, sizeof *r->map);
-    r->map_used = 0;
-    for (size_t i = 0; i < old_cap; i++) {
-        if (old[i] == MAP_EMPTY || old[i] == MAP_DELETED)
-            continue;
-        cache_slot *c = drey_store__slot(s, old[i] - 1);
-        bool found;
-        r->map[map_find(s, c->name, c->name_len, &found)] = old[i];
-        r->map_used++;
-    }
-    free(old);
-}
-
-static uint32_t slot_alloc(drey_store *s) {
-    registry *r = &s->reg;
-    uint32_t id;
-    if (r->free_head != 0) {
-        id = r->free_head - 1;
-        r->free_head = drey_store__slot(s, id)->next_free;
-    } else {
-        id = r->n_slots;
-        if (id / SLOT_CHUNK >= SLOT_CHUNKS) {
-            fprintf(stderr, "drey_store: more than %d caches\n", SLOT_CHUNK * SLOT_CHUNKS);
-            abort();
-        }
-        if (atomic_load_explicit(&r->chunks[id / SLOT_CHUNK], memory_order_relaxed) == NULL)
-            atomic_store_explicit(&r->chunks[id / SLOT_CHUNK], drey_xcalloc(SLOT_CHUNK, sizeof(cache_slot)),
-                                  memory_order_release);
-        r->n_slots++;
-    }
-    cache_slot *c = drey_store__slot(s, id);
-    atomic_store(&c->entries, 0);
-    atomic_store(&c->bytes, 0);
-    atomic_store(&c->expiring, 0);
-    atomic_store(&c->evictions, 0);
-    atomic_store(&c->evicted_bytes, 0);
-    c->retired = false;
-    c->next_free = 0;
-    return id;
-}
-
-/* Caches clients can name; internal ones ("#outcomes") are not theirs to
- * count. */
-static bool counted(const char *name, size_t len) {
-    return len == 0 || name[0] != '#';
-}
-
-static void slot_release(drey_store *s, uint32_t id) {
-    cache_slot *c = drey_store__slot(s, id);
-    s->reg.live -= counted(c->name, c->name_len);
-    c->retired = false;
-    c->next_free = s->reg.free_head;
-    s->reg.free_head = id + 1;
-}
-
-/* The slot of the named cache for a new entry, opened if it has none, with
- * the entry counted in it: under the registry lock, so that the slot cannot
- * be released between being found and being counted in. Called with the
- * entry's shard write-locked (lock order: shards, then the registry). */
-static uint32_t slot_for(drey_store *s, const char *name, size_t len) {
-    registry *r = &s->reg;
-    pthread_mutex_lock(&r->mu);
-    bool found;
-    size_t i = map_find(s, name, len, &found);
-    uint32_t id;
-    if (found) {
-        id = r->map[i] - 1;
-    } else {
-        id = slot_alloc(s);
-        r->live += counted(name, len);
-        cache_slot *c = drey_store__slot(s, id);
-        memcpy(c->name, name, len);
-        c->name_len = (uint8_t)len;
-        if (r->map[i] == MAP_EMPTY)
-            r->map_used++;
-        r->map[i] = id + 1;
-        if (r->map_used * 4 > r->map_cap * 3)
-            map_grow(s);
-    }
-    atomic_fetch_add_explicit(&drey_store__slot(s, id)->entries, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&r->mu);
-    return id;
-}
-
-bool drey_store_cache_admits(drey_store *s, const char *cache, size_t len, uint32_t limit) {
-    /* Below the limit every write is admitted: no lock on the write path
-     * until the limit is near. */
-    if (atomic_load_explicit(&s->reg.live, memory_order_relaxed) < limit)
-        return true;
-    drey_key k;
-    drey_store_key(s, &k, cache, len, "", 0); /* the normalised name */
-    registry *r = &s->reg;
-    pthread_mutex_lock(&r->mu);
-    bool found;
-    map_find(s, k.cache, k.cache_len, &found);
-    bool ok = found || r->live < limit;
-    pthread_mutex_unlock(&r->mu);
-    return ok;
-}
-
-static void registry_init(drey_store *s) {
-    registry *r = &s->reg;
-    pthread_mutex_init(&r->mu, NULL);
-    r->map_cap = 64;
-    r->map = drey_xcalloc(r->map_cap, sizeof *r->map);
-}
-
-static void registry_destroy(drey_store *s) {
-    registry *r = &s->reg;
-    for (size_t i = 0; i < SLOT_CHUNKS; i++)
-        free(atomic_load(&r->chunks[i]));
-    free(r->map);
-    pthread_mutex_destroy(&r->mu);
 }
 
 /* --- the table ------------------------------------------------------------ */
@@ -347,8 +92,8 @@ drey_store *drey_store_create(void) {
         abort();
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
         pthread_rwlock_init(&s->stripes[i].lock, NULL);
-    atomic_store(&s->layout, layout_new(0, NULL));
-    registry_init(s);
+    atomic_store(&s->layout, drey_store__layout_new(0, NULL));
+    drey_store__registry_init(s);
     pthread_mutex_init(&s->pool_mu, NULL);
     return s;
 }
@@ -400,22 +145,22 @@ void drey_store_destroy(drey_store *s) {
     for (size_t i = 0; i < s->pool_len; i++)
         free(s->pool[i].name);
     pthread_mutex_destroy(&s->pool_mu);
-    registry_destroy(s);
+    drey_store__registry_destroy(s);
     free(s);
 }
 
-static void lock_all(drey_store *s) {
+void drey_store__lock_all(drey_store *s) {
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
         pthread_rwlock_wrlock(&s->stripes[i].lock);
 }
 
-static void unlock_all(drey_store *s) {
+void drey_store__unlock_all(drey_store *s) {
     for (size_t i = DREY_STORE_SHARDS; i-- > 0;)
         pthread_rwlock_unlock(&s->stripes[i].lock);
 }
 
 void drey_store_clear(drey_store *s) {
-    lock_all(s);
+    drey_store__lock_all(s);
     layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
     for (size_t i = 0; i < L->n_tables; i++) {
         shard *sh = &L->tables[i];
@@ -429,17 +174,17 @@ void drey_store_clear(drey_store *s) {
     r->map_used = 0;
     r->free_head = 0;
     for (uint32_t id = r->n_slots; id-- > 0;)
-        slot_release(s, id);
+        drey_store__slot_release(s, id);
     pthread_mutex_unlock(&r->mu);
     atomic_store(&s->orphans, 0);
     /* The eviction pool may still name entries that are gone: harmless, a
      * candidate is looked up again before it is chosen. */
-    unlock_all(s);
+    drey_store__unlock_all(s);
 }
 
 /* The cache name (normalized) is prefixed by its length so ("ab","c") and
  * ("a","bc") hash differently. */
-static uint64_t key_hash(const drey_store *s, const char *cache, size_t cache_len, const char *key, size_t key_len) {
+uint64_t drey_store__key_hash(const drey_store *s, const char *cache, size_t cache_len, const char *key, size_t key_len) {
     uint8_t prefix[256];
     prefix[0] = (uint8_t)cache_len;
     memcpy(prefix + 1, cache, cache_len);
@@ -456,8 +201,8 @@ void drey_store_key(const drey_store *s, drey_key *k, const char *cache, size_t 
     k->cache_len = cache_len;
     k->key = key;
     k->key_len = key_len;
-    k->hash = key_hash(s, cache, cache_len, key, key_len);
-    k->table = table_for(drey_store__layout(s), k->cache, cache_len, key, key_len, k->hash);
+    k->hash = drey_store__key_hash(s, cache, cache_len, key, key_len);
+    k->table = drey_store__table_for(drey_store__layout(s), k->cache, cache_len, key, key_len, k->hash);
 }
 
 void drey_store_get_seed(const drey_store *s, uint8_t out[16]) {
@@ -487,20 +232,12 @@ size_t drey_store__entry_bytes(const entry *e) {
     return drey_store_entry_bytes(e->cache_len, e->key_len, e->value_len);
 }
 
-static size_t entry_bytes(const entry *e) {
-    return drey_store__entry_bytes(e);
-}
-
-static bool retired(drey_store *s, const entry *e) {
+bool drey_store__retired(drey_store *s, const entry *e) {
     return drey_store__slot(s, e->cache_id)->retired;
 }
 
 bool drey_store__is_live(drey_store *s, const entry *e, int64_t now_ms) {
-    return (e->expires_at_ms == 0 || e->expires_at_ms > now_ms) && !retired(s, e);
-}
-
-static bool is_live(drey_store *s, const entry *e, int64_t now_ms) {
-    return drey_store__is_live(s, e, now_ms);
+    return (e->expires_at_ms == 0 || e->expires_at_ms > now_ms) && !drey_store__retired(s, e);
 }
 
 bool drey_store__matches(const entry *e, const drey_key *k) {
@@ -525,7 +262,7 @@ static void view_of(const entry *e, drey_entry_view *v) {
     v->tenant = drey_store__tenant(e);
 }
 
-static void item_of(const entry *e, drey_store_item *it) {
+void drey_store__item_of(const entry *e, drey_store_item *it) {
     it->cache = (const char *)e->data;
     it->cache_len = e->cache_len;
     it->key = (const char *)e->data + e->cache_len;
@@ -534,7 +271,7 @@ static void item_of(const entry *e, drey_store_item *it) {
     it->tenant = it->entry.tenant;
 }
 
-static void resize(shard *sh, size_t nbuckets) {
+void drey_store__resize(shard *sh, size_t nbuckets) {
     entry **nb = drey_xcalloc(nbuckets, sizeof(entry *));
     size_t nmask = nbuckets - 1;
     for (size_t b = 0; b <= sh->mask; b++) {
@@ -565,7 +302,7 @@ static void tenant_account(drey_store *s, const entry *e, int64_t delta) {
  * tenant's is told. */
 static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
     sh->bytes += (size_t)delta;
-    tc_add(sh, e->cache_id, 0, delta, 0);
+    drey_store__tc_add(sh, e->cache_id, 0, delta, 0);
     atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->bytes, delta, memory_order_relaxed);
     tenant_account(s, e, delta);
@@ -574,7 +311,7 @@ static void account(drey_store *s, shard *sh, const entry *e, int64_t delta) {
 /* Keeps the counts of expiring entries (shard and cache) as an entry's
  * expiry goes from `from` to `to` (0: never; an entry inserted comes from 0,
  * one freed goes to 0). */
-static bool internal(const entry *e) {
+bool drey_store__internal(const entry *e) {
     return e->cache_len > 0 && e->data[0] == '#';
 }
 
@@ -582,8 +319,8 @@ static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from,
     if ((from != 0) == (to != 0))
         return;
     atomic_fetch_add_explicit(&sh->expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
-    tc_add(sh, e->cache_id, 0, 0, to != 0 ? 1 : -1);
-    if (!internal(e))
+    drey_store__tc_add(sh, e->cache_id, 0, 0, to != 0 ? 1 : -1);
+    if (!drey_store__internal(e))
         atomic_fetch_add_explicit(&sh->evictable_expiring, to != 0 ? 1 : (size_t)-1, memory_order_relaxed);
     atomic_fetch_add_explicit(&drey_store__slot(s, e->cache_id)->expiring, to != 0 ? 1 : -1, memory_order_relaxed);
 }
@@ -592,21 +329,21 @@ static void track_expiry(drey_store *s, shard *sh, const entry *e, int64_t from,
  * here); slot_for counted it in its cache already. */
 static void count_entry(shard *sh, const entry *e) {
     sh->count++;
-    tc_add(sh, e->cache_id, 1, 0, 0);
-    if (!internal(e))
+    drey_store__tc_add(sh, e->cache_id, 1, 0, 0);
+    if (!drey_store__internal(e))
         atomic_fetch_add_explicit(&sh->evictable, 1, memory_order_relaxed);
 }
 
 /* Forgets an entry's counts; a slot whose last entry goes is reused: a
  * cache that has emptied keeps no slot, so cache names written over a
  * node's life do not pile up in the registry. */
-static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
+void drey_store__uncount_entry(drey_store *s, shard *sh, const entry *e) {
     sh->count--;
-    if (!internal(e))
+    if (!drey_store__internal(e))
         atomic_fetch_sub_explicit(&sh->evictable, 1, memory_order_relaxed);
     track_expiry(s, sh, e, e->expires_at_ms, 0);
-    account(s, sh, e, -(int64_t)entry_bytes(e));
-    tc_add(sh, e->cache_id, -1, 0, 0); /* last: its row may go now */
+    account(s, sh, e, -(int64_t)drey_store__entry_bytes(e));
+    drey_store__tc_add(sh, e->cache_id, -1, 0, 0); /* last: its row may go now */
     cache_slot *c = drey_store__slot(s, e->cache_id);
     bool retired_slot = c->retired;
     if (retired_slot)
@@ -622,11 +359,11 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
     if (atomic_load_explicit(&c->entries, memory_order_relaxed) == 0) {
         if (!retired_slot) {
             bool found;
-            size_t i = map_find(s, c->name, c->name_len, &found);
+            size_t i = drey_store__map_find(s, c->name, c->name_len, &found);
             if (found)
                 r->map[i] = MAP_DELETED;
         }
-        slot_release(s, e->cache_id);
+        drey_store__slot_release(s, e->cache_id);
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -634,10 +371,10 @@ static void uncount_entry(drey_store *s, shard *sh, const entry *e) {
 static void unlink_free(drey_store *s, shard *sh, entry **slot) {
     entry *e = *slot;
     *slot = e->next;
-    uncount_entry(s, sh, e);
+    drey_store__uncount_entry(s, sh, e);
     free(e);
     if (sh->mask + 1 > SHARD_MIN_BUCKETS && sh->count < (sh->mask + 1) / 8)
-        resize(sh, (sh->mask + 1) / 2);
+        drey_store__resize(sh, (sh->mask + 1) / 2);
 }
 
 void drey_store_set_observer(drey_store *s, const drey_store_observer *o) {
@@ -645,9 +382,9 @@ void drey_store_set_observer(drey_store *s, const drey_store_observer *o) {
 }
 
 /* Tells the observer, if any, of a change to e (still linked). */
-static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) {
+void drey_store__observe(drey_store *s, drey_store_change_kind kind, const entry *e) {
     const drey_store_observer *o = atomic_load_explicit(&s->observer, memory_order_acquire);
-    if (o == NULL || internal(e))
+    if (o == NULL || drey_store__internal(e))
         return;
     drey_store_change c = {
         .kind = kind,
@@ -664,10 +401,10 @@ static void observe(drey_store *s, drey_store_change_kind kind, const entry *e) 
 
 bool drey_store_read(drey_store *s, const drey_key *k, int64_t now_ms,
                      void (*fn)(void *arg, const drey_entry_view *e), void *arg) {
-    pthread_rwlock_t *lock = lock_of(s, k->table);
+    pthread_rwlock_t *lock = drey_store__lock_of(s, k->table);
     pthread_rwlock_rdlock(lock);
     entry *e = *find_slot(table_of(s, k), k);
-    bool found = e != NULL && is_live(s, e, now_ms);
+    bool found = e != NULL && drey_store__is_live(s, e, now_ms);
     if (found) {
         drey_store__touch(s, e);
         drey_entry_view v;
@@ -706,7 +443,7 @@ void drey_store_raise_version(drey_store *s, uint64_t at_least) {
 
 /* Hands a stripe's tables to the capture if it is still marked. Called
  * with the stripe locked. */
-static void capture_if_pending(drey_store *s, size_t idx) {
+void drey_store__capture_if_pending(drey_store *s, size_t idx) {
     if (!atomic_exchange(&s->capture_pending[idx], false))
         return;
     layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
@@ -714,10 +451,10 @@ static void capture_if_pending(drey_store *s, size_t idx) {
         shard *sh = &L->tables[t];
         for (size_t b = 0; b <= sh->mask; b++) {
             for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
-                if (!is_live(s, e, s->capture_live_at))
+                if (!drey_store__is_live(s, e, s->capture_live_at))
                     continue;
                 drey_store_item it;
-                item_of(e, &it);
+                drey_store__item_of(e, &it);
                 s->capture_fn(s->capture_ctx, idx, &it);
             }
         }
@@ -735,7 +472,7 @@ void drey_store_capture_begin(drey_store *s, drey_store_capture_fn fn, void *ctx
 
 void drey_store_capture_shard(drey_store *s, size_t idx) {
     pthread_rwlock_rdlock(&s->stripes[idx].lock);
-    capture_if_pending(s, idx);
+    drey_store__capture_if_pending(s, idx);
     pthread_rwlock_unlock(&s->stripes[idx].lock);
 }
 
@@ -755,7 +492,7 @@ void drey_store_reserve(drey_store *s, size_t n) {
             want *= 2;
         for (size_t t = i; t < L->n_tables; t += DREY_STORE_SHARDS) {
             if (L->tables[t].mask + 1 < want)
-                resize(&L->tables[t], want);
+                drey_store__resize(&L->tables[t], want);
         }
         pthread_rwlock_unlock(&s->stripes[i].lock);
     }
@@ -787,19 +524,19 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
     drey_key k;
     drey_store_key(s, &k, item->cache, item->cache_len, item->key, item->key_len);
     entry *e = new_entry(&k, &item->entry.value, item->entry.expires_at_ms, item->entry.version, item->tenant);
-    pthread_rwlock_t *lock = lock_of(s, k.table);
+    pthread_rwlock_t *lock = drey_store__lock_of(s, k.table);
     pthread_rwlock_wrlock(lock);
     shard *sh = table_of(s, &k);
-    e->cache_id = slot_for(s, k.cache, k.cache_len);
+    e->cache_id = drey_store__slot_for(s, k.cache, k.cache_len);
     e->access = drey_store__access_new(s, 0, false);
     entry **slot = &sh->buckets[e->hash & sh->mask];
     e->next = *slot;
     *slot = e;
     count_entry(sh, e);
     track_expiry(s, sh, e, 0, e->expires_at_ms);
-    account(s, sh, e, (int64_t)entry_bytes(e));
+    account(s, sh, e, (int64_t)drey_store__entry_bytes(e));
     if (sh->count > sh->mask + 1)
-        resize(sh, (sh->mask + 1) * 2);
+        drey_store__resize(sh, (sh->mask + 1) * 2);
     pthread_rwlock_unlock(lock);
 }
 
@@ -817,7 +554,7 @@ void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys
         for (uint64_t bits = t->locked[w]; bits != 0; bits &= bits - 1) {
             size_t idx = w * 64 + (size_t)__builtin_ctzll(bits);
             pthread_rwlock_wrlock(&s->stripes[idx].lock);
-            capture_if_pending(s, idx);
+            drey_store__capture_if_pending(s, idx);
         }
     }
 }
@@ -844,9 +581,9 @@ bool drey_store_txn_get(drey_store_txn *t, const drey_key *k, int64_t now_ms, dr
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
-    if (!is_live(t->store, *slot, now_ms)) {
-        if (!retired(t->store, *slot))
-            observe(t->store, DREY_STORE_CHANGE_EXPIRE, *slot);
+    if (!drey_store__is_live(t->store, *slot, now_ms)) {
+        if (!drey_store__retired(t->store, *slot))
+            drey_store__observe(t->store, DREY_STORE_CHANGE_EXPIRE, *slot);
         unlink_free(t->store, sh, slot);
         return false;
     }
@@ -862,7 +599,7 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
     entry *e = new_entry(k, v, expires_at_ms, version, t->tenant);
     entry **slot = find_slot(sh, k);
     entry *old = *slot;
-    if (old != NULL && !retired(s, old)) {
+    if (old != NULL && !drey_store__retired(s, old)) {
         /* The same cache's slot, and its recency or frequency goes on
          * (Redis keeps an overwritten key's LFU counter). */
         e->cache_id = old->cache_id;
@@ -873,27 +610,27 @@ void drey_store_txn_put(drey_store_txn *t, const drey_key *k, const drey_value *
         if (drey_store__tenant(old) != t->tenant) {
             /* The entry changes hands: the old tenant's bytes go, the new
              * one's come (the totals see only the difference). */
-            tenant_account(s, old, -(int64_t)entry_bytes(old));
-            tenant_account(s, e, (int64_t)entry_bytes(old));
+            tenant_account(s, old, -(int64_t)drey_store__entry_bytes(old));
+            tenant_account(s, e, (int64_t)drey_store__entry_bytes(old));
         }
-        account(s, sh, e, (int64_t)entry_bytes(e) - (int64_t)entry_bytes(old));
+        account(s, sh, e, (int64_t)drey_store__entry_bytes(e) - (int64_t)drey_store__entry_bytes(old));
         free(old); /* after the copy: v may point into it */
-        observe(s, DREY_STORE_CHANGE_SET, e);
+        drey_store__observe(s, DREY_STORE_CHANGE_SET, e);
         return;
     }
     if (old != NULL) /* a cleared cache's entry: it goes, the new one counts afresh */
         unlink_free(s, sh, find_slot(sh, k));
-    e->cache_id = slot_for(s, k->cache, k->cache_len);
+    e->cache_id = drey_store__slot_for(s, k->cache, k->cache_len);
     e->access = drey_store__access_new(s, 0, false);
     slot = find_slot(sh, k);
     e->next = NULL;
     *slot = e;
     count_entry(sh, e);
     track_expiry(s, sh, e, 0, expires_at_ms);
-    account(s, sh, e, (int64_t)entry_bytes(e));
+    account(s, sh, e, (int64_t)drey_store__entry_bytes(e));
     if (sh->count > sh->mask + 1)
-        resize(sh, (sh->mask + 1) * 2);
-    observe(s, DREY_STORE_CHANGE_SET, e);
+        drey_store__resize(sh, (sh->mask + 1) * 2);
+    drey_store__observe(s, DREY_STORE_CHANGE_SET, e);
 }
 
 bool drey_store_txn_set_expiry(drey_store_txn *t, const drey_key *k, int64_t expires_at_ms) {
@@ -911,8 +648,8 @@ bool drey_store_txn_remove(drey_store_txn *t, const drey_key *k) {
     entry **slot = find_slot(sh, k);
     if (*slot == NULL)
         return false;
-    if (!retired(t->store, *slot))
-        observe(t->store, DREY_STORE_CHANGE_REMOVE, *slot);
+    if (!drey_store__retired(t->store, *slot))
+        drey_store__observe(t->store, DREY_STORE_CHANGE_REMOVE, *slot);
     unlink_free(t->store, sh, slot);
     return true;
 }
@@ -921,15 +658,15 @@ size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t versi
     drey_store *s = t->store;
     shard *sh = txn_shard(t, k);
     entry **slot = find_slot(sh, k);
-    if (*slot == NULL || (*slot)->version != version || retired(s, *slot))
+    if (*slot == NULL || (*slot)->version != version || drey_store__retired(s, *slot))
         return 0;
-    size_t bytes = entry_bytes(*slot);
+    size_t bytes = drey_store__entry_bytes(*slot);
     cache_slot *c = drey_store__slot(s, (*slot)->cache_id);
     atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->evicted_bytes, bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->evicted_bytes, bytes, memory_order_relaxed);
-    observe(s, DREY_STORE_CHANGE_EVICT, *slot);
+    drey_store__observe(s, DREY_STORE_CHANGE_EVICT, *slot);
     unlink_free(s, sh, slot);
     return bytes;
 }
@@ -942,13 +679,13 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
     if (atomic_load_explicit(&sh->expiring, memory_order_relaxed) == 0 &&
         atomic_load_explicit(&s->orphans, memory_order_relaxed) == 0)
         return 0; /* nothing can expire: no write lock to stall readers */
-    pthread_rwlock_t *lock = lock_of(s, idx);
+    pthread_rwlock_t *lock = drey_store__lock_of(s, idx);
     pthread_rwlock_wrlock(lock);
     if (atomic_load_explicit(&s->layout, memory_order_relaxed) != L) {
         pthread_rwlock_unlock(lock); /* the store was partitioned meanwhile */
         return 0;
     }
-    capture_if_pending(s, idx % DREY_STORE_SHARDS);
+    drey_store__capture_if_pending(s, idx % DREY_STORE_SHARDS);
     size_t nbuckets = sh->mask + 1;
     size_t steps = max_buckets < nbuckets ? max_buckets : nbuckets;
     for (size_t i = 0; i < steps; i++) {
@@ -957,13 +694,13 @@ size_t drey_store_sweep(drey_store *s, int64_t now_ms, size_t max_buckets, size_
         entry **slot = &sh->buckets[b];
         while (*slot != NULL) {
             examined++;
-            if (is_live(s, *slot, now_ms)) {
+            if (drey_store__is_live(s, *slot, now_ms)) {
                 slot = &(*slot)->next;
                 continue;
             }
-            bool orphan = retired(s, *slot);
+            bool orphan = drey_store__retired(s, *slot);
             if (!orphan)
-                observe(s, DREY_STORE_CHANGE_EXPIRE, *slot);
+                drey_store__observe(s, DREY_STORE_CHANGE_EXPIRE, *slot);
             size_t before = sh->mask;
             unlink_free(s, sh, slot);
             freed++;
@@ -991,11 +728,11 @@ size_t drey_store_entry_size(drey_store *s, const drey_key *k, int64_t now_ms) {
 }
 
 size_t drey_store_entry_size_tenant(drey_store *s, const drey_key *k, int64_t now_ms, uint32_t *tenant) {
-    pthread_rwlock_t *lock = lock_of(s, k->table);
+    pthread_rwlock_t *lock = drey_store__lock_of(s, k->table);
     pthread_rwlock_rdlock(lock);
     entry *e = *find_slot(table_of(s, k), k);
-    bool live = e != NULL && is_live(s, e, now_ms);
-    size_t n = live ? entry_bytes(e) : 0;
+    bool live = e != NULL && drey_store__is_live(s, e, now_ms);
+    size_t n = live ? drey_store__entry_bytes(e) : 0;
     *tenant = live ? drey_store__tenant(e) : 0;
     pthread_rwlock_unlock(lock);
     return n;
@@ -1044,7 +781,7 @@ void drey_store_get_stats(drey_store *s, drey_store_stats *out) {
 
 /* --- caches --------------------------------------------------------------- */
 
-static void normalize_cache(const char **cache, size_t *len) {
+void drey_store__normalize_cache(const char **cache, size_t *len) {
     if (*len == 7 && memcmp(*cache, "default", 7) == 0)
         *len = 0;
     if (*len == 0)
@@ -1067,13 +804,13 @@ static void stats_of(const cache_slot *c, drey_cache_stats *out) {
 }
 
 void drey_store_cache_stats(drey_store *s, const char *cache, size_t cache_len, drey_cache_stats *out) {
-    normalize_cache(&cache, &cache_len);
+    drey_store__normalize_cache(&cache, &cache_len);
     memset(out, 0, sizeof *out);
     out->cache = cache;
     out->cache_len = cache_len;
     pthread_mutex_lock(&s->reg.mu);
     bool found;
-    size_t i = map_find(s, cache, cache_len, &found);
+    size_t i = drey_store__map_find(s, cache, cache_len, &found);
     if (found) {
         stats_of(drey_store__slot(s, s->reg.map[i] - 1), out);
         out->cache = cache; /* the slot's name is only valid under the lock */
@@ -1096,19 +833,19 @@ void drey_store_list_caches(drey_store *s, void (*fn)(void *arg, const drey_cach
 }
 
 uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_len) {
-    normalize_cache(&cache, &cache_len);
+    drey_store__normalize_cache(&cache, &cache_len);
     /* Every shard, in the transactions' order: no reader sees a part of the
      * cache gone and another part still there. A capture in progress takes
      * each shard as it was before the clear. */
     for (size_t i = 0; i < DREY_STORE_SHARDS; i++) {
         pthread_rwlock_wrlock(&s->stripes[i].lock);
-        capture_if_pending(s, i);
+        drey_store__capture_if_pending(s, i);
     }
     uint64_t cleared = 0;
     registry *r = &s->reg;
     pthread_mutex_lock(&r->mu);
     bool found;
-    size_t i = map_find(s, cache, cache_len, &found);
+    size_t i = drey_store__map_find(s, cache, cache_len, &found);
     if (found) {
         uint32_t id = r->map[i] - 1;
         cache_slot *c = drey_store__slot(s, id);
@@ -1119,7 +856,7 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
             c->retired = true;
             atomic_fetch_add(&s->orphans, n);
         } else {
-            slot_release(s, id);
+            drey_store__slot_release(s, id);
         }
     }
     pthread_mutex_unlock(&r->mu);
@@ -1131,347 +868,4 @@ uint64_t drey_store_clear_cache(drey_store *s, const char *cache, size_t cache_l
     for (size_t j = DREY_STORE_SHARDS; j-- > 0;)
         pthread_rwlock_unlock(&s->stripes[j].lock);
     return cleared;
-}
-
-/* --- scans ---------------------------------------------------------------- */
-
-static uint32_t rev32(uint32_t v) {
-    v = ((v >> 1) & 0x55555555u) | ((v & 0x55555555u) << 1);
-    v = ((v >> 2) & 0x33333333u) | ((v & 0x33333333u) << 2);
-    v = ((v >> 4) & 0x0f0f0f0fu) | ((v & 0x0f0f0f0fu) << 4);
-    v = ((v >> 8) & 0x00ff00ffu) | ((v & 0x00ff00ffu) << 8);
-    return (v >> 16) | (v << 16);
-}
-
-/* What a walk delivers: every live entry, or a cache's live entries whose
- * keys start with prefix. */
-typedef struct matcher {
-    bool any;
-    const char *cache;
-    size_t cache_len;
-    const char *prefix;
-    size_t prefix_len;
-} matcher;
-
-static bool walk_match(drey_store *s, const entry *e, const matcher *m, int64_t now_ms) {
-    if (!m->any && !(e->cache_len == m->cache_len && memcmp(e->data, m->cache, m->cache_len) == 0 &&
-                     e->key_len >= m->prefix_len && memcmp(e->data + m->cache_len, m->prefix, m->prefix_len) == 0))
-        return false;
-    return is_live(s, e, now_ms);
-}
-
-void drey_store_walk_shard(drey_store *s, size_t stripe_index, int64_t now_ms,
-                           void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    pthread_rwlock_rdlock(&s->stripes[stripe_index].lock);
-    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
-    for (size_t t = stripe_index; t < L->n_tables; t += DREY_STORE_SHARDS) {
-        shard *sh = &L->tables[t];
-        for (size_t b = 0; b <= sh->mask; b++) {
-            for (const entry *e = sh->buckets[b]; e != NULL; e = e->next) {
-                if (!is_live(s, e, now_ms))
-                    continue;
-                drey_store_item it;
-                item_of(e, &it);
-                fn(arg, &it);
-            }
-        }
-    }
-    pthread_rwlock_unlock(&s->stripes[stripe_index].lock);
-}
-
-/* Walks tables first .. first + count - 1 (pos->shard counts from first)
- * in reverse-binary bucket order, one table's stripe read-locked at a time;
- * tables that hold nothing are passed over without counting as visited.
- * The scan and a partition's walk. */
-static size_t walk_tables(drey_store *s, size_t first, size_t count, const matcher *m, int64_t now_ms,
-                          drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
-                          void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    size_t delivered = 0, visited = 0;
-    while (pos->shard != DREY_STORE_SCAN_DONE && visited < max_buckets) {
-        if (pos->shard >= count) {
-            pos->shard = DREY_STORE_SCAN_DONE;
-            pos->bucket = 0;
-            break;
-        }
-        size_t t = first + pos->shard;
-        pthread_rwlock_t *lock = lock_of(s, t);
-        pthread_rwlock_rdlock(lock);
-        shard *sh = &atomic_load_explicit(&s->layout, memory_order_relaxed)->tables[t];
-        uint32_t mask = (uint32_t)sh->mask, v = pos->bucket;
-        bool stop = false;
-        if (sh->count == 0)
-            v = 0; /* nothing here now: nothing that was here all along either */
-        while (sh->count > 0 && visited < max_buckets) {
-            const entry *chain = sh->buckets[v & mask];
-            size_t n = 0;
-            for (const entry *e = chain; e != NULL; e = e->next)
-                n += walk_match(s, e, m, now_ms);
-            if (delivered > 0 && delivered + n > limit) {
-                stop = true; /* this bucket starts the next page */
-                break;
-            }
-            for (const entry *e = chain; e != NULL; e = e->next) {
-                if (!walk_match(s, e, m, now_ms))
-                    continue;
-                drey_store_item it;
-                item_of(e, &it);
-                fn(arg, &it);
-            }
-            delivered += n;
-            visited++;
-            /* Reverse-binary increment: the bits above the mask first, so a
-             * table that doubled or halved since is still covered. */
-            v |= ~mask;
-            v = rev32(rev32(v) + 1);
-            if (v == 0 || delivered >= limit)
-                break;
-        }
-        pthread_rwlock_unlock(lock);
-        if (stop) {
-            pos->bucket = v;
-            break;
-        }
-        if (v == 0) {
-            pos->shard = pos->shard + 1 < count ? pos->shard + 1 : DREY_STORE_SCAN_DONE;
-            pos->bucket = 0;
-        } else {
-            pos->bucket = v;
-        }
-        if (delivered >= limit)
-            break;
-    }
-    return delivered;
-}
-
-bool drey_store_scan_pos_valid(const drey_store *s, const drey_store_scan_pos *pos) {
-    return pos->shard == DREY_STORE_SCAN_DONE || pos->shard < drey_store__layout(s)->n_tables;
-}
-
-size_t drey_store_scan(drey_store *s, const char *cache, size_t cache_len, const char *prefix, size_t prefix_len,
-                       int64_t now_ms, drey_store_scan_pos *pos, size_t limit, size_t max_buckets,
-                       void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    normalize_cache(&cache, &cache_len);
-    matcher m = {.cache = cache, .cache_len = cache_len, .prefix = prefix, .prefix_len = prefix_len};
-    return walk_tables(s, 0, drey_store__layout(s)->n_tables, &m, now_ms, pos, limit, max_buckets, fn, arg);
-}
-
-/* --- partitions ------------------------------------------------------------- */
-
-uint32_t drey_store_partitions(const drey_store *s) {
-    return drey_store__layout(s)->parts;
-}
-
-/* Links an entry into a table of a layout being built, with its figures
- * (its cache's and the store's do not change). */
-static void relink(shard *dst, entry *e) {
-    entry **slot = &dst->buckets[e->hash & dst->mask];
-    e->next = *slot;
-    *slot = e;
-    dst->count++;
-    dst->bytes += entry_bytes(e);
-    bool expires = e->expires_at_ms != 0;
-    atomic_fetch_add_explicit(&dst->expiring, expires, memory_order_relaxed);
-    if (!internal(e)) {
-        atomic_fetch_add_explicit(&dst->evictable, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&dst->evictable_expiring, expires, memory_order_relaxed);
-    }
-    tc_add(dst, e->cache_id, 1, (int64_t)entry_bytes(e), expires);
-    if (dst->count > dst->mask + 1)
-        resize(dst, (dst->mask + 1) * 2);
-}
-
-bool drey_store_set_partitions(drey_store *s, uint32_t n, drey_store_partition_fn fn) {
-    if (n == 0 || n > DREY_STORE_MAX_PARTITIONS || fn == NULL)
-        return false;
-    lock_all(s);
-    layout *old = atomic_load_explicit(&s->layout, memory_order_relaxed);
-    if (old->parts == n && old->part_of == fn) {
-        unlock_all(s);
-        return true;
-    }
-    /* A capture in progress takes every stripe as it was: after the move a
-     * stripe holds other entries. */
-    for (size_t i = 0; i < DREY_STORE_SHARDS; i++)
-        capture_if_pending(s, i);
-    layout *L = layout_new(n, fn);
-    for (size_t t = 0; t < old->n_tables; t++) {
-        shard *sh = &old->tables[t];
-        for (size_t b = 0; b <= sh->mask; b++) {
-            while (sh->buckets[b] != NULL) {
-                entry *e = sh->buckets[b];
-                sh->buckets[b] = e->next;
-                const char *cache = (const char *)e->data, *key = cache + e->cache_len;
-                uint64_t hash = key_hash(s, cache, e->cache_len, key, e->key_len);
-                relink(&L->tables[table_for(L, cache, e->cache_len, key, e->key_len, hash)], e);
-            }
-        }
-        /* Emptied, not freed: a lock-free reader of the old layout reads
-         * zeros (see layout in internal.h). */
-        sh->count = 0;
-        sh->bytes = 0;
-        atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
-        atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
-        atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
-        free(sh->caches);
-        sh->caches = NULL;
-        sh->caches_cap = sh->caches_used = 0;
-    }
-    L->older = old;
-    atomic_store_explicit(&s->layout, L, memory_order_release);
-    unlock_all(s);
-    return true;
-}
-
-/* Partition p's tables in L (first, count); false for a p it does not
- * have. A partition's tables are guarded by consecutive stripes that do
- * not wrap (per_part divides 256), so locking them in order is ascending. */
-static bool part_tables(const layout *L, uint32_t p, size_t *first, size_t *count) {
-    if (L->parts == 0 || p > L->parts)
-        return false;
-    *first = (size_t)p * L->per_part;
-    *count = L->per_part;
-    return true;
-}
-
-size_t drey_store_partition_walk(drey_store *s, uint32_t p, int64_t now_ms, drey_store_scan_pos *pos, size_t limit,
-                                 void (*fn)(void *arg, const drey_store_item *item), void *arg) {
-    size_t first, count;
-    if (!part_tables(drey_store__layout(s), p, &first, &count)) {
-        *pos = (drey_store_scan_pos){DREY_STORE_SCAN_DONE, 0};
-        return 0;
-    }
-    if (limit == 0)
-        limit = 1;
-    /* Tables keep at least one entry per 8 buckets: 8 x limit buckets
-     * bound the step where entries are sparse. */
-    size_t max_buckets = limit < SIZE_MAX / 16 ? limit * 8 + 64 : SIZE_MAX;
-    matcher m = {.any = true};
-    return walk_tables(s, first, count, &m, now_ms, pos, limit, max_buckets, fn, arg);
-}
-
-uint64_t drey_store_partition_remove(drey_store *s, uint32_t p, int64_t now_ms) {
-    size_t first, count;
-    if (!part_tables(drey_store__layout(s), p, &first, &count))
-        return 0;
-    uint64_t live = 0;
-    for (size_t t = first; t < first + count; t++) {
-        pthread_rwlock_t *lock = lock_of(s, t);
-        pthread_rwlock_wrlock(lock);
-        capture_if_pending(s, t % DREY_STORE_SHARDS);
-        shard *sh = &atomic_load_explicit(&s->layout, memory_order_relaxed)->tables[t];
-        for (size_t b = 0; b <= sh->mask; b++) {
-            while (sh->buckets[b] != NULL) {
-                entry *e = sh->buckets[b];
-                if (!retired(s, e)) {
-                    bool is = is_live(s, e, now_ms);
-                    observe(s, is ? DREY_STORE_CHANGE_REMOVE : DREY_STORE_CHANGE_EXPIRE, e);
-                    live += is;
-                }
-                sh->buckets[b] = e->next;
-                uncount_entry(s, sh, e);
-                free(e);
-            }
-        }
-        if (sh->mask + 1 > SHARD_MIN_BUCKETS)
-            resize(sh, SHARD_MIN_BUCKETS); /* empty: nothing to move */
-        pthread_rwlock_unlock(lock);
-    }
-    return live;
-}
-
-/* Read-locks partition p's stripes (ascending); false for a p the store
- * does not have. */
-static bool lock_part(drey_store *s, uint32_t p, size_t *first, size_t *count) {
-    for (;;) {
-        layout *L = drey_store__layout(s);
-        if (!part_tables(L, p, first, count))
-            return false;
-        for (size_t i = 0; i < *count; i++)
-            pthread_rwlock_rdlock(lock_of(s, *first + i));
-        if (atomic_load_explicit(&s->layout, memory_order_relaxed) == L)
-            return true;
-        for (size_t i = *count; i-- > 0;) /* partitioned again meanwhile */
-            pthread_rwlock_unlock(lock_of(s, *first + i));
-    }
-}
-
-static void unlock_part(drey_store *s, size_t first, size_t count) {
-    for (size_t i = count; i-- > 0;)
-        pthread_rwlock_unlock(lock_of(s, first + i));
-}
-
-void drey_store_get_partition_stats(drey_store *s, uint32_t p, drey_store_partition_stats *out) {
-    memset(out, 0, sizeof *out);
-    size_t first, count;
-    if (!lock_part(s, p, &first, &count))
-        return;
-    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
-    for (size_t t = first; t < first + count; t++) {
-        out->entries += L->tables[t].count;
-        out->bytes += L->tables[t].bytes;
-        out->expiring += atomic_load_explicit(&L->tables[t].expiring, memory_order_relaxed);
-    }
-    unlock_part(s, first, count);
-}
-
-/* Sums the cache's rows over partition p's tables; p's stripes locked. */
-static void part_cache_sum(drey_store *s, size_t first, size_t count, uint32_t id, drey_cache_stats *out) {
-    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
-    for (size_t t = first; t < first + count; t++) {
-        const table_cache *row = tc_find(&L->tables[t], id);
-        if (row != NULL) {
-            out->entries += row->entries;
-            out->bytes += row->bytes;
-            out->expiring += row->expiring;
-        }
-    }
-}
-
-void drey_store_partition_cache_stats(drey_store *s, uint32_t p, const char *cache, size_t cache_len,
-                                      drey_cache_stats *out) {
-    normalize_cache(&cache, &cache_len);
-    memset(out, 0, sizeof *out);
-    out->cache = cache;
-    out->cache_len = cache_len;
-    size_t first, count;
-    if (!lock_part(s, p, &first, &count))
-        return;
-    /* With the partition's stripes held, no entry of it comes or goes, so
-     * the slot found now is the one its entries count in. */
-    pthread_mutex_lock(&s->reg.mu);
-    bool found;
-    size_t i = map_find(s, cache, cache_len, &found);
-    uint32_t id = found ? s->reg.map[i] - 1 : 0;
-    pthread_mutex_unlock(&s->reg.mu);
-    if (found)
-        part_cache_sum(s, first, count, id, out);
-    unlock_part(s, first, count);
-}
-
-void drey_store_partition_list_caches(drey_store *s, uint32_t p, void (*fn)(void *arg, const drey_cache_stats *c),
-                                      void *arg) {
-    size_t first, count;
-    if (!lock_part(s, p, &first, &count))
-        return;
-    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
-    pthread_mutex_lock(&s->reg.mu);
-    for (size_t t = first; t < first + count; t++) {
-        const shard *sh = &L->tables[t];
-        for (uint32_t r = 0; r < sh->caches_cap; r++) {
-            uint32_t id1 = sh->caches[r].id1;
-            if (id1 == 0)
-                continue;
-            bool seen = false; /* reported with an earlier table of p */
-            for (size_t u = first; u < t && !seen; u++)
-                seen = tc_find(&L->tables[u], id1 - 1) != NULL;
-            const cache_slot *c = drey_store__slot(s, id1 - 1);
-            if (seen || c->retired)
-                continue;
-            drey_cache_stats st = {.cache = c->name, .cache_len = c->name_len};
-            part_cache_sum(s, t, first + count - t, id1 - 1, &st);
-            fn(arg, &st);
-        }
-    }
-    pthread_mutex_unlock(&s->reg.mu);
-    unlock_part(s, first, count);
 }

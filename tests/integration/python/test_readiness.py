@@ -223,9 +223,11 @@ class ReadinessCase(DreyTestCase):
         je = [doc["memory"].pop("jemallocAllocatedBytes") for doc in (http, got, again)]
         self.assertTrue(all(v == -1 for v in je) or all(v > 0 for v in je), je)
         # the data directory's file system is looked at every second and other processes write to it: what it
-        # has available (and a cap derived from that) may move between two reads
+        # has available (and a cap derived from that) may move between two reads, and so may the next
+        # snapshot's estimate, taken in the same look from the store's bytes (a fill just before it shows)
         for doc in (http, got, again):
             self.assertIsInstance(doc["dataDisk"].pop("availableBytes"), int)
+            self.assertIsInstance(doc["dataDisk"].pop("snapshotEstimateBytes"), int)
             if doc["dataDisk"]["journalCap"] == "derived":
                 for k in ("maxBytes", "highWaterBytes"):
                     self.assertIsInstance(doc["journalDisk"].pop(k), int)

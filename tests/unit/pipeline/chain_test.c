@@ -982,6 +982,58 @@ Test(chain, a_write_is_answered_and_visible_only_once_durable) {
     door_free(d);
 }
 
+/* A replicator standing in for the cluster's: it takes the first write
+ * (parked, resumed once durable) and, from released, submits a second
+ * write on the same thread, as a Pipeline stream whose answered operation
+ * submits its next one does. Were the order lock still held, the second
+ * write would wait for it forever (the deadlock seen at RF 2). */
+static struct {
+    bool took_first;
+    door *second;
+} rp;
+
+static void fake_durable(void *arg, const drey_journal_record *rec, int err) {
+    (void)rec;
+    cr_assert_eq(err, 0);
+    drey_pipeline_resume(arg);
+}
+
+static drey_stage_result fake_prepare(void *ctx, drey_request *r) {
+    (void)ctx;
+    if (rp.took_first)
+        return DREY_STAGE_NEXT;
+    rp.took_first = true;
+    r->entry.done = fake_durable;
+    r->entry.arg = r;
+    return DREY_STAGE_PARKED;
+}
+
+static uint32_t fake_appended(void *ctx, drey_request *r, int rc) {
+    (void)ctx;
+    (void)r;
+    cr_assert_eq(rc, 0);
+    return 7;
+}
+
+static void fake_released(void *ctx, uint32_t token) {
+    (void)ctx;
+    cr_assert_eq(token, 7, "released gets what appended returned");
+    rp.second = set((set_args){.key = "k2", .value = "v2"});
+}
+
+Test(chain, a_replicator_completes_writes_only_once_the_order_lock_is_let_go) {
+    fixture_open(&(fixture_opts){.durable = true});
+    memset(&rp, 0, sizeof rp);
+    drey_pipeline_set_replicator(f.p, &(drey_replicator){
+                                          .prepare = fake_prepare, .appended = fake_appended, .released = fake_released});
+    door *d = set((set_args){.key = "k1", .value = "v1"});
+    cr_assert_not_null(rp.second, "released ran before the first write's submission returned");
+    expect_ok(d);
+    expect_ok(rp.second);
+    door_free(d);
+    door_free(rp.second);
+}
+
 Test(chain, a_cancelled_waiter_is_answered_cancelled_and_leaves_no_trace) {
     fixture_open(&(fixture_opts){.durable = true, .max_inflight = 1, .max_queued = 4});
     door *h = hold_one();
