@@ -61,6 +61,8 @@ typedef struct drey_write {
      * and carried in its journal record; 0: taken from the store's counter
      * as it applies. */
     uint64_t first_version;
+    /* A backup applying its primary's record (drey_commit_replay_copy). */
+    bool copy;
 } drey_write;
 
 /* Fills w, taking request_id from the request's field of that name. */
@@ -123,5 +125,8 @@ drey_store *drey_commit_store(const drey_commit *c);
  * carries (first_version; 0: the store's counter); -EINVAL for one that names no
  * write method of the table or does not decode (recovery stops there). */
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);
+/* The same for a record a backup takes from its primary (live and on
+ * replay): its evictions are not counted in the cache's figures again. */
+int drey_commit_replay_copy(drey_commit *c, const drey_journal_record *rec);
 
 #endif

@@ -62,6 +62,7 @@ typedef enum drey_method_route {
     DREY_ROUTE_KEYS,      /* `keys`, each read on its own: each partition's primary, gathered in order */
     DREY_ROUTE_BATCH,     /* keys applied together (one outcome): one partition's, else CROSS_PARTITION */
     DREY_ROUTE_CACHE,     /* a whole cache: every owner's share */
+    DREY_ROUTE_PARTITION, /* `partition`: one of that partition's writes, at its primary */
     DREY_ROUTE_PEER,      /* between cluster nodes: the cluster's own row for it (src/cluster/backup.c) */
 } drey_method_route;
 
@@ -168,6 +169,9 @@ const drey_method *drey_method_at(const drey_method_table *t, size_t i);
 const char *drey_method_request_cache(const ProtobufCMessage *m);
 size_t drey_method_request_key_count(const ProtobufCMessage *m);
 const char *drey_method_request_key(const ProtobufCMessage *m, size_t i);
+/* What a DREY_ROUTE_PARTITION request names: its `partition` (UINT32_MAX
+ * for a message without one). */
+uint32_t drey_method_request_partition(const ProtobufCMessage *m);
 /* A read's `allow_stale` (false for a message without one): it may be
  * answered from an in-sync backup's copy. */
 bool drey_method_request_allows_stale(const ProtobufCMessage *m);

@@ -64,6 +64,7 @@ bool drey_partition_register_replica(drey_method_table *t, drey_partition_replic
 
 #define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
 #define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"
+#define DREY_PARTITION_CLEAR_PATH "/drey.internal.v1.Partitions/Clear"
 #define DREY_REPLICA_APPLY_PATH "/drey.internal.v1.Replica/Apply"
 #define DREY_REPLICA_BEAT_PATH "/drey.internal.v1.Replica/Beat"
 #define DREY_REPLICA_CONFIRM_PATH "/drey.internal.v1.Replica/Confirm"

@@ -90,6 +90,7 @@ typedef enum drey_error {
     DREY_ERR_NOT_CAUGHT_UP,
     DREY_ERR_NOT_PERMITTED,
     DREY_ERR_TENANT_MEMORY_QUOTA,
+    DREY_ERR_CLEAR_INCOMPLETE,
     DREY_ERR_COUNT_
 } drey_error;
 

@@ -140,6 +140,10 @@ typedef struct drey_store_txn {
     /* The tenant the entries this transaction puts belong to (0: none); 0
      * after begin, set by the caller (the write's tenant, drey_apply). */
     uint32_t tenant;
+    /* A backup applying its primary's record (false after begin): its
+     * evictions count in the store's figures, not in the cache's, which
+     * the primary's count once for the cluster's whole-cache figures. */
+    bool copy;
 } drey_store_txn;
 
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n);
@@ -279,6 +283,14 @@ size_t drey_store_partition_walk(drey_store *s, uint32_t p, int64_t now_ms, drey
  * expired one, as if each had been removed or swept. A store that is not
  * partitioned, or p > n: nothing, 0. */
 uint64_t drey_store_partition_remove(drey_store *s, uint32_t p, int64_t now_ms);
+
+/* Removes one cache's entries of partition p (a cluster's Clear, one
+ * partition at a time, so that each is ordered with that partition's
+ * writes on every copy), with p's tables locked together; the observer
+ * hears one CLEAR of the cache. Returns how many were live. A store that is
+ * not partitioned, or p > n: nothing, 0. */
+uint64_t drey_store_partition_clear_cache(drey_store *s, uint32_t p, const char *cache, size_t cache_len,
+                                          int64_t now_ms);
 
 /* A partition's figures, kept as entries come and go (O(tables of p) to
  * read): entries including expired ones not yet swept and those of

@@ -46,8 +46,6 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
     snprintf(c->prefix, pl + 2, "%s%s", opts->prefix, pl > 0 && opts->prefix[pl - 1] == '/' ? "" : "/");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
-    pthread_mutex_init(&c->clears.mu, NULL);
-    pthread_cond_init(&c->clears.cond, NULL);
     pthread_mutex_init(&c->primary.shrink_mu, NULL);
     pthread_mutex_init(&c->primary.rooms_mu, NULL);
     pthread_mutex_init(&c->lease_mu, NULL);
@@ -230,8 +228,6 @@ void drey_cluster_destroy(drey_cluster *c) {
     pthread_mutex_destroy(&c->primary.rooms_mu);
     pthread_mutex_destroy(&c->lease_mu);
     pthread_cond_destroy(&c->primary.shrink_cond);
-    pthread_mutex_destroy(&c->clears.mu);
-    pthread_cond_destroy(&c->clears.cond);
     drey_cluster__topology_unref(c->topo);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cond);

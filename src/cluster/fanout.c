@@ -4,13 +4,13 @@
  *
  * ListCaches, GetCacheStats and Clear go to every member (this node too,
  * in-process through its own chain, so that each node's part runs the same
- * chain), each answering from its own store; the answers are combined
- * here: figures summed per cache, a Clear answered once every node has
- * cleared. A Clear is not atomic across nodes: a failure means some nodes
- * may have cleared their share, and a retry (with its request_id, each node
- * remembers its own outcome) finishes it. A node refuses its share of a
- * Clear while it is moving a partition out (PARTITION_MOVING, retryable):
- * the copy would otherwise bring cleared entries back on the new owner.
+ * chain: authorization with the caller's token included). Each node
+ * answers for the partitions it leads, so that the sums count each
+ * partition once however many copies it has. A node's part of a Clear is a
+ * Partitions/Clear write for each partition it leads, ordered and
+ * replicated with that partition's writes (local_clear). A Clear is not
+ * atomic across partitions: one that fails after some partitions cleared
+ * says so (CLEAR_INCOMPLETE, outcome unknown) and a retry finishes it.
  *
  * Scan walks the owners one after another, each scanning the partitions it
  * owns (its store may hold a copy it does not own: skipped). The cursor
@@ -26,6 +26,7 @@
 #include "drey/alloc.h"
 #include "drey/cache/v1/cache.pb-c.h"
 #include "drey/crc32c.h"
+#include "drey/internal/v1/move.pb-c.h"
 #include "drey/log.h"
 #include "drey/partition.h"
 #include "internal.h"
@@ -104,10 +105,20 @@ static bool relay_failure(fan *f) {
     return false;
 }
 
+/* Who owns what, in one number: any move changes it. */
+static uint32_t owners_hash(const drey_cluster__topology *t) {
+    uint32_t h = 0;
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        const char *id = t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "";
+        h = drey_crc32c(h, id, strlen(id) + 1);
+    }
+    return h;
+}
+
 /* Sends the request to every member; PARKED, or REJECT when none can be
  * reached. */
 static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cluster__topology *t,
-                                 void (*gathered)(fan *f)) {
+                                 void (*gathered)(fan *f), bool with_owners) {
     fan *f = drey_xcalloc(1, sizeof *f);
     f->c = c;
     f->r = r;
@@ -128,8 +139,12 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
     }
     size_t n = f->n; /* f is freed by the last answer, which may come before the loop ends */
     atomic_store(&f->pending, n);
-    drey_cluster__header h[3];
+    drey_cluster__header h[4];
     size_t nh = drey_cluster__forward_headers(c, r, 0, h);
+    if (with_owners) {
+        char *hs = drey_arena_sprintf(r->arena, "%08x", owners_hash(t));
+        h[nh++] = (drey_cluster__header){DREY_SCAN_OWNERS, hs, strlen(hs)};
+    }
     for (size_t i = 0; i < n; i++)
         f->slots[i].fan = f;
     int64_t deadline = r->ops->deadline_mono_ns(r->door);
@@ -223,46 +238,201 @@ static void list_gathered(fan *f) {
     drey_request_reply(f->r, &out->base);
 }
 
-static void clear_gathered(fan *f) {
-    if (relay_failure(f))
-        return;
-    Drey__Cache__V1__ClearResponse resp = DREY__CACHE__V1__CLEAR_RESPONSE__INIT;
-    drey_request_reply(f->r, &resp.base);
+/* --- a node's share of the figures -------------------------------------------------- */
+
+/* A node's share counts the partitions it leads, so that the sum over the
+ * nodes counts each partition once however many copies it has (copies a
+ * node holds without leading them are the others' to count). Evictions
+ * are the node's per cache: a backup does not count the victims its
+ * primary's records name (drey_commit_replay_copy), the primary did.
+ * While a partition moves the nodes' tables may disagree for a moment and
+ * a sum count it twice or not at all: figures, not a promise. */
+static bool leads(const drey_cluster__topology *t, uint32_t p) {
+    return t->parts[p].primary >= 0 && t->parts[p].primary == t->self;
 }
 
-/* --- a node's own share ------------------------------------------------------------- */
-
-/* Whether any partition is being moved out of this node now. */
-static bool moving_out(drey_cluster *c) {
-    return atomic_load(&c->mover.moving) >= 0;
-}
-
-/* A Clear's share here: counted while it runs, so that a move does not
- * begin its copy in the middle of it (move.c waits for the count), and
- * refused while a move is under way. */
-static void clear_done(void *arg) {
-    drey_cluster *c = arg;
-    if (atomic_fetch_sub(&c->clears.count, 1) == 1) {
-        pthread_mutex_lock(&c->clears.mu);
-        pthread_cond_broadcast(&c->clears.cond);
-        pthread_mutex_unlock(&c->clears.mu);
+static Drey__Cache__V1__CacheStats *share_of(drey_cluster *c, drey_arena *a, const drey_cluster__topology *t,
+                                             const char *cache, size_t len) {
+    Drey__Cache__V1__CacheStats *m = drey_arena_alloc(a, sizeof *m);
+    drey__cache__v1__cache_stats__init(m);
+    m->cache = len == 0 ? "default" : drey_arena_strndup(a, cache, len);
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        if (!leads(t, p))
+            continue;
+        drey_cache_stats cs;
+        drey_store_partition_cache_stats(c->opts.store, p, cache, len, &cs);
+        m->entries += cs.entries;
+        m->bytes += cs.bytes;
+        m->expiring += cs.expiring;
     }
+    drey_cache_stats node;
+    drey_store_cache_stats(c->opts.store, cache, len, &node);
+    m->evictions = node.evictions;
+    m->evicted_bytes = node.evicted_bytes;
+    return m;
 }
 
-static drey_stage_result local_clear(drey_cluster *c, drey_request *r) {
-    atomic_fetch_add(&c->clears.count, 1);
-    if (!moving_out(c)) {
-        r->on_release = clear_done;
-        r->release_arg = c;
-        return DREY_STAGE_NEXT;
+typedef struct names {
+    drey_arena *arena;
+    char **v;
+    size_t *len;
+    size_t n, cap;
+} names;
+
+static void note_name(void *arg, const drey_cache_stats *cs) {
+    names *o = arg;
+    if (cs->cache_len > 0 && cs->cache[0] == '#')
+        return; /* internal: remembered outcomes */
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->len[i] == cs->cache_len && memcmp(o->v[i], cs->cache, cs->cache_len) == 0)
+            return;
     }
-    clear_done(c);
+    if (o->n == o->cap) {
+        o->cap = o->cap ? o->cap * 2 : 16;
+        char **v = drey_arena_alloc(o->arena, o->cap * sizeof *v);
+        size_t *l = drey_arena_alloc(o->arena, o->cap * sizeof *l);
+        if (o->n > 0) {
+            memcpy(v, o->v, o->n * sizeof *v);
+            memcpy(l, o->len, o->n * sizeof *l);
+        }
+        o->v = v;
+        o->len = l;
+    }
+    o->v[o->n] = drey_arena_strndup(o->arena, cs->cache, cs->cache_len);
+    o->len[o->n++] = cs->cache_len;
+}
+
+static drey_stage_result local_figures(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    if (r->msg->descriptor == &drey__cache__v1__get_cache_stats_request__descriptor) {
+        const char *cache = ((const Drey__Cache__V1__GetCacheStatsRequest *)(const void *)r->msg)->cache;
+        size_t len = strlen(cache);
+        if (len == 7 && memcmp(cache, "default", 7) == 0)
+            len = 0;
+        drey_request_reply(r, &share_of(c, r->arena, t, cache, len)->base);
+        return DREY_STAGE_ANSWERED;
+    }
+    names o = {.arena = r->arena};
+    for (uint32_t p = 0; p < t->n_parts; p++) {
+        if (leads(t, p))
+            drey_store_partition_list_caches(c->opts.store, p, note_name, &o);
+    }
+    Drey__Cache__V1__ListCachesResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
+    drey__cache__v1__list_caches_response__init(resp);
+    resp->caches = drey_arena_alloc(r->arena, (o.n ? o.n : 1) * sizeof *resp->caches);
+    for (size_t i = 0; i < o.n; i++) {
+        Drey__Cache__V1__CacheStats *m = share_of(c, r->arena, t, o.v[i], o.len[i]);
+        if (m->entries > 0)
+            resp->caches[resp->n_caches++] = m;
+    }
+    drey_request_reply(r, &resp->base);
+    return DREY_STAGE_ANSWERED;
+}
+
+/* --- Clear ---------------------------------------------------------------------------- */
+
+/* Partitions moved since the call's table was read: its shares would not
+ * add up to the whole cache. */
+static drey_stage_result refuse_moved(drey_cluster *c, drey_request *r) {
     r->status = drey_arena_alloc(r->arena, sizeof *r->status);
     drey_status_init(r->status);
     drey_status_set(r->status, DREY_ERR_PARTITION_MOVING);
     drey_status_add_metadata(r->status, "node", "%s", c->opts.node_id);
-    r->status->retry_delay_ms = 1000;
+    drey_status_add_metadata(r->status, "outcome", "not_applied");
+    r->status->retry_delay_ms = 200;
     return DREY_STAGE_REJECT;
+}
+
+/* A Clear that failed: relayed as it came when no part of it cleared
+ * anything (every part refused, none said CLEAR_INCOMPLETE), else
+ * CLEAR_INCOMPLETE with the first refusal's reason as its cause. */
+static void clear_gathered(fan *f) {
+    size_t failed = 0;
+    const slot *first = NULL;
+    bool partial = false;
+    for (size_t i = 0; i < f->n; i++) {
+        const slot *s = &f->slots[i];
+        if (s->code == 0)
+            continue;
+        failed++;
+        char reason[48];
+        drey_answer a = {.code = s->code, .details = s->bytes, .details_len = s->len};
+        drey_cluster__answer_reason(&a, reason, sizeof reason);
+        partial |= strcmp(reason, "CLEAR_INCOMPLETE") == 0;
+        if (first == NULL)
+            first = s;
+    }
+    if (failed == 0) {
+        Drey__Cache__V1__ClearResponse resp = DREY__CACHE__V1__CLEAR_RESPONSE__INIT;
+        drey_request_reply(f->r, &resp.base);
+        return;
+    }
+    if (failed == f->n && !partial) {
+        relay_failure(f);
+        return;
+    }
+    char reason[48];
+    drey_answer a = {.code = first->code, .details = first->bytes, .details_len = first->len};
+    drey_cluster__answer_reason(&a, reason, sizeof reason);
+    drey_status st;
+    drey_status_init(&st);
+    drey_status_set(&st, DREY_ERR_CLEAR_INCOMPLETE);
+    drey_status_add_metadata(&st, "cause", "%s", reason[0] != '\0' ? reason : "UNREACHABLE");
+    drey_status_add_metadata(&st, "causeMessage", "%.200s", first->message != NULL ? first->message : "");
+    drey_status_add_metadata(&st, "outcome", "unknown");
+    st.retry_delay_ms = 200;
+    drey_request_fail(f->r, &st);
+}
+
+/* A node's share of a Clear: one Partitions/Clear write per partition it
+ * leads, through its own chain in-process, each routed, journaled and
+ * replicated as one of that partition's writes, so that every copy clears
+ * it at the same point of its sequence: a write racing the Clear is on
+ * every copy or on none. Every share carries the ingress's owners hash and
+ * a node whose table differs refuses its share (a partition that moved
+ * between two nodes' shares would otherwise be cleared by neither); one
+ * that moves after the check refuses its own write (NOT_PRIMARY). A move
+ * copying a partition when its Clear runs starts again (move.c). */
+static drey_stage_result local_clear(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
+    size_t len;
+    const char *v = r->ops->metadata(r->door, DREY_SCAN_OWNERS, &len);
+    char have[16];
+    snprintf(have, sizeof have, "%08x", owners_hash(t));
+    if (v == NULL || len != 8 || memcmp(v, have, 8) != 0)
+        return refuse_moved(c, r);
+    const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_CLEAR_PATH);
+    size_t n = 0;
+    for (uint32_t p = 0; p < t->n_parts; p++)
+        n += t->parts[p].primary >= 0 && t->parts[p].primary == t->self;
+    if (n == 0 || m == NULL || c->opts.pipeline == NULL) {
+        Drey__Cache__V1__ClearResponse resp = DREY__CACHE__V1__CLEAR_RESPONSE__INIT;
+        drey_request_reply(r, &resp.base);
+        return DREY_STAGE_ANSWERED;
+    }
+    fan *f = drey_xcalloc(1, sizeof *f);
+    *f = (fan){.c = c, .r = r, .n = n, .gathered = clear_gathered, .slots = drey_xcalloc(n, sizeof *f->slots)};
+    atomic_store(&f->pending, n);
+    slot *slots = f->slots; /* f is freed by the last answer, which may come before the loop ends */
+    for (size_t i = 0; i < n; i++)
+        slots[i].fan = f;
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    const char *cache = drey_method_request_cache(r->msg);
+    int64_t deadline = r->ops->deadline_mono_ns(r->door);
+    size_t i = 0;
+    for (uint32_t p = 0; p < t->n_parts && i < n; p++) {
+        if (t->parts[p].primary < 0 || t->parts[p].primary != t->self)
+            continue;
+        Drey__Internal__V1__PartitionClearRequest req = DREY__INTERNAL__V1__PARTITION_CLEAR_REQUEST__INIT;
+        req.partition = p;
+        req.partitions = t->n_parts;
+        req.cache = (char *)(cache != NULL ? cache : "");
+        size_t blen = drey__internal__v1__partition_clear_request__get_packed_size(&req);
+        uint8_t *bytes = drey_xmalloc(blen ? blen : 1); /* not the arena: answers may be using it */
+        drey__internal__v1__partition_clear_request__pack(&req, bytes);
+        drey_pipeline_call_local(c->opts.pipeline, m, bytes, blen, c->opts.node_id, &h, 1, deadline, fan_done,
+                                 &slots[i++]);
+        free(bytes);
+    }
+    return DREY_STAGE_PARKED;
 }
 
 /* --- Scan ----------------------------------------------------------------------------- */
@@ -270,16 +440,6 @@ static drey_stage_result local_clear(drey_cluster *c, drey_request *r) {
 /* A cluster cursor: 'c', the owners' hash (8 hex digits), the owner's index
  * (4 hex digits), '.', then that owner's own cursor (which it checks). */
 #define SCAN_PREFIX 'c'
-
-/* Who owns what, in one number: any move changes it. */
-static uint32_t owners_hash(const drey_cluster__topology *t) {
-    uint32_t h = 0;
-    for (uint32_t p = 0; p < t->n_parts; p++) {
-        const char *id = t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "";
-        h = drey_crc32c(h, id, strlen(id) + 1);
-    }
-    return h;
-}
 
 /* The owners in a stable order (by id): index i of the scan. */
 static size_t owner_list(const drey_cluster__topology *t, drey_arena *a, int32_t **out) {
@@ -441,16 +601,18 @@ drey_stage_result drey_cluster__route_cache_wide(drey_cluster *c, drey_request *
     const ProtobufCMessageDescriptor *d = r->msg->descriptor;
     if (r->forwarded_by != NULL) { /* a node's share: here, never further */
         if (d == &drey__cache__v1__clear_request__descriptor)
-            return local_clear(c, r);
+            return local_clear(c, r, t);
         if (d == &drey__cache__v1__scan_request__descriptor)
             return local_scan(c, r, t);
+        if (c->opts.store != NULL)
+            return local_figures(c, r, t);
         return DREY_STAGE_NEXT;
     }
     if (d == &drey__cache__v1__scan_request__descriptor)
         return route_scan(c, r, t);
     if (d == &drey__cache__v1__clear_request__descriptor)
-        return fan_out(c, r, t, clear_gathered);
+        return fan_out(c, r, t, clear_gathered, true);
     if (d == &drey__cache__v1__list_caches_request__descriptor)
-        return fan_out(c, r, t, list_gathered);
-    return fan_out(c, r, t, stats_gathered);
+        return fan_out(c, r, t, list_gathered, false);
+    return fan_out(c, r, t, stats_gathered, false);
 }

@@ -158,13 +158,6 @@ typedef struct drey_cluster__mover {
     _Atomic int64_t moving;          /* the partition being moved out, or -1 */
 } drey_cluster__mover;
 
-/* Clears running here (fanout.c): a move's copy waits for them. */
-typedef struct drey_cluster__clears {
-    _Atomic uint32_t count;
-    pthread_mutex_t mu;
-    pthread_cond_t cond; /* count reached 0 */
-} drey_cluster__clears;
-
 /* The controller (controller.c): its thread, and its own memory of the
  * table between looks. */
 typedef struct drey_cluster__ctl {
@@ -199,8 +192,8 @@ typedef struct drey_cluster__backup_counts {
  * topology, without mu). Each room's own state is in its sub-struct.
  *
  * Lock order: mu (the table) before a partition's mu (partition.h) before
- * its line's mu; lease_mu, the primary's rooms_mu and shrink_mu, and the
- * clears' mu are leaves. No lock is held while calling etcd or a peer.
+ * its line's mu; lease_mu and the primary's rooms_mu and shrink_mu are
+ * leaves. No lock is held while calling etcd or a peer.
  */
 struct drey_cluster {
     drey_cluster_options opts;
@@ -235,7 +228,6 @@ struct drey_cluster {
     drey_cluster__partition *partitions; /* n_parts, made at join (partition.h) */
     drey_cluster__primary primary;
     drey_cluster__mover mover;
-    drey_cluster__clears clears;
     drey_cluster__ctl ctl;
     drey_cluster__route_counts route;
     drey_cluster__backup_counts backup;

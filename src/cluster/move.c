@@ -346,22 +346,6 @@ static bool send_changes(mover *mv, drey_cluster__dirty *list, bool last) {
     return ok;
 }
 
-/* Until no Clear runs on this node (whoever ends the last broadcasts
- * clear_cond), for FREEZE_DRAIN_MS at most. */
-static bool no_clear(drey_cluster *c) {
-    int64_t until = drey_deadline_after_ms(FREEZE_DRAIN_MS);
-    pthread_mutex_lock(&c->clears.mu);
-    bool none;
-    while (!(none = atomic_load(&c->clears.count) == 0)) {
-        if (drey_cond_wait_until(&c->clears.cond, &c->clears.mu, until) == ETIMEDOUT) {
-            none = atomic_load(&c->clears.count) == 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&c->clears.mu);
-    return none;
-}
-
 /* 3: no new writes, and the running ones answered. */
 static bool freeze(drey_cluster *c, uint32_t p) {
     return drey_cluster__partition_freeze(&c->partitions[p], drey_deadline_after_ms(FREEZE_DRAIN_MS));
@@ -554,13 +538,13 @@ static uint64_t elapsed_us(int64_t since_ns) {
 static bool copy_out(mover *mv, bool *froze) {
     drey_cluster *c = mv->c;
     drey_cluster__partition *pt = &c->partitions[mv->partition];
+    /* A Clear of the partition answered from here on (router.c's
+     * write_done) voids the copy: it is seen once the partition is frozen,
+     * and the controller plans the copy again. One answered before was
+     * applied before the copy reads anything. */
+    atomic_store(&pt->cleared, false);
     atomic_store(&pt->moving, true);
-    /* A Clear that began before the move finishes before the copy does:
-     * Clears that begin after it are refused (fanout.c). */
-    bool ok = no_clear(c);
-    if (!ok)
-        snprintf(mv->err, sizeof mv->err, "a Clear on this node did not finish");
-    ok = ok && copy(mv);
+    bool ok = copy(mv);
     for (int round = 0; ok && round < CATCH_UP_ROUNDS; round++) {
         size_t n;
         drey_cluster__dirty *d = drey_cluster__partition_take_dirty(pt, &n);
@@ -575,6 +559,10 @@ static bool copy_out(mover *mv, bool *froze) {
     if (ok && !freeze(c, mv->partition)) {
         snprintf(mv->err, sizeof mv->err, "the partition's running writes did not finish within %d ms",
                  FREEZE_DRAIN_MS);
+        return false;
+    }
+    if (ok && atomic_load(&pt->cleared)) {
+        snprintf(mv->err, sizeof mv->err, "a Clear of the partition ran during the copy");
         return false;
     }
     if (ok) {

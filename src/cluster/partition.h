@@ -76,6 +76,7 @@ typedef struct drey_cluster__partition {
     _Atomic uint32_t inflight; /* local writes past the route row, not yet answered */
     _Atomic bool frozen;       /* its last changes are being sent: local writes park */
     _Atomic bool moving;       /* being copied out: answered writes note their keys */
+    _Atomic bool cleared;      /* a Clear of it answered while moving: the copy is void */
     _Atomic bool owned;        /* this node leads it in the published table (Watch subscriptions) */
     pthread_mutex_t mu;
     pthread_cond_t drained;    /* inflight reached 0 while frozen */

@@ -254,7 +254,10 @@ static void write_done(void *arg) {
     hold *h = arg;
     drey_cluster *c = h->c;
     drey_cluster__partition *pt = &c->partitions[h->partition];
-    if (atomic_load(&pt->moving)) {
+    if (atomic_load(&pt->moving) && h->r->method->route == DREY_ROUTE_PARTITION) {
+        /* A Clear of it: no list of keys says what the copy missed. */
+        atomic_store(&pt->cleared, true);
+    } else if (atomic_load(&pt->moving)) {
         const ProtobufCMessage *m = h->r->msg;
         const char *cache = drey_method_request_cache(m);
         size_t n = drey_method_request_key_count(m);
@@ -339,6 +342,14 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
     return DREY_STAGE_PARKED;
 }
 
+static drey_stage_result refuse_malformed(drey_request *r, const char *field) {
+    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
+    drey_status_init(r->status);
+    drey_status_set(r->status, DREY_ERR_MALFORMED_REQUEST);
+    drey_status_add_violation(r->status, DREY_ERR_MALFORMED_REQUEST, "%s", field);
+    return DREY_STAGE_REJECT;
+}
+
 /* By the shape of what the method names (include/drey/method.h). */
 static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f) {
     drey_cluster__topology *t = drey_cluster__acquire(c);
@@ -366,6 +377,13 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
             res = DREY_STAGE_REJECT;
         else if (p != UINT32_MAX)
             res = route_partition(c, r, f, t, p);
+        break;
+    case DREY_ROUTE_PARTITION:
+        p = drey_method_request_partition(r->msg);
+        if (p < t->n_parts)
+            res = route_partition(c, r, f, t, p);
+        else
+            res = refuse_malformed(r, "partition");
         break;
     case DREY_ROUTE_KEY:
         if (cache != NULL && key != NULL)

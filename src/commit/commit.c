@@ -195,6 +195,7 @@ static void evict(drey_commit *c, const drey_write *w) {
         drey_store_key(c->opts.store, &k, v->cache, v->cache_len, v->key, v->key_len);
         drey_store_txn t;
         drey_store_txn_begin(c->opts.store, &t, &k, 1);
+        t.copy = w->copy;
         drey_store_txn_evict(&t, &k, v->version);
         drey_store_txn_end(&t);
     }
@@ -323,7 +324,7 @@ drey_store *drey_commit_store(const drey_commit *c) {
     return c->opts.store;
 }
 
-int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
+static int replay(drey_commit *c, const drey_journal_record *rec, bool copy) {
     char scratch[4096];
     drey_arena a;
     drey_arena_init(&a, scratch, sizeof scratch);
@@ -350,6 +351,7 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
         .request_id = jr->request_id,
         .tenant = jr->tenant,
         .first_version = jr->first_version,
+        .copy = copy,
     };
     drey_store_victim *ev = NULL;
     if (jr->n_evicted > 0) {
@@ -373,4 +375,12 @@ int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
 out:
     drey_arena_destroy(&a);
     return rc;
+}
+
+int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
+    return replay(c, rec, false);
+}
+
+int drey_commit_replay_copy(drey_commit *c, const drey_journal_record *rec) {
+    return replay(c, rec, true);
 }

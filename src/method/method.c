@@ -156,6 +156,14 @@ const char *drey_method_request_cache(const ProtobufCMessage *m) {
     return *(char *const *)p;
 }
 
+uint32_t drey_method_request_partition(const ProtobufCMessage *m) {
+    const ProtobufCFieldDescriptor *fd;
+    const void *p = member(m, "partition", &fd);
+    if (p == NULL || fd->type != PROTOBUF_C_TYPE_UINT32 || fd->label == PROTOBUF_C_LABEL_REPEATED)
+        return UINT32_MAX;
+    return *(const uint32_t *)p;
+}
+
 bool drey_method_request_allows_stale(const ProtobufCMessage *m) {
     const ProtobufCFieldDescriptor *fd;
     const void *p = member(m, "allow_stale", &fd);

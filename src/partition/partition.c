@@ -52,6 +52,8 @@ bool drey_partition_index(drey_store *s, uint32_t n) {
 typedef struct collect {
     drey_arena *arena;
     uint32_t partition, n;
+    bool (*only)(void *arg, const drey_store_item *it); /* NULL: every entry of the partition */
+    void *only_arg;
     drey_key *keys;
     size_t len, cap;
     drey_store *store;
@@ -59,7 +61,8 @@ typedef struct collect {
 
 static void collect_item(void *arg, const drey_store_item *it) {
     collect *c = arg;
-    if (drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, c->n) != c->partition)
+    if (drey_partition_of_entry(it->cache, it->cache_len, it->key, it->key_len, c->n) != c->partition ||
+        (c->only != NULL && !c->only(c->only_arg, it)))
         return;
     if (c->len == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 64;
@@ -86,18 +89,25 @@ static size_t remove_keys(drey_store *s, const drey_key *keys, size_t n) {
     return removed;
 }
 
-/* Removes every entry of the partition; how many there were. */
-static size_t drop(drey_store *s, uint32_t partition, uint32_t n, int64_t now_ms, drey_arena *a) {
-    if (drey_store_partitions(s) == n)
-        return drey_store_partition_remove(s, partition, now_ms);
+/* The partition's entries (those only() keeps) found by walking the whole
+ * store: a record whose partition count is not the store's. */
+static size_t walk_remove(drey_store *s, uint32_t partition, uint32_t n, int64_t now_ms, drey_arena *a,
+                          bool (*only)(void *arg, const drey_store_item *it), void *only_arg) {
     size_t removed = 0;
     for (size_t sh = 0; sh < DREY_STORE_SHARDS; sh++) {
         /* Collected under the shard's read lock, removed after it. */
-        collect c = {.arena = a, .partition = partition, .n = n, .store = s};
+        collect c = {.arena = a, .partition = partition, .n = n, .store = s, .only = only, .only_arg = only_arg};
         drey_store_walk_shard(s, sh, now_ms, collect_item, &c);
         removed += remove_keys(s, c.keys, c.len);
     }
     return removed;
+}
+
+/* Removes every entry of the partition; how many there were. */
+static size_t drop(drey_store *s, uint32_t partition, uint32_t n, int64_t now_ms, drey_arena *a) {
+    if (drey_store_partitions(s) == n)
+        return drey_store_partition_remove(s, partition, now_ms);
+    return walk_remove(s, partition, n, now_ms, a, NULL, NULL);
 }
 
 /* --- the writes ---------------------------------------------------------------- */
@@ -209,6 +219,31 @@ static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMe
     return &resp->base;
 }
 
+static bool in_cache(void *arg, const drey_store_item *it) {
+    const ProtobufCMessage *m = arg;
+    const char *cache = ((const Drey__Internal__V1__PartitionClearRequest *)(const void *)m)->cache;
+    size_t len = strlen(cache);
+    if (strcmp(cache, "default") == 0) /* the store's name for it, as it walks: "" */
+        len = 0;
+    return it->cache_len == len && memcmp(it->cache, cache, len) == 0;
+}
+
+static ProtobufCMessage *clear_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
+    partitions *ps = ctx;
+    const Drey__Internal__V1__PartitionClearRequest *req = (const void *)msg;
+    if (!well_formed(ax, req->partition, req->partitions))
+        return NULL;
+    Drey__Internal__V1__PartitionClearResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+    drey__internal__v1__partition_clear_response__init(resp);
+    if (drey_store_partitions(ps->store) == req->partitions)
+        resp->entries = drey_store_partition_clear_cache(ps->store, req->partition, req->cache, strlen(req->cache),
+                                                         ax->now_ms);
+    else
+        resp->entries = walk_remove(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena, in_cache,
+                                    (void *)msg);
+    return &resp->base;
+}
+
 drey_partition *drey_partition_create(drey_store *s) {
     partitions *ps = drey_xcalloc(1, sizeof *ps);
     ps->store = s;
@@ -229,6 +264,8 @@ bool drey_partition_register(drey_method_table *t, drey_partition *ps) {
         {.name = "Import", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = import_apply,
          .growth = import_growth, .versions_brought = import_versions},
         {.name = "Drop", .route = DREY_ROUTE_PEER, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER, .apply = drop_apply},
+        {.name = "Clear", .route = DREY_ROUTE_PARTITION, .flags = DREY_METHOD_WRITE | DREY_METHOD_PEER,
+         .apply = clear_apply},
     };
     return drey_method_table_add_service(t, &drey__internal__v1__partitions__descriptor, specs,
                                          sizeof specs / sizeof specs[0], ps);

@@ -55,7 +55,7 @@ static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufC
     drey_partition_replica *rep = ctx;
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
     drey_journal_record rec = {.time_ms = req->time_ms, .payload = req->record.data, .len = req->record.len};
-    if (rec.payload == NULL || drey_commit_replay(rep->commit, &rec) != 0) {
+    if (rec.payload == NULL || drey_commit_replay_copy(rep->commit, &rec) != 0) {
         drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
         return NULL;
     }

@@ -83,6 +83,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
     E(PARTITION_OWNED, FAILED_PRECONDITION, "this node owns the partition: an import would replace live data"),
     E(PARTITION_MOVING, UNAVAILABLE,
       "a node is moving a partition of this cache to another: retry the cache-wide call once the move is over"),
+    E(CLEAR_INCOMPLETE, UNAVAILABLE,
+      "the Clear reached some of the cache's partitions only (ErrorInfo's cause says why the others refused): "
+      "retry it"),
     E(LEASE_EXPIRED, UNAVAILABLE,
       "this node's cluster lease is not confirmed (etcd unreachable or the node paused): it neither serves nor "
       "commits its partitions until it is; a write answered so may have been applied: retry it with the same "

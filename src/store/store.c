@@ -543,6 +543,7 @@ void drey_store_load(drey_store *s, const drey_store_item *item) {
 void drey_store_txn_begin(drey_store *s, drey_store_txn *t, const drey_key *keys, size_t n) {
     t->store = s;
     t->tenant = 0;
+    t->copy = false;
     memset(t->locked, 0, sizeof t->locked);
     for (size_t i = 0; i < n; i++) {
         size_t idx = keys[i].table % DREY_STORE_SHARDS;
@@ -661,9 +662,11 @@ size_t drey_store_txn_evict(drey_store_txn *t, const drey_key *k, uint64_t versi
     if (*slot == NULL || (*slot)->version != version || drey_store__retired(s, *slot))
         return 0;
     size_t bytes = drey_store__entry_bytes(*slot);
-    cache_slot *c = drey_store__slot(s, (*slot)->cache_id);
-    atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->evicted_bytes, bytes, memory_order_relaxed);
+    if (!t->copy) {
+        cache_slot *c = drey_store__slot(s, (*slot)->cache_id);
+        atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->evicted_bytes, bytes, memory_order_relaxed);
+    }
     atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->evicted_bytes, bytes, memory_order_relaxed);
     drey_store__observe(s, DREY_STORE_CHANGE_EVICT, *slot);

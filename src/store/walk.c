@@ -260,6 +260,47 @@ uint64_t drey_store_partition_remove(drey_store *s, uint32_t p, int64_t now_ms) 
     return live;
 }
 
+/* p's tables write-locked together, so that the one CLEAR it tells comes
+ * after every earlier change of those keys and before any later one, as
+ * drey_store_clear_cache's does for the whole store. */
+uint64_t drey_store_partition_clear_cache(drey_store *s, uint32_t p, const char *cache, size_t cache_len,
+                                          int64_t now_ms) {
+    drey_store__normalize_cache(&cache, &cache_len);
+    size_t first, count;
+    if (!part_tables(drey_store__layout(s), p, &first, &count))
+        return 0;
+    for (size_t t = first; t < first + count; t++) {
+        pthread_rwlock_wrlock(drey_store__lock_of(s, t));
+        drey_store__capture_if_pending(s, t % DREY_STORE_SHARDS);
+    }
+    uint64_t live = 0;
+    layout *L = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    for (size_t t = first; t < first + count; t++) {
+        shard *sh = &L->tables[t];
+        for (size_t b = 0; b <= sh->mask; b++) {
+            for (entry **slot = &sh->buckets[b]; *slot != NULL;) {
+                entry *e = *slot;
+                if (e->cache_len != cache_len || memcmp(e->data, cache, cache_len) != 0 || drey_store__retired(s, e)) {
+                    slot = &e->next;
+                    continue;
+                }
+                live += drey_store__is_live(s, e, now_ms);
+                *slot = e->next;
+                drey_store__uncount_entry(s, sh, e);
+                free(e);
+            }
+        }
+    }
+    const drey_store_observer *o = atomic_load_explicit(&s->observer, memory_order_acquire);
+    if (o != NULL && !(cache_len > 0 && cache[0] == '#')) {
+        drey_store_change c = {.kind = DREY_STORE_CHANGE_CLEAR, .cache = cache, .cache_len = cache_len};
+        o->fn(o->ctx, &c);
+    }
+    for (size_t t = first + count; t-- > first;)
+        pthread_rwlock_unlock(drey_store__lock_of(s, t));
+    return live;
+}
+
 /* Read-locks partition p's stripes (ascending); false for a p the store
  * does not have. */
 static bool lock_part(drey_store *s, uint32_t p, size_t *first, size_t *count) {

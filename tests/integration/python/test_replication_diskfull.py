@@ -20,7 +20,7 @@ import unittest
 from drey_cluster import wait_until
 from drey_harness import DreyTestCase, enter_private_mount_namespace, fill_filesystem, main, mount_thin_disk, \
     mount_tmpfs
-from test_replication import Scenario, details
+from drey_replication import Scenario, details
 
 SKIP_REASON = None
 

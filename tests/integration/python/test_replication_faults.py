@@ -25,7 +25,7 @@ import grpc
 from drey_checkers import Entry, read_entry, read_table_history, write_entry
 from drey_cluster import tag_for, wait_until
 from drey_harness import DreyTestCase, RpcFailure, main, make_value, value_of
-from test_replication import PARTS, Scenario, details
+from drey_replication import PARTS, Scenario, details
 
 SEED_ENV = "DREY_FAULTS_SEED"
 FIVE = ("n1", "n2", "n3", "n4", "n5")

@@ -34,7 +34,7 @@ import grpc
 from drey_checkers import Entry, read_entry, write_entry
 from drey_cluster import peer_channel, tag_for, wait_until
 from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value
-from test_replication import PARTS, Scenario, details
+from drey_replication import PARTS, Scenario, details
 
 P = 3                    # the partition the tests move
 BULK_VALUE = 64 * 1024

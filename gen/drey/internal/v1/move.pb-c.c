@@ -232,6 +232,96 @@ void   drey__internal__v1__drop_response__free_unpacked
   assert(message->base.descriptor == &drey__internal__v1__drop_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   drey__internal__v1__partition_clear_request__init
+                     (Drey__Internal__V1__PartitionClearRequest         *message)
+{
+  static const Drey__Internal__V1__PartitionClearRequest init_value = DREY__INTERNAL__V1__PARTITION_CLEAR_REQUEST__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__partition_clear_request__get_packed_size
+                     (const Drey__Internal__V1__PartitionClearRequest *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__partition_clear_request__pack
+                     (const Drey__Internal__V1__PartitionClearRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__partition_clear_request__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionClearRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__PartitionClearRequest *
+       drey__internal__v1__partition_clear_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__PartitionClearRequest *)
+     protobuf_c_message_unpack (&drey__internal__v1__partition_clear_request__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__partition_clear_request__free_unpacked
+                     (Drey__Internal__V1__PartitionClearRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   drey__internal__v1__partition_clear_response__init
+                     (Drey__Internal__V1__PartitionClearResponse         *message)
+{
+  static const Drey__Internal__V1__PartitionClearResponse init_value = DREY__INTERNAL__V1__PARTITION_CLEAR_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t drey__internal__v1__partition_clear_response__get_packed_size
+                     (const Drey__Internal__V1__PartitionClearResponse *message)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t drey__internal__v1__partition_clear_response__pack
+                     (const Drey__Internal__V1__PartitionClearResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t drey__internal__v1__partition_clear_response__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionClearResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Drey__Internal__V1__PartitionClearResponse *
+       drey__internal__v1__partition_clear_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Drey__Internal__V1__PartitionClearResponse *)
+     protobuf_c_message_unpack (&drey__internal__v1__partition_clear_response__descriptor,
+                                allocator, len, data);
+}
+void   drey__internal__v1__partition_clear_response__free_unpacked
+                     (Drey__Internal__V1__PartitionClearResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &drey__internal__v1__partition_clear_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   drey__internal__v1__replicate_request__init
                      (Drey__Internal__V1__ReplicateRequest         *message)
 {
@@ -996,6 +1086,108 @@ const ProtobufCMessageDescriptor drey__internal__v1__drop_response__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__drop_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor drey__internal__v1__partition_clear_request__field_descriptors[3] =
+{
+  {
+    "partition",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionClearRequest, partition),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "partitions",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionClearRequest, partitions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cache",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionClearRequest, cache),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__partition_clear_request__field_indices_by_name[] = {
+  2,   /* field[2] = cache */
+  0,   /* field[0] = partition */
+  1,   /* field[1] = partitions */
+};
+static const ProtobufCIntRange drey__internal__v1__partition_clear_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__partition_clear_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.PartitionClearRequest",
+  "PartitionClearRequest",
+  "Drey__Internal__V1__PartitionClearRequest",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__PartitionClearRequest),
+  3,
+  drey__internal__v1__partition_clear_request__field_descriptors,
+  drey__internal__v1__partition_clear_request__field_indices_by_name,
+  1,  drey__internal__v1__partition_clear_request__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__partition_clear_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor drey__internal__v1__partition_clear_response__field_descriptors[1] =
+{
+  {
+    "entries",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__PartitionClearResponse, entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned drey__internal__v1__partition_clear_response__field_indices_by_name[] = {
+  0,   /* field[0] = entries */
+};
+static const ProtobufCIntRange drey__internal__v1__partition_clear_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor drey__internal__v1__partition_clear_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "drey.internal.v1.PartitionClearResponse",
+  "PartitionClearResponse",
+  "Drey__Internal__V1__PartitionClearResponse",
+  "drey.internal.v1",
+  sizeof(Drey__Internal__V1__PartitionClearResponse),
+  1,
+  drey__internal__v1__partition_clear_response__field_descriptors,
+  drey__internal__v1__partition_clear_response__field_indices_by_name,
+  1,  drey__internal__v1__partition_clear_response__number_ranges,
+  (ProtobufCMessageInit) drey__internal__v1__partition_clear_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor drey__internal__v1__replicate_request__field_descriptors[6] =
 {
   {
@@ -1533,12 +1725,14 @@ const ProtobufCMessageDescriptor drey__internal__v1__hash_response__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__hash_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor drey__internal__v1__partitions__method_descriptors[2] =
+static const ProtobufCMethodDescriptor drey__internal__v1__partitions__method_descriptors[3] =
 {
   { "Import", &drey__internal__v1__import_request__descriptor, &drey__internal__v1__import_response__descriptor },
   { "Drop", &drey__internal__v1__drop_request__descriptor, &drey__internal__v1__drop_response__descriptor },
+  { "Clear", &drey__internal__v1__partition_clear_request__descriptor, &drey__internal__v1__partition_clear_response__descriptor },
 };
 const unsigned drey__internal__v1__partitions__method_indices_by_name[] = {
+  2,        /* Clear */
   1,        /* Drop */
   0         /* Import */
 };
@@ -1549,7 +1743,7 @@ const ProtobufCServiceDescriptor drey__internal__v1__partitions__descriptor =
   "Partitions",
   "Drey__Internal__V1__Partitions",
   "drey.internal.v1",
-  2,
+  3,
   drey__internal__v1__partitions__method_descriptors,
   drey__internal__v1__partitions__method_indices_by_name
 };
@@ -1568,6 +1762,14 @@ void drey__internal__v1__partitions__drop(ProtobufCService *service,
 {
   assert(service->descriptor == &drey__internal__v1__partitions__descriptor);
   service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void drey__internal__v1__partitions__clear(ProtobufCService *service,
+                                           const Drey__Internal__V1__PartitionClearRequest *input,
+                                           Drey__Internal__V1__PartitionClearResponse_Closure closure,
+                                           void *closure_data)
+{
+  assert(service->descriptor == &drey__internal__v1__partitions__descriptor);
+  service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Service *service,
                                            Drey__Internal__V1__Partitions_ServiceDestroy destroy)

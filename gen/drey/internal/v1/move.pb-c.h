@@ -20,6 +20,8 @@ typedef struct Drey__Internal__V1__ImportRequest Drey__Internal__V1__ImportReque
 typedef struct Drey__Internal__V1__ImportResponse Drey__Internal__V1__ImportResponse;
 typedef struct Drey__Internal__V1__DropRequest Drey__Internal__V1__DropRequest;
 typedef struct Drey__Internal__V1__DropResponse Drey__Internal__V1__DropResponse;
+typedef struct Drey__Internal__V1__PartitionClearRequest Drey__Internal__V1__PartitionClearRequest;
+typedef struct Drey__Internal__V1__PartitionClearResponse Drey__Internal__V1__PartitionClearResponse;
 typedef struct Drey__Internal__V1__ReplicateRequest Drey__Internal__V1__ReplicateRequest;
 typedef struct Drey__Internal__V1__ReplicateResponse Drey__Internal__V1__ReplicateResponse;
 typedef struct Drey__Internal__V1__BeatRequest Drey__Internal__V1__BeatRequest;
@@ -155,6 +157,34 @@ struct  Drey__Internal__V1__DropResponse
 };
 #define DREY__INTERNAL__V1__DROP_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__drop_response__descriptor) \
+    , 0 }
+
+
+struct  Drey__Internal__V1__PartitionClearRequest
+{
+  ProtobufCMessage base;
+  uint32_t partition;
+  /*
+   * the cluster's count
+   */
+  uint32_t partitions;
+  char *cache;
+};
+#define DREY__INTERNAL__V1__PARTITION_CLEAR_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__partition_clear_request__descriptor) \
+    , 0, 0, (char *)protobuf_c_empty_string }
+
+
+struct  Drey__Internal__V1__PartitionClearResponse
+{
+  ProtobufCMessage base;
+  /*
+   * live entries removed
+   */
+  uint64_t entries;
+};
+#define DREY__INTERNAL__V1__PARTITION_CLEAR_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__partition_clear_response__descriptor) \
     , 0 }
 
 
@@ -410,6 +440,44 @@ Drey__Internal__V1__DropResponse *
 void   drey__internal__v1__drop_response__free_unpacked
                      (Drey__Internal__V1__DropResponse *message,
                       ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__PartitionClearRequest methods */
+void   drey__internal__v1__partition_clear_request__init
+                     (Drey__Internal__V1__PartitionClearRequest         *message);
+size_t drey__internal__v1__partition_clear_request__get_packed_size
+                     (const Drey__Internal__V1__PartitionClearRequest   *message);
+size_t drey__internal__v1__partition_clear_request__pack
+                     (const Drey__Internal__V1__PartitionClearRequest   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__partition_clear_request__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionClearRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__PartitionClearRequest *
+       drey__internal__v1__partition_clear_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__partition_clear_request__free_unpacked
+                     (Drey__Internal__V1__PartitionClearRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Drey__Internal__V1__PartitionClearResponse methods */
+void   drey__internal__v1__partition_clear_response__init
+                     (Drey__Internal__V1__PartitionClearResponse         *message);
+size_t drey__internal__v1__partition_clear_response__get_packed_size
+                     (const Drey__Internal__V1__PartitionClearResponse   *message);
+size_t drey__internal__v1__partition_clear_response__pack
+                     (const Drey__Internal__V1__PartitionClearResponse   *message,
+                      uint8_t             *out);
+size_t drey__internal__v1__partition_clear_response__pack_to_buffer
+                     (const Drey__Internal__V1__PartitionClearResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Drey__Internal__V1__PartitionClearResponse *
+       drey__internal__v1__partition_clear_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   drey__internal__v1__partition_clear_response__free_unpacked
+                     (Drey__Internal__V1__PartitionClearResponse *message,
+                      ProtobufCAllocator *allocator);
 /* Drey__Internal__V1__ReplicateRequest methods */
 void   drey__internal__v1__replicate_request__init
                      (Drey__Internal__V1__ReplicateRequest         *message);
@@ -582,6 +650,12 @@ typedef void (*Drey__Internal__V1__DropRequest_Closure)
 typedef void (*Drey__Internal__V1__DropResponse_Closure)
                  (const Drey__Internal__V1__DropResponse *message,
                   void *closure_data);
+typedef void (*Drey__Internal__V1__PartitionClearRequest_Closure)
+                 (const Drey__Internal__V1__PartitionClearRequest *message,
+                  void *closure_data);
+typedef void (*Drey__Internal__V1__PartitionClearResponse_Closure)
+                 (const Drey__Internal__V1__PartitionClearResponse *message,
+                  void *closure_data);
 typedef void (*Drey__Internal__V1__ReplicateRequest_Closure)
                  (const Drey__Internal__V1__ReplicateRequest *message,
                   void *closure_data);
@@ -624,6 +698,10 @@ struct Drey__Internal__V1__Partitions_Service
                const Drey__Internal__V1__DropRequest *input,
                Drey__Internal__V1__DropResponse_Closure closure,
                void *closure_data);
+  void (*clear)(Drey__Internal__V1__Partitions_Service *service,
+                const Drey__Internal__V1__PartitionClearRequest *input,
+                Drey__Internal__V1__PartitionClearResponse_Closure closure,
+                void *closure_data);
 };
 typedef void (*Drey__Internal__V1__Partitions_ServiceDestroy)(Drey__Internal__V1__Partitions_Service *);
 void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Service *service,
@@ -633,7 +711,8 @@ void drey__internal__v1__partitions__init (Drey__Internal__V1__Partitions_Servic
 #define DREY__INTERNAL__V1__PARTITIONS__INIT(function_prefix__) \
     { DREY__INTERNAL__V1__PARTITIONS__BASE_INIT,\
       function_prefix__ ## import,\
-      function_prefix__ ## drop  }
+      function_prefix__ ## drop,\
+      function_prefix__ ## clear  }
 void drey__internal__v1__partitions__import(ProtobufCService *service,
                                             const Drey__Internal__V1__ImportRequest *input,
                                             Drey__Internal__V1__ImportResponse_Closure closure,
@@ -642,6 +721,10 @@ void drey__internal__v1__partitions__drop(ProtobufCService *service,
                                           const Drey__Internal__V1__DropRequest *input,
                                           Drey__Internal__V1__DropResponse_Closure closure,
                                           void *closure_data);
+void drey__internal__v1__partitions__clear(ProtobufCService *service,
+                                           const Drey__Internal__V1__PartitionClearRequest *input,
+                                           Drey__Internal__V1__PartitionClearResponse_Closure closure,
+                                           void *closure_data);
 typedef struct Drey__Internal__V1__Replica_Service Drey__Internal__V1__Replica_Service;
 struct Drey__Internal__V1__Replica_Service
 {
@@ -698,6 +781,8 @@ extern const ProtobufCMessageDescriptor drey__internal__v1__import_request__desc
 extern const ProtobufCMessageDescriptor drey__internal__v1__import_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__drop_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__drop_response__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__partition_clear_request__descriptor;
+extern const ProtobufCMessageDescriptor drey__internal__v1__partition_clear_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor;
 extern const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor;
