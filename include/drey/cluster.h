@@ -172,7 +172,7 @@ typedef struct drey_cluster_status {
     uint32_t rf, backup_of, under_replicated;
     bool lease_valid;
     uint64_t replication_pending, replicated, replica_failures, isr_shrinks, backups_added, records_taken,
-        records_refused, failovers, handovers_done, copies_refused;
+        records_refused, failovers, handovers_done, copies_refused, roleless_dropped;
     /* The controller: moves its last look held back by the settle time (a
      * partition whose primary just changed); UINT32_MAX: that look
      * repaired and planned no move. 0 on other nodes. */

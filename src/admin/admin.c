@@ -301,6 +301,7 @@ Drey__Admin__V1__ReadinessDetails *drey_admin_readiness(drey_admin *a, drey_aren
         c->failovers = cs.failovers;
         c->handovers_done = cs.handovers_done;
         c->copies_refused = cs.copies_refused;
+        c->roleless_dropped = cs.roleless_dropped;
         c->moves_waiting = cs.moves_waiting;
         /* Those it held a moment ago, and a few the table may have given it since. */
         size_t cap = (size_t)cs.owned + cs.backup_of + 16;
@@ -530,6 +531,8 @@ void drey_admin_collect_metrics(void *ctx, FILE *out) {
             {"drey_cluster_copies_refused_total",
              "Imports, handover checks and drops this node refused (a copy not planned, or an in-sync one).",
              c->copies_refused},
+            {"drey_cluster_roleless_dropped_total",
+             "Copies of partitions the table gives this node no role in that it dropped.", c->roleless_dropped},
         };
         emit(out, cluster, sizeof cluster / sizeof cluster[0]);
         /* UINT32_MAX: the controller's last look repaired instead (unknown, not 0). */

@@ -43,6 +43,13 @@ bool drey_cluster__entry_has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const c
     return false;
 }
 
+bool drey_cluster__entry_names(const drey_cluster__entry *e, const char *id) {
+    char(*replicas)[DREY_CLUSTER_MAX_ID] = (char(*)[DREY_CLUSTER_MAX_ID])e->replicas;
+    char(*syncing)[DREY_CLUSTER_MAX_ID] = (char(*)[DREY_CLUSTER_MAX_ID])e->syncing;
+    return strcmp(e->primary, id) == 0 || strcmp(e->joining, id) == 0 || strcmp(e->handover, id) == 0 ||
+           drey_cluster__entry_has(replicas, e->n_replicas, id) || drey_cluster__entry_has(syncing, e->n_syncing, id);
+}
+
 bool drey_cluster__entry_remove(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id) {
     for (size_t i = 0; i < *n; i++) {
         if (strcmp(ids[i], id) == 0) {

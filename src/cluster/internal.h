@@ -102,6 +102,9 @@ typedef struct drey_cluster__entry {
 /* e NULL: the empty entry. */
 void drey_cluster__entry_of(const Drey__Internal__V1__PartitionEntry *e, drey_cluster__entry *out);
 bool drey_cluster__entry_has(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id);
+/* Whether the entry names id in any role: primary, in sync, a copy's
+ * target or a handover's. */
+bool drey_cluster__entry_names(const drey_cluster__entry *e, const char *id);
 /* Removes id from the list (if there); returns whether it was there. */
 bool drey_cluster__entry_remove(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
 void drey_cluster__entry_add(char (*ids)[DREY_CLUSTER_MAX_ID], size_t *n, const char *id);
@@ -155,6 +158,7 @@ typedef struct drey_cluster__mover {
     _Atomic uint64_t moves_done, moves_failed, moved_entries, moved_bytes, pause_last_us, pause_max_us;
     _Atomic uint64_t backups_added;  /* copies that joined the in-sync set */
     _Atomic uint64_t handovers_done; /* roles handed to an in-sync backup */
+    _Atomic uint64_t roleless_dropped; /* copies dropped that the table gave this node no role in */
     _Atomic int64_t moving;          /* the partition being moved out, or -1 */
 } drey_cluster__mover;
 

@@ -522,9 +522,54 @@ static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     pthread_mutex_destroy(&s.mu);
     pthread_cond_destroy(&s.cond);
     if (s.code != 0)
-        DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
+        DREY_LOG_WARN("a copy of a partition this node holds no role in was not dropped; it is tried again",
                       DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
     return s.code == 0;
+}
+
+/* --- copies without a role ----------------------------------------------------------------- */
+
+/* Drops the partitions this node holds entries of although their entries
+ * name it in no role: a backup taken out of the in-sync set, a restarted
+ * node that stepped out, a copy that did not complete, a move's drop that
+ * failed. The same journaled Drop as a move's, naming the epoch of the
+ * entry that left the node out: the route row refuses it if the node has a
+ * role again by the time it runs, and a copy imported at a newer epoch is
+ * spared (live and on replay). Memory then holds only what the node serves
+ * or may be promoted with. */
+static void drop_roleless(drey_cluster *c, int64_t *retry_at) {
+    uint32_t *parts = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *parts);
+    int64_t *epochs = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *epochs);
+    size_t n = 0;
+    int64_t now = drey_mono_ms();
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t p = 0; p < c->n_parts && !c->leaving; p++) {
+        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+        if (e == NULL || retry_at[p] > now || e->primary[0] == '\0')
+            continue;
+        drey_cluster__entry x;
+        drey_cluster__entry_of(e, &x);
+        if (!drey_cluster__entry_names(&x, c->opts.node_id)) {
+            parts[n] = p;
+            epochs[n++] = c->epochs[p];
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        drey_store_partition_stats st;
+        drey_store_get_partition_stats(c->opts.store, parts[i], &st);
+        if (st.entries == 0)
+            continue;
+        if (drop(c, parts[i], epochs[i])) {
+            atomic_fetch_add(&c->mover.roleless_dropped, 1);
+            DREY_LOG_DEBUG("dropped a copy of a partition this node holds no role in", DREY_LOG_UINT("partition", parts[i]),
+                           DREY_LOG_UINT("entries", st.entries), DREY_LOG_INT("epoch", epochs[i]));
+        } else {
+            retry_at[parts[i]] = drey_mono_ms() + 5 * RETRY_MS;
+        }
+    }
+    free(parts);
+    free(epochs);
 }
 
 /* --- one move ------------------------------------------------------------------------------ */
@@ -692,6 +737,13 @@ void *drey_cluster__mover_main(void *arg) {
     while (!c->leaving) {
         mover mv = {.c = c};
         if (!next_move(c, retry_at, &mv)) {
+            if (c->opts.store != NULL && c->opts.pipeline != NULL) {
+                pthread_mutex_unlock(&c->mu);
+                drop_roleless(c, retry_at);
+                pthread_mutex_lock(&c->mu);
+                if (c->leaving)
+                    break;
+            }
             drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(RETRY_MS));
             continue;
         }

@@ -60,6 +60,7 @@ void drey_cluster_get_status(drey_cluster *c, drey_cluster_status *out) {
     out->records_taken = atomic_load(&c->backup.records_taken);
     out->records_refused = atomic_load(&c->backup.records_refused);
     out->handovers_done = atomic_load(&c->mover.handovers_done);
+    out->roleless_dropped = atomic_load(&c->mover.roleless_dropped);
     out->copies_refused = atomic_load(&c->backup.copies_refused);
     out->failovers = atomic_load(&c->ctl.failovers);
 }

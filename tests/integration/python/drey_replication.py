@@ -186,6 +186,7 @@ class Scenario:
         self.test.assertGreater(sum(metric(n, "drey_cluster_replication_ack_seconds_count")
                                     for n in self.running()), 0, "no acknowledgement was timed")
         self.assert_replicas_equal()
+        self.wait_no_roleless_copies()
         history = read_table_history(self.cl)
         print("table history: %d revisions of %d entries" % (sum(map(len, history.values())), len(history)))
         self.test.assertEqual(check_table_history(history, self.rf, written_by_test), [],
@@ -198,6 +199,29 @@ class Scenario:
             fn, req, _ = ServiceClient(ch, self.cl.pb.move, "drey.internal.v1.Replica").methods["Hash"]
             resp = fn(req(partitions=PARTS, partition=parts), timeout=10, metadata=[("drey-forwarded-by", "n9")])
         return {h.partition: (h.entries, h.hash) for h in resp.partitions}
+
+    def roleless_copies(self):
+        """(node, partition, entries) for each copy a node holds of a
+        partition the table names it in no role in."""
+        table = self.table(self.running()[0])
+        found = []
+        for n in self.running():
+            for p, (entries, _) in self.hashes(n, list(range(PARTS))).items():
+                primary, replicas = table[p]
+                if entries > 0 and n.id != primary and n.id not in replicas:
+                    found.append((n.id, p, entries))
+        return found
+
+    def wait_no_roleless_copies(self, timeout=20):
+        """Until no node holds a copy the table gives it no role in: each
+        drops such a copy (a journaled, epoch-checked Drop) a moment after
+        it sees the table."""
+        left = [None]
+
+        def none():
+            left[0] = self.roleless_copies()
+            return not left[0]
+        wait_until(none, timeout=timeout, what=lambda: "copies held without a role dropped (%s)" % left[0])
 
     def assert_replicas_equal(self):
         node = self.running()[0]

@@ -4,7 +4,7 @@ nodes killed together; once each the primary killed during a handover,
 the target killed during a slow copy, the controller killed during one),
 and a primary cut off from etcd and its backups at once.
 
-These complete test_replication.py (whose Scenario they use: the three
+These complete test_replication.py (drey_replication.py's Scenario: the three
 workloads, settle, stop_and_check): after each fault ends every
 partition must have its full factor again within RESTORE_BOUND_S, while
 the workloads write; after the last the cluster must settle, and then the

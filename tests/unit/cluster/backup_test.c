@@ -9,6 +9,8 @@
  * names in no role; a heartbeat marks only an in-sync copy that has every
  * acknowledged write.
  */
+#include <stdio.h>
+
 #include <criterion/criterion.h>
 
 #include "src/cluster/backup.h"
@@ -82,6 +84,18 @@ Test(backup, a_copy_is_dropped_only_when_the_table_names_the_node_in_no_role) {
     cr_assert_eq(drey_cluster__take_drop(&leading), DREY_ERR_PARTITION_OWNED);
     drey_cluster__holding back = {.epoch = 12, .copy_target = true};
     cr_assert_eq(drey_cluster__take_drop(&back), DREY_ERR_STALE_EPOCH, "the partition came back to this node");
+}
+
+/* What the mover's sweep asks before it drops a copy held without a role. */
+Test(backup, an_entry_names_a_node_in_any_role) {
+    drey_cluster__entry e = {.primary = "n1", .joining = "n4", .handover = "", .n_replicas = 1, .n_syncing = 1};
+    snprintf(e.replicas[0], sizeof e.replicas[0], "n2");
+    snprintf(e.syncing[0], sizeof e.syncing[0], "n3");
+    for (const char *const *id = (const char *const[]){"n1", "n2", "n3", "n4", NULL}; *id != NULL; id++)
+        cr_assert(drey_cluster__entry_names(&e, *id), "%s", *id);
+    cr_assert_not(drey_cluster__entry_names(&e, "n5"));
+    snprintf(e.handover, sizeof e.handover, "n5");
+    cr_assert(drey_cluster__entry_names(&e, "n5"), "a handover's target");
 }
 
 Test(backup, a_heartbeat_marks_current_only_an_in_sync_copy_with_every_acknowledged_write) {

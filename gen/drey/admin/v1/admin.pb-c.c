@@ -1385,7 +1385,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__pa
   (ProtobufCMessageInit) drey__admin__v1__readiness_details__cluster__partition_replica__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[39] =
+static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluster__field_descriptors[40] =
 {
   {
     "node_id",
@@ -1855,6 +1855,18 @@ static const ProtobufCFieldDescriptor drey__admin__v1__readiness_details__cluste
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "roleless_dropped",
+    40,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Admin__V1__ReadinessDetails__Cluster, roleless_dropped),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__admin__v1__readiness_details__cluster__field_indices_by_name[] = {
   24,   /* field[24] = backup_partitions */
@@ -1892,6 +1904,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
   28,   /* field[28] = replicated_records */
   23,   /* field[23] = replication_factor */
   27,   /* field[27] = replication_pending */
+  39,   /* field[39] = roleless_dropped */
   8,   /* field[8] = table_revision */
   6,   /* field[6] = unassigned_partitions */
   12,   /* field[12] = unavailable_answers */
@@ -1900,7 +1913,7 @@ static const unsigned drey__admin__v1__readiness_details__cluster__field_indices
 static const ProtobufCIntRange drey__admin__v1__readiness_details__cluster__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 39 }
+  { 0, 40 }
 };
 const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__descriptor =
 {
@@ -1910,7 +1923,7 @@ const ProtobufCMessageDescriptor drey__admin__v1__readiness_details__cluster__de
   "Drey__Admin__V1__ReadinessDetails__Cluster",
   "drey.admin.v1",
   sizeof(Drey__Admin__V1__ReadinessDetails__Cluster),
-  39,
+  40,
   drey__admin__v1__readiness_details__cluster__field_descriptors,
   drey__admin__v1__readiness_details__cluster__field_indices_by_name,
   1,  drey__admin__v1__readiness_details__cluster__number_ranges,

@@ -424,10 +424,16 @@ struct  Drey__Admin__V1__ReadinessDetails__Cluster
    * 4294967295 while that look repaired instead. 0 on other nodes.
    */
   uint32_t moves_waiting;
+  /*
+   * Copies of partitions the table gives this node no role in that it
+   * dropped (a backup taken out of the in-sync set, a node that stepped
+   * out at restart, a copy that did not complete).
+   */
+  uint64_t roleless_dropped;
 };
 #define DREY__ADMIN__V1__READINESS_DETAILS__CLUSTER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__admin__v1__readiness_details__cluster__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,NULL, 0, 0, 0, 0 }
 
 
 /*
