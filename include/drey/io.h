@@ -14,6 +14,7 @@
 #ifndef DREY_IO_H
 #define DREY_IO_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,6 +61,32 @@ drey_io *drey_io_posix(void);
 #define DREY_IO_FNV_OFFSET 0xcbf29ce484222325ULL
 uint64_t drey_io_fnv(uint64_t h, const void *p, size_t n);
 uint64_t drey_io_fingerprint(uint64_t h, const char *path);
+
+/* A thread that calls poll(arg) every interval until stopped: the watchers
+ * of the key files and of the authorization policy, which fingerprint what
+ * they watch and reload when it changed. Polling, not inotify: it sees
+ * through the symlink swaps Kubernetes uses for mounted secrets and config
+ * maps, and costs a few stat(2) calls per interval. Start and stop may be
+ * called from any thread, any number of times; one thread at most runs. */
+typedef struct drey_io_poller {
+    pthread_mutex_t ctl; /* serializes start and stop */
+    pthread_mutex_t mu;  /* guards running and stopping */
+    pthread_cond_t cv;   /* signalled to stop */
+    pthread_t thread;
+    bool running, stopping;
+    int64_t interval_ms;
+    void (*poll)(void *arg);
+    void *arg;
+    const char *what; /* "auth key watcher": for the log */
+} drey_io_poller;
+
+void drey_io_poller_init(drey_io_poller *p, const char *what, void (*poll)(void *arg), void *arg);
+/* Starts the thread unless it runs. One that cannot be started is logged
+ * and done without: a reload is still asked for by SIGHUP. */
+void drey_io_poller_start(drey_io_poller *p, int64_t interval_ms);
+void drey_io_poller_stop(drey_io_poller *p);
+/* Stops it, then frees what init made. */
+void drey_io_poller_destroy(drey_io_poller *p);
 
 /* Loops over short writes/reads; -errno on failure, -EIO on a short read
  * past the end of the file. */

@@ -29,6 +29,8 @@
 #ifndef DREY_PIPELINE_H
 #define DREY_PIPELINE_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -112,6 +114,51 @@ typedef struct drey_request_ops {
      * that claims to be forwarded is refused. */
     bool (*peer_is)(void *door, const char *id, size_t len);
 } drey_request_ops;
+
+/* --- one request of many on a stream -----------------------------------------
+ *
+ * The doors of a peer's Forward frame (peer.c), a Pipeline operation
+ * (stream.c) and a Watch's admission (src/watch) differ in how an answer
+ * goes out and where metadata comes from, and are alike in the rest: a
+ * deadline of their own, and the chain's cancellation hook, which the
+ * stream runs if its caller goes away first, and which runs at once when
+ * set after that. One table of operations (drey_subdoor_ops) serves them
+ * all; each stream says its own part in a drey_subdoor_stream and embeds a
+ * drey_subdoor in its request's state (door = the drey_subdoor). */
+typedef struct drey_subdoor drey_subdoor;
+
+typedef struct drey_subdoor_stream {
+    void (*reply)(drey_subdoor *d, const ProtobufCMessage *response);
+    void (*fail)(drey_subdoor *d, const drey_status *st);
+    void (*relay)(drey_subdoor *d, const drey_answer *a);
+    const char *(*metadata)(drey_subdoor *d, const char *key, size_t *len);
+    const char *(*peer)(drey_subdoor *d);
+    bool (*peer_is)(drey_subdoor *d, const char *id, size_t len); /* drey_subdoor_peer_ops' only */
+} drey_subdoor_stream;
+
+struct drey_subdoor {
+    const drey_subdoor_stream *stream;
+    pthread_mutex_t *mu; /* the stream's: guards what follows; NULL: its caller cannot go away */
+    int64_t deadline_ns;
+    void (*cancel_fn)(void *arg);
+    void *cancel_arg;
+    bool gone; /* the caller went away unanswered: a hook set from now runs at once */
+    _Atomic bool answered; /* reply, fail or relay has begun (set by the ops): the hook never runs after */
+};
+
+/* A client's stream (no peer uses it: a request claiming to be forwarded
+ * is refused), and a peer's (peer_is asks the stream's mutual TLS). */
+extern const drey_request_ops drey_subdoor_ops;
+extern const drey_request_ops drey_subdoor_peer_ops;
+
+void drey_subdoor_init(drey_subdoor *d, const drey_subdoor_stream *stream, pthread_mutex_t *mu,
+                       int64_t deadline_ns);
+/* The caller went away (needs mu): false if it was answered or gone
+ * already; else marks it gone and takes its hook (*fn NULL: none set yet)
+ * for the caller to run once mu is let go. */
+bool drey_subdoor_cancel_locked(drey_subdoor *d, void (**fn)(void *arg), void **arg);
+/* Answered (needs mu): the hook is let go. */
+void drey_subdoor_answered_locked(drey_subdoor *d);
 
 /* Metadata of a call one node forwards to another: the forwarding node's
  * id, and the partition epoch its table had. Accepted only from a peer that

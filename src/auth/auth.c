@@ -25,9 +25,7 @@ static void free_shell(drey_auth *a) {
     drey_auth__cache_destroy(a->cache);
     pthread_rwlock_destroy(&a->keys_lock);
     pthread_mutex_destroy(&a->reload_mu);
-    pthread_mutex_destroy(&a->watch_ctl);
-    pthread_mutex_destroy(&a->watch_mu);
-    pthread_cond_destroy(&a->watch_cv);
+    drey_io_poller_destroy(&a->watcher);
     free(a->jwks_file);
     free(a->keys_dir);
     free(a->issuer);
@@ -50,9 +48,7 @@ drey_auth *drey_auth_create(const drey_auth_options *opts, char *err, size_t err
     pthread_rwlock_init(&a->keys_lock, &rwattr);
     pthread_rwlockattr_destroy(&rwattr);
     pthread_mutex_init(&a->reload_mu, NULL);
-    pthread_mutex_init(&a->watch_ctl, NULL);
-    pthread_mutex_init(&a->watch_mu, NULL);
-    pthread_cond_init(&a->watch_cv, NULL);
+    drey_auth__watch_init(a);
     a->cache = drey_auth__cache_create(opts->cache_entries);
 
     /* The fingerprint comes first: a change racing the load shows up as a

@@ -9,6 +9,7 @@
 
 #include "cache.h"
 #include "drey/auth.h"
+#include "drey/io.h"
 #include "keys.h"
 
 /* max_token_bytes when the options say 0. */
@@ -34,13 +35,7 @@ struct drey_auth {
     uint64_t generation;             /* of the newest key set; under reload_mu */
     _Atomic uint64_t seen_sources;   /* fingerprint taken by the last load attempt */
 
-    pthread_mutex_t watch_ctl; /* serializes drey_auth_watch / stop_watch */
-    pthread_mutex_t watch_mu;  /* guards the watcher fields */
-    pthread_cond_t watch_cv;   /* CLOCK_MONOTONIC; signalled to stop */
-    pthread_t watch_thread;
-    bool watching;
-    bool watch_stop;
-    int64_t watch_interval_ms;
+    drey_io_poller watcher; /* watch.c */
 
     drey_auth_attach attach; /* make NULL: none */
 
@@ -54,6 +49,7 @@ bool drey_auth__reload(drey_auth *a, const char *trigger, char *err, size_t err_
 /* A fingerprint of the sources' metadata (device, inode, size, mtime,
  * ctime of the JWKS file, the keys directory and each of its entries):
  * it changes when any of them is created, removed, replaced or written. */
+void drey_auth__watch_init(drey_auth *a);
 uint64_t drey_auth__sources_fingerprint(const char *jwks_file, const char *keys_dir);
 
 #endif

@@ -10,13 +10,10 @@
  * interval, and the next change is tried again.
  */
 #include <dirent.h>
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "auth_internal.h"
-#include "drey/clock.h"
 #include "drey/io.h"
 #include "drey/log.h"
 
@@ -50,58 +47,22 @@ uint64_t drey_auth__sources_fingerprint(const char *jwks_file, const char *keys_
     return h;
 }
 
-static void *watch_main(void *arg) {
+/* One look: reload when the sources differ from what the last attempt saw. */
+static void look(void *arg) {
     drey_auth *a = arg;
-    pthread_mutex_lock(&a->watch_mu);
-    while (!a->watch_stop) {
-        int64_t until = drey_deadline_after_ms(a->watch_interval_ms);
-        while (!a->watch_stop && drey_cond_wait_until(&a->watch_cv, &a->watch_mu, until) != ETIMEDOUT) {
-        }
-        if (a->watch_stop)
-            break;
-        pthread_mutex_unlock(&a->watch_mu);
-        uint64_t fp = drey_auth__sources_fingerprint(a->jwks_file, a->keys_dir);
-        if (fp != atomic_load(&a->seen_sources))
-            drey_auth__reload(a, "watch", NULL, 0); /* logs its outcome */
-        pthread_mutex_lock(&a->watch_mu);
-    }
-    pthread_mutex_unlock(&a->watch_mu);
-    return NULL;
+    uint64_t fp = drey_auth__sources_fingerprint(a->jwks_file, a->keys_dir);
+    if (fp != atomic_load(&a->seen_sources))
+        drey_auth__reload(a, "watch", NULL, 0); /* logs its outcome */
+}
+
+void drey_auth__watch_init(drey_auth *a) {
+    drey_io_poller_init(&a->watcher, "auth keys", look, a);
 }
 
 void drey_auth_watch(drey_auth *a, int64_t interval_ms) {
-    pthread_mutex_lock(&a->watch_ctl);
-    pthread_mutex_lock(&a->watch_mu);
-    if (a->watching) {
-        pthread_mutex_unlock(&a->watch_mu);
-        pthread_mutex_unlock(&a->watch_ctl);
-        return;
-    }
-    a->watch_interval_ms = interval_ms > 0 ? interval_ms : 1;
-    a->watch_stop = false;
-    int rc = pthread_create(&a->watch_thread, NULL, watch_main, a);
-    a->watching = rc == 0;
-    pthread_mutex_unlock(&a->watch_mu);
-    pthread_mutex_unlock(&a->watch_ctl);
-    if (rc != 0)
-        DREY_LOG_ERROR("auth key watcher not started", DREY_LOG_STR("reason", strerror(rc)));
+    drey_io_poller_start(&a->watcher, interval_ms);
 }
 
 void drey_auth_stop_watch(drey_auth *a) {
-    pthread_mutex_lock(&a->watch_ctl);
-    pthread_mutex_lock(&a->watch_mu);
-    if (!a->watching) {
-        pthread_mutex_unlock(&a->watch_mu);
-        pthread_mutex_unlock(&a->watch_ctl);
-        return;
-    }
-    a->watch_stop = true;
-    pthread_cond_signal(&a->watch_cv);
-    pthread_t t = a->watch_thread;
-    pthread_mutex_unlock(&a->watch_mu);
-    pthread_join(t, NULL);
-    pthread_mutex_lock(&a->watch_mu);
-    a->watching = false;
-    pthread_mutex_unlock(&a->watch_mu);
-    pthread_mutex_unlock(&a->watch_ctl);
+    drey_io_poller_stop(&a->watcher);
 }

@@ -39,11 +39,7 @@ struct drey_authz {
     drey_authz_denial denials[DREY_AUTHZ_LAST_DENIALS]; /* most recent first */
     size_t n_denials;
 
-    pthread_mutex_t watch_mu;
-    pthread_cond_t watch_cv;
-    pthread_t watch_thread;
-    bool watching, watch_stop;
-    int64_t watch_interval_ms;
+    drey_io_poller watcher;
 };
 
 /* The file's policy, or NULL with err. */
@@ -72,6 +68,8 @@ static drey_authz_policy *load(const char *path, char *err, size_t cap) {
     return p;
 }
 
+static void look(void *arg);
+
 drey_authz *drey_authz_create(const char *path, char *err, size_t err_cap) {
     uint64_t fp = drey_io_fingerprint(DREY_IO_FNV_OFFSET, path);
     drey_authz_policy *p = load(path, err, err_cap);
@@ -84,8 +82,7 @@ drey_authz *drey_authz_create(const char *path, char *err, size_t err_cap) {
     a->loaded_ms = drey_wall_ms();
     a->seen = fp;
     pthread_mutex_init(&a->mu, NULL);
-    pthread_mutex_init(&a->watch_mu, NULL);
-    pthread_cond_init(&a->watch_cv, NULL);
+    drey_io_poller_init(&a->watcher, "authz policy", look, a);
     drey_authz_policy_info info;
     drey_authz_policy_info_of(p, &info);
     DREY_LOG_INFO("authz policy loaded", DREY_LOG_STR("path", path), DREY_LOG_UINT("roles", info.roles),
@@ -96,11 +93,9 @@ drey_authz *drey_authz_create(const char *path, char *err, size_t err_cap) {
 void drey_authz_destroy(drey_authz *a) {
     if (a == NULL)
         return;
-    drey_authz_stop_watch(a);
+    drey_io_poller_destroy(&a->watcher);
     drey_authz_policy_unref(atomic_load(&a->policy));
     pthread_mutex_destroy(&a->mu);
-    pthread_mutex_destroy(&a->watch_mu);
-    pthread_cond_destroy(&a->watch_cv);
     free(a->path);
     free(a);
 }
@@ -140,55 +135,22 @@ bool drey_authz_reload(drey_authz *a, char *err, size_t err_cap) {
 
 /* --- the watcher ------------------------------------------------------------------ */
 
-static void *watch_main(void *arg) {
+static void look(void *arg) {
     drey_authz *a = arg;
-    pthread_mutex_lock(&a->watch_mu);
-    while (!a->watch_stop) {
-        int64_t until = drey_deadline_after_ms(a->watch_interval_ms);
-        while (!a->watch_stop && drey_cond_wait_until(&a->watch_cv, &a->watch_mu, until) != ETIMEDOUT) {
-        }
-        if (a->watch_stop)
-            break;
-        pthread_mutex_unlock(&a->watch_mu);
-        uint64_t fp = drey_io_fingerprint(DREY_IO_FNV_OFFSET, a->path);
-        pthread_mutex_lock(&a->mu);
-        bool changed = fp != a->seen;
-        pthread_mutex_unlock(&a->mu);
-        if (changed)
-            reload(a, "watch", NULL, 0);
-        pthread_mutex_lock(&a->watch_mu);
-    }
-    pthread_mutex_unlock(&a->watch_mu);
-    return NULL;
+    uint64_t fp = drey_io_fingerprint(DREY_IO_FNV_OFFSET, a->path);
+    pthread_mutex_lock(&a->mu);
+    bool changed = fp != a->seen;
+    pthread_mutex_unlock(&a->mu);
+    if (changed)
+        reload(a, "watch", NULL, 0);
 }
 
 void drey_authz_watch(drey_authz *a, int64_t interval_ms) {
-    pthread_mutex_lock(&a->watch_mu);
-    if (!a->watching) {
-        a->watch_interval_ms = interval_ms > 0 ? interval_ms : 1;
-        a->watch_stop = false;
-        int rc = pthread_create(&a->watch_thread, NULL, watch_main, a);
-        a->watching = rc == 0;
-        if (rc != 0)
-            DREY_LOG_ERROR("authz policy watcher not started", DREY_LOG_STR("reason", strerror(rc)));
-    }
-    pthread_mutex_unlock(&a->watch_mu);
+    drey_io_poller_start(&a->watcher, interval_ms);
 }
 
 void drey_authz_stop_watch(drey_authz *a) {
-    pthread_mutex_lock(&a->watch_mu);
-    if (!a->watching) {
-        pthread_mutex_unlock(&a->watch_mu);
-        return;
-    }
-    a->watch_stop = true;
-    pthread_cond_signal(&a->watch_cv);
-    pthread_t t = a->watch_thread;
-    pthread_mutex_unlock(&a->watch_mu);
-    pthread_join(t, NULL);
-    pthread_mutex_lock(&a->watch_mu);
-    a->watching = false;
-    pthread_mutex_unlock(&a->watch_mu);
+    drey_io_poller_stop(&a->watcher);
 }
 
 /* --- grants ----------------------------------------------------------------------- */

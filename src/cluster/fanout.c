@@ -343,8 +343,10 @@ static drey_stage_result refuse_moved(drey_cluster *c, drey_request *r) {
 }
 
 /* A Clear that failed: relayed as it came when no part of it cleared
- * anything (every part refused, none said CLEAR_INCOMPLETE), else
- * CLEAR_INCOMPLETE with the first refusal's reason as its cause. */
+ * anything (every part refused, none said CLEAR_INCOMPLETE) or when a part
+ * was refused for good (a node's policy denied it: a retry cannot help),
+ * else CLEAR_INCOMPLETE, retryable, with the first refusal's reason as its
+ * cause. */
 static void clear_gathered(fan *f) {
     size_t failed = 0;
     const slot *first = NULL;
@@ -366,7 +368,7 @@ static void clear_gathered(fan *f) {
         drey_request_reply(f->r, &resp.base);
         return;
     }
-    if (failed == f->n && !partial) {
+    if ((failed == f->n && !partial) || first->code != GRPC_STATUS_UNAVAILABLE) {
         relay_failure(f);
         return;
     }

@@ -384,22 +384,22 @@ static pstream *of(tag *t, size_t off) {
     return (pstream *)((char *)t - off);
 }
 
-static void on_start(tag *t, bool ok) {
-    (void)ok; /* a failed start shows in the status */
-    pstream *s = of(t, offsetof(pstream, start_tag));
+/* The start and the close each hold a reference until they complete. */
+static void let_go(pstream *s) {
     drey_cluster__peers *p = s->p; /* s may go with its last reference */
     pthread_mutex_lock(&p->mu);
     stream_unref_locked(s);
     pthread_mutex_unlock(&p->mu);
 }
 
+static void on_start(tag *t, bool ok) {
+    (void)ok; /* a failed start shows in the status */
+    let_go(of(t, offsetof(pstream, start_tag)));
+}
+
 static void on_closed(tag *t, bool ok) {
     (void)ok;
-    pstream *s = of(t, offsetof(pstream, close_tag));
-    drey_cluster__peers *p = s->p; /* s may go with its last reference */
-    pthread_mutex_lock(&p->mu);
-    stream_unref_locked(s);
-    pthread_mutex_unlock(&p->mu);
+    let_go(of(t, offsetof(pstream, close_tag)));
 }
 
 static void on_sent(tag *t, bool ok) {

@@ -207,16 +207,22 @@ static uint64_t import_versions(const ProtobufCMessage *msg) {
     return ((const Drey__Internal__V1__ImportRequest *)msg)->min_version;
 }
 
+/* Drop's and Clear's answer: how many entries went (their only field). */
+static ProtobufCMessage *entries_removed(drey_apply *ax, const ProtobufCMessageDescriptor *d, uint64_t n) {
+    ProtobufCMessage *m = drey_arena_alloc(ax->arena, d->sizeof_message);
+    protobuf_c_message_init(d, m);
+    *(uint64_t *)(void *)((char *)m + d->fields[0].offset) = n;
+    return m;
+}
+
 static ProtobufCMessage *drop_apply(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     partitions *ps = ctx;
     const Drey__Internal__V1__DropRequest *req = (const void *)msg;
     if (!well_formed(ax, req->partition, req->partitions))
         return NULL;
-    Drey__Internal__V1__DropResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
-    drey__internal__v1__drop_response__init(resp);
-    if (imported_at(ps, req->partition, req->partitions) <= req->epoch)
-        resp->entries = drop(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena);
-    return &resp->base;
+    bool newer_copy = imported_at(ps, req->partition, req->partitions) > req->epoch;
+    uint64_t n = newer_copy ? 0 : drop(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena);
+    return entries_removed(ax, &drey__internal__v1__drop_response__descriptor, n);
 }
 
 static bool in_cache(void *arg, const drey_store_item *it) {
@@ -233,15 +239,12 @@ static ProtobufCMessage *clear_apply(void *ctx, drey_apply *ax, const ProtobufCM
     const Drey__Internal__V1__PartitionClearRequest *req = (const void *)msg;
     if (!well_formed(ax, req->partition, req->partitions))
         return NULL;
-    Drey__Internal__V1__PartitionClearResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
-    drey__internal__v1__partition_clear_response__init(resp);
-    if (drey_store_partitions(ps->store) == req->partitions)
-        resp->entries = drey_store_partition_clear_cache(ps->store, req->partition, req->cache, strlen(req->cache),
-                                                         ax->now_ms);
-    else
-        resp->entries = walk_remove(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena, in_cache,
-                                    (void *)msg);
-    return &resp->base;
+    uint64_t n = drey_store_partitions(ps->store) == req->partitions
+                     ? drey_store_partition_clear_cache(ps->store, req->partition, req->cache, strlen(req->cache),
+                                                        ax->now_ms)
+                     : walk_remove(ps->store, req->partition, req->partitions, ax->now_ms, ax->arena, in_cache,
+                                   (void *)msg);
+    return entries_removed(ax, &drey__internal__v1__partition_clear_response__descriptor, n);
 }
 
 drey_partition *drey_partition_create(drey_store *s) {

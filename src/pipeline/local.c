@@ -18,12 +18,12 @@
 #include "stages.h"
 
 typedef struct local_call {
+    drey_subdoor sd; /* first: the request's door */
     drey_arena arena;
     drey_request r;
     const char *self;
     drey_request_header *headers;
     size_t n_headers;
-    int64_t deadline_ns;
     void (*done)(void *arg, const drey_answer *a);
     void *arg;
 } local_call;
@@ -34,16 +34,16 @@ static void finish(local_call *lc, const drey_answer *a) {
     free(lc);
 }
 
-static void local_reply(void *door, const ProtobufCMessage *response) {
-    local_call *lc = door;
+static void local_reply(drey_subdoor *door, const ProtobufCMessage *response) {
+    local_call *lc = (local_call *)door;
     size_t n = protobuf_c_message_get_packed_size(response);
     uint8_t *buf = drey_arena_alloc(&lc->arena, n ? n : 1);
     protobuf_c_message_pack(response, buf);
     finish(lc, &(drey_answer){.code = GRPC_STATUS_OK, .response = buf, .response_len = n});
 }
 
-static void local_fail(void *door, const drey_status *st) {
-    local_call *lc = door;
+static void local_fail(drey_subdoor *door, const drey_status *st) {
+    local_call *lc = (local_call *)door;
     uint8_t *details;
     size_t len;
     drey_status_encode(st, &lc->arena, &details, &len);
@@ -52,12 +52,12 @@ static void local_fail(void *door, const drey_status *st) {
                               .details = details, .details_len = len});
 }
 
-static void local_relay(void *door, const drey_answer *a) {
-    finish(door, a);
+static void local_relay(drey_subdoor *door, const drey_answer *a) {
+    finish((local_call *)door, a);
 }
 
-static const char *local_metadata(void *door, const char *key, size_t *len) {
-    local_call *lc = door;
+static const char *local_metadata(drey_subdoor *door, const char *key, size_t *len) {
+    local_call *lc = (local_call *)door;
     for (size_t i = 0; i < lc->n_headers; i++) {
         if (strcmp(lc->headers[i].key, key) == 0) {
             *len = lc->headers[i].len;
@@ -67,29 +67,20 @@ static const char *local_metadata(void *door, const char *key, size_t *len) {
     return NULL;
 }
 
-static const char *local_peer(void *door) {
+static const char *local_peer(drey_subdoor *door) {
     (void)door;
     return "node:self";
 }
 
-static int64_t local_deadline(void *door) {
-    return ((local_call *)door)->deadline_ns;
-}
-
-static bool local_peer_is(void *door, const char *id, size_t len) {
-    local_call *lc = door;
+static bool local_peer_is(drey_subdoor *door, const char *id, size_t len) {
+    local_call *lc = (local_call *)door;
     return strlen(lc->self) == len && memcmp(lc->self, id, len) == 0;
 }
 
-static const drey_request_ops local_ops = {
-    .reply = local_reply,
-    .fail = local_fail,
-    .relay = local_relay,
-    .metadata = local_metadata,
-    .peer = local_peer,
-    .deadline_mono_ns = local_deadline,
-    .peer_is = local_peer_is,
-};
+/* No mutex: nobody cancels a node's call to itself. */
+static const drey_subdoor_stream local_stream = {.reply = local_reply, .fail = local_fail, .relay = local_relay,
+                                                 .metadata = local_metadata, .peer = local_peer,
+                                                 .peer_is = local_peer_is};
 
 void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint8_t *bytes, size_t len,
                               const char *self, const drey_request_header *headers, size_t n_headers,
@@ -106,7 +97,7 @@ void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint
                                                .len = headers[i].len};
     }
     lc->n_headers = n_headers;
-    lc->deadline_ns = deadline_ns;
+    drey_subdoor_init(&lc->sd, &local_stream, NULL, deadline_ns);
     lc->done = done;
     lc->arg = arg;
     uint8_t *copy = drey_arena_alloc(&lc->arena, len ? len : 1);
@@ -118,9 +109,9 @@ void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint
         drey_status st;
         drey_status_init(&st);
         drey_status_set(&st, DREY_ERR_MALFORMED_REQUEST);
-        local_fail(lc, &st);
+        local_fail(&lc->sd, &st);
         return;
     }
-    drey_request_init(&lc->r, &local_ops, lc, &lc->arena, m, msg, copy, len);
+    drey_request_init(&lc->r, &drey_subdoor_peer_ops, &lc->sd, &lc->arena, m, msg, copy, len);
     drey_pipeline_submit(p, &lc->r);
 }

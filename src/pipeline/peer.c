@@ -62,17 +62,13 @@ struct stream {
 };
 
 struct door {
+    drey_subdoor sd;   /* first: the request's door; its fields under s->mu */
     stream *s;
     drey_link link;    /* in s->doors, under s->mu */
     uint64_t id;
-    int64_t deadline_ns;
     Drey__Internal__V1__Header **headers; /* in the arena */
     size_t n_headers;
     _Atomic int refs;  /* the request's, and a cancel hook's while it runs */
-    bool answered;     /* under s->mu */
-    bool cancelled;    /* under s->mu: the caller went away */
-    void (*cancel_fn)(void *arg);
-    void *cancel_arg;
     drey_request r;
     drey_arena arena;
     char arena_buf[DOOR_ARENA_INLINE];
@@ -139,8 +135,7 @@ static void answer(door *d, const Drey__Internal__V1__Answer *a) {
     f.body_case = DREY__INTERNAL__V1__FRAME__BODY_ANSWER;
     f.answer = (Drey__Internal__V1__Answer *)a;
     pthread_mutex_lock(&s->mu);
-    d->answered = true;
-    d->cancel_fn = NULL;
+    drey_subdoor_answered_locked(&d->sd);
     drey_list_remove(&s->doors, &d->link);
     if (!s->closed) {
         append_locked(s, &f);
@@ -163,8 +158,8 @@ static void fail_status(door *d, const drey_status *st) {
     answer(d, &a);
 }
 
-static void door_reply(void *door_, const ProtobufCMessage *response) {
-    door *d = door_;
+static void door_reply(drey_subdoor *sd, const ProtobufCMessage *response) {
+    door *d = (door *)sd;
     Drey__Internal__V1__Answer a = DREY__INTERNAL__V1__ANSWER__INIT;
     size_t n = protobuf_c_message_get_packed_size(response);
     uint8_t *buf = drey_arena_alloc(&d->arena, n ? n : 1);
@@ -173,21 +168,22 @@ static void door_reply(void *door_, const ProtobufCMessage *response) {
     answer(d, &a);
 }
 
-static void door_fail(void *door_, const drey_status *st) {
-    fail_status(door_, st);
+static void door_fail(drey_subdoor *sd, const drey_status *st) {
+    fail_status((door *)sd, st);
 }
 
-static void door_relay(void *door_, const drey_answer *in) {
+static void door_relay(drey_subdoor *sd, const drey_answer *in) {
+    door *d = (door *)sd;
     Drey__Internal__V1__Answer a = DREY__INTERNAL__V1__ANSWER__INIT;
     a.code = in->code;
-    a.message = drey_arena_strndup(&((door *)door_)->arena, in->message != NULL ? in->message : "", in->message_len);
+    a.message = drey_arena_strndup(&d->arena, in->message != NULL ? in->message : "", in->message_len);
     a.details = (ProtobufCBinaryData){.len = in->details_len, .data = (uint8_t *)in->details};
     a.response = (ProtobufCBinaryData){.len = in->response_len, .data = (uint8_t *)in->response};
-    answer(door_, &a);
+    answer(d, &a);
 }
 
-static const char *door_metadata(void *door_, const char *key, size_t *len) {
-    door *d = door_;
+static const char *door_metadata(drey_subdoor *sd, const char *key, size_t *len) {
+    door *d = (door *)sd;
     for (size_t i = 0; i < d->n_headers; i++) {
         if (strcmp(d->headers[i]->key, key) == 0) {
             *len = d->headers[i]->value.len;
@@ -197,30 +193,12 @@ static const char *door_metadata(void *door_, const char *key, size_t *len) {
     return NULL;
 }
 
-static const char *door_peer(void *door_) {
-    return ((door *)door_)->s->conn;
+static const char *door_peer(drey_subdoor *sd) {
+    return ((door *)sd)->s->conn;
 }
 
-static int64_t door_deadline(void *door_) {
-    return ((door *)door_)->deadline_ns;
-}
-
-static void door_on_cancel(void *door_, void (*fn)(void *arg), void *arg) {
-    door *d = door_;
-    stream *s = d->s;
-    pthread_mutex_lock(&s->mu);
-    bool already = d->cancelled && !d->answered;
-    if (!already) {
-        d->cancel_fn = fn;
-        d->cancel_arg = arg;
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (already)
-        fn(arg);
-}
-
-static bool door_peer_is(void *door_, const char *id, size_t len) {
-    stream *s = ((door *)door_)->s;
+static bool door_peer_is(drey_subdoor *sd, const char *id, size_t len) {
+    stream *s = ((door *)sd)->s;
     /* Under mu: the call stays valid while the stream is not closed. */
     pthread_mutex_lock(&s->mu);
     bool ok = !s->closed && drey_call_peer_is(s->call, id, len);
@@ -228,28 +206,17 @@ static bool door_peer_is(void *door_, const char *id, size_t len) {
     return ok;
 }
 
-static const drey_request_ops peer_door = {
-    .reply = door_reply,
-    .fail = door_fail,
-    .relay = door_relay,
-    .metadata = door_metadata,
-    .peer = door_peer,
-    .deadline_mono_ns = door_deadline,
-    .on_cancel = door_on_cancel,
-    .peer_is = door_peer_is,
-};
+static const drey_subdoor_stream peer_stream = {.reply = door_reply, .fail = door_fail, .relay = door_relay,
+                                                .metadata = door_metadata, .peer = door_peer,
+                                                .peer_is = door_peer_is};
 
 /* Marks d cancelled and runs its hook (outside the lock, holding a
  * reference so that an answer meanwhile cannot free it); needs s->mu,
  * which it releases and takes again. */
 static void cancel_locked(stream *s, door *d) {
-    if (d->cancelled || d->answered)
-        return;
-    d->cancelled = true;
-    void (*fn)(void *) = d->cancel_fn;
-    void *arg = d->cancel_arg;
-    d->cancel_fn = NULL;
-    if (fn == NULL)
+    void (*fn)(void *) = NULL;
+    void *arg = NULL;
+    if (!drey_subdoor_cancel_locked(&d->sd, &fn, &arg) || fn == NULL)
         return;
     atomic_fetch_add(&d->refs, 1);
     pthread_mutex_unlock(&s->mu);
@@ -275,8 +242,9 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
     atomic_fetch_add(&s->refs, 1);
     drey_arena_init(&d->arena, d->arena_buf, sizeof d->arena_buf);
     int64_t now = drey_mono_ns();
-    d->deadline_ns = c->timeout_us <= 0 || c->timeout_us > (INT64_MAX - now) / 1000 ? INT64_MAX
-                                                                                    : now + c->timeout_us * 1000;
+    drey_subdoor_init(&d->sd, &peer_stream, &s->mu,
+                      c->timeout_us <= 0 || c->timeout_us > (INT64_MAX - now) / 1000 ? INT64_MAX
+                                                                                     : now + c->timeout_us * 1000);
     pthread_mutex_lock(&s->mu);
     drey_list_push(&s->doors, &d->link);
     pthread_mutex_unlock(&s->mu);
@@ -314,7 +282,7 @@ static void on_call(stream *s, uint64_t id, const Drey__Internal__V1__Call *c) {
         refuse(d, DREY_ERR_MALFORMED_REQUEST);
         return;
     }
-    drey_request_init(&d->r, &peer_door, d, &d->arena, m, msg, bytes, len);
+    drey_request_init(&d->r, &drey_subdoor_peer_ops, &d->sd, &d->arena, m, msg, bytes, len);
     drey_pipeline_submit(p, &d->r);
 }
 

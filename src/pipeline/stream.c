@@ -87,6 +87,7 @@ typedef struct dep_node {
 #define KEY_BUCKETS 1024
 
 typedef struct pop {
+    drey_subdoor sd;         /* first: the request's door; its hook under s->mu */
     drey_request r;
     pstream *s;
     uint64_t id;             /* the client's */
@@ -99,7 +100,6 @@ typedef struct pop {
     bool in_submit;          /* drey_pipeline_submit has not returned: the chain may still touch it */
     bool released;           /* the stream let it go: sent, or the stream is over */
     bool pinned;             /* on_done is running its cancellation hook */
-    atomic_bool answered;    /* reply, fail or relay has begun */
     bool write;
     bool global;             /* every cache (ListCaches) */
     bool whole;              /* the whole cache (Scan, Clear, figures) */
@@ -110,10 +110,7 @@ typedef struct pop {
     struct dep_node *dependents; /* later ops waiting for this one */
     drey_link ready;         /* in the stream's ready */
     struct pop *wide_next, **wide_pprev; /* the stream's unanswered whole-cache ops */
-    int64_t deadline_ns;
-    void (*cancel_fn)(void *arg); /* the chain's hook, under s->mu */
-    void *cancel_arg;
-    void (*hook_fn)(void *arg);   /* on_done's copy, run unlocked */
+    void (*hook_fn)(void *arg);   /* on_done's copy of the chain's hook, run unlocked */
     void *hook_arg;
     Drey__Cache__V1__PipelineResult *result;
     size_t result_bytes;
@@ -262,9 +259,8 @@ static void op_fail_status(pop *o, Drey__Cache__V1__PipelineResult *res, const d
 
 static void complete(pop *o, Drey__Cache__V1__PipelineResult *res);
 
-static void door_reply(void *door, const ProtobufCMessage *response) {
-    pop *o = door;
-    atomic_store(&o->answered, true);
+static void door_reply(drey_subdoor *door, const ProtobufCMessage *response) {
+    pop *o = (pop *)door;
     Drey__Cache__V1__PipelineResult *res = result_of(o);
     const op_kind *k = o->kind;
     *(uint32_t *)(void *)((char *)res + k->response->quantifier_offset) = k->response->id;
@@ -272,18 +268,16 @@ static void door_reply(void *door, const ProtobufCMessage *response) {
     complete(o, res);
 }
 
-static void door_fail(void *door, const drey_status *st) {
-    pop *o = door;
-    atomic_store(&o->answered, true);
+static void door_fail(drey_subdoor *door, const drey_status *st) {
+    pop *o = (pop *)door;
     Drey__Cache__V1__PipelineResult *res = result_of(o);
     op_fail_status(o, res, st);
     complete(o, res);
 }
 
 /* A forwarded op's answer: the owner's response or status, as it came. */
-static void door_relay(void *door, const drey_answer *a) {
-    pop *o = door;
-    atomic_store(&o->answered, true);
+static void door_relay(drey_subdoor *door, const drey_answer *a) {
+    pop *o = (pop *)door;
     Drey__Cache__V1__PipelineResult *res = result_of(o);
     if (a->code == 0) {
         const op_kind *k = o->kind;
@@ -305,7 +299,7 @@ static void door_relay(void *door, const drey_answer *a) {
     complete(o, res);
 }
 
-static const char *door_metadata(void *door, const char *key, size_t *len) {
+static const char *door_metadata(drey_subdoor *door, const char *key, size_t *len) {
     const pstream *s = ((pop *)door)->s;
     for (size_t i = 0; i < N_KEPT; i++) {
         if (s->md[i] != NULL && strcmp(kept_metadata[i], key) == 0) {
@@ -316,37 +310,12 @@ static const char *door_metadata(void *door, const char *key, size_t *len) {
     return NULL;
 }
 
-static const char *door_peer(void *door) {
+static const char *door_peer(drey_subdoor *door) {
     return ((pop *)door)->s->peer;
 }
 
-static int64_t door_deadline(void *door) {
-    return ((pop *)door)->deadline_ns;
-}
-
-static void door_on_cancel(void *door, void (*fn)(void *arg), void *arg) {
-    pop *o = door;
-    pstream *s = o->s;
-    pthread_mutex_lock(&s->mu);
-    bool gone = s->call == NULL && !atomic_load(&o->answered);
-    if (!gone) {
-        o->cancel_fn = fn;
-        o->cancel_arg = arg;
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (gone)
-        fn(arg); /* the stream ended before the hook was set */
-}
-
-static const drey_request_ops stream_door = {
-    .reply = door_reply,
-    .fail = door_fail,
-    .relay = door_relay,
-    .metadata = door_metadata,
-    .peer = door_peer,
-    .deadline_mono_ns = door_deadline,
-    .on_cancel = door_on_cancel,
-};
+static const drey_subdoor_stream pipeline_stream = {.reply = door_reply, .fail = door_fail, .relay = door_relay,
+                                                    .metadata = door_metadata, .peer = door_peer};
 
 /* --- scheduling (under s->mu) --------------------------------------------- */
 
@@ -500,8 +469,8 @@ static void drain(pstream *s) {
             if (o->result != NULL) {
                 /* Refused by the door itself (no request set). */
                 complete(o, o->result);
-            } else if (o->deadline_ns <= drey_mono_ns()) {
-                door_fail(o, drey_pipeline__status(&o->r, DREY_ERR_DEADLINE_EXCEEDED));
+            } else if (o->sd.deadline_ns <= drey_mono_ns()) {
+                drey_subdoor_ops.fail(&o->sd, drey_pipeline__status(&o->r, DREY_ERR_DEADLINE_EXCEEDED));
             } else {
                 drey_pipeline_submit(s->b->pipeline, &o->r);
             }
@@ -528,7 +497,7 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
     o->result_bytes = protobuf_c_message_get_packed_size(&res->base) + 8;
     pthread_mutex_lock(&s->mu);
     o->state = OP_DONE;
-    o->cancel_fn = NULL;
+    drey_subdoor_answered_locked(&o->sd);
     s->n_running--;
     if (s->call == NULL) {
         /* The stream is over: nobody reads the answer. */
@@ -587,13 +556,14 @@ static pop *op_new(pstream *s, const Drey__Cache__V1__PipelineOperation *in, int
     o->s = s;
     o->id = in->id;
     drey_arena_init(&o->arena, o->arena_buf, sizeof o->arena_buf);
-    o->deadline_ns = s->deadline_ns;
+    int64_t deadline = s->deadline_ns;
     if (in->timeout != NULL) {
         int64_t t = in->timeout->seconds > 0 ? in->timeout->seconds : 0;
         t = t > INT64_MAX / 1000000000 / 2 ? INT64_MAX / 2 : t * 1000000000 + (in->timeout->nanos > 0 ? in->timeout->nanos : 0);
-        if (now_ns + t < o->deadline_ns)
-            o->deadline_ns = now_ns + t;
+        if (now_ns + t < deadline)
+            deadline = now_ns + t;
     }
+    drey_subdoor_init(&o->sd, &pipeline_stream, &s->mu, deadline);
     size_t c = (size_t)in->request_case;
     const op_kind *k = c < MAX_CASES && s->b->kinds[c].method != NULL ? &s->b->kinds[c] : NULL;
     if (k == NULL) {
@@ -612,7 +582,7 @@ static pop *op_new(pstream *s, const Drey__Cache__V1__PipelineOperation *in, int
     ProtobufCMessage *msg = protobuf_c_message_unpack(k->method->desc->input,
                                                       drey_arena_protobuf_allocator(&o->arena), len, bytes);
     o->kind = k;
-    drey_request_init(&o->r, &stream_door, o, &o->arena, k->method, msg, bytes, len);
+    drey_request_init(&o->r, &drey_subdoor_ops, &o->sd, &o->arena, k->method, msg, bytes, len);
     o->write = (k->method->flags & DREY_METHOD_WRITE) != 0;
     if (msg == NULL) {
         drey_status st;
@@ -689,10 +659,8 @@ static void on_done(void *ctx, drey_call *call) {
         o->released = true;
         if (o->state == OP_RUNNING && o->started) {
             /* Answered later, by whoever runs it; freed then. */
-            if (o->cancel_fn != NULL && !atomic_load(&o->answered)) {
+            if (drey_subdoor_cancel_locked(&o->sd, &o->hook_fn, &o->hook_arg) && o->hook_fn != NULL) {
                 o->pinned = true;
-                o->hook_fn = o->cancel_fn;
-                o->hook_arg = o->cancel_arg;
                 o->cancel_next = cancel;
                 cancel = o;
             }

@@ -220,6 +220,8 @@ uint32_t drey_store__table_for(const layout *L, const char *cache, size_t cache_
 void drey_store__tc_add(shard *sh, uint32_t id, int64_t entries, int64_t bytes, int expiring);
 table_cache *drey_store__tc_find(const shard *sh, uint32_t id);
 void drey_store__uncount_entry(drey_store *s, shard *sh, const entry *e);
+/* A table emptied of entries: its figures zero and its cache rows freed. */
+void drey_store__shard_zero(shard *sh);
 void drey_store__unlock_all(drey_store *s);
 
 #endif

@@ -113,6 +113,10 @@ static void free_entries(drey_store *s, shard *sh, bool tell) {
         }
         sh->buckets[b] = NULL;
     }
+    drey_store__shard_zero(sh);
+}
+
+void drey_store__shard_zero(shard *sh) {
     sh->count = 0;
     sh->bytes = 0;
     atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);

@@ -188,14 +188,7 @@ bool drey_store_set_partitions(drey_store *s, uint32_t n, drey_store_partition_f
         }
         /* Emptied, not freed: a lock-free reader of the old layout reads
          * zeros (see layout in internal.h). */
-        sh->count = 0;
-        sh->bytes = 0;
-        atomic_store_explicit(&sh->expiring, 0, memory_order_relaxed);
-        atomic_store_explicit(&sh->evictable, 0, memory_order_relaxed);
-        atomic_store_explicit(&sh->evictable_expiring, 0, memory_order_relaxed);
-        free(sh->caches);
-        sh->caches = NULL;
-        sh->caches_cap = sh->caches_used = 0;
+        drey_store__shard_zero(sh);
     }
     L->older = old;
     atomic_store_explicit(&s->layout, L, memory_order_release);

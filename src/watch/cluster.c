@@ -23,7 +23,7 @@ void drey_watch__attach_remote(drey_watch *w, stream *s, drey_request *r) {
     bool gone = s->done;
     if (!gone) {
         s->state = S_ATTACHED;
-        s->cancel_fn = NULL;
+        drey_subdoor_answered_locked(&s->sd);
         s->remote = true;
         s->held = true;
         s->opening = true;

@@ -95,6 +95,7 @@ struct drey_watch {
 typedef enum { S_ADMITTING, S_ATTACHED, S_REFUSED } stream_state;
 
 struct stream {
+    drey_subdoor sd; /* first: the admission's door; its hook under mu */
     drey_watch *w;
     drey_call *call;
     _Atomic int refs; /* the call's (until on_done), the chain's (until answered), a kick's */
@@ -117,8 +118,6 @@ struct stream {
     pthread_cond_t idle; /* busy went false */
     stream_state state;
     bool done;          /* on_done ran: never touch the call again */
-    void (*cancel_fn)(void *arg);
-    void *cancel_arg;
     wevent **ring;      /* buffer */
     size_t ring_cap, ring_head, ring_n, ring_bytes;
     bool hello_pending; /* WATCHING, first */

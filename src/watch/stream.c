@@ -191,25 +191,25 @@ stream *drey_watch__stream_new(drey_watch *w, drey_call *call, int refs, const D
 
 /* The chain's door. The chain answers once: reply (admitted: the stream
  * runs) or fail (refused: the call ends with the status). */
-static void door_reply(void *door, const ProtobufCMessage *response) {
+static void door_reply(drey_subdoor *door, const ProtobufCMessage *response) {
     (void)response;
-    stream *s = door;
+    stream *s = (stream *)door;
     drey_watch__flush(s);
     drey_watch__stream_unref(s);
 }
 
-static void door_fail(void *door, const drey_status *st) {
-    stream *s = door;
+static void door_fail(drey_subdoor *door, const drey_status *st) {
+    stream *s = (stream *)door;
     pthread_mutex_lock(&s->mu);
     s->state = S_REFUSED;
-    s->cancel_fn = NULL;
+    drey_subdoor_answered_locked(&s->sd);
     if (!s->done)
         drey_call_finish(s->call, st);
     pthread_mutex_unlock(&s->mu);
     drey_watch__stream_unref(s);
 }
 
-static void door_relay(void *door, const drey_answer *a) {
+static void door_relay(drey_subdoor *door, const drey_answer *a) {
     (void)a; /* Watch is never forwarded: the route row passes it by (a cluster watch follows its owners) */
     drey_status st;
     drey_status_init(&st);
@@ -217,38 +217,16 @@ static void door_relay(void *door, const drey_answer *a) {
     door_fail(door, &st);
 }
 
-static const char *door_metadata(void *door, const char *key, size_t *len) {
-    stream *s = door;
-    return drey_call_metadata(s->call, key, len);
+static const char *door_metadata(drey_subdoor *door, const char *key, size_t *len) {
+    return drey_call_metadata(((stream *)door)->call, key, len);
 }
 
-static const char *door_peer(void *door) {
-    stream *s = door;
-    return drey_call_connection(s->call);
+static const char *door_peer(drey_subdoor *door) {
+    return drey_call_connection(((stream *)door)->call);
 }
 
-static int64_t door_deadline(void *door) {
-    stream *s = door;
-    return drey_call_deadline_mono_ns(s->call);
-}
-
-static void door_on_cancel(void *door, void (*fn)(void *arg), void *arg) {
-    stream *s = door;
-    pthread_mutex_lock(&s->mu);
-    s->cancel_fn = fn;
-    s->cancel_arg = arg;
-    pthread_mutex_unlock(&s->mu);
-}
-
-static const drey_request_ops watch_door = {
-    .reply = door_reply,
-    .fail = door_fail,
-    .relay = door_relay,
-    .metadata = door_metadata,
-    .peer = door_peer,
-    .deadline_mono_ns = door_deadline,
-    .on_cancel = door_on_cancel,
-};
+static const drey_subdoor_stream watch_stream = {.reply = door_reply, .fail = door_fail, .relay = door_relay,
+                                                 .metadata = door_metadata, .peer = door_peer};
 
 static void refuse(drey_request *r, drey_error e, const char *field) {
     drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
@@ -321,7 +299,7 @@ void drey_watch__handle(void *ctx, drey_request *r, const ProtobufCMessage *msg)
     if (!gone) {
         const Drey__Cache__V1__WatchRequest *m = s->msg;
         s->state = S_ATTACHED;
-        s->cancel_fn = NULL;
+        drey_subdoor_answered_locked(&s->sd);
         if (m->resume_feed == 0) {
             s->hello_pending = true;
             s->hello_seq = w->seq;
@@ -354,7 +332,8 @@ void drey_watch__on_watch(void *ctx, drey_call *call, const ProtobufCMessage *re
      * copy that outlives this callback, and the bytes for validation. */
     stream *s = drey_watch__stream_new(w, call, 2, (const Drey__Cache__V1__WatchRequest *)request); /* the call's and the chain's */
     drey_call_set_user(call, s);
-    drey_request_init(&s->req, &watch_door, s, &s->arena, &w->method, &s->msg->base, s->bytes, s->len);
+    drey_subdoor_init(&s->sd, &watch_stream, &s->mu, drey_call_deadline_mono_ns(call));
+    drey_request_init(&s->req, &drey_subdoor_ops, &s->sd, &s->arena, &w->method, &s->msg->base, s->bytes, s->len);
     drey_pipeline_submit(w->opts.pipeline, &s->req);
 }
 
@@ -390,9 +369,9 @@ void drey_watch__on_done(void *ctx, drey_call *call) {
     pthread_mutex_lock(&w->mu);
     pthread_mutex_lock(&s->mu);
     bool attached = s->state == S_ATTACHED;
-    void (*cancel)(void *) = s->cancel_fn;
-    void *cancel_arg = s->cancel_arg;
-    s->cancel_fn = NULL;
+    void (*cancel)(void *) = NULL;
+    void *cancel_arg = NULL;
+    drey_subdoor_cancel_locked(&s->sd, &cancel, &cancel_arg);
     drey_watch__ring_clear(s);
     void *handle = s->remote && !s->opening ? s->handle : NULL; /* opening: the opener closes */
     s->handle = NULL;
