@@ -74,6 +74,10 @@ drey_error drey_cluster__take_drop(const drey_cluster__holding *h) {
     return DREY_ERR_NONE;
 }
 
+bool drey_cluster__beat_grants(const drey_cluster__holding *h, int64_t epoch) {
+    return h->sender_is_primary && h->in_sync && epoch >= h->epoch;
+}
+
 bool drey_cluster__beat_marks_current(const drey_cluster__holding *h, int64_t epoch, uint64_t seq, uint64_t applied,
                                       bool broken) {
     return h->sender_is_primary && h->in_sync && epoch >= h->epoch && !broken && applied >= seq;
@@ -158,18 +162,27 @@ static drey_stage_result take_record(drey_cluster *c, drey_request *r, const dre
     return DREY_STAGE_NEXT;
 }
 
-/* Each mark of a primary's heartbeat that makes a copy here current; a
- * mark from a primary this table does not know yet is passed over (the
- * next beat will do). The answer, this node's room, is the method's. */
+/* Each mark of a primary's heartbeat: a lease granted (noted, so that
+ * this node waits it out if it is promoted), and a copy here made current;
+ * a mark from a primary this table does not know yet is passed over (the
+ * next beat will do). The marks not granted get epoch 0, so that the
+ * method's answer (this node's room, replica.c) lists only the granted. */
 static drey_stage_result take_beat(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
-    const Drey__Internal__V1__BeatRequest *req = (const void *)r->msg;
+    Drey__Internal__V1__BeatRequest *req = (Drey__Internal__V1__BeatRequest *)r->msg;
     int64_t now = drey_mono_ns();
-    for (size_t i = 0; req->partitions == t->n_parts && i < req->n_marks; i++) {
-        const Drey__Internal__V1__BeatRequest__Mark *m = req->marks[i];
-        if (m->partition >= t->n_parts)
+    for (size_t i = 0; i < req->n_marks; i++) {
+        Drey__Internal__V1__BeatRequest__Mark *m = req->marks[i];
+        if (req->partitions != t->n_parts || m->partition >= t->n_parts) {
+            m->epoch = 0;
             continue;
+        }
         drey_cluster__partition *ps = &c->partitions[m->partition];
         drey_cluster__holding h = holding(t, m->partition, r->forwarded_by);
+        if (!drey_cluster__beat_grants(&h, m->epoch)) {
+            m->epoch = 0;
+            continue;
+        }
+        drey_cluster__raise_i64(&ps->granted_ns, now);
         if (drey_cluster__beat_marks_current(&h, m->epoch, m->sequence, atomic_load(&ps->applied),
                                              atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN))
             drey_cluster__raise_i64(&ps->current_ns, now);
@@ -198,7 +211,15 @@ static drey_stage_result take_confirm(drey_cluster *c, drey_request *r, const dr
     uint32_t p = req->partition;
     if (!known(t, p, req->partitions))
         return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.copies_refused);
-    const drey_cluster__partition *ps = &c->partitions[p];
+    drey_cluster__partition *ps = &c->partitions[p];
+    if (req->release) {
+        /* The sender flipped the entry and leads it no more (move.c). */
+        drey_cluster__raise_i64(&ps->released_epoch, req->epoch);
+        Drey__Internal__V1__ConfirmResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
+        drey__internal__v1__confirm_response__init(resp);
+        drey_request_reply(r, &resp->base);
+        return DREY_STAGE_ANSWERED;
+    }
     uint64_t applied = atomic_load(&ps->applied);
     drey_cluster__holding h = holding(t, p, r->forwarded_by);
     drey_error e = drey_cluster__take_confirm(&h, req->epoch, req->sequence, applied,

@@ -66,6 +66,13 @@ drey_error drey_cluster__take_drop(const drey_cluster__holding *h);
 bool drey_cluster__beat_marks_current(const drey_cluster__holding *h, int64_t epoch, uint64_t seq, uint64_t applied,
                                       bool broken);
 
+/* A heartbeat's mark of a partition at epoch grants its sender a lease
+ * (this node will not serve the partition, should it be promoted, until
+ * the lease ran out or the sender released it): only an in-sync backup
+ * grants, only to the primary its table names, of an epoch no older than
+ * the table's. A backup that learns of a newer primary stops at once. */
+bool drey_cluster__beat_grants(const drey_cluster__holding *h, int64_t epoch);
+
 /* DREY_ROUTE_PEER: this node's part as a backup or a copy's target, by the
  * method's row; the route row hands such requests here with its table. */
 drey_stage_result drey_cluster__backup_take(drey_cluster *c, drey_request *r, const drey_cluster__topology *t);

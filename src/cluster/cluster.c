@@ -225,6 +225,8 @@ void drey_cluster_destroy(drey_cluster *c) {
         drey_cluster__partition_destroy(&c->partitions[p]);
     free(c->partitions);
     pthread_mutex_destroy(&c->primary.shrink_mu);
+    for (size_t i = 0; i < atomic_load(&c->primary.n_rooms); i++)
+        free(c->primary.rooms[i].grant_until_ns);
     pthread_mutex_destroy(&c->primary.rooms_mu);
     pthread_mutex_destroy(&c->lease_mu);
     pthread_cond_destroy(&c->primary.shrink_cond);

@@ -85,6 +85,9 @@ typedef struct drey_cluster__room {
     _Atomic int64_t sent_memory;
     _Atomic int64_t heard_ns;          /* when journal and memory were reported */
     _Atomic bool beating;              /* a heartbeat to it is in flight */
+    /* Per partition: until when (monotonic ns) its lease granted to this
+     * node as primary holds (room.h); allocated with the room. */
+    _Atomic int64_t *grant_until_ns;
 } drey_cluster__room;
 
 #define DREY_CLUSTER_MAX_ROOMS 64

@@ -494,6 +494,28 @@ static bool confirm(mover *mv, uint64_t seq) {
     }
 }
 
+/* After the flip of a move or a handover, before the thaw: the target may
+ * have granted this node leases as a backup (room.h), which it would wait
+ * out before serving; this node applied the flip to its own table and
+ * leads the partition no more, so it releases them. A release that does
+ * not arrive costs the target that wait, nothing else. */
+static void release(mover *mv) {
+    drey_cluster *c = mv->c;
+    Drey__Internal__V1__ConfirmRequest req = DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT;
+    req.partition = mv->partition;
+    req.partitions = c->n_parts;
+    pthread_mutex_lock(&c->mu);
+    req.epoch = c->epochs[mv->partition];
+    pthread_mutex_unlock(&c->mu);
+    req.release = true;
+    uint8_t buf[64];
+    size_t len = drey__internal__v1__confirm_request__pack(&req, buf);
+    char reason[64];
+    if (call_target(mv, DREY_REPLICA_CONFIRM_PATH, buf, len, reason, sizeof reason) != 0)
+        DREY_LOG_DEBUG("a release after a handover did not arrive; the new primary waits out its grants",
+                       DREY_LOG_UINT("partition", mv->partition), DREY_LOG_STR("error", mv->err));
+}
+
 /* --- 5: the drop, a journaled write of this node ------------------------------------- */
 
 /* The Drop goes through this node's own chain, in-process, as a peer's
@@ -648,6 +670,8 @@ static bool run(mover *mv) {
     bool ok = mv->kind == HANDOVER ? ready_handover(mv, &froze) : copy_out(mv, &froze);
     int64_t paused = drey_mono_ns();
     flip h = ok ? flip_entry(mv, &keep_copy) : KEPT;
+    if (h == FLIPPED && mv->kind != SYNC)
+        release(mv);
     atomic_store(&pt->moving, false);
     if (h == UNKNOWN)
         return false; /* stopping with the flip unconfirmed: stay paused */

@@ -23,6 +23,7 @@
 #include "router.h"
 #include "partition.h"
 #include "peers.h"
+#include "primary.h"
 #include "table.h"
 
 #define UNAVAILABLE_RETRY_MS 500
@@ -86,10 +87,19 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
                         const drey_cluster__node **node, drey_stage_result *refusal, bool may_await) {
     int32_t o = t->parts[p].primary;
     if (o >= 0 && o == t->self) {
-        /* Another node may lead it once etcd expired the lease: not before
-         * it lapsed by this node's clock. */
-        if (c->rf > 1 && !drey_cluster__may_lead(c, t)) {
-            *refusal = unavailable(c, r, t, p, DREY_ERR_LEASE_EXPIRED);
+        /* Another node may lead it once etcd expired the lease and the
+         * backups' grants ran out: not before by this node's clock. */
+        int64_t wait_ns;
+        if (c->rf > 1 && !drey_cluster__may_serve(c, t, p, &wait_ns)) {
+            if (wait_ns <= 0) {
+                *refusal = unavailable(c, r, t, p, DREY_ERR_LEASE_EXPIRED);
+                return -1;
+            }
+            /* Just promoted: the old primary may hold this node's grant. */
+            r->status = drey_cluster__unavailable(c, r, p, DREY_ERR_PARTITION_UNAVAILABLE, "FAILOVER_IN_PROGRESS",
+                                                  c->opts.node_id, false);
+            r->status->retry_delay_ms = wait_ns / 1000000 + 1;
+            *refusal = DREY_STAGE_REJECT;
             return -1;
         }
         return 1;

@@ -77,6 +77,11 @@ typedef struct drey_cluster__partition {
     _Atomic bool frozen;       /* its last changes are being sent: local writes park */
     _Atomic bool moving;       /* being copied out: answered writes note their keys */
     _Atomic bool cleared;      /* a Clear of it answered while moving: the copy is void */
+    /* As a backup: when this node last granted the primary a lease (a
+     * heartbeat's mark, backup.c); and the newest epoch at which a primary
+     * handed the partition to this node and released those leases. */
+    _Atomic int64_t granted_ns;
+    _Atomic int64_t released_epoch;
     _Atomic bool owned;        /* this node leads it in the published table (Watch subscriptions) */
     pthread_mutex_t mu;
     pthread_cond_t drained;    /* inflight reached 0 while frozen */

@@ -19,4 +19,11 @@ void drey_cluster__abandon_lines(drey_cluster *c);
 /* Writes this node leads that wait for their backups. */
 size_t drey_cluster__pending_writes(drey_cluster *c);
 
+/* Whether this node may serve (answer and commit) partition p, which it
+ * leads in t: not while it waits out a lease it granted the previous
+ * primary as a backup (*wait_ns: how long still); then with a table no
+ * older than its registration, while its etcd lease holds or, etcd away,
+ * while every in-sync backup's lease holds (room.h). */
+bool drey_cluster__may_serve(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, int64_t *wait_ns);
+
 #endif

@@ -115,10 +115,48 @@ static drey_cluster__room *room_of(drey_cluster *c, const char *id) {
         snprintf(r->id, sizeof r->id, "%s", id);
         atomic_store(&r->journal, UINT64_MAX);
         atomic_store(&r->memory, INT64_MAX);
+        r->grant_until_ns = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *r->grant_until_ns);
         atomic_store(&c->primary.n_rooms, n + 1); /* published once filled */
     }
     pthread_mutex_unlock(&c->primary.rooms_mu);
     return r;
+}
+
+/* --- whether this node may serve what it leads ----------------------------------------------- */
+
+static int64_t lease_ns(const drey_cluster *c) {
+    return c->opts.lease_ttl_s * 1000000000LL;
+}
+
+bool drey_cluster__may_serve(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, int64_t *wait_ns) {
+    int64_t now = drey_mono_ns();
+    const drey_cluster__part *part = &t->parts[p];
+    const drey_cluster__partition *ps = &c->partitions[p];
+    int64_t from = drey_cluster__serve_from(atomic_load(&ps->granted_ns), atomic_load(&ps->released_epoch),
+                                            part->epoch, lease_ns(c), c->lease_margin_ns);
+    *wait_ns = 0;
+    if (now < from) {
+        *wait_ns = from - now; /* promoted: the old primary may still hold this node's grant */
+        return false;
+    }
+    if (t->revision < atomic_load(&c->registered_revision))
+        return false;
+    if (drey_cluster__lease_valid(c))
+        return true;
+    int64_t until[DREY_CLUSTER_MAX_REPLICAS];
+    for (uint8_t i = 0; i < part->n_replicas; i++) {
+        drey_cluster__room *r = room_of(c, t->nodes[part->replicas[i]].id);
+        until[i] = r != NULL ? atomic_load(&r->grant_until_ns[p]) : 0;
+    }
+    return drey_cluster__backups_grant(until, part->n_replicas, now);
+}
+
+static bool still_serves(drey_cluster *c, uint32_t p) {
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    int64_t wait_ns;
+    bool ok = t->self >= 0 && t->parts[p].primary == t->self && drey_cluster__may_serve(c, t, p, &wait_ns);
+    drey_cluster__topology_unref(t);
+    return ok;
 }
 
 /* The rules (room.h) take numbers read at one moment. No room (more
@@ -238,7 +276,7 @@ static void drain(drey_cluster *c, uint32_t p) {
              * dropped and fewer copies than --min-in-sync have it. */
             if (rec->local_err != 0)
                 r->answer_unknown = DREY_ERR_JOURNAL_WRITE_FAILED;
-            else if (!drey_cluster__lease_valid(c))
+            else if (!drey_cluster__lease_valid(c) && !still_serves(c, p))
                 r->answer_unknown = DREY_ERR_LEASE_EXPIRED;
             else if ((uint32_t)1 + rec->n_durable < c->opts.min_in_sync)
                 r->answer_unknown = DREY_ERR_NOT_ENOUGH_REPLICAS;
@@ -360,7 +398,8 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         res = refuse(r, DREY_ERR_NOT_PRIMARY, p);
         goto out;
     }
-    if (!drey_cluster__may_lead(c, t)) {
+    int64_t wait_ns;
+    if (!drey_cluster__may_serve(c, t, p, &wait_ns)) {
         res = refuse(r, DREY_ERR_LEASE_EXPIRED, p);
         goto out;
     }
@@ -581,15 +620,31 @@ void *drey_cluster__shrinker_main(void *arg) {
 typedef struct beat {
     drey_cluster *c;
     drey_cluster__room *room;
+    int64_t sent_ns;
     size_t n;
     uint32_t *partitions;
     int64_t *epochs;
 } beat;
 
+/* Each partition the backup granted: its lease, from the beat's sending. */
+static void beat_granted(beat *b, const uint8_t *response, size_t len) {
+    drey_cluster *c = b->c;
+    Drey__Internal__V1__ReplicateResponse *resp = drey__internal__v1__replicate_response__unpack(NULL, len, response);
+    if (resp == NULL)
+        return;
+    int64_t until = drey_cluster__grant_until(b->sent_ns, lease_ns(c), c->lease_margin_ns);
+    for (size_t i = 0; i < resp->n_granted; i++) {
+        if (resp->granted[i] < c->n_parts)
+            drey_cluster__raise_i64(&b->room->grant_until_ns[resp->granted[i]], until);
+    }
+    drey__internal__v1__replicate_response__free_unpacked(resp, NULL);
+}
+
 static void beat_done(void *arg, const drey_answer *a) {
     beat *b = arg;
     if (a->code == GRPC_STATUS_OK) {
         room_heard(b->room, a->response, a->response_len);
+        beat_granted(b, a->response, a->response_len);
     } else if (a->code == GRPC_STATUS_DEADLINE_EXCEEDED || a->code == GRPC_STATUS_UNAVAILABLE) {
         char why[200];
         snprintf(why, sizeof why, "no heartbeat answer: %.*s (code %d)",
@@ -617,6 +672,7 @@ static void beat_node(drey_cluster *c, const drey_cluster__topology *t, int32_t 
     beat *b = drey_xmalloc(sizeof *b + k * (sizeof *b->partitions + sizeof *b->epochs));
     b->c = c;
     b->room = room;
+    b->sent_ns = drey_mono_ns();
     b->n = k;
     b->epochs = (int64_t *)(b + 1);
     b->partitions = (uint32_t *)(b->epochs + k);
@@ -664,10 +720,14 @@ void *drey_cluster__beater_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&c->primary.shrink_mu);
-        /* A primary whose lease lapsed says nothing: another may lead. */
+        /* Also while etcd is away: the backups' answers are the leases
+         * that let this node go on (a backup whose table names another
+         * primary grants nothing). Not with a table older than this
+         * node's registration: it may name a previous life's partitions. */
         if (c->rf > 1) {
             drey_cluster__topology *t = drey_cluster__acquire(c);
-            for (size_t n = 0; t->self >= 0 && drey_cluster__may_lead(c, t) && n < t->n_nodes; n++) {
+            bool current = t->revision >= atomic_load(&c->registered_revision);
+            for (size_t n = 0; t->self >= 0 && current && n < t->n_nodes; n++) {
                 if ((int32_t)n != t->self && t->nodes[n].member && t->nodes[n].internal[0] != '\0')
                     beat_node(c, t, (int32_t)n);
             }

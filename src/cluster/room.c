@@ -36,3 +36,22 @@ bool drey_cluster__lease_holds(int64_t valid_until_ns, int64_t margin_ns, int64_
 bool drey_cluster__may_lead_at(bool lease_holds, int64_t revision, int64_t registered) {
     return lease_holds && revision >= registered;
 }
+
+int64_t drey_cluster__grant_until(int64_t sent_ns, int64_t lease_ns, int64_t margin_ns) {
+    return sent_ns + lease_ns - margin_ns;
+}
+
+bool drey_cluster__backups_grant(const int64_t *until_ns, size_t n, int64_t now_ns) {
+    for (size_t i = 0; i < n; i++) {
+        if (now_ns >= until_ns[i])
+            return false;
+    }
+    return true;
+}
+
+int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t released_epoch, int64_t epoch, int64_t lease_ns,
+                                 int64_t margin_ns) {
+    if (granted_ns == 0 || released_epoch >= epoch)
+        return 0;
+    return granted_ns + lease_ns + margin_ns;
+}

@@ -54,4 +54,22 @@ bool drey_cluster__lease_holds(int64_t valid_until_ns, int64_t margin_ns, int64_
  * this node's previous life held. */
 bool drey_cluster__may_lead_at(bool lease_holds, int64_t revision, int64_t registered);
 
+/* Leases from the backups (PacificA's): a backup's answer to a heartbeat
+ * sent at sent_ns grants the primary the partition until sent_ns + the
+ * lease, less the margin, by the primary's clock; the backup noted the
+ * grant when it took the heartbeat, later. While every in-sync backup's
+ * grant holds, the primary leads without etcd: none of them can be
+ * promoted before its own grant ran out (below). With no in-sync backup
+ * nobody can be promoted at all. */
+int64_t drey_cluster__grant_until(int64_t sent_ns, int64_t lease_ns, int64_t margin_ns);
+bool drey_cluster__backups_grant(const int64_t *until_ns, size_t n, int64_t now_ns);
+
+/* A backup promoted while its primary may still hold the lease it granted
+ * (granted_ns: when it last did; 0: never) serves only from the returned
+ * time on (0: at once): the lease, plus the margin, after that grant,
+ * unless the primary released it by handing the partition over at the
+ * epoch this node leads it at (released_epoch >= epoch). */
+int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t released_epoch, int64_t epoch, int64_t lease_ns,
+                                 int64_t margin_ns);
+
 #endif

@@ -62,11 +62,19 @@ static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufC
     return room(rep, ax);
 }
 
-/* The marks of a heartbeat are the route row's (src/cluster/router.c);
- * the answer is this node's room. */
+/* The marks of a heartbeat are the route row's (src/cluster/backup.c),
+ * which leaves the epoch of those it took and zeroes the others' (a real
+ * entry's epoch, an etcd revision, is never 0); the answer is this node's
+ * room and the partitions of the marks taken: the leases it grants. */
 static ProtobufCMessage *beat(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
-    (void)msg;
-    return room(ctx, ax);
+    const Drey__Internal__V1__BeatRequest *req = (const void *)msg;
+    Drey__Internal__V1__ReplicateResponse *resp = (Drey__Internal__V1__ReplicateResponse *)room(ctx, ax);
+    resp->granted = drey_arena_alloc(ax->arena, (req->n_marks ? req->n_marks : 1) * sizeof *resp->granted);
+    for (size_t i = 0; i < req->n_marks; i++) {
+        if (req->marks[i]->epoch > 0)
+            resp->granted[resp->n_granted++] = req->marks[i]->partition;
+    }
+    return &resp->base;
 }
 
 /* A handover's check is answered by the route row, which knows the

@@ -405,6 +405,13 @@ class Client:
         self.attempts = attempts
         self.backoff = backoff
         self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.calls = 0    # RPCs made (each attempt counts)
+        self.refused = 0  # of which failed (a retryable code)
+
+    def counts(self):
+        with self.lock:
+            return self.calls, self.refused
 
     def call(self, method, **fields):
         """(response, None) on success; (None, "fail", RpcFailure) when
@@ -422,10 +429,14 @@ class Client:
                 node = self.random.choice(live)
                 fn, req_cls, _ = node.cache.methods[method]
                 try:
+                    with self.lock:
+                        self.calls += 1
                     return fn(req_cls(**fields), timeout=self.rpc_timeout), None, None
                 except grpc.RpcError as e:
                     if e.code() not in RETRYABLE:
                         raise
+                    with self.lock:
+                        self.refused += 1
                     last = RpcFailure(e)
                     # a refusal that says it applied nothing is taken at its
                     # word, so the checkers catch it if it did

@@ -53,7 +53,7 @@ class Scenario:
             for i in self.cl.ids[:self.started]:
                 self.cl.launch(i, flags=self.node_flags.get(i, ()))
             self.settle()
-            client = Client(self.cl.live, rpc_timeout=3, attempts=60, backoff=0.05)
+            client = self.client = Client(self.cl.live, rpc_timeout=3, attempts=60, backoff=0.05)
             tag = lambda cache: "" if self.partition is None else tag_for(cache, self.partition, PARTS)
             self.workloads = [RegisterWorkload(client, threads=2, prefix=tag("cas")),
                               SetWorkload(client, threads=2, name="set", prefix=tag("set")),

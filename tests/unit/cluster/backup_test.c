@@ -86,6 +86,17 @@ Test(backup, a_copy_is_dropped_only_when_the_table_names_the_node_in_no_role) {
     cr_assert_eq(drey_cluster__take_drop(&back), DREY_ERR_STALE_EPOCH, "the partition came back to this node");
 }
 
+Test(backup, a_heartbeat_grants_a_lease_only_to_the_primary_this_table_names) {
+    cr_assert(drey_cluster__beat_grants(&backing, 10));
+    cr_assert(drey_cluster__beat_grants(&backing, 11));
+    cr_assert_not(drey_cluster__beat_grants(&backing, 9), "a deposed primary's epoch");
+    drey_cluster__holding other = backing;
+    other.sender_is_primary = false;
+    cr_assert_not(drey_cluster__beat_grants(&other, 10), "a newer primary is known here: the old one gets nothing");
+    drey_cluster__holding copying = {.epoch = 10, .copy_target = true, .sender_is_primary = true};
+    cr_assert_not(drey_cluster__beat_grants(&copying, 10), "a copy not in sync cannot be promoted: it grants nothing");
+}
+
 /* What the mover's sweep asks before it drops a copy held without a role. */
 Test(backup, an_entry_names_a_node_in_any_role) {
     drey_cluster__entry e = {.primary = "n1", .joining = "n4", .handover = "", .n_replicas = 1, .n_syncing = 1};

@@ -73,3 +73,30 @@ Test(lease, a_table_older_than_this_registration_lets_nothing_lead) {
     cr_assert_not(drey_cluster__may_lead_at(true, 39, 40), "it may name the previous life's roles");
     cr_assert_not(drey_cluster__may_lead_at(false, 41, 40));
 }
+
+/* Leases from the backups: the primary's ends before the backup's wait. */
+Test(lease, a_backups_grant_ends_on_the_primary_before_a_promoted_backup_serves) {
+    const int64_t lease = 2000000000LL, margin = 200000000LL;
+    const int64_t sent = 5000000000LL, taken = sent + 1000; /* the backup takes the beat after it was sent */
+    int64_t primary_until = drey_cluster__grant_until(sent, lease, margin);
+    int64_t backup_from = drey_cluster__serve_from(taken, 0, 7, lease, margin);
+    cr_assert_lt(primary_until, backup_from, "never two primaries serving at once");
+    cr_assert_geq(backup_from - primary_until, 2 * margin, "a margin on each side for clocks that drift");
+}
+
+Test(lease, every_in_sync_backup_must_grant) {
+    const int64_t now = 100;
+    cr_assert(drey_cluster__backups_grant((const int64_t[]){101, 150}, 2, now));
+    cr_assert_not(drey_cluster__backups_grant((const int64_t[]){101, 100}, 2, now), "one lapsed: not led");
+    cr_assert_not(drey_cluster__backups_grant((const int64_t[]){0}, 1, now), "never granted");
+    cr_assert(drey_cluster__backups_grant(NULL, 0, now), "no in-sync backup: nobody can be promoted");
+}
+
+Test(lease, a_promoted_backup_waits_out_its_grant_unless_released) {
+    const int64_t lease = 2000000000LL, margin = 200000000LL;
+    cr_assert_eq(drey_cluster__serve_from(0, 0, 7, lease, margin), 0, "never granted: at once");
+    cr_assert_eq(drey_cluster__serve_from(50, 0, 7, lease, margin), 50 + lease + margin);
+    cr_assert_eq(drey_cluster__serve_from(50, 7, 7, lease, margin), 0, "a handover at this epoch released it");
+    cr_assert_eq(drey_cluster__serve_from(50, 6, 7, lease, margin), 50 + lease + margin,
+                 "a release of an older handover does not count");
+}

@@ -1291,7 +1291,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__replicate_request__descript
   (ProtobufCMessageInit) drey__internal__v1__replicate_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__replicate_response__field_descriptors[2] =
+static const ProtobufCFieldDescriptor drey__internal__v1__replicate_response__field_descriptors[3] =
 {
   {
     "journal_room_bytes",
@@ -1317,15 +1317,28 @@ static const ProtobufCFieldDescriptor drey__internal__v1__replicate_response__fi
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "granted",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Drey__Internal__V1__ReplicateResponse, n_granted),
+    offsetof(Drey__Internal__V1__ReplicateResponse, granted),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__replicate_response__field_indices_by_name[] = {
+  2,   /* field[2] = granted */
   0,   /* field[0] = journal_room_bytes */
   1,   /* field[1] = memory_room_bytes */
 };
 static const ProtobufCIntRange drey__internal__v1__replicate_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descriptor =
 {
@@ -1335,7 +1348,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__replicate_response__descrip
   "Drey__Internal__V1__ReplicateResponse",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__ReplicateResponse),
-  2,
+  3,
   drey__internal__v1__replicate_response__field_descriptors,
   drey__internal__v1__replicate_response__field_indices_by_name,
   1,  drey__internal__v1__replicate_response__number_ranges,
@@ -1457,7 +1470,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__beat_request__descriptor =
   (ProtobufCMessageInit) drey__internal__v1__beat_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor drey__internal__v1__confirm_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor drey__internal__v1__confirm_request__field_descriptors[5] =
 {
   {
     "partition",
@@ -1507,17 +1520,30 @@ static const ProtobufCFieldDescriptor drey__internal__v1__confirm_request__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "release",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Internal__V1__ConfirmRequest, release),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__internal__v1__confirm_request__field_indices_by_name[] = {
   2,   /* field[2] = epoch */
   0,   /* field[0] = partition */
   1,   /* field[1] = partitions */
+  4,   /* field[4] = release */
   3,   /* field[3] = sequence */
 };
 static const ProtobufCIntRange drey__internal__v1__confirm_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor drey__internal__v1__confirm_request__descriptor =
 {
@@ -1527,7 +1553,7 @@ const ProtobufCMessageDescriptor drey__internal__v1__confirm_request__descriptor
   "Drey__Internal__V1__ConfirmRequest",
   "drey.internal.v1",
   sizeof(Drey__Internal__V1__ConfirmRequest),
-  4,
+  5,
   drey__internal__v1__confirm_request__field_descriptors,
   drey__internal__v1__confirm_request__field_indices_by_name,
   1,  drey__internal__v1__confirm_request__number_ranges,

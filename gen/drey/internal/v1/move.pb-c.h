@@ -234,10 +234,19 @@ struct  Drey__Internal__V1__ReplicateResponse
    * max int64: no memory limit.
    */
   int64_t memory_room_bytes;
+  /*
+   * Beat only: the partitions whose marks this node took, as a backup of
+   * the sender, the partition's primary in its table at an epoch no older
+   * than its own. Each is a lease granted to the sender from the Beat's
+   * sending on, for --lease-ttl (less a margin): while every in-sync
+   * backup's holds, the primary serves without etcd.
+   */
+  size_t n_granted;
+  uint32_t *granted;
 };
 #define DREY__INTERNAL__V1__REPLICATE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__replicate_response__descriptor) \
-    , 0, 0 }
+    , 0, 0, 0,NULL }
 
 
 struct  Drey__Internal__V1__BeatRequest__Mark
@@ -281,10 +290,17 @@ struct  Drey__Internal__V1__ConfirmRequest
   uint32_t partitions;
   int64_t epoch;
   uint64_t sequence;
+  /*
+   * After a handover's flip (epoch: the entry naming the receiver
+   * primary): the sender leads the partition no more, so the leases the
+   * receiver granted it are void and it may serve at once instead of
+   * waiting them out. Answered OK, changing nothing else.
+   */
+  protobuf_c_boolean release;
 };
 #define DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__internal__v1__confirm_request__descriptor) \
-    , 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0 }
 
 
 struct  Drey__Internal__V1__ConfirmResponse
