@@ -65,8 +65,10 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/internal/v1/move.pb-c.h"
+#include "drey/journal.h"
 #include "drey/log.h"
 #include "drey/partition.h"
+#include "drey/pipeline.h"
 #include "internal.h"
 #include "mover.h"
 #include "partition.h"
@@ -560,6 +562,13 @@ static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
  * spared (live and on replay). Memory then holds only what the node serves
  * or may be promoted with. */
 static void drop_roleless(drey_cluster *c, int64_t *retry_at) {
+    drey_journal *j = drey_pipeline_journal(c->opts.pipeline);
+    if (j != NULL) {
+        drey_journal_stats js;
+        drey_journal_get_stats(j, &js);
+        if (js.failed)
+            return; /* no Drop can be journaled: they stay, unserved, until the node restarts */
+    }
     uint32_t *parts = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *parts);
     int64_t *epochs = drey_xcalloc(c->n_parts ? c->n_parts : 1, sizeof *epochs);
     size_t n = 0;

@@ -87,9 +87,9 @@ static const drey_error_info catalogue[DREY_ERR_COUNT_] = {
       "the Clear reached some of the cache's partitions only (ErrorInfo's cause says why the others refused): "
       "retry it"),
     E(LEASE_EXPIRED, UNAVAILABLE,
-      "this node's cluster lease is not confirmed (etcd unreachable or the node paused): it neither serves nor "
-      "commits its partitions until it is; a write answered so may have been applied: retry it with the same "
-      "request_id"),
+      "neither this node's etcd lease nor its backups' leases hold (etcd and the backups unreachable, or the node "
+      "paused): it neither serves nor commits its partitions until one does; a write answered so may have been "
+      "applied: retry it with the same request_id"),
     E(NOT_ENOUGH_REPLICAS, UNAVAILABLE,
       "the partition has fewer in-sync copies than --min-in-sync: writes are refused until a backup has caught up"),
     E(STALE_EPOCH, FAILED_PRECONDITION,

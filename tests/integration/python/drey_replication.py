@@ -163,9 +163,10 @@ class Scenario:
                    what=lambda: "the replication factor restored on every partition (%s)" % why[0])
         return time.time() - started
 
-    def stop_and_check(self, min_ok=10, written_by_test=None):
+    def stop_and_check(self, min_ok=10, written_by_test=None, keep_copies=()):
         """written_by_test: partition -> epochs of entries the test wrote
-        into etcd itself (see check_table_history)."""
+        into etcd itself (see check_table_history); keep_copies: nodes
+        that cannot drop a copy (their journal failed)."""
         self.stop_workloads()
         self.cl.heal()
         for n in self.cl.nodes.values():
@@ -186,7 +187,7 @@ class Scenario:
         self.test.assertGreater(sum(metric(n, "drey_cluster_replication_ack_seconds_count")
                                     for n in self.running()), 0, "no acknowledgement was timed")
         self.assert_replicas_equal()
-        self.wait_no_roleless_copies()
+        self.wait_no_roleless_copies(keep_copies)
         history = read_table_history(self.cl)
         print("table history: %d revisions of %d entries" % (sum(map(len, history.values())), len(history)))
         self.test.assertEqual(check_table_history(history, self.rf, written_by_test), [],
@@ -200,26 +201,28 @@ class Scenario:
             resp = fn(req(partitions=PARTS, partition=parts), timeout=10, metadata=[("drey-forwarded-by", "n9")])
         return {h.partition: (h.entries, h.hash) for h in resp.partitions}
 
-    def roleless_copies(self):
+    def roleless_copies(self, keep_copies=()):
         """(node, partition, entries) for each copy a node holds of a
         partition the table names it in no role in."""
         table = self.table(self.running()[0])
         found = []
         for n in self.running():
+            if n.id in keep_copies:
+                continue
             for p, (entries, _) in self.hashes(n, list(range(PARTS))).items():
                 primary, replicas = table[p]
                 if entries > 0 and n.id != primary and n.id not in replicas:
                     found.append((n.id, p, entries))
         return found
 
-    def wait_no_roleless_copies(self, timeout=20):
+    def wait_no_roleless_copies(self, keep_copies=(), timeout=20):
         """Until no node holds a copy the table gives it no role in: each
         drops such a copy (a journaled, epoch-checked Drop) a moment after
         it sees the table."""
         left = [None]
 
         def none():
-            left[0] = self.roleless_copies()
+            left[0] = self.roleless_copies(keep_copies)
             return not left[0]
         wait_until(none, timeout=timeout, what=lambda: "copies held without a role dropped (%s)" % left[0])
 
