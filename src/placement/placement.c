@@ -16,9 +16,14 @@
 #include "drey/alloc.h"
 #include "drey/crc32c.h"
 
-/* The caps add up to LOAD_NUM/LOAD_DEN of the slots. 1.25 keeps the
- * fullest node within about 1.25x of the mean while a join moves about 1-2x
- * the minimum (tests/bench/placement.c measures both). */
+/* The primaries' caps add up to LOAD_NUM/LOAD_DEN of the partitions. 1.25
+ * keeps the fullest node within about 1.25x of the mean while a join moves
+ * about 1-2x the minimum (tests/bench/placement.c measures both). The
+ * copies' caps (primaries and backups, rf > 1) add up to exactly the copies:
+ * with any slack the emptiest node is not bounded (1.30x between the
+ * fullest and the emptiest of 4 nodes with 256 partitions at 1.25, up to
+ * 2.3x with 16 copies per node), and copies are what a node's memory and
+ * journal hold. The price is a little more movement (tests/unit/placement). */
 #define LOAD_NUM 5
 #define LOAD_DEN 4
 
@@ -96,16 +101,15 @@ static int by_rank(const void *a, const void *b, void *ids) {
     return strcmp(names[x->node], names[y->node]);
 }
 
-/* Per-node caps that add up to ceil(1.25 x slots): total / n each, and one
+/* Per-node caps that add up to total: total / n each, and one
  * more for the first total % n nodes in an order of their own (a hash of
  * the id, so it does not change when others join). A single cap for all,
  * ceil(1.25 x slots / n), jumps by one for every node at once when n
  * crosses a threshold (3 -> 2 between 159 and 160 nodes with 256
  * partitions), and a join there moved 21% of the partitions; with caps that
  * sum to a constant only a few nodes' caps change. */
-static void caps_of(const char *const *ids, const uint64_t *hashes, size_t n, uint64_t slots, uint32_t *caps,
+static void caps_of(const char *const *ids, const uint64_t *hashes, size_t n, uint64_t total, uint32_t *caps,
                     ranked *order) {
-    uint64_t total = (slots * LOAD_NUM + LOAD_DEN - 1) / LOAD_DEN;
     for (size_t i = 0; i < n; i++) {
         caps[i] = (uint32_t)(total / n);
         order[i] = (ranked){splitmix64(hashes[i] ^ 0x6361707300000000u /* "caps" */), (uint32_t)i};
@@ -153,8 +157,9 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
     for (size_t i = 0; i < n_nodes; i++)
         hashes[i] = fnv1a64(node_ids[i], strlen(node_ids[i]));
     if (bounded) {
-        caps_of(node_ids, hashes, n_nodes, n_partitions, primary_cap, rank);
-        caps_of(node_ids, hashes, n_nodes, (uint64_t)n_partitions * r, slot_cap, rank);
+        uint64_t primaries_total = ((uint64_t)n_partitions * LOAD_NUM + LOAD_DEN - 1) / LOAD_DEN;
+        caps_of(node_ids, hashes, n_nodes, primaries_total, primary_cap, rank);
+        caps_of(node_ids, hashes, n_nodes, r > 1 ? (uint64_t)n_partitions * r : primaries_total, slot_cap, rank);
     } else {
         for (size_t i = 0; i < n_nodes; i++)
             primary_cap[i] = slot_cap[i] = UINT32_MAX;
