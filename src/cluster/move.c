@@ -516,7 +516,7 @@ static bool confirm(mover *mv, uint64_t seq) {
  * would (journaled like any write); the table's check (backup.c) and the
  * partition's imported epoch (src/partition) keep it off a copy that came
  * back. */
-static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
+static bool drop(drey_cluster *c, uint32_t p, int64_t epoch, const char *what) {
     const drey_method *m = drey_method_find(c->opts.methods, DREY_PARTITION_DROP_PATH);
     if (m == NULL || c->opts.pipeline == NULL)
         return false;
@@ -538,8 +538,9 @@ static bool drop(drey_cluster *c, uint32_t p, int64_t epoch) {
     pthread_mutex_destroy(&s.mu);
     pthread_cond_destroy(&s.cond);
     if (s.code != 0)
-        DREY_LOG_WARN("the copy of a partition handed over was not dropped; it stays in memory unserved",
-                      DREY_LOG_UINT("partition", p), DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
+        DREY_LOG_WARN("a copy of a partition this node no longer holds was not dropped; it stays in memory unserved",
+                      DREY_LOG_STR("copy", what), DREY_LOG_UINT("partition", p),
+                      DREY_LOG_STR("reason", s.reason[0] ? s.reason : s.message));
     return s.code == 0;
 }
 
@@ -648,9 +649,68 @@ static bool run(mover *mv) {
         pthread_mutex_lock(&c->mu);
         int64_t epoch = c->epochs[p]; /* the flip's, or newer: the Drop is refused if that names this node */
         pthread_mutex_unlock(&c->mu);
-        drop(c, p, epoch);
+        drop(c, p, epoch, "handed over");
     }
     return true;
+}
+
+/* --- copies without a role ------------------------------------------------------------ */
+
+/* Whether the table names this node in any role in p: primary, in-sync
+ * backup, or a copy's target. Needs c->mu. */
+static bool has_role(drey_cluster *c, uint32_t p) {
+    const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+    if (e == NULL)
+        return true; /* no table yet: nothing to judge by */
+    const char *self = c->opts.node_id;
+    if (strcmp(e->primary, self) == 0)
+        return true;
+    for (size_t i = 0; i < e->n_replicas; i++) {
+        if (strcmp(e->replicas[i], self) == 0)
+            return true;
+    }
+    for (size_t i = 0; i < e->n_syncing; i++) {
+        if (strcmp(e->syncing[i], self) == 0)
+            return true;
+    }
+    for (size_t i = 0; i < e->n_joining; i++) {
+        if (strcmp(e->joining[i], self) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Drops the copies this node holds of partitions its table names it in no
+ * role in: a backup the controller took out because the placement wants
+ * the partition elsewhere (its replacement in sync), one taken out of the
+ * in-sync set, a restarted node's old copies. Nobody reads them (only the
+ * primary and in-sync backups serve, and a new copy here would replace
+ * them), so they are only memory. Each Drop names the epoch it was judged
+ * at: one that the partition came back here after removes nothing
+ * (backup.c, src/partition). Takes and gives back c->mu; returns whether
+ * it dropped any. */
+static bool drop_roleless(drey_cluster *c, int64_t *retry_at) {
+    drey_store *s = c->opts.store;
+    bool dropped = false;
+    if (s == NULL || drey_store_partitions(s) != c->n_parts)
+        return false;
+    int64_t now = drey_mono_ms();
+    for (uint32_t p = 0; p < c->n_parts && !c->leaving; p++) {
+        if (retry_at[p] > now || has_role(c, p))
+            continue;
+        int64_t epoch = c->epochs[p];
+        pthread_mutex_unlock(&c->mu);
+        drey_store_partition_stats ps;
+        drey_store_get_partition_stats(s, p, &ps);
+        if (ps.entries > 0) {
+            if (drop(c, p, epoch, "without a role"))
+                dropped = true;
+            else
+                retry_at[p] = drey_mono_ms() + RETRY_MS;
+        }
+        pthread_mutex_lock(&c->mu);
+    }
+    return dropped;
 }
 
 /* --- the loop ------------------------------------------------------------------------------ */
@@ -704,6 +764,8 @@ void *drey_cluster__mover_main(void *arg) {
     while (!c->leaving) {
         mover mv = {.c = c};
         if (!next_move(c, retry_at, &mv)) {
+            if (drop_roleless(c, retry_at))
+                continue; /* the table may have changed meanwhile */
             drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(RETRY_MS));
             continue;
         }

@@ -359,11 +359,12 @@ static bool place_primary(const drey_cluster__plan *pl, drey_cluster__entry *e, 
 }
 
 /* The backups toward the placement, make-before-break: a `syncing` copy
- * for each wanted node not holding the partition (but the primary's
- * place, when a move will bring it), at most max_moves copies per primary
- * at once; once every wanted node holds an in-sync copy, the backups and
- * copies under way it does not want go (never fewer in-sync copies than
- * the placement's). True when it changed e. */
+ * for a wanted node not holding the partition (but the primary's place,
+ * when a move will bring it), one copy beyond the factor at most per
+ * partition and max_moves per primary at once; a backup or a copy under
+ * way that the placement does not want goes once the partition has as
+ * many in-sync copies without it as the placement wants (its replacement
+ * in sync). True when it changed e. */
 static bool place_backups(const drey_cluster__plan *pl, drey_cluster__entry *e, uint32_t p, const placement *w,
                           uint32_t *copies, drey_cluster__plan_stats *st) {
     bool changed = false, primary_stays = wanted(w, p, e->primary);
@@ -371,20 +372,15 @@ static bool place_backups(const drey_cluster__plan *pl, drey_cluster__entry *e, 
         const char *id = placed(w, p, k);
         if (holds(e, id) || liveness(pl, id) != 1 || (k == 0 && !primary_stays))
             continue;
-        if (*copies >= pl->max_moves || e->n_replicas + e->n_syncing >= DREY_CLUSTER_MAX_REPLICAS)
+        if (*copies >= pl->max_moves || 1 + e->n_replicas + e->n_syncing > pl->rf)
             break;
         drey_cluster__entry_add(e->syncing, &e->n_syncing, id);
         (*copies)++;
         st->placed++;
         changed = true;
     }
-    for (uint32_t k = 0; k < w->r; k++) {
-        const char *id = placed(w, p, k);
-        if (strcmp(id, e->primary) != 0 && !in(e->replicas, e->n_replicas, id))
-            return changed; /* its replacement is not in sync yet */
-    }
     for (size_t i = 0; i < e->n_replicas;) {
-        if (!wanted(w, p, e->replicas[i])) {
+        if (e->n_replicas >= w->r && !wanted(w, p, e->replicas[i])) {
             drey_cluster__entry_drop_replica(e, e->replicas[i]);
             st->surplus++;
             changed = true;
@@ -393,7 +389,7 @@ static bool place_backups(const drey_cluster__plan *pl, drey_cluster__entry *e, 
         }
     }
     for (size_t i = 0; i < e->n_syncing;) {
-        if (!wanted(w, p, e->syncing[i])) {
+        if (1 + e->n_replicas >= w->r && !wanted(w, p, e->syncing[i])) {
             drey_cluster__entry_remove(e->syncing, &e->n_syncing, e->syncing[i]);
             st->cancelled++;
             changed = true;

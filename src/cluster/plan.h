@@ -107,10 +107,11 @@ void drey_cluster__plan_step_out(drey_cluster__plan *pl, const char *self, const
  *   - otherwise a move (`joining`).
  * The backups, in a partition with no move or handover planned:
  *   - a node the placement wants that holds nothing of it gets a `syncing`
- *     copy (not the primary's place when a move will bring it);
- *   - once every node the placement wants holds an in-sync copy (make
- *     before break), the in-sync backups and copies under way it does not
- *     want go: never fewer in-sync copies than the placement's.
+ *     copy (not the primary's place when a move will bring it), one copy
+ *     beyond the factor at most;
+ *   - an in-sync backup or a copy under way the placement does not want
+ *     goes once the partition has as many in-sync copies without it as the
+ *     placement wants (make before break: its replacement is in sync).
  * A partition whose primary changed less than the settle time ago is left
  * alone. Copies (moves, new backups) at most max_moves per primary at once.
  * A plan whose target left, or (a handover) left the in-sync set, is

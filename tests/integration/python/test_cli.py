@@ -461,6 +461,9 @@ class ClusterView(unittest.TestCase):
             self.assertEqual(sorted(n["id"] for n in doc["nodes"]), ["n1", "n2", "n3"])
             self.assertEqual(sum(n["partitions"] for n in doc["nodes"]), 8)
             self.assertEqual(sum(n["backups"] for n in doc["nodes"]), 8)
+            self.assertEqual([n["copies"] for n in doc["nodes"]],
+                             [n["partitions"] + n["backups"] for n in doc["nodes"]])
+            self.assertEqual(sum(n["syncing"] for n in doc["nodes"]), 0)
             self.assertTrue(all(n["lease"] == "valid" for n in doc["nodes"]))
             self.assertEqual(sum(n["controller"] for n in doc["nodes"]), 1)
             self.assertTrue(all(re.match(r"drey \d+\.\d+\.\d+ ", n["build"]) for n in doc["nodes"]))
@@ -470,7 +473,7 @@ class ClusterView(unittest.TestCase):
             # the short table: members, totals, no partitions when all is well
             rc, out, err = run("drey --addr %s cluster status -o table" % a)
             self.assertEqual(rc, 0, err)
-            self.assertRegex(out, r"(?m)^ID +ADVERTISE +PARTITIONS +BACKUPS +STATE +LEASE +ROLE +BUILD$")
+            self.assertRegex(out, r"(?m)^ID +ADVERTISE +PARTITIONS +BACKUPS +COPIES +SYNCING +STATE +LEASE +ROLE +BUILD$")
             self.assertNotIn("PARTITION ", out)
             self.assertLess(len(out), 2000)
             rc, out, _ = run("drey cluster status --partitions -o table", addr=a)

@@ -397,8 +397,9 @@ static bool placement_wants(uint32_t p, const char *id) {
 /* One controller look as controller.c takes it: the first assignment,
  * else the repairs, else the rebalance. Checks that no in-sync copy on a
  * member that stays is dropped while the partition would be left with
- * fewer in-sync copies than the factor, and that every copy it plans goes
- * where the placement wants one (none wasted). Returns whether it planned. */
+ * fewer in-sync copies than the factor, that no partition has more than
+ * one copy beyond the factor, and that every copy it plans goes where the
+ * placement wants one (none wasted). Returns whether it planned. */
 static bool look(void) {
     drey_cluster__entry *before = malloc(pl.n_parts * sizeof *before);
     memcpy(before, pl.ent, pl.n_parts * sizeof *before);
@@ -417,6 +418,8 @@ static bool look(void) {
     for (uint32_t p = 0; p < pl.n_parts; p++) {
         any |= pl.changed[p];
         const drey_cluster__entry *b = &before[p], *e = &pl.ent[p];
+        cr_assert_leq(1 + e->n_replicas + e->n_syncing, pl.rf + 1, "partition %u: %zu in sync, %zu copying", p,
+                      1 + e->n_replicas, e->n_syncing);
         for (size_t i = 0; i < e->n_syncing; i++) {
             if (!has(before[p].syncing, b->n_syncing, e->syncing[i]))
                 cr_assert(placement_wants(p, e->syncing[i]), "partition %u: a copy to %s, not wanted there", p,
@@ -512,6 +515,31 @@ Test(plan, a_joining_node_gets_backups_as_well_as_primaries_and_copies_even_out)
         cr_assert_gt(h.backups, 0, "rf %u: the new node backs partitions too", rf);
         balanced();
     }
+}
+
+Test(plan, a_cluster_that_doubles_never_holds_more_than_one_copy_beyond_the_factor) {
+    table(256, 3, 2, 6);
+    placed(ids4, 3);
+    converge(600); /* look() checks every step */
+    balanced();
+}
+
+Test(plan, a_copy_under_way_that_the_factor_still_needs_is_kept_though_the_placement_wants_another_node) {
+    table(N_PARTS, 2, 2, 4);
+    placed(ids4, 4);
+    uint32_t r = 2, *a = malloc(N_PARTS * r * sizeof *a);
+    drey_placement_assign(ids4, 4, N_PARTS, 2, a);
+    const char *primary = ids4[a[0]], *other = NULL;
+    for (int k = 0; k < 4 && other == NULL; k++) {
+        if ((uint32_t)k != a[0] && (uint32_t)k != a[1])
+            other = ids4[k];
+    }
+    free(a);
+    entry(0, primary, NULL, NULL);
+    drey_cluster__entry_add(pl.ent[0].syncing, &pl.ent[0].n_syncing, other); /* planned before a join, say */
+    drey_cluster__plan_rebalance(&pl, &st);
+    cr_assert(has(pl.ent[0].syncing, pl.ent[0].n_syncing, other), "the only copy on its way to the factor");
+    cr_assert_eq(st.cancelled, 0);
 }
 
 Test(plan, a_restarted_node_gets_its_share_of_backups_back) {
