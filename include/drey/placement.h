@@ -13,10 +13,11 @@
  * The primaries' caps add up to 1.25x the partitions (per-node caps differ
  * by at most one), so the fullest node leads at most about 1.25x the mean
  * plus one. With rf > 1 the caps on copies (primaries and backups) add up
- * to exactly the copies, so every node holds about its share: fullest and
- * emptiest within 1.21x of each other with 16 or more copies per node
- * (1.25x slack left the emptiest unbounded: 1.30x on 4 nodes with 256
- * partitions, 2.3x at worst), where plain HRW measured 1.75x over the mean
+ * to exactly the copies, and a node that could not reach its cap with one
+ * copy of each partition left goes first, so every node holds its share:
+ * fullest and emptiest within 1.07x of each other with 16 or more copies
+ * per node (with 1.25x slack the emptiest was unbounded: 1.30x on 4 nodes
+ * with 256 partitions, 2.3x at worst), where plain HRW measured 1.75x over the mean
  * (256 on 16 nodes; tests/bench/placement.c prints both). Bounded loads are
  * Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
  * Loads" (SODA 2018).

@@ -428,14 +428,15 @@ void drey_cluster__plan_rebalance(drey_cluster__plan *pl, drey_cluster__plan_sta
         pl->changed[p] |= changed;
         if (planned || liveness(pl, e->primary) < 0)
             continue;
-        if (pl->primary_since_ms != NULL && pl->primary_since_ms[p] > 0 &&
-            pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS) {
+        /* A primary that just changed keeps its role for the settle time;
+         * its backups go on toward the placement (no primary changes). */
+        bool settling = pl->primary_since_ms != NULL && pl->primary_since_ms[p] > 0 &&
+                        pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS;
+        if (settling)
             st->waiting += strcmp(placed(&w, p, 0), e->primary) != 0;
-            continue;
-        }
         int k = id_index(w.ids, w.n, e->primary);
         uint32_t *c = k >= 0 ? &copies[k] : &copies_leaving;
-        if (place_primary(pl, e, p, &w, c, k >= 0 ? &handovers[k] : NULL, st))
+        if (!settling && place_primary(pl, e, p, &w, c, k >= 0 ? &handovers[k] : NULL, st))
             pl->changed[p] = true;
         else if (place_backups(pl, e, p, &w, c, st))
             pl->changed[p] = true;

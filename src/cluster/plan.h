@@ -112,8 +112,8 @@ void drey_cluster__plan_step_out(drey_cluster__plan *pl, const char *self, const
  *   - an in-sync backup or a copy under way the placement does not want
  *     goes once the partition has as many in-sync copies without it as the
  *     placement wants (make before break: its replacement is in sync).
- * A partition whose primary changed less than the settle time ago is left
- * alone. Copies (moves, new backups) at most max_moves per primary at once.
+ * A partition whose primary changed less than the settle time ago keeps
+ * its primary (its backups go on). Copies (moves, new backups) at most max_moves per primary at once.
  * A plan whose target left, or (a handover) left the in-sync set, is
  * cancelled; a move planned onto an in-sync backup becomes a handover.
  * Only once every partition has a primary. A table the placement is in

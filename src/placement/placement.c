@@ -23,7 +23,8 @@
  * with any slack the emptiest node is not bounded (1.30x between the
  * fullest and the emptiest of 4 nodes with 256 partitions at 1.25, up to
  * 2.3x with 16 copies per node), and copies are what a node's memory and
- * journal hold. The price is a little more movement (tests/unit/placement). */
+ * journal hold. The price is a little more movement, most at 100 nodes and
+ * more (tests/unit/placement). */
 #define LOAD_NUM 5
 #define LOAD_DEN 4
 
@@ -142,6 +143,18 @@ static uint32_t nth(lazy_rank *l, size_t i) {
     return l->r[i].node;
 }
 
+/* The highest-ranked urgent node not taken (UINT32_MAX: none), without
+ * sorting the rest. */
+static uint32_t best_urgent(const lazy_rank *l, const bool *must, const bool *taken) {
+    const ranked *best = NULL;
+    for (size_t j = 0; j < l->n; j++) {
+        const ranked *x = &l->r[j];
+        if (must[x->node] && !taken[x->node] && (best == NULL || by_rank(x, best, (void *)l->ids) < 0))
+            best = x;
+    }
+    return best != NULL ? best->node : UINT32_MAX;
+}
+
 static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_partitions, uint32_t rf, uint32_t *out,
                    bool bounded) {
     uint32_t r = drey_placement_replicas(rf, n_nodes);
@@ -153,7 +166,7 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
     uint32_t *slots = drey_xcalloc(n_nodes, sizeof *slots);
     uint32_t *primary_cap = drey_xcalloc(n_nodes, sizeof *primary_cap);
     uint32_t *slot_cap = drey_xcalloc(n_nodes, sizeof *slot_cap);
-    bool *taken = drey_xcalloc(n_nodes, sizeof *taken);
+    bool *taken = drey_xcalloc(n_nodes, sizeof *taken), *must = drey_xcalloc(n_nodes, sizeof *must);
     for (size_t i = 0; i < n_nodes; i++)
         hashes[i] = fnv1a64(node_ids[i], strlen(node_ids[i]));
     if (bounded) {
@@ -170,15 +183,28 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
             rank[i] = (ranked){weight_of(hashes[i], p), (uint32_t)i};
         lazy_rank lr = {.r = rank, .n = n_nodes, .ids = node_ids};
         uint32_t *dst = out + (size_t)p * r;
-        /* The primary: the first with room for both a primary and a slot. The
-         * caps exceed the totals, but the two together can leave no node with
-         * both; then room for a slot will do, and then anyone. */
+        /* A node with room for a copy of every partition left (this one
+         * included) must hold one of this one, or it ends below its cap
+         * and others above theirs: a node holds one copy of a partition
+         * at most, and with caps that add up to the copies there is no
+         * slack for that. Urgent ones go first, in rank order. */
+        size_t urgent = 0;
+        for (size_t i = 0; i < n_nodes; i++) {
+            must[i] = slot_cap[i] > slots[i] && slot_cap[i] - slots[i] >= n_partitions - p;
+            urgent += must[i];
+        }
+        /* The primary: the first with room for both a primary and a slot
+         * (among the urgent ones when they are enough for every copy). The
+         * caps exceed the totals, but the two together can leave no node
+         * with both; then room for a slot will do, and then anyone. */
+        bool only_urgent = urgent >= r;
         size_t pick = n_nodes;
         for (size_t i = 0; i < n_nodes && pick == n_nodes; i++)
-            if (primaries[nth(&lr, i)] < primary_cap[nth(&lr, i)] && slots[nth(&lr, i)] < slot_cap[nth(&lr, i)])
+            if (primaries[nth(&lr, i)] < primary_cap[nth(&lr, i)] && slots[nth(&lr, i)] < slot_cap[nth(&lr, i)] &&
+                (!only_urgent || must[nth(&lr, i)]))
                 pick = i;
         for (size_t i = 0; i < n_nodes && pick == n_nodes; i++)
-            if (slots[nth(&lr, i)] < slot_cap[nth(&lr, i)])
+            if (slots[nth(&lr, i)] < slot_cap[nth(&lr, i)] && (!only_urgent || must[nth(&lr, i)]))
                 pick = i;
         if (pick == n_nodes)
             pick = 0;
@@ -189,13 +215,15 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
         slots[node]++;
         for (uint32_t k = 1; k < r; k++) {
             size_t want = n_nodes;
-            for (size_t i = 0; i < n_nodes && want == n_nodes; i++)
+            node = urgent > 0 ? best_urgent(&lr, must, taken) : UINT32_MAX;
+            for (size_t i = 0; i < n_nodes && want == n_nodes && node == UINT32_MAX; i++)
                 if (!taken[nth(&lr, i)] && slots[nth(&lr, i)] < slot_cap[nth(&lr, i)])
                     want = i;
-            for (size_t i = 0; i < n_nodes && want == n_nodes; i++)
+            for (size_t i = 0; i < n_nodes && want == n_nodes && node == UINT32_MAX; i++)
                 if (!taken[nth(&lr, i)])
                     want = i;
-            node = nth(&lr, want);
+            if (node == UINT32_MAX)
+                node = nth(&lr, want);
             dst[k] = node;
             taken[node] = true;
             slots[node]++;
@@ -203,6 +231,7 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
         for (uint32_t k = 0; k < r; k++)
             taken[dst[k]] = false;
     }
+    free(must);
     free(taken);
     free(slot_cap);
     free(primary_cap);

@@ -266,7 +266,7 @@ Test(plan, a_plan_whose_target_left_or_fell_out_of_sync_is_cancelled) {
     cr_assert_eq(st.cancelled, 1);
 }
 
-Test(plan, a_partition_whose_primary_just_changed_is_left_alone_for_the_settle_time) {
+Test(plan, a_partition_whose_primary_just_changed_keeps_it_for_the_settle_time) {
     table(N_PARTS, 2, 2, 3);
     static const char *ids[] = {"n1", "n2", "n3"};
     placed(ids, 3);
@@ -276,7 +276,10 @@ Test(plan, a_partition_whose_primary_just_changed_is_left_alone_for_the_settle_t
     pl.primary_since_ms = since;
     pl.now_ms = 100000 + DREY_CLUSTER_MOVE_SETTLE_MS - 1;
     drey_cluster__plan_rebalance(&pl, &st);
-    cr_assert(!pl.changed[p], "no move straight back");
+    cr_assert_str_eq(pl.ent[p].handover, "", "no move straight back");
+    cr_assert_str_eq(pl.ent[p].joining, "");
+    cr_assert_str_eq(pl.ent[p].primary, "n1");
+    cr_assert_eq(st.waiting, 1);
     pl.now_ms = 100000 + DREY_CLUSTER_MOVE_SETTLE_MS;
     drey_cluster__plan_rebalance(&pl, &st);
     cr_assert_str_eq(pl.ent[p].handover, "n2");
