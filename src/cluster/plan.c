@@ -184,11 +184,13 @@ static void promote(drey_cluster__entry *e, size_t i) {
     e->handover[0] = '\0';
 }
 
-/* Drops e's backups, copies and plans on nodes that are gone or leaving. */
+/* Drops e's backups on nodes that are gone, and its copies under way to
+ * nodes gone or leaving. A leaving node's in-sync backup stays until the
+ * rebalance has its replacement in sync (make before break). */
 static bool drop_departed(const drey_cluster__plan *pl, drey_cluster__entry *e, drey_cluster__plan_stats *st) {
     bool changed = false;
     for (size_t i = 0; i < e->n_replicas;) {
-        if (liveness(pl, e->replicas[i]) != 1) {
+        if (liveness(pl, e->replicas[i]) < 0) {
             drey_cluster__entry_drop_replica(e, e->replicas[i]);
             st->dropped++;
             changed = true;
@@ -241,7 +243,11 @@ void drey_cluster__plan_repair(drey_cluster__plan *pl, drey_cluster__plan_stats 
             if (e->n_replicas == 0) {
                 st->stranded++;
             } else {
-                promote(e, 0);
+                /* a backup that stays, else one that is leaving */
+                size_t i = 0;
+                while (i + 1 < e->n_replicas && liveness(pl, e->replicas[i]) != 1)
+                    i++;
+                promote(e, liveness(pl, e->replicas[i]) == 1 ? i : 0);
                 st->promoted++;
                 changed = true;
             }

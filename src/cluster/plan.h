@@ -75,11 +75,13 @@ void drey_cluster__plan_free(drey_cluster__plan *pl);
 void drey_cluster__plan_assign(drey_cluster__plan *pl, uint32_t initial_nodes, drey_cluster__plan_stats *st);
 
 /* Failover, departed copies and new backups:
- *   - copies on nodes that are not members, or are leaving, are dropped
- *     (and a handover to such a node);
+ *   - in-sync backups on nodes that are not members are dropped (and a
+ *     handover to them), copies under way to nodes gone or leaving too; a
+ *     leaving node's in-sync backup stays until the rebalance has its
+ *     replacement in sync;
  *   - a primary that is not a member is replaced by its first in-sync
- *     backup that is; with none the partition waits for it (its data is
- *     on that node only);
+ *     backup that stays (else one that is leaving); with none the
+ *     partition waits for it (its data is on that node only);
  *   - a partition with fewer copies than the factor gets a `syncing`
  *     backup: the first member not holding it that the placement wants
  *     there (else the one rendezvous hashing ranks highest), at most

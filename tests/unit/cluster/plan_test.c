@@ -144,7 +144,7 @@ Test(plan, a_copy_under_way_is_never_promoted) {
     cr_assert_eq(st.promoted, 0);
 }
 
-Test(plan, copies_and_a_handover_on_departed_or_leaving_nodes_are_dropped) {
+Test(plan, copies_and_a_handover_on_departed_nodes_are_dropped_and_a_leaving_nodes_backup_stays_for_now) {
     table(N_PARTS, 3, 2, 3);
     pl.draining[2] = true; /* n3 leaves */
     for (uint32_t p = 0; p < N_PARTS; p++)
@@ -153,13 +153,17 @@ Test(plan, copies_and_a_handover_on_departed_or_leaving_nodes_are_dropped) {
     snprintf(pl.ent[0].handover, DREY_CLUSTER_MAX_ID, "n9");
     entry(1, "n1", "n3", NULL);
     drey_cluster__entry_add(pl.ent[1].syncing, &pl.ent[1].n_syncing, "n9");
+    entry(2, "n1", "n2", NULL);
+    drey_cluster__entry_add(pl.ent[2].syncing, &pl.ent[2].n_syncing, "n3");
     drey_cluster__plan_repair(&pl, &st);
     cr_assert_eq(pl.ent[0].n_replicas, 1);
     cr_assert_str_eq(pl.ent[0].replicas[0], "n2");
     cr_assert_str_eq(pl.ent[0].handover, "", "no handover to a node that is gone");
-    cr_assert_eq(pl.ent[1].n_replicas, 0, "a leaving node's backup goes");
+    cr_assert(has(pl.ent[1].replicas, pl.ent[1].n_replicas, "n3"),
+              "a leaving node's in-sync backup stays until its replacement is in sync");
     cr_assert(!has(pl.ent[1].syncing, pl.ent[1].n_syncing, "n9"));
-    cr_assert_eq(st.dropped, 2);
+    cr_assert(!has(pl.ent[2].syncing, pl.ent[2].n_syncing, "n3"), "no copy to a leaving node");
+    cr_assert_eq(st.dropped, 1);
 }
 
 Test(plan, an_under_replicated_partition_gets_a_new_backup_on_a_node_not_holding_it_a_few_at_a_time) {
@@ -372,12 +376,20 @@ static void carry_out(void) {
     }
 }
 
+/* A member, leaving or not; and how many stay. */
 static bool member(const char *id) {
     for (size_t i = 0; i < pl.n_live; i++) {
         if (strcmp(pl.live[i], id) == 0)
-            return !pl.draining[i];
+            return true;
     }
     return false;
+}
+
+static uint32_t staying(void) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < pl.n_live; i++)
+        n += !pl.draining[i];
+    return n;
 }
 
 /* Whether the placement over the members that stay puts a copy of p on id. */
@@ -399,8 +411,9 @@ static bool placement_wants(uint32_t p, const char *id) {
 
 /* One controller look as controller.c takes it: the first assignment,
  * else the repairs, else the rebalance. Checks that no in-sync copy on a
- * member that stays is dropped while the partition would be left with
- * fewer in-sync copies than the factor, that no partition has more than
+ * member (leaving or not) is dropped while the partition would be left
+ * with fewer in-sync copies than the factor (unless fewer nodes stay than
+ * the factor), that no partition has more than
  * one copy beyond the factor, and that every copy it plans goes where the
  * placement wants one (none wasted). Returns whether it planned. */
 static bool look(void) {
@@ -433,7 +446,7 @@ static bool look(void) {
         for (size_t i = 0; i < b->n_replicas; i++) {
             const char *id = b->replicas[i];
             bool kept = strcmp(e->primary, id) == 0 || has(pl.ent[p].replicas, e->n_replicas, id);
-            if (!kept && member(id))
+            if (!kept && member(id) && staying() >= pl.rf) /* else nobody could take the copy */
                 cr_assert_geq(1 + e->n_replicas, pl.rf,
                               "partition %u: the in-sync copy on %s dropped, leaving %zu in-sync copies", p, id,
                               1 + e->n_replicas);
@@ -477,8 +490,11 @@ static held held_by(const char *id) {
 static void balanced(void) {
     uint32_t most = 0, least = UINT32_MAX, members = 0;
     for (size_t i = 0; i < pl.n_live; i++) {
-        if (pl.draining[i])
+        if (pl.draining[i]) {
+            held h = held_by(pl.live[i]);
+            cr_assert_eq(h.primaries + h.backups, 0, "leaving %s still holds copies", pl.live[i]);
             continue;
+        }
         members++;
         held h = held_by(pl.live[i]);
         uint32_t copies = h.primaries + h.backups;
@@ -569,6 +585,39 @@ Test(plan, after_a_failover_the_survivors_copies_even_out) {
     converge(400);
     cr_assert_eq(held_by("n2").primaries + held_by("n2").backups, 0);
     balanced();
+}
+
+Test(plan, a_drain_replaces_every_copy_before_dropping_it) {
+    for (uint32_t rf = 2; rf <= 3; rf++) {
+        drey_cluster__plan_free(&pl);
+        table(256, rf, 2, 4);
+        placed(ids4, 4);
+        pl.draining[1] = true; /* n2 leaves: look() checks no step leaves fewer than rf in-sync copies */
+        converge(600);
+        balanced();
+    }
+}
+
+Test(plan, a_drain_with_no_node_to_take_the_copies_still_hands_the_primaries_over) {
+    table(64, 2, 2, 2);
+    placed(ids4, 2);
+    pl.draining[0] = true; /* n1 leaves; only n2 stays */
+    converge(200);
+    for (uint32_t p = 0; p < 64; p++) {
+        cr_assert_str_eq(pl.ent[p].primary, "n2");
+        cr_assert_eq(pl.ent[p].n_replicas, 0, "one copy: nobody else to hold the second");
+    }
+}
+
+Test(plan, a_failover_prefers_a_backup_that_stays_to_one_that_is_leaving) {
+    table(N_PARTS, 3, 2, 3);
+    pl.draining[0] = true; /* n1 leaves */
+    for (uint32_t p = 0; p < N_PARTS; p++)
+        entry(p, "n2", "n3", "n1");
+    entry(0, "n9", "n1", "n3"); /* its primary died */
+    drey_cluster__plan_repair(&pl, &st);
+    cr_assert_str_eq(pl.ent[0].primary, "n3");
+    cr_assert(has(pl.ent[0].replicas, pl.ent[0].n_replicas, "n1"), "the leaving backup stays for now");
 }
 
 Test(plan, a_surplus_backup_goes_only_once_the_wanted_one_is_in_sync) {
