@@ -186,11 +186,11 @@ static void assign(const char *const *node_ids, size_t n_nodes, uint32_t n_parti
         /* A node with room for a copy of every partition left (this one
          * included) must hold one of this one, or it ends below its cap
          * and others above theirs: a node holds one copy of a partition
-         * at most, and with caps that add up to the copies there is no
-         * slack for that. Urgent ones go first, in rank order. */
+         * at most, and with caps that add up to the copies (rf > 1) there
+         * is no slack for that. Urgent ones go first, in rank order. */
         size_t urgent = 0;
         for (size_t i = 0; i < n_nodes; i++) {
-            must[i] = slot_cap[i] > slots[i] && slot_cap[i] - slots[i] >= n_partitions - p;
+            must[i] = r > 1 && slot_cap[i] > slots[i] && slot_cap[i] - slots[i] >= n_partitions - p;
             urgent += must[i];
         }
         /* The primary: the first with room for both a primary and a slot
