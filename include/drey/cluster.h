@@ -37,8 +37,10 @@
  * nothing: the next one finds the plan in the table.
  *
  * A node that leaves (drey_cluster_drain: SIGTERM, `drey drain`) marks its
- * member entry draining; the controller plans its partitions away and
- * plans none onto it, and the node leaves once it owns nothing.
+ * member entry draining; the controller plans none onto it and replaces
+ * each of its copies before it goes (a new copy elsewhere in sync, then the
+ * primary role handed over, then this node's copy dropped), and the node
+ * leaves once it holds no copy.
  *
  * If etcd becomes unreachable, nodes keep serving with the table they have;
  * the table cannot change meanwhile (readiness details say so).
@@ -122,9 +124,10 @@ int drey_cluster_join(drey_cluster *c, char *err, size_t err_cap);
 void drey_cluster_leave(drey_cluster *c);
 void drey_cluster_destroy(drey_cluster *c);
 
-/* Leaving: marks this node draining and waits, up to timeout_ms, until the
- * controller moved every partition it owns to other nodes. Returns how many
- * it still owns (0: nothing is lost by leaving now). */
+/* Leaving: marks this node draining and waits, up to timeout_ms, until
+ * every copy it holds (primary or in-sync backup) is on other nodes.
+ * Returns how many partitions it still leads (0: nothing is unavailable by
+ * leaving now). */
 uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms);
 
 /* The pipeline's route row (drey_pipeline_set_route; ctx: the cluster). */

@@ -10,20 +10,26 @@
  * propose a partition table. It is rendezvous (highest-random-weight) hashing
  * with bounded loads: each partition ranks the nodes by a 64-bit weight of
  * (node id, partition) and takes the highest-ranked nodes that are not full.
- * The caps add up to 1.25x the slots to fill (per-node caps differ by at most
- * one), for primaries and for all replica slots, so the fullest node holds at
- * most about 1.25x the mean plus one: 1.36x at worst for 256 partitions up to
- * 32 nodes, 1.29x for 4096 up to 200, where plain HRW measured 1.75x (256 on
- * 16 nodes) and 1.65x (tests/bench/placement.c prints both). Bounded loads
- * are Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
+ * The primaries' caps add up to 1.25x the partitions (per-node caps differ
+ * by at most one), so the fullest node leads at most about 1.25x the mean
+ * plus one. With rf > 1 the caps on copies (primaries and backups) add up
+ * to exactly the copies, and a node that could not reach its cap with one
+ * copy of each partition left goes first, so every node holds its share:
+ * fullest and emptiest within 1.07x of each other with 16 or more copies
+ * per node (with 1.25x slack the emptiest was unbounded: 1.30x on 4 nodes
+ * with 256 partitions, 2.3x at worst), where plain HRW measured 1.75x over the mean
+ * (256 on 16 nodes; tests/bench/placement.c prints both). Bounded loads are
+ * Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
  * Loads" (SODA 2018).
  *
  * A join moves at most 1/(n+1) + 0.12 of the slots for every n up to 200
  * (the new node's share is 1/(n+1)); with 16 or more partitions per node it
- * moves at most 1.9x that share and a leave at most 1.8x the leaving node's
- * slots. With fewer partitions per node a cap's rounding moves more (a leave
- * up to 11x the minimum at 148 nodes with 256 partitions): pick P >= 16 x
- * the largest node count.
+ * moves at most twice that share (rf 2: or the share and 2% of the slots,
+ * the price of caps without slack at 100 nodes and more) and a leave at
+ * most twice the leaving node's slots (rf 2: or those and 2%). With fewer
+ * partitions per node a cap's rounding moves more (a leave up to 11x the
+ * minimum at 148 nodes with 256 partitions): pick P >= 16 x the largest
+ * node count.
  *
  * Deterministic: the result depends only on the set of node ids (not their
  * order), P and RF. Pure functions: any thread, no shared state.

@@ -415,10 +415,11 @@ static json_t *document(view *v) {
     json_t *nodes = json_array(), *unanswered = json_array(), *table = json_array(), *moves = json_array();
     for (size_t i = 0; i < v->n_members; i++) {
         member *m = &v->members[i];
-        uint32_t primaries = 0, backups = 0;
+        uint32_t primaries = 0, backups = 0, syncing = 0;
         for (uint32_t p = 0; p < v->n_parts; p++) {
             primaries += v->parts[p].primary != NULL && strcmp(v->parts[p].primary, m->id) == 0;
             backups += in_array(v->parts[p].in_sync, m->id);
+            syncing += in_array(v->parts[p].syncing, m->id) || in_array(v->parts[p].joining, m->id);
         }
         const Drey__Admin__V1__ReadinessDetails__Cluster *cd = m->details != NULL ? m->details->cluster : NULL;
         bool draining = m->draining_etcd || (cd != NULL && cd->draining);
@@ -427,6 +428,10 @@ static json_t *document(view *v) {
             json_object_set_new(n, "internal", json_string(m->internal));
         json_object_set_new(n, "partitions", json_integer(primaries));
         json_object_set_new(n, "backups", json_integer(backups));
+        /* What its memory and journal hold: the placement evens this out
+         * (and the copies being made onto it, which will add to it). */
+        json_object_set_new(n, "copies", json_integer(primaries + backups));
+        json_object_set_new(n, "syncing", json_integer(syncing));
         json_object_set_new(n, "draining", json_boolean(draining));
         json_object_set_new(n, "state", json_string(!m->answered ? "unanswered" : draining ? "draining" : "serving"));
         json_object_set_new(n, "lease", cd == NULL ? json_null() : json_string(cd->lease_valid ? "valid" : "expired"));
@@ -493,8 +498,8 @@ static void print_view(drey_cli *c, json_t *doc, bool all_partitions) {
     bool text = c->format == DREY_OUT_TEXT;
     drey_out o;
     /* Text: one record per line, its kind first, so a script can pick. */
-    static const char *const mcols[] = {"id", "advertise", "partitions", "backups", "state", "lease", "role", "build", NULL};
-    static const char *const mcols_t[] = {"record", "id", "advertise", "partitions", "backups", "state", "lease", "role", "build", NULL};
+    static const char *const mcols[] = {"id", "advertise", "partitions", "backups", "copies", "syncing", "state", "lease", "role", "build", NULL};
+    static const char *const mcols_t[] = {"record", "id", "advertise", "partitions", "backups", "copies", "syncing", "state", "lease", "role", "build", NULL};
     drey_out_begin(&o, c->format, stdout, text ? mcols_t : mcols);
     json_t *nodes = json_object_get(doc, "nodes");
     for (size_t i = 0; i < json_array_size(nodes); i++) {

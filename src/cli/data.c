@@ -359,39 +359,23 @@ int drey_cli_cmd_clear(drey_cli *c, char **a) {
                               json_pack("{sssb}", "cache", c->cache[0] ? c->cache : "default", "cleared", 1));
 }
 
-/* The replication factor when the node is part of a replicated cluster
- * (stats then count every copy), else 1. */
-static uint32_t replication_factor(drey_cli *c) {
-    Drey__Admin__V1__GetReadinessDetailsRequest req = DREY__ADMIN__V1__GET_READINESS_DETAILS_REQUEST__INIT;
-    Drey__Admin__V1__ReadinessDetails *d;
-    drey_client_status st;
-    if (drey_cli_call(c, DREY_CLIENT_ADMIN("GetReadinessDetails"), &req.base,
-                      &drey__admin__v1__readiness_details__descriptor, &d, &st) != GRPC_STATUS_OK ||
-        d->cluster == NULL || d->cluster->replication_factor < 1)
-        return 1;
-    return d->cluster->replication_factor;
-}
-
-static json_t *stats_row(const Drey__Cache__V1__CacheStats *s, uint32_t rf) {
+/* A cluster counts each partition once, on its primary, however many
+ * copies it has. */
+static json_t *stats_row(const Drey__Cache__V1__CacheStats *s) {
     json_t *row = json_pack("{ss}", "cache", s->cache[0] ? s->cache : "default");
-    /* With replicas every copy is counted: say so in the name. */
-    json_object_set_new(row, rf > 1 ? "copies" : "entries", json_integer((json_int_t)s->entries));
+    json_object_set_new(row, "entries", json_integer((json_int_t)s->entries));
     json_object_set_new(row, "bytes", json_integer((json_int_t)s->bytes));
     json_object_set_new(row, "expiring", json_integer((json_int_t)s->expiring));
     json_object_set_new(row, "evictions", json_integer((json_int_t)s->evictions));
     json_object_set_new(row, "evictedBytes", json_integer((json_int_t)s->evicted_bytes));
-    if (rf > 1)
-        json_object_set_new(row, "replicationFactor", json_integer(rf));
     return row;
 }
 
 int drey_cli_cmd_stats(drey_cli *c, char **a) {
     (void)a;
-    uint32_t rf = replication_factor(c);
     static const char *const cols[] = {"cache", "entries", "bytes", "expiring", "evictions", "evictedBytes", NULL};
-    static const char *const ccols[] = {"cache", "copies", "bytes", "expiring", "evictions", "evictedBytes", NULL};
     drey_out o;
-    drey_out_begin(&o, c->format, stdout, rf > 1 ? ccols : cols);
+    drey_out_begin(&o, c->format, stdout, cols);
     int rc;
     if (c->cache[0] != '\0') {
         Drey__Cache__V1__GetCacheStatsRequest req = DREY__CACHE__V1__GET_CACHE_STATS_REQUEST__INIT;
@@ -400,7 +384,7 @@ int drey_cli_cmd_stats(drey_cli *c, char **a) {
         if (!drey_cli_call_ok(c, DREY_CLIENT_CACHE("GetCacheStats"), &req.base,
                               &drey__cache__v1__cache_stats__descriptor, &r, &rc))
             return rc;
-        drey_out_row(&o, stats_row(r, rf));
+        drey_out_row(&o, stats_row(r));
     } else {
         Drey__Cache__V1__ListCachesRequest req = DREY__CACHE__V1__LIST_CACHES_REQUEST__INIT;
         Drey__Cache__V1__ListCachesResponse *r;
@@ -408,12 +392,8 @@ int drey_cli_cmd_stats(drey_cli *c, char **a) {
                               &drey__cache__v1__list_caches_response__descriptor, &r, &rc))
             return rc;
         for (size_t i = 0; i < r->n_caches; i++)
-            drey_out_row(&o, stats_row(r->caches[i], rf));
+            drey_out_row(&o, stats_row(r->caches[i]));
     }
     drey_out_flush(&o);
-    if (rf > 1 && c->format != DREY_OUT_JSON)
-        fprintf(stderr, "drey: copies, not entries: with replication factor %u each entry is counted on its primary "
-                        "and on each backup\n",
-                rf);
     return DREY_EXIT_OK;
 }

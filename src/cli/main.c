@@ -188,7 +188,7 @@ static const command commands[] = {
      "every live key of the cache (under PREFIX), with version and expiry, and values with --values"},
     {"clear", NULL, 0, 0, "", true, drey_cli_cmd_clear, "clear", "remove every entry of the cache (--cache)"},
     {"stats", NULL, 0, 0, "", true, drey_cli_cmd_stats, "stats",
-     "entries, bytes and evictions of the --cache or of every cache (copies, with replicas)"},
+     "entries, bytes and evictions of the --cache or of every cache (each partition counted once)"},
     {"watch", NULL, 0, -1, "prefix values count", true, drey_cli_cmd_watch, "watch [KEY...] [--prefix P] [--values] [--count N]",
      "print changes as they happen until interrupted (keys, a prefix or the whole cache)"},
     {"pipeline", NULL, 0, 0, "", true, drey_cli_cmd_pipeline, "pipeline",

@@ -170,6 +170,7 @@ static drey_stage_result take_record(drey_cluster *c, drey_request *r, const dre
 static drey_stage_result take_beat(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
     Drey__Internal__V1__BeatRequest *req = (Drey__Internal__V1__BeatRequest *)r->msg;
     int64_t now = drey_mono_ns();
+    uint64_t grantee = drey_cluster__node_hash(r->forwarded_by);
     for (size_t i = 0; i < req->n_marks; i++) {
         Drey__Internal__V1__BeatRequest__Mark *m = req->marks[i];
         if (req->partitions != t->n_parts || m->partition >= t->n_parts) {
@@ -182,7 +183,10 @@ static drey_stage_result take_beat(drey_cluster *c, drey_request *r, const drey_
             m->epoch = 0;
             continue;
         }
-        drey_cluster__raise_i64(&ps->granted_ns, now);
+        pthread_mutex_lock(&ps->mu);
+        ps->grant = (drey_cluster__grant){.at_ns = now, .epoch = m->epoch, .to = grantee};
+        atomic_store(&ps->granted_ns, now);
+        pthread_mutex_unlock(&ps->mu);
         if (drey_cluster__beat_marks_current(&h, m->epoch, m->sequence, atomic_load(&ps->applied),
                                              atomic_load(&ps->seq) == DREY_CLUSTER_SEQ_BROKEN))
             drey_cluster__raise_i64(&ps->current_ns, now);
@@ -213,8 +217,14 @@ static drey_stage_result take_confirm(drey_cluster *c, drey_request *r, const dr
         return refuse(r, DREY_ERR_MALFORMED_REQUEST, p, t, &c->backup.copies_refused);
     drey_cluster__partition *ps = &c->partitions[p];
     if (req->release) {
-        /* The sender flipped the entry and leads it no more (move.c). */
-        drey_cluster__raise_i64(&ps->released_epoch, req->epoch);
+        /* The sender leads it no more after req->epoch (a handover's flip,
+         * move.c, or it is leaving, replicate.c). */
+        pthread_mutex_lock(&ps->mu);
+        if (drey_cluster__release_voids(&ps->grant, drey_cluster__node_hash(r->forwarded_by), req->epoch)) {
+            ps->grant.at_ns = 0;
+            atomic_store(&ps->granted_ns, 0);
+        }
+        pthread_mutex_unlock(&ps->mu);
         Drey__Internal__V1__ConfirmResponse *resp = drey_arena_alloc(r->arena, sizeof *resp);
         drey__internal__v1__confirm_response__init(resp);
         drey_request_reply(r, &resp->base);

@@ -149,6 +149,8 @@ void drey_cluster_leave(drey_cluster *c) {
         drey_nap_ms(10);
     stop_shrinker(c);
     drey_cluster__abandon_lines(c);
+    if (c->rf > 1)
+        drey_cluster__release_leases(c);
     drey_cluster__table_release(c);
     DREY_LOG_INFO("left the cluster", DREY_LOG_STR("node_id", c->opts.node_id));
 }
@@ -160,19 +162,29 @@ static uint32_t owned_locked(const drey_cluster *c) {
     return n;
 }
 
+/* Partitions whose in-sync set names this node. */
+static uint32_t backed_locked(const drey_cluster *c) {
+    uint32_t n = 0;
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+        for (size_t i = 0; e != NULL && i < e->n_replicas; i++)
+            n += strcmp(e->replicas[i], c->opts.node_id) == 0;
+    }
+    return n;
+}
+
 uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms) {
     if (c == NULL || c->etcd == NULL)
         return 0;
     pthread_mutex_lock(&c->mu);
     c->draining = true;
-    uint32_t owned = owned_locked(c);
-    bool someone = false; /* to take the partitions */
-    for (size_t i = 0; i < c->n_members && !someone; i++)
-        someone = !c->members[i]->draining && strcmp(c->members[i]->id, c->opts.node_id) != 0;
+    uint32_t owned = owned_locked(c), backed = backed_locked(c), staying = 0;
+    for (size_t i = 0; i < c->n_members; i++)
+        staying += !c->members[i]->draining && strcmp(c->members[i]->id, c->opts.node_id) != 0;
     pthread_mutex_unlock(&c->mu);
-    if (owned == 0 || timeout_ms <= 0)
+    if (owned + backed == 0 || timeout_ms <= 0)
         return owned;
-    if (!someone) {
+    if (staying == 0) {
         DREY_LOG_WARN("draining: no other node can take this node's partitions; they are unavailable until it "
                       "returns", DREY_LOG_UINT("partitions", owned));
         return owned;
@@ -182,22 +194,37 @@ uint32_t drey_cluster_drain(drey_cluster *c, int64_t timeout_ms) {
         DREY_LOG_WARN("could not mark this node draining in etcd; its partitions stay here", DREY_LOG_STR("error", err));
         return owned;
     }
-    DREY_LOG_INFO("draining: moving this node's partitions to the others", DREY_LOG_UINT("partitions", owned),
+    /* Every copy here is replaced before it goes (a new copy elsewhere in
+     * sync, then the primary role handed over, then this one dropped), so
+     * no partition has fewer copies meanwhile; unless fewer nodes stay
+     * than the factor: then nobody can take the copies, and the primaries
+     * are handed over all the same. */
+    if (staying < c->rf)
+        DREY_LOG_WARN("draining: fewer nodes stay than the replication factor, so this node's copies cannot be "
+                      "replaced; its partitions keep fewer copies until a node joins",
+                      DREY_LOG_UINT("nodes_staying", staying), DREY_LOG_UINT("replication_factor", c->rf),
+                      DREY_LOG_UINT("partitions", owned), DREY_LOG_UINT("backups", backed));
+    DREY_LOG_INFO("draining: replacing this node's copies on the others, then handing over",
+                  DREY_LOG_UINT("partitions", owned), DREY_LOG_UINT("backups", backed),
                   DREY_LOG_INT("timeout_ms", timeout_ms));
-    int64_t until = drey_deadline_after_ms(timeout_ms);
+    int64_t started = drey_mono_ms(), until = drey_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&c->mu);
-    while ((owned = owned_locked(c)) > 0 && !c->leaving) {
+    while ((owned = owned_locked(c)) + (backed = backed_locked(c)) > 0 && !c->leaving) {
         if (drey_cond_wait_until(&c->cond, &c->mu, until) == ETIMEDOUT) {
             owned = owned_locked(c);
+            backed = backed_locked(c);
             break;
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (owned > 0)
-        DREY_LOG_WARN("drain timed out: partitions still on this node are unavailable until it returns",
-                      DREY_LOG_UINT("partitions", owned));
+    if (owned + backed > 0)
+        DREY_LOG_WARN("drain timed out: this node leaves holding copies. Each partition it leads fails over to an "
+                      "in-sync backup when its lease ends (one with none waits for this node), and each it backs "
+                      "has a copy fewer until the controller replaces it",
+                      DREY_LOG_UINT("partitions", owned), DREY_LOG_UINT("backups", backed),
+                      DREY_LOG_INT("took_ms", drey_mono_ms() - started));
     else
-        DREY_LOG_INFO("drained: this node owns no partition");
+        DREY_LOG_INFO("drained: every copy this node held is on the others", DREY_LOG_INT("took_ms", drey_mono_ms() - started));
     return owned;
 }
 

@@ -128,9 +128,10 @@ void drey_cluster__control(drey_cluster *c) {
         DREY_LOG_INFO("partition table repaired", DREY_LOG_UINT("promoted", st.promoted),
                       DREY_LOG_UINT("backups_dropped", st.dropped), DREY_LOG_UINT("backups_planned", st.synced),
                       DREY_LOG_UINT("without_live_copy", st.stranded));
-    if (ok && (st.moves > 0 || st.handovers > 0 || st.cancelled > 0))
+    if (ok && (st.moves > 0 || st.handovers > 0 || st.cancelled > 0 || st.placed > 0 || st.surplus > 0))
         DREY_LOG_INFO("partition moves planned", DREY_LOG_UINT("moves", st.moves),
-                      DREY_LOG_UINT("handovers", st.handovers), DREY_LOG_UINT("cancelled", st.cancelled),
+                      DREY_LOG_UINT("handovers", st.handovers), DREY_LOG_UINT("backups_planned", st.placed),
+                      DREY_LOG_UINT("backups_dropped", st.surplus), DREY_LOG_UINT("cancelled", st.cancelled),
                       DREY_LOG_UINT("nodes", pl.n_live));
     if (ok)
         atomic_fetch_add(&c->ctl.failovers, st.promoted);

@@ -152,6 +152,7 @@ typedef struct drey_cluster__primary {
     drey_cluster__shrink *shrinks;  /* under shrink_mu */
     bool shrink_stop;
     _Atomic uint64_t replicated, replica_failures, isr_shrinks;
+    _Atomic bool released; /* leaving: it serves nothing more (drey_cluster__release_leases) */
 } drey_cluster__primary;
 
 /* The mover (move.c): its thread and what its moves did. */

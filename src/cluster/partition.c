@@ -151,3 +151,10 @@ void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v) {
     while (was < v && !atomic_compare_exchange_weak(a, &was, v)) {
     }
 }
+
+uint64_t drey_cluster__node_hash(const char *id) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (const char *c = id != NULL ? id : ""; *c != '\0'; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ULL;
+    return h;
+}

@@ -41,6 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "room.h"
+
 /* A backup's sequence after a record it took failed: it takes no more
  * until a fresh copy. */
 #define DREY_CLUSTER_SEQ_BROKEN (UINT64_MAX - 1)
@@ -78,10 +80,10 @@ typedef struct drey_cluster__partition {
     _Atomic bool moving;       /* being copied out: answered writes note their keys */
     _Atomic bool cleared;      /* a Clear of it answered while moving: the copy is void */
     /* As a backup: when this node last granted the primary a lease (a
-     * heartbeat's mark, backup.c); and the newest epoch at which a primary
-     * handed the partition to this node and released those leases. */
+     * heartbeat's mark, backup.c; 0: none, or released), read without a
+     * lock; with its epoch and grantee in grant, under mu. */
     _Atomic int64_t granted_ns;
-    _Atomic int64_t released_epoch;
+    drey_cluster__grant grant;
     _Atomic bool owned;        /* this node leads it in the published table (Watch subscriptions) */
     pthread_mutex_t mu;
     pthread_cond_t drained;    /* inflight reached 0 while frozen */
@@ -122,5 +124,7 @@ void drey_cluster__dirty_free(drey_cluster__dirty *d);
 /* Raises a to v (never lowers it). */
 void drey_cluster__raise(_Atomic uint64_t *a, uint64_t v);
 void drey_cluster__raise_i64(_Atomic int64_t *a, int64_t v);
+/* A node id, hashed: a grant's grantee (room.h). */
+uint64_t drey_cluster__node_hash(const char *id);
 
 #endif

@@ -97,6 +97,79 @@ void drey_cluster__plan_assign(drey_cluster__plan *pl, uint32_t initial_nodes, d
     free(ids);
 }
 
+/* --- the placement ------------------------------------------------------------------- */
+
+/* Where every copy should be: rendezvous hashing with bounded loads
+ * (drey/placement.h) over the members that stay and the primaries that are
+ * down with no in-sync backup to fail over to (their data is on their disk
+ * only, so their partitions stay planned where they are). For p, the nodes
+ * at ids[assign[p * r + k]], its primary first. */
+typedef struct placement {
+    char (*ids)[DREY_CLUSTER_MAX_ID];
+    size_t n;
+    uint32_t r;
+    uint32_t *assign;
+} placement;
+
+static int cmp_id(const void *a, const void *b) {
+    return strcmp(a, b);
+}
+
+static int id_index(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id) {
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(ids[i], id) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+/* False (and nothing to free) when no node counts. */
+static bool place(const drey_cluster__plan *pl, placement *w) {
+    memset(w, 0, sizeof *w);
+    size_t cap = pl->n_live + pl->n_parts;
+    w->ids = drey_xcalloc(cap ? cap : 1, sizeof *w->ids);
+    for (size_t i = 0; i < pl->n_live; i++) {
+        if (!pl->draining[i])
+            memcpy(w->ids[w->n++], pl->live[i], DREY_CLUSTER_MAX_ID);
+    }
+    for (uint32_t p = 0; p < pl->n_parts; p++) {
+        const char *o = pl->ent[p].primary;
+        if (o[0] != '\0' && liveness(pl, o) < 0 && id_index(w->ids, w->n, o) < 0)
+            snprintf(w->ids[w->n++], DREY_CLUSTER_MAX_ID, "%s", o);
+    }
+    if (w->n == 0) {
+        free(w->ids);
+        return false;
+    }
+    qsort(w->ids, w->n, sizeof *w->ids, cmp_id);
+    const char **names = drey_xcalloc(w->n, sizeof *names);
+    for (size_t i = 0; i < w->n; i++)
+        names[i] = w->ids[i];
+    w->r = drey_placement_replicas(pl->rf, w->n);
+    w->assign = drey_xmalloc((size_t)pl->n_parts * w->r * sizeof *w->assign);
+    drey_placement_assign(names, w->n, pl->n_parts, pl->rf, w->assign);
+    free(names);
+    return true;
+}
+
+static void placement_free(placement *w) {
+    free(w->assign);
+    free(w->ids);
+}
+
+/* The k-th node the placement wants for p (0: its primary). */
+static const char *placed(const placement *w, uint32_t p, uint32_t k) {
+    return w->ids[w->assign[(size_t)p * w->r + k]];
+}
+
+static bool wanted(const placement *w, uint32_t p, const char *id) {
+    for (uint32_t k = 0; k < w->r; k++) {
+        if (strcmp(placed(w, p, k), id) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* --- repairs ------------------------------------------------------------------------ */
 
 /* Backup i becomes e's primary. The copies under way and the plans were
@@ -111,11 +184,13 @@ static void promote(drey_cluster__entry *e, size_t i) {
     e->handover[0] = '\0';
 }
 
-/* Drops e's backups, copies and plans on nodes that are gone or leaving. */
+/* Drops e's backups on nodes that are gone, and its copies under way to
+ * nodes gone or leaving. A leaving node's in-sync backup stays until the
+ * rebalance has its replacement in sync (make before break). */
 static bool drop_departed(const drey_cluster__plan *pl, drey_cluster__entry *e, drey_cluster__plan_stats *st) {
     bool changed = false;
     for (size_t i = 0; i < e->n_replicas;) {
-        if (liveness(pl, e->replicas[i]) != 1) {
+        if (liveness(pl, e->replicas[i]) < 0) {
             drey_cluster__entry_drop_replica(e, e->replicas[i]);
             st->dropped++;
             changed = true;
@@ -134,9 +209,16 @@ static bool drop_departed(const drey_cluster__plan *pl, drey_cluster__entry *e, 
     return changed;
 }
 
-/* The member rendezvous hashing ranks highest for p among those not
- * holding it; NULL: none. */
-static const char *next_backup(const drey_cluster__plan *pl, const drey_cluster__entry *e, uint32_t p) {
+/* The first node the placement wants for p among the members that stay
+ * and do not hold it, else the one rendezvous hashing ranks highest among
+ * them; NULL: none. */
+static const char *next_backup(const drey_cluster__plan *pl, const placement *w, const drey_cluster__entry *e,
+                               uint32_t p) {
+    for (uint32_t k = 0; w != NULL && k < w->r; k++) {
+        const char *id = placed(w, p, k);
+        if (liveness(pl, id) == 1 && !holds(e, id))
+            return id;
+    }
     const char *best = NULL;
     uint64_t best_w = 0;
     for (size_t i = 0; i < pl->n_live; i++) {
@@ -152,13 +234,6 @@ static const char *next_backup(const drey_cluster__plan *pl, const drey_cluster_
 }
 
 void drey_cluster__plan_repair(drey_cluster__plan *pl, drey_cluster__plan_stats *st) {
-    /* Copies under way per primary, for the throttle. */
-    uint32_t *copying = drey_xcalloc(pl->n_live ? pl->n_live : 1, sizeof *copying);
-    for (uint32_t p = 0; p < pl->n_parts; p++) {
-        int k = member_index(pl, pl->ent[p].primary);
-        if (k >= 0)
-            copying[k] += (uint32_t)pl->ent[p].n_syncing;
-    }
     for (uint32_t p = 0; p < pl->n_parts; p++) {
         drey_cluster__entry *e = &pl->ent[p];
         if (e->primary[0] == '\0')
@@ -168,25 +243,43 @@ void drey_cluster__plan_repair(drey_cluster__plan *pl, drey_cluster__plan_stats 
             if (e->n_replicas == 0) {
                 st->stranded++;
             } else {
-                promote(e, 0);
+                /* a backup that stays, else one that is leaving */
+                size_t i = 0;
+                while (i + 1 < e->n_replicas && liveness(pl, e->replicas[i]) != 1)
+                    i++;
+                promote(e, liveness(pl, e->replicas[i]) == 1 ? i : 0);
                 st->promoted++;
-                changed = true;
-            }
-        }
-        int k = member_index(pl, e->primary);
-        if (k >= 0 && pl->max_moves > 0 && 1 + e->n_replicas + e->n_syncing < pl->rf &&
-            copying[k] < pl->max_moves) {
-            const char *to = next_backup(pl, e, p);
-            if (to != NULL) {
-                drey_cluster__entry_add(e->syncing, &e->n_syncing, to);
-                copying[k]++;
-                st->synced++;
                 changed = true;
             }
         }
         pl->changed[p] |= changed;
     }
+    /* New backups where the placement (of the table failed over) wants
+     * them, throttled by the copies under way per primary. */
+    placement w;
+    bool have = place(pl, &w);
+    uint32_t *copying = drey_xcalloc(pl->n_live ? pl->n_live : 1, sizeof *copying);
+    for (uint32_t p = 0; p < pl->n_parts; p++) {
+        int k = member_index(pl, pl->ent[p].primary);
+        if (k >= 0)
+            copying[k] += (uint32_t)pl->ent[p].n_syncing + (pl->ent[p].joining[0] != '\0');
+    }
+    for (uint32_t p = 0; p < pl->n_parts; p++) {
+        drey_cluster__entry *e = &pl->ent[p];
+        int k = member_index(pl, e->primary);
+        if (k < 0 || pl->max_moves == 0 || 1 + e->n_replicas + e->n_syncing >= pl->rf || copying[k] >= pl->max_moves)
+            continue;
+        const char *to = next_backup(pl, have ? &w : NULL, e, p);
+        if (to != NULL) {
+            drey_cluster__entry_add(e->syncing, &e->n_syncing, to);
+            copying[k]++;
+            st->synced++;
+            pl->changed[p] = true;
+        }
+    }
     free(copying);
+    if (have)
+        placement_free(&w);
 }
 
 void drey_cluster__plan_step_out(drey_cluster__plan *pl, const char *self, const int64_t *epochs, int64_t before,
@@ -218,18 +311,6 @@ void drey_cluster__plan_step_out(drey_cluster__plan *pl, const char *self, const
 
 /* --- the rebalance ------------------------------------------------------------------- */
 
-static int cmp_id(const void *a, const void *b) {
-    return strcmp(a, b);
-}
-
-static int id_index(char (*ids)[DREY_CLUSTER_MAX_ID], size_t n, const char *id) {
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(ids[i], id) == 0)
-            return (int)i;
-    }
-    return -1;
-}
-
 /* A plan already in e: cancelled if its target left (or a handover's left
  * the in-sync set), a move onto an in-sync backup turned into a handover.
  * Returns whether e has a plan. */
@@ -256,48 +337,96 @@ static bool review_plan(const drey_cluster__plan *pl, drey_cluster__entry *e, bo
     return e->joining[0] != '\0' || e->handover[0] != '\0';
 }
 
+/* The primary role toward the placement's primary want: a handover to it
+ * in sync, nothing while it copies the partition as a backup or when the
+ * primary stays a copy in the placement (the backups' step copies want
+ * first, then a handover: one copy, where a move would drop a copy the
+ * placement keeps), else a move. True when it planned one. */
+static bool place_primary(const drey_cluster__plan *pl, drey_cluster__entry *e, uint32_t p, const placement *w,
+                          uint32_t *copies, uint32_t *handovers, drey_cluster__plan_stats *st) {
+    const char *want = placed(w, p, 0);
+    if (strcmp(want, e->primary) == 0 || liveness(pl, want) != 1)
+        return false;
+    if (in(e->replicas, e->n_replicas, want)) {
+        if (handovers != NULL && *handovers >= DREY_CLUSTER_MAX_HANDOVERS)
+            return false;
+        snprintf(e->handover, sizeof e->handover, "%s", want);
+        if (handovers != NULL)
+            (*handovers)++;
+        st->handovers++;
+        return true;
+    }
+    if (in(e->syncing, e->n_syncing, want) || wanted(w, p, e->primary) || *copies >= pl->max_moves)
+        return false;
+    snprintf(e->joining, sizeof e->joining, "%s", want);
+    (*copies)++;
+    st->moves++;
+    return true;
+}
+
+/* The backups toward the placement, make-before-break: a `syncing` copy
+ * for a wanted node not holding the partition (but the primary's place,
+ * when a move will bring it), one copy beyond the factor at most per
+ * partition and max_moves per primary at once; a backup or a copy under
+ * way that the placement does not want goes once the partition has as
+ * many in-sync copies without it as the placement wants (its replacement
+ * in sync). True when it changed e. */
+static bool place_backups(const drey_cluster__plan *pl, drey_cluster__entry *e, uint32_t p, const placement *w,
+                          uint32_t *copies, drey_cluster__plan_stats *st) {
+    bool changed = false, primary_stays = wanted(w, p, e->primary);
+    for (uint32_t k = 0; k < w->r; k++) {
+        const char *id = placed(w, p, k);
+        if (holds(e, id) || liveness(pl, id) != 1 || (k == 0 && !primary_stays))
+            continue;
+        if (*copies >= pl->max_moves || 1 + e->n_replicas + e->n_syncing > pl->rf)
+            break;
+        drey_cluster__entry_add(e->syncing, &e->n_syncing, id);
+        (*copies)++;
+        st->placed++;
+        changed = true;
+    }
+    for (size_t i = 0; i < e->n_replicas;) {
+        if (e->n_replicas >= w->r && !wanted(w, p, e->replicas[i])) {
+            drey_cluster__entry_drop_replica(e, e->replicas[i]);
+            st->surplus++;
+            changed = true;
+        } else {
+            i++;
+        }
+    }
+    for (size_t i = 0; i < e->n_syncing;) {
+        if (1 + e->n_replicas >= w->r && !wanted(w, p, e->syncing[i])) {
+            drey_cluster__entry_remove(e->syncing, &e->n_syncing, e->syncing[i]);
+            st->cancelled++;
+            changed = true;
+        } else {
+            i++;
+        }
+    }
+    return changed;
+}
+
 void drey_cluster__plan_rebalance(drey_cluster__plan *pl, drey_cluster__plan_stats *st) {
     for (uint32_t p = 0; p < pl->n_parts; p++) {
         if (pl->ent[p].primary[0] == '\0')
             return;
     }
-    /* The nodes the placement counts: the members that stay, and primaries
-     * that are down with no in-sync backup to fail over to (their data is
-     * on their disk only, so their partitions stay planned where they are;
-     * the repairs have already failed over the others). */
-    size_t cap = pl->n_live + pl->n_parts;
-    char (*ids)[DREY_CLUSTER_MAX_ID] = drey_xcalloc(cap ? cap : 1, sizeof *ids);
-    size_t n = 0;
-    for (size_t i = 0; i < pl->n_live; i++) {
-        if (!pl->draining[i])
-            memcpy(ids[n++], pl->live[i], DREY_CLUSTER_MAX_ID);
-    }
-    for (uint32_t p = 0; p < pl->n_parts; p++) {
-        const char *o = pl->ent[p].primary;
-        if (liveness(pl, o) < 0 && id_index(ids, n, o) < 0)
-            snprintf(ids[n++], DREY_CLUSTER_MAX_ID, "%s", o);
-    }
-    if (n == 0) {
-        free(ids);
+    placement w;
+    if (!place(pl, &w))
         return;
-    }
-    qsort(ids, n, sizeof *ids, cmp_id);
-    const char **names = drey_xcalloc(n, sizeof *names);
-    for (size_t i = 0; i < n; i++)
-        names[i] = ids[i];
-    uint32_t r = drey_placement_replicas(pl->rf, n);
-    uint32_t *assign = drey_xmalloc((size_t)pl->n_parts * r * sizeof *assign);
-    drey_placement_assign(names, n, pl->n_parts, pl->rf, assign);
-    /* Plans under way per primary (by index in ids). */
-    uint32_t *moves = drey_xcalloc(n, sizeof *moves), *handovers = drey_xcalloc(n, sizeof *handovers);
+    /* Copies (moves, new backups) and handovers under way per primary (by
+     * index in w.ids); a leaving primary is not there: its copies count
+     * together. */
+    uint32_t *copies = drey_xcalloc(w.n, sizeof *copies), *handovers = drey_xcalloc(w.n, sizeof *handovers);
+    uint32_t copies_leaving = 0;
     for (uint32_t p = 0; p < pl->n_parts; p++) {
-        int k = id_index(ids, n, pl->ent[p].primary);
-        if (k < 0)
-            continue;
-        moves[k] += pl->ent[p].joining[0] != '\0';
-        handovers[k] += pl->ent[p].handover[0] != '\0';
+        const drey_cluster__entry *e = &pl->ent[p];
+        int k = id_index(w.ids, w.n, e->primary);
+        uint32_t *c = k >= 0 ? &copies[k] : &copies_leaving;
+        *c += (uint32_t)e->n_syncing + (e->joining[0] != '\0');
+        if (k >= 0)
+            handovers[k] += e->handover[0] != '\0';
     }
-    uint32_t moves_draining = 0; /* a leaving primary is not in ids: its moves count together */
     for (uint32_t p = 0; p < pl->n_parts; p++) {
         drey_cluster__entry *e = &pl->ent[p];
         bool changed = false;
@@ -305,39 +434,20 @@ void drey_cluster__plan_rebalance(drey_cluster__plan *pl, drey_cluster__plan_sta
         pl->changed[p] |= changed;
         if (planned || liveness(pl, e->primary) < 0)
             continue;
-        const char *want = ids[assign[p * r]];
-        if (strcmp(want, e->primary) == 0 || liveness(pl, want) != 1)
-            continue;
-        if (pl->primary_since_ms != NULL && pl->primary_since_ms[p] > 0 &&
-            pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS) {
-            st->waiting++;
-            continue;
-        }
-        int k = id_index(ids, n, e->primary);
-        if (in(e->replicas, e->n_replicas, want)) {
-            if (k >= 0 && handovers[k] >= DREY_CLUSTER_MAX_HANDOVERS)
-                continue;
-            snprintf(e->handover, sizeof e->handover, "%s", want);
-            if (k >= 0)
-                handovers[k]++;
-            st->handovers++;
-        } else if (in(e->syncing, e->n_syncing, want)) {
-            continue; /* its copy as a backup first; then a handover */
-        } else {
-            if (k >= 0 ? moves[k] >= pl->max_moves : moves_draining >= pl->max_moves)
-                continue;
-            snprintf(e->joining, sizeof e->joining, "%s", want);
-            if (k >= 0)
-                moves[k]++;
-            else
-                moves_draining++;
-            st->moves++;
-        }
-        pl->changed[p] = true;
+        /* A primary that just changed keeps its role for the settle time;
+         * its backups go on toward the placement (no primary changes). */
+        bool settling = pl->primary_since_ms != NULL && pl->primary_since_ms[p] > 0 &&
+                        pl->now_ms - pl->primary_since_ms[p] < DREY_CLUSTER_MOVE_SETTLE_MS;
+        if (settling)
+            st->waiting += strcmp(placed(&w, p, 0), e->primary) != 0;
+        int k = id_index(w.ids, w.n, e->primary);
+        uint32_t *c = k >= 0 ? &copies[k] : &copies_leaving;
+        if (!settling && place_primary(pl, e, p, &w, c, k >= 0 ? &handovers[k] : NULL, st))
+            pl->changed[p] = true;
+        else if (place_backups(pl, e, p, &w, c, st))
+            pl->changed[p] = true;
     }
-    free(moves);
+    free(copies);
     free(handovers);
-    free(assign);
-    free(names);
-    free(ids);
+    placement_free(&w);
 }

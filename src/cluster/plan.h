@@ -57,6 +57,8 @@ typedef struct drey_cluster__plan_stats {
     uint32_t handovers; /* primary roles planned onto an in-sync backup */
     uint32_t cancelled; /* plans undone: their target left */
     uint32_t waiting;   /* primary roles the placement would move, held back by the settle time */
+    uint32_t placed;    /* backups planned (syncing) where the placement wants them */
+    uint32_t surplus;   /* in-sync backups the placement does not want, dropped once its own are in sync */
 } drey_cluster__plan_stats;
 
 /* An empty table of n_parts entries; add members, fill ent, then plan. */
@@ -73,14 +75,17 @@ void drey_cluster__plan_free(drey_cluster__plan *pl);
 void drey_cluster__plan_assign(drey_cluster__plan *pl, uint32_t initial_nodes, drey_cluster__plan_stats *st);
 
 /* Failover, departed copies and new backups:
- *   - copies on nodes that are not members, or are leaving, are dropped
- *     (and a handover to such a node);
+ *   - in-sync backups on nodes that are not members are dropped (and a
+ *     handover to them), copies under way to nodes gone or leaving too; a
+ *     leaving node's in-sync backup stays until the rebalance has its
+ *     replacement in sync;
  *   - a primary that is not a member is replaced by its first in-sync
- *     backup that is; with none the partition waits for it (its data is
- *     on that node only);
+ *     backup that stays (else one that is leaving); with none the
+ *     partition waits for it (its data is on that node only);
  *   - a partition with fewer copies than the factor gets a `syncing`
- *     backup: the member not holding it that rendezvous hashing ranks
- *     highest, at most max_moves copies per primary at once. */
+ *     backup: the first member not holding it that the placement wants
+ *     there (else the one rendezvous hashing ranks highest), at most
+ *     max_moves copies (moves and new backups) per primary at once. */
 void drey_cluster__plan_repair(drey_cluster__plan *pl, drey_cluster__plan_stats *st);
 
 /* A restarted node (self) taking itself out of every entry written before
@@ -91,17 +96,30 @@ void drey_cluster__plan_repair(drey_cluster__plan *pl, drey_cluster__plan_stats 
 void drey_cluster__plan_step_out(drey_cluster__plan *pl, const char *self, const int64_t *epochs, int64_t before,
                                  drey_cluster__plan_stats *st);
 
-/* Moves toward the placement of the members that stay (and primaries that
- * are down with no one to fail over to: their partitions wait for them):
+/* Every copy toward the placement (drey/placement.h: primaries and
+ * backups by rendezvous hashing with bounded loads) of the members that
+ * stay (and primaries that are down with no one to fail over to: their
+ * partitions wait for them). The primary role:
  *   - the placement's primary in the in-sync set: a handover;
  *   - the placement's primary copying the partition as a new backup:
  *     nothing until that copy is in sync (then a handover);
- *   - otherwise a move (`joining`), at most max_moves per primary;
- *   - a partition whose primary changed less than the settle time ago is
- *     left alone;
- *   - a plan whose target left, or (a handover) left the in-sync set, is
- *     cancelled; a move planned onto an in-sync backup becomes a handover.
- * Only once every partition has a primary. */
+ *   - the current primary also wanted by the placement (as a backup): the
+ *     placement's primary is copied as a new backup first (then a
+ *     handover), so the current primary's copy stays;
+ *   - otherwise a move (`joining`).
+ * The backups, in a partition with no move or handover planned:
+ *   - a node the placement wants that holds nothing of it gets a `syncing`
+ *     copy (not the primary's place when a move will bring it), one copy
+ *     beyond the factor at most;
+ *   - an in-sync backup or a copy under way the placement does not want
+ *     goes once the partition has as many in-sync copies without it as the
+ *     placement wants (make before break: its replacement is in sync).
+ * A partition whose primary changed less than the settle time ago keeps
+ * its primary (its backups go on). Copies (moves, new backups) at most max_moves per primary at once.
+ * A plan whose target left, or (a handover) left the in-sync set, is
+ * cancelled; a move planned onto an in-sync backup becomes a handover.
+ * Only once every partition has a primary. A table the placement is in
+ * plans nothing. */
 void drey_cluster__plan_rebalance(drey_cluster__plan *pl, drey_cluster__plan_stats *st);
 
 #endif

@@ -26,4 +26,11 @@ size_t drey_cluster__pending_writes(drey_cluster *c);
  * while every in-sync backup's lease holds (room.h). */
 bool drey_cluster__may_serve(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, int64_t *wait_ns);
 
+/* Leaving, once its writes were answered and before its etcd lease goes:
+ * this node serves nothing more and tells each in-sync backup of every
+ * partition it leads, so that the one promoted in its place need not
+ * wait out the leases it granted (room.h). A backup not told (within a
+ * second) waits them out. */
+void drey_cluster__release_leases(drey_cluster *c);
+
 #endif

@@ -65,6 +65,8 @@
 #include "table.h"
 
 #define BEAT_NS 250000000LL
+/* How long a leaving node waits for its backups to hear it released them. */
+#define RELEASE_MS 1000
 
 /* One write in its partition's line. Not in the request's arena: an
  * acknowledgement may come after the write was answered (abandoned at a
@@ -129,12 +131,13 @@ static int64_t lease_ns(const drey_cluster *c) {
 }
 
 bool drey_cluster__may_serve(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, int64_t *wait_ns) {
+    *wait_ns = 0;
+    if (atomic_load(&c->primary.released))
+        return false;
     int64_t now = drey_mono_ns();
     const drey_cluster__part *part = &t->parts[p];
     const drey_cluster__partition *ps = &c->partitions[p];
-    int64_t from = drey_cluster__serve_from(atomic_load(&ps->granted_ns), atomic_load(&ps->released_epoch),
-                                            part->epoch, lease_ns(c), c->lease_margin_ns);
-    *wait_ns = 0;
+    int64_t from = drey_cluster__serve_from(atomic_load(&ps->granted_ns), lease_ns(c), c->lease_margin_ns);
     if (now < from) {
         *wait_ns = from - now; /* promoted: the old primary may still hold this node's grant */
         return false;
@@ -157,6 +160,60 @@ static bool still_serves(drey_cluster *c, uint32_t p) {
     bool ok = t->self >= 0 && t->parts[p].primary == t->self && drey_cluster__may_serve(c, t, p, &wait_ns);
     drey_cluster__topology_unref(t);
     return ok;
+}
+
+/* --- leaving ------------------------------------------------------------------------------------ */
+
+typedef struct releasing {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    size_t pending;
+} releasing;
+
+static void released(void *arg, const drey_answer *a) {
+    (void)a; /* a backup not told waits its grant out: slower, as safe */
+    releasing *w = arg;
+    pthread_mutex_lock(&w->mu);
+    if (--w->pending == 0)
+        pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void drey_cluster__release_leases(drey_cluster *c) {
+    atomic_store(&c->primary.released, true);
+    drey_cluster__topology *t = drey_cluster__acquire(c);
+    releasing w = {.pending = 1};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    drey_cluster__header h = {DREY_FORWARDED_BY, c->opts.node_id, strlen(c->opts.node_id)};
+    int64_t deadline = drey_mono_ns() + RELEASE_MS * 1000000LL;
+    for (uint32_t p = 0; t->self >= 0 && p < t->n_parts; p++) {
+        const drey_cluster__part *part = &t->parts[p];
+        for (uint8_t i = 0; part->primary == t->self && i < part->n_replicas; i++) {
+            const drey_cluster__node *n = &t->nodes[part->replicas[i]];
+            Drey__Internal__V1__ConfirmRequest req = DREY__INTERNAL__V1__CONFIRM_REQUEST__INIT;
+            req.partition = p;
+            req.partitions = t->n_parts;
+            req.epoch = part->epoch;
+            req.release = true;
+            uint8_t buf[64];
+            size_t len = drey__internal__v1__confirm_request__pack(&req, buf);
+            pthread_mutex_lock(&w.mu);
+            w.pending++;
+            pthread_mutex_unlock(&w.mu);
+            drey_cluster__pcall_release(drey_cluster__peers_call(c->peers, n->id, n->internal,
+                                                                 DREY_REPLICA_CONFIRM_PATH, buf, len, &h, 1, deadline,
+                                                                 released, &w));
+        }
+    }
+    drey_cluster__topology_unref(t);
+    released(&w, NULL); /* the loop's own count */
+    pthread_mutex_lock(&w.mu);
+    while (w.pending > 0)
+        pthread_cond_wait(&w.cond, &w.mu); /* every call ends by its deadline */
+    pthread_mutex_unlock(&w.mu);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cond);
 }
 
 /* The rules (room.h) take numbers read at one moment. No room (more

@@ -49,9 +49,10 @@ bool drey_cluster__backups_grant(const int64_t *until_ns, size_t n, int64_t now_
     return true;
 }
 
-int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t released_epoch, int64_t epoch, int64_t lease_ns,
-                                 int64_t margin_ns) {
-    if (granted_ns == 0 || released_epoch >= epoch)
-        return 0;
-    return granted_ns + lease_ns + margin_ns;
+int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t lease_ns, int64_t margin_ns) {
+    return granted_ns == 0 ? 0 : granted_ns + lease_ns + margin_ns;
+}
+
+bool drey_cluster__release_voids(const drey_cluster__grant *g, uint64_t from, int64_t epoch) {
+    return g->at_ns != 0 && g->to == from && g->epoch <= epoch;
 }

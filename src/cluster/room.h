@@ -65,11 +65,24 @@ int64_t drey_cluster__grant_until(int64_t sent_ns, int64_t lease_ns, int64_t mar
 bool drey_cluster__backups_grant(const int64_t *until_ns, size_t n, int64_t now_ns);
 
 /* A backup promoted while its primary may still hold the lease it granted
- * (granted_ns: when it last did; 0: never) serves only from the returned
- * time on (0: at once): the lease, plus the margin, after that grant,
- * unless the primary released it by handing the partition over at the
- * epoch this node leads it at (released_epoch >= epoch). */
-int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t released_epoch, int64_t epoch, int64_t lease_ns,
-                                 int64_t margin_ns);
+ * (granted_ns: when it last did; 0: never, or released) serves only from
+ * the returned time on (0: at once): the lease, plus the margin, after
+ * that grant. */
+int64_t drey_cluster__serve_from(int64_t granted_ns, int64_t lease_ns, int64_t margin_ns);
+
+/* The last lease a backup granted for a partition: when, at which epoch
+ * (the heartbeat mark's), to whom (the primary's id, hashed). */
+typedef struct drey_cluster__grant {
+    int64_t at_ns;
+    int64_t epoch;
+    uint64_t to;
+} drey_cluster__grant;
+
+/* A release from node `from` (hashed), which leads the partition no more
+ * after `epoch` (it handed it over, or it is leaving): it voids the grant
+ * only if the grant went to that node at an epoch no newer. A release
+ * that comes late, after the node led the partition again and was granted
+ * anew, voids nothing. */
+bool drey_cluster__release_voids(const drey_cluster__grant *g, uint64_t from, int64_t epoch);
 
 #endif

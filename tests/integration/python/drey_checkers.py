@@ -239,7 +239,10 @@ def check_table_history(history, replication_factor=None, written_by_test=None):
       - the controller's rebalance: sets `joining` (a node holding no
         in-sync copy) or `handover` (an in-sync backup) on an entry with
         neither, clears one whose target left, turns a `joining` that
-        names an in-sync backup into a handover;
+        names an in-sync backup into a handover; adds a `syncing` backup
+        where the placement wants one (one copy beyond the factor at
+        most), drops an in-sync backup or a copy under way it does not
+        want once the partition has enough in-sync copies without it;
       - the primary (move.c): a new backup's copy done moves it from
         syncing to replicas; a move makes `joining` the primary, clears
         joining, syncing and handover, and keeps the old primary as a
@@ -254,7 +257,9 @@ def check_table_history(history, replication_factor=None, written_by_test=None):
       2. every entry is well formed: the primary is neither an in-sync nor
          a syncing backup, no node is both, the move target is not the
          primary, a handover names an in-sync backup, and with a factor,
-         1 + in-sync + syncing <= factor (no writer adds a copy beyond it);
+         1 + in-sync + syncing <= factor + 1 (the repairs add no copy
+         beyond the factor, the rebalance one: its replacement of a
+         backup the placement does not want, made before that one goes);
       3. a copy's target is never in sync: `joining` is never one of the
          replicas. Its copy's first chunk replaces what the target holds,
          and an in-sync copy may be promoted at any moment (this is how
@@ -290,8 +295,8 @@ def check_table_history(history, replication_factor=None, written_by_test=None):
                 problems.append("%s: a handover to %s, not an in-sync backup: %r" % (where, e.handover, e))
             if e.joining and e.joining in e.replicas and not foreign:
                 problems.append("%s: a copy planned onto %s, an in-sync backup: %r" % (where, e.joining, e))
-            if replication_factor is not None and 1 + len(e.replicas) + len(e.syncing) > replication_factor:
-                problems.append("%s: more copies than the factor %d: %r" % (where, replication_factor, e))
+            if replication_factor is not None and 1 + len(e.replicas) + len(e.syncing) > replication_factor + 1:
+                problems.append("%s: more than one copy beyond the factor %d: %r" % (where, replication_factor, e))
             if prev.primary and not e.primary:
                 problems.append("%s: the primary %s was cleared" % (where, prev.primary))
             first = not prev.primary

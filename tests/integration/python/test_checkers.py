@@ -129,6 +129,10 @@ LIFE = [
     (40, Entry("n3", ["n1"])),                          # which keeps the old primary as its backup
     (44, Entry("n1", [])),                              # n3 died: its backup promoted
     (45, Entry("n1", [], syncing=["n2"])),
+    (48, Entry("n1", ["n2"])),
+    (50, Entry("n1", ["n2"], syncing=["n3"])),          # rebalance: the placement wants n3, not n2...
+    (53, Entry("n1", ["n2", "n3"])),                    # ...copied first (one beyond the factor)...
+    (54, Entry("n1", ["n3"])),                          # ...then n2 goes
 ]
 
 
@@ -167,11 +171,11 @@ class TableHistory(unittest.TestCase):
     def test_a_primary_that_is_its_move_target(self):
         self.assertFound(self.violations((22, Entry("n1", ["n3"], joining="n1"))), "its own move target")
 
-    def test_more_copies_than_the_factor(self):
-        problems = self.violations((45, Entry("n1", [], syncing=["n3", "n2"])))
+    def test_more_than_one_copy_beyond_the_factor(self):
+        problems = self.violations((50, Entry("n1", ["n2"], syncing=["n3", "n4"])))
         self.assertEqual(len(problems), 1, problems)
-        self.assertIn("more copies than the factor 2", problems[0])
-        self.assertEqual(self.violations((45, Entry("n1", [], syncing=["n3", "n2"])), rf=3), [])
+        self.assertIn("more than one copy beyond the factor 2", problems[0])
+        self.assertEqual(self.violations((50, Entry("n1", ["n2"], syncing=["n3", "n4"])), rf=3), [])
 
     def test_a_copy_planned_onto_an_in_sync_backup(self):
         # the plan that lost acknowledged writes: its copy replaces n3's

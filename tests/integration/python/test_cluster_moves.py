@@ -225,7 +225,7 @@ class Moves(DreyTestCase):
                 self.assertGreater(had, 0)
                 leaving.server.signal(signal.SIGTERM)
                 self.assertEqual(leaving.server.wait(timeout=90), 0)
-                self.assertIsNotNone(leaving.server.find_log(lambda r: r.get("msg") == "drained: this node owns no partition"))
+                self.assertIsNotNone(leaving.server.find_log(lambda r: r.get("msg") == "drained: every copy this node held is on the others"))
                 s = self.settled(cl, 3)
                 self.assertNotIn("n2", {n["id"] for n in s["nodes"]})
                 n_acked = len(w.acked)

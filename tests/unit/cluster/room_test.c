@@ -79,7 +79,7 @@ Test(lease, a_backups_grant_ends_on_the_primary_before_a_promoted_backup_serves)
     const int64_t lease = 2000000000LL, margin = 200000000LL;
     const int64_t sent = 5000000000LL, taken = sent + 1000; /* the backup takes the beat after it was sent */
     int64_t primary_until = drey_cluster__grant_until(sent, lease, margin);
-    int64_t backup_from = drey_cluster__serve_from(taken, 0, 7, lease, margin);
+    int64_t backup_from = drey_cluster__serve_from(taken, lease, margin);
     cr_assert_lt(primary_until, backup_from, "never two primaries serving at once");
     cr_assert_geq(backup_from - primary_until, 2 * margin, "a margin on each side for clocks that drift");
 }
@@ -92,11 +92,19 @@ Test(lease, every_in_sync_backup_must_grant) {
     cr_assert(drey_cluster__backups_grant(NULL, 0, now), "no in-sync backup: nobody can be promoted");
 }
 
-Test(lease, a_promoted_backup_waits_out_its_grant_unless_released) {
+Test(lease, a_promoted_backup_waits_out_its_last_grant) {
     const int64_t lease = 2000000000LL, margin = 200000000LL;
-    cr_assert_eq(drey_cluster__serve_from(0, 0, 7, lease, margin), 0, "never granted: at once");
-    cr_assert_eq(drey_cluster__serve_from(50, 0, 7, lease, margin), 50 + lease + margin);
-    cr_assert_eq(drey_cluster__serve_from(50, 7, 7, lease, margin), 0, "a handover at this epoch released it");
-    cr_assert_eq(drey_cluster__serve_from(50, 6, 7, lease, margin), 50 + lease + margin,
-                 "a release of an older handover does not count");
+    cr_assert_eq(drey_cluster__serve_from(0, lease, margin), 0, "never granted, or released: at once");
+    cr_assert_eq(drey_cluster__serve_from(50, lease, margin), 50 + lease + margin);
+}
+
+Test(lease, a_release_voids_only_the_grant_it_names) {
+    const drey_cluster__grant g = {.at_ns = 50, .epoch = 7, .to = 0xabc};
+    cr_assert(drey_cluster__release_voids(&g, 0xabc, 7), "the grantee, after the epoch it was granted at");
+    cr_assert(drey_cluster__release_voids(&g, 0xabc, 9), "a handover's flip names a newer epoch");
+    cr_assert_not(drey_cluster__release_voids(&g, 0xdef, 9), "another node cannot release what it was not granted");
+    cr_assert_not(drey_cluster__release_voids(&g, 0xabc, 6),
+                  "a late release of an older lead: the node leads again and was granted anew");
+    const drey_cluster__grant none = {.epoch = 7, .to = 0xabc};
+    cr_assert_not(drey_cluster__release_voids(&none, 0xabc, 7));
 }

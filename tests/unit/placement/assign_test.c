@@ -100,11 +100,15 @@ static size_t sizes_of(uint32_t parts, size_t *out) {
     return k;
 }
 
-/* The caps add up to ceil(1.25 x slots) and differ by at most one, so the
- * fullest node holds at most ceil(ceil(1.25 x slots) / n). That is <= 1.5x
- * the mean for 256 partitions up to 32 nodes (measured 1.36x at most) and
- * <= 1.3x for 4096 up to 200 (1.29x); plain HRW measured 1.75x at 16 nodes
- * with 256. */
+/* The primaries' caps add up to ceil(1.25 x partitions), the copies' caps
+ * (rf 2) to the copies, and caps differ by at most one, so the fullest node
+ * holds at most ceil(total / n) (rf 2: and 1% more) and the emptiest is
+ * bounded too (rf 2):
+ * with 16 or more copies per node, fullest and emptiest within 1.1x of
+ * each other (measured 1.06x at most; at 1.25 x slots it was 2.3x). Primaries: <= 1.5x the mean for 256 partitions up to 32
+ * nodes and <= 1.3x for 4096 up to 200 (rf 2: 1.35x, measured 1.31x: a
+ * primary needs a node with room for a copy too); plain HRW measured 1.75x at 16
+ * nodes with 256. */
 Test(assign, the_fullest_node_stays_within_the_bound) {
     size_t sizes[200];
     for (uint32_t rf = 1; rf <= 2; rf++)
@@ -116,20 +120,40 @@ Test(assign, the_fullest_node_stays_within_the_bound) {
                 double mean = (double)parts * r / (double)n;
                 double load = drey_placement__max_over_mean(a, n, parts, r, 0);
                 double primaries = drey_placement__max_over_mean(a, n, parts, r, 1);
-                uint64_t total = ((uint64_t)parts * r * 5 + 3) / 4;
-                cr_expect_leq(load * mean, (double)((total + n - 1) / n) + 1e-9, "n %zu", n);
+                uint64_t total = r > 1 ? (uint64_t)parts * r : ((uint64_t)parts * 5 + 3) / 4;
+                /* rf 2: the last partitions may find the only nodes with room
+                 * among their own copies, and overflow another (by 15 of
+                 * 2,048 at most, measured) */
+                uint64_t most = (total + n - 1) / n + (r > 1 ? total / n / 100 + 1 : 0);
+                cr_expect_leq(load * mean, (double)most + 1e-9, "%u partitions rf %u on %zu nodes: %.0f > %lu", parts,
+                              rf, n, load * mean, (unsigned long)most);
                 if (parts == 256 && n <= 32)
                     cr_expect_leq(load, 1.5, "%u partitions rf %u on %zu nodes: %.3f", parts, rf, n, load);
                 if (parts == 4096) {
                     cr_expect_leq(load, 1.3, "%u partitions rf %u on %zu nodes: %.3f", parts, rf, n, load);
-                    cr_expect_leq(primaries, 1.3, "primaries, %zu nodes: %.3f", n, primaries);
+                    cr_expect_leq(primaries, rf > 1 ? 1.35 : 1.3, "primaries, rf %u, %zu nodes: %.3f", rf, n,
+                                  primaries);
+                }
+                if (r > 1 && parts * r / n >= 16) {
+                    uint32_t most = 0, least = UINT32_MAX;
+                    for (uint32_t node = 0; node < n; node++) {
+                        uint32_t held = (uint32_t)drey_placement__slots_of(a, parts, r, node);
+                        most = held > most ? held : most;
+                        least = held < least ? held : least;
+                    }
+                    cr_expect_leq(most, 1.1 * least, "%u partitions rf %u on %zu nodes: %u and %u copies", parts,
+                                  rf, n, most, least);
                 }
                 free(a);
             }
 }
 
 /* A join moves at most 1/(n+1) + 0.12 of the replica slots (Squirix's ring
- * property tests set that bar); the minimum is 1/(n+1). */
+ * property tests set that bar); the minimum is 1/(n+1). With 16 or more
+ * partitions per node, at most twice that; with rf 2, whose copies' caps
+ * have no slack (a cap's change cascades further), up to 1/(n+1) + 0.02 of
+ * the slots where that is more (measured +0.015 at 4096 partitions, where
+ * twice the share of 150 nodes is only 0.013). */
 Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
     size_t sizes[200];
     for (uint32_t rf = 1; rf <= 2; rf++)
@@ -146,8 +170,11 @@ Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
                  * share, and the new node gets some (with fewer, HRW alone
                  * can leave a node without any). */
                 if (parts / (n + 1) >= 16) {
-                    cr_expect_leq(frac, 2.0 / (double)(n + 1), "%u partitions rf %u, %zu -> %zu nodes: %.3f",
-                                  parts, rf, n, n + 1, frac);
+                    double bound = 2.0 / (double)(n + 1);
+                    if (rj > 1 && bound < 1.0 / (double)(n + 1) + 0.02)
+                        bound = 1.0 / (double)(n + 1) + 0.02;
+                    cr_expect_leq(frac, bound, "%u partitions rf %u, %zu -> %zu nodes: %.3f", parts, rf, n, n + 1,
+                                  frac);
                     cr_expect_gt(drey_placement__slots_of(after, parts, rj, (uint32_t)n), 0);
                 }
                 free(before);
@@ -156,7 +183,7 @@ Test(assign, a_join_moves_little_more_than_the_new_nodes_share) {
 }
 
 /* A leave moves at most twice the leaving node's slots while each node has
- * 16 or more partitions. Below that the caps' rounding reshuffles more (see
+ * 16 or more partitions (rf 2: or those and 2% of the slots, as a join). Below that the caps' rounding reshuffles more (see
  * the bench's leave column), which is why P should be >= 16 x nodes. */
 Test(assign, a_leave_moves_at_most_twice_the_minimum_with_enough_partitions) {
     const char *left[MAX_NODES];
@@ -175,7 +202,10 @@ Test(assign, a_leave_moves_at_most_twice_the_minimum_with_enough_partitions) {
                 uint32_t *before = assigned(ids, n, parts, rf), *after = assigned(left, m, parts, rf);
                 size_t moved = drey_placement__moved(ids, before, r, left, after, rl, parts);
                 size_t minimum = drey_placement__slots_of(before, parts, r, (uint32_t)gone);
-                cr_expect_leq(moved, 2 * minimum, "%u partitions rf %u, %zu -> %zu nodes: %zu moved, minimum %zu",
+                size_t bound = 2 * minimum;
+                if (rl > 1 && bound < minimum + (size_t)parts * rl / 50)
+                    bound = minimum + (size_t)parts * rl / 50;
+                cr_expect_leq(moved, bound, "%u partitions rf %u, %zu -> %zu nodes: %zu moved, minimum %zu",
                               parts, rf, n, m, moved, minimum);
                 free(before);
                 free(after);
