@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
@@ -295,15 +296,20 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
     }
 }
 
-static bool check_config(drey_cluster *c, char *err, size_t cap) {
+/* 0: the cluster's config fits this node; 1: etcd did not answer (worth
+ * another try); -1: the answer says no. */
+static int check_config(drey_cluster *c, char *err, size_t cap) {
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
-    bool ok = false;
+    int ok = -1;
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
     const char *key = drey_cluster__key(c, &a, "config");
-    if (drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+    grpc_status_code code = drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st);
+    if (code != GRPC_STATUS_OK) {
         snprintf(err, cap, "cannot reach etcd at %s: %s", c->opts.etcd, st.message);
+        if (code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED)
+            ok = 1;
         goto out;
     }
     if (resp->n_kvs == 0) {
@@ -336,10 +342,65 @@ static bool check_config(drey_cluster *c, char *err, size_t cap) {
     c->n_parts = cfg->partitions;
     c->rf = cfg->replication_factor;
     c->initial_nodes = cfg->initial_nodes > 0 ? cfg->initial_nodes : 1;
-    ok = true;
+    ok = 0;
 out:
     drey_arena_destroy(&a);
     return ok;
+}
+
+int64_t drey_cluster_start_backoff_ms(unsigned attempt, double random) {
+    int64_t ms = 250;
+    for (unsigned i = 1; i < attempt && ms < 10000; i++)
+        ms *= 2;
+    if (ms > 10000)
+        ms = 10000;
+    return (int64_t)((double)ms * (0.75 + 0.5 * random));
+}
+
+static double next_random(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return (double)(*x >> 11) * 0x1.0p-53;
+}
+
+/* Under Kubernetes etcd may come up after the nodes: a node keeps asking
+ * for up to start_timeout_ms instead of exiting into a crash loop, one
+ * line per failed attempt, backing off so that those lines come at most
+ * every few seconds. */
+static int reach_etcd(drey_cluster *c, char *err, size_t cap) {
+    int64_t started = drey_mono_ms(), until = started + c->opts.start_timeout_ms;
+    uint64_t x = (uint64_t)drey_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
+    for (unsigned attempt = 1;; attempt++) {
+        int r = check_config(c, err, cap);
+        if (r <= 0)
+            return r;
+        int64_t now = drey_mono_ms();
+        if (now >= until) {
+            if (c->opts.start_timeout_ms > 0) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", err);
+                snprintf(err, cap, "gave up after %lld s and %u attempts (--cluster-start-timeout): %s",
+                         (long long)((now - started + 500) / 1000), attempt, why);
+            }
+            return -1;
+        }
+        int64_t wait = drey_cluster_start_backoff_ms(attempt, next_random(&x));
+        if (wait > until - now)
+            wait = until - now;
+        DREY_LOG_WARN("etcd does not answer yet; trying again", DREY_LOG_STR("etcd", c->opts.etcd),
+                      DREY_LOG_UINT("attempt", attempt), DREY_LOG_INT("retry_in_ms", wait),
+                      DREY_LOG_INT("gives_up_in_s", (until - now + 999) / 1000), DREY_LOG_STR("error", err));
+        bool go_on = true;
+        if (c->opts.pause != NULL)
+            go_on = c->opts.pause(c->opts.pause_ctx, wait);
+        else
+            drey_nap_ms(wait);
+        if (!go_on) {
+            snprintf(err, cap, "asked to stop while waiting for etcd at %s", c->opts.etcd);
+            return DREY_CLUSTER_STOPPED;
+        }
+    }
 }
 
 int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
@@ -348,8 +409,11 @@ int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
                                                   .user = c->opts.etcd_user,
                                                   .password_file = c->opts.etcd_password_file},
                              err, cap);
-    if (c->etcd == NULL || !check_config(c, err, cap))
+    if (c->etcd == NULL)
         return -1;
+    int r = reach_etcd(c, err, cap);
+    if (r != 0)
+        return r;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
     return 0;

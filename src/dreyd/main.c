@@ -423,6 +423,21 @@ static void build(node *n) {
 
 /* A cluster node's internal listener and its cluster (not joined yet); 0,
  * or 1 when the cluster cannot be set up. */
+/* Joining: waits up to ms before trying etcd again; false once SIGTERM or
+ * SIGINT asks the node to stop (a pod deleted while etcd is away must not
+ * wait out its grace period). */
+static bool pause_unless_stopped(void *ctx, int64_t ms) {
+    node *n = ctx;
+    int64_t until = drey_mono_ms() + ms;
+    for (int64_t left = ms; left > 0; left = until - drey_mono_ms()) {
+        int sig = wait_signal(&n->signals, left);
+        if (sig == SIGTERM || sig == SIGINT)
+            return false;
+        /* SIGHUP: the keys and the policy are read again when serving */
+    }
+    return true;
+}
+
 static int build_cluster(node *n) {
     const drey_config *cfg = &n->cfg;
     drey_server_options io = {
@@ -465,6 +480,9 @@ static int build_cluster(node *n) {
         .replication_timeout_ms = cfg->replication_timeout_ms,
         .min_in_sync = (uint32_t)cfg->min_in_sync,
         .metrics = n->metrics,
+        .start_timeout_ms = cfg->cluster_start_timeout_ms,
+        .pause = pause_unless_stopped,
+        .pause_ctx = n,
     };
     n->cluster = drey_cluster_create(&co, n->err, sizeof n->err);
     if (n->cluster == NULL) {
@@ -589,7 +607,9 @@ static int recover(node *n) {
 
 /* A cluster node joins at the addresses peers and clients reach it at
  * (with a policy, its tenants' quotas shared through etcd), and the chain
- * routes and replicates from then on; 0, or 1 when it cannot join. */
+ * routes and replicates from then on; 0, 1 when it cannot join, or
+ * STOPPED when a signal asked it to stop while it waited for etcd. */
+#define STOPPED (-2)
 static int join(node *n) {
     const drey_config *cfg = &n->cfg;
     if (n->cluster == NULL)
@@ -598,7 +618,14 @@ static int join(node *n) {
     reachable_at(advertise, sizeof advertise, cfg->advertise, cfg->listen, n->port);
     reachable_at(internal_at, sizeof internal_at, cfg->internal_advertise, cfg->internal_listen, n->internal_port);
     drey_cluster_set_addresses(n->cluster, advertise, internal_at);
-    bool joined = drey_cluster_join(n->cluster, n->err, sizeof n->err) == 0;
+    int rc = drey_cluster_join(n->cluster, n->err, sizeof n->err);
+    if (rc == DREY_CLUSTER_STOPPED) {
+        DREY_LOG_INFO("asked to stop before the cluster could be joined", DREY_LOG_STR("reason", n->err));
+        drey_server_shutdown(n->server, 0);
+        drey_server_shutdown(n->internal, 0);
+        return STOPPED;
+    }
+    bool joined = rc == 0;
     if (!joined ||
         (n->authz != NULL && drey_cluster_attach_tenants(n->cluster, n->tenants, n->err, sizeof n->err) != 0)) {
         DREY_LOG_ERROR(joined ? "cannot share tenants' quotas: the node will not start"
@@ -730,6 +757,8 @@ int main(int argc, char **argv, char **envp) {
         if (rc == 0)
             drain_and_stop(&n, serve(&n));
         tear_down(&n);
+        if (rc == STOPPED)
+            rc = 0;
         if (rc == 0)
             DREY_LOG_INFO("stopped");
     }
