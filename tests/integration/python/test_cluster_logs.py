@@ -5,9 +5,17 @@
   saying when it tries again, and joins and serves once etcd answers; a
   signal meanwhile stops it at once (exit 0); with a short
   --cluster-start-timeout it gives up and exits 1, saying why.
+* A clean start of three nodes with two copies of each partition logs no
+  warning and no error.
+* A node's death: each survivor logs a line naming it as it leaves the
+  membership, one saying its partitions failed over (to whom, how many),
+  and a line per backup and per run of moves, not one per partition (the
+  per-partition lines are debug).
 """
 import signal
 import time
+
+from drey_tokens import poll
 
 from drey_cluster import Cluster
 from drey_harness import DreyTestCase, main, make_value
@@ -68,6 +76,41 @@ class ClusterStart(DreyTestCase):
             self.assertTrue(fn(req_cls(key="k"), timeout=30).found)
             self.assertTrue(n1.server.find_log(lambda r: r.get("msg") == "joined the cluster"))
             del cl.nodes["n2"], cl.nodes["n3"]  # they exited as they should
+
+
+    def test_a_clean_start_is_quiet_and_a_death_is_one_story(self):
+        with Cluster(partitions=64, initial_nodes=3, replication_factor=2) as cl:
+            nodes = cl.start(3)
+            cl.agreed_owners(nodes)
+            poll(cl.status, lambda s: s["underReplicatedPartitions"] == 0 and not s["unanswered"] and all(
+                 n["movingIn"] == 0 and n["movingOut"] == 0 for n in s["nodes"]),
+                 timeout=60, what="every partition with its two copies, nothing moving")
+
+            def loud(node, since=0):
+                return [r for r in node.server.log_records()[since:] if r.get("level") in ("warn", "error")]
+            for n in nodes:
+                self.assertEqual(loud(n), [], "%s warned on a clean start" % n.id)
+
+            survivors, dead = nodes[:2], nodes[2]
+            marks = [len(n.server.log_records()) for n in survivors]
+            dead.server.kill()
+            for n in survivors:
+                n.server.wait_log(lambda r: r.get("msg") == "a departed member's partitions have failed over"
+                                  and r.get("node") == dead.id, 30, what="the failover's summary")
+            for n, mark in zip(survivors, marks):
+                left = [r for r in n.server.log_records()[mark:] if r.get("node") == dead.id
+                        and r.get("msg", "").startswith("a member left the membership")]
+                self.assertEqual(len(left), 1, n.server.log_text()[-3000:])
+                self.assertEqual(left[0]["level"], "warn")
+                done = n.server.find_log(lambda r: r.get("msg") == "a departed member's partitions have failed over")
+                self.assertEqual(done["failed_over"], done["partitions"])
+                self.assertEqual(sum(int(x.split(":")[1]) for x in done["to"].split(",")), done["partitions"])
+                self.assertTrue(set(x.split(":")[0] for x in done["to"].split(",")) <= {"n1", "n2"}, done)
+                warned = loud(n, mark)
+                self.assertLessEqual(len(warned), 6, "one line per event, not one per partition:\n%s" %
+                                     "\n".join(str(r) for r in warned))
+                self.assertFalse([r for r in warned if "partition" in r], "no per-partition warning")
+            del cl.nodes[dead.id]  # killed on purpose
 
 
 if __name__ == "__main__":
