@@ -97,10 +97,8 @@ static void sync_done(void *arg, const drey_answer *a) {
     sync_call *s = arg;
     pthread_mutex_lock(&s->mu);
     s->code = a->code;
-    size_t n = a->message_len < sizeof s->message - 1 ? a->message_len : sizeof s->message - 1;
-    if (n > 0)
-        memcpy(s->message, a->message, n);
-    s->message[n] = '\0';
+    drey_log_clip(s->message, sizeof s->message, a->message != NULL ? a->message : "",
+                  a->message != NULL ? a->message_len : 0);
     drey_cluster__answer_reason(a, s->reason, sizeof s->reason);
     s->done = true;
     pthread_cond_signal(&s->cond);
