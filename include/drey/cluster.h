@@ -102,6 +102,14 @@ typedef struct drey_cluster_options {
     int64_t replication_timeout_ms;
     uint32_t min_in_sync;
     drey_metrics *metrics; /* acknowledgement latency; NULL: not observed */
+    /* Joining: how long to keep trying an etcd that does not answer (under
+     * Kubernetes etcd may come up after the nodes), backing off between
+     * attempts; 0: one attempt. pause waits up to ms between attempts and
+     * returns false when the node is asked to stop meanwhile (NULL: a
+     * plain sleep). */
+    int64_t start_timeout_ms;
+    bool (*pause)(void *ctx, int64_t ms);
+    void *pause_ctx;
 } drey_cluster_options;
 
 /* Loads the peer certificates; no etcd yet. Until joined, the node routes
@@ -112,11 +120,19 @@ drey_cluster *drey_cluster_create(const drey_cluster_options *opts, char *err, s
  * before drey_cluster_join. */
 void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const char *internal);
 
-/* Connects to etcd, checks the cluster's config against this node, waits
+/* Connects to etcd (retrying one that does not answer for up to
+ * start_timeout_ms), checks the cluster's config against this node, waits
  * for an earlier registration of the same node id to expire, registers
  * under a lease kept alive on a stream, loads and watches the table and
- * stands for controller. 0, or -1 with a message in err. */
+ * stands for controller. 0; -1 with a message in err; DREY_CLUSTER_STOPPED
+ * when pause said the node is asked to stop before etcd answered. */
+#define DREY_CLUSTER_STOPPED 1
 int drey_cluster_join(drey_cluster *c, char *err, size_t err_cap);
+
+/* The pause before attempt (1: the second) to reach etcd at start:
+ * doubling from 250 ms up to 10 s, each within +-25 % (random in [0, 1))
+ * so that nodes started together do not call in step. */
+int64_t drey_cluster_start_backoff_ms(unsigned attempt, double random);
 
 /* Deregisters (revokes the lease: the node's entry goes at once), stops
  * standing for controller and ends WatchTopology streams. Routing goes on

@@ -74,6 +74,7 @@ typedef struct drey_config {
     char *cluster_etcd_user, *cluster_etcd_password_file;         /* etcd's own authentication */
     char *cluster_prefix;           /* the cluster's keys in etcd */
     int64_t cluster_lease_ttl_ms;
+    int64_t cluster_start_timeout_ms;
     int64_t cluster_partitions;     /* expected; 0 = the cluster's */
     int64_t cluster_move_rate;      /* bytes per second a move sends */
     int64_t cluster_max_moves;      /* per source node, when controller */

@@ -6,7 +6,8 @@
  * prints {"time":"2026-11-30T02:03:04.123Z","level":"info","msg":"listening",
  * "address":"127.0.0.1","port":50051}. Lines are written with one write(2) so
  * concurrent threads never interleave. Callers must never pass cache keys,
- * values or tokens as fields: logs leave the node.
+ * values or tokens as fields: logs leave the node. A field named "error"
+ * whose value is empty (or NULL) is left out: "error":"" says nothing.
  */
 #ifndef DREY_LOG_H
 #define DREY_LOG_H
@@ -72,6 +73,25 @@ void drey_log_set_level(drey_log_level level);
 void drey_log_set_fd(int fd);
 
 void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *fields, size_t n);
+
+/* Copies the first len bytes of s into out (cap bytes, NUL-terminated),
+ * for a message in a fixed-size buffer: when they do not fit it is cut
+ * after the last whole word that leaves room for "..." (mid-word only when
+ * a single word fills half the room or more), never inside a UTF-8
+ * character. Returns the length written. */
+size_t drey_log_clip(char *out, size_t cap, const char *s, size_t len);
+
+/* Repeated lines: the same text (another library's error, retried three
+ * times a second) at most once per interval. Keeps the last
+ * DREY_LOG_REPEAT_SLOTS distinct texts; thread-safe. */
+#define DREY_LOG_REPEAT_SLOTS 64
+typedef struct drey_log_repeat drey_log_repeat;
+drey_log_repeat *drey_log_repeat_create(int64_t interval_ms);
+void drey_log_repeat_destroy(drey_log_repeat *r);
+/* Whether a line of text may go out at now_ms; when it may, *repeated is
+ * how many times the same text was held back since it last went (0: none:
+ * the line then says "repeated": K). */
+bool drey_log_repeat_admit(drey_log_repeat *r, const char *text, int64_t now_ms, uint64_t *repeated);
 
 /* Appends s to buf as a JSON string body (no quotes), escaping as RFC 8259
  * requires; returns the new length or cap if it did not fit. Exposed for the

@@ -311,6 +311,19 @@ void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint
 /* Runs r through the chain; it is answered through its door, now or later. */
 void drey_pipeline_submit(drey_pipeline *p, drey_request *r);
 
+/* Who calls, and whether it may: the chain's principal and authz stages
+ * alone, for a request a node serves on a client's behalf outside the
+ * chain (an owner's share of a cluster Watch: src/watch/cluster.c). The
+ * token r's door carries is verified with this node's keys and its grants
+ * asked under this node's policy, exactly as a forwarded call's would be
+ * (the door needs metadata, peer and peer_is; the request must name its
+ * forwarding node, DREY_FORWARDED_BY). NULL: it may (r->principal is
+ * set); else the refusal, in r's arena: UNAUTHENTICATED for a token this
+ * node does not accept, PERMISSION_DENIED NOT_PERMITTED counted and kept
+ * among the last denials like the authz stage's. Nothing is held after it
+ * returns; r is not answered. */
+const drey_status *drey_pipeline_authorize(drey_pipeline *p, drey_request *r);
+
 /* Continues a parked request with the stage after the one that parked it. */
 void drey_pipeline_resume(drey_request *r);
 

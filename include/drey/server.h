@@ -148,6 +148,10 @@ bool drey_call_send(drey_call *c, const ProtobufCMessage *message);
 bool drey_call_send_bytes(drey_call *c, const uint8_t *data, size_t len);
 /* Streaming: end the call after the queued messages; st NULL means OK. */
 void drey_call_finish(drey_call *c, const drey_status *st);
+/* Streaming: end the call after the queued messages with another server's
+ * status as it came (its code, message and google.rpc.Status bytes, as
+ * drey_call_relay; a is copied). */
+void drey_call_finish_relay(drey_call *c, const drey_call_answer *a);
 
 /* Client streaming flow control: after drey_call_pause_reading() no further
  * message is read once the current on_message returns (HTTP/2 flow control

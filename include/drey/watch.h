@@ -41,7 +41,13 @@
  * subscription (drey_watch_register_internal) like a watch of its own
  * feed, limited to the partitions asked for that it owns at the moment of
  * each change, and counts it apart (subscriptions), never against a
- * principal: it comes from the ingress node. A resume names one node's feed:
+ * principal: it comes from the ingress node. The owner checks the caller
+ * again, as it checks a forwarded call (the ingress's check spares it
+ * nothing, the owner's is the guard): the subscription carries the
+ * client's token, which the owner verifies with its own keys and whose
+ * grants it asks under its own policy (verb watch on the keys, the prefix
+ * or the whole cache); a refusal ends the subscription with it, and the
+ * ingress ends the client's watch with that status. A resume names one node's feed:
  * in a cluster it is answered RESYNC_REQUIRED (HISTORY_UNAVAILABLE) in place
  * of WATCHING.
  *
@@ -100,10 +106,14 @@ typedef struct drey_watch_stream drey_watch_stream;
 
 typedef struct drey_watch_cluster {
     /* The ingress: a client's watch was admitted (req lives as long as the
-     * stream); follow its partitions. Returns the cluster's handle. From
-     * then until close(handle) returns, ws takes drey_watch_deliver and
-     * drey_watch_mark; close runs once, when the client's call is over. */
-    void *(*open)(void *ctx, drey_watch_stream *ws, const Drey__Cache__V1__WatchRequest *req);
+     * stream); follow its partitions. authorization is the client's header
+     * (authorization_len bytes; NULL: none), for the owners to check again;
+     * it lives as long as the stream. Returns the cluster's handle. From
+     * then until close(handle) returns, ws takes drey_watch_deliver,
+     * drey_watch_mark and drey_watch_end; close runs once, when the
+     * client's call is over. */
+    void *(*open)(void *ctx, drey_watch_stream *ws, const Drey__Cache__V1__WatchRequest *req,
+                  const char *authorization, size_t authorization_len);
     void (*close)(void *ctx, void *handle);
     /* The owner: the cluster's partition count, and whether this node owns
      * partition p now. owns is called with a store shard locked: it must
@@ -132,6 +142,11 @@ void drey_watch_lost(drey_watch_stream *ws);
  * string literal): events may be missed until the next WATCHING; before the
  * first one it says nothing and is dropped. */
 void drey_watch_mark(drey_watch_stream *ws, bool watching, const char *reason);
+/* An owner refused the watch (its own check of the caller: a token it
+ * does not accept, a grant its policy does not give): the client's watch
+ * ends with the owner's status as it came (code, message, details), after
+ * what is already on its way. Later calls do nothing. */
+void drey_watch_end(drey_watch_stream *ws, const drey_call_answer *owner_status);
 
 typedef struct drey_watch_stats {
     uint64_t streams;         /* clients' watches open now */

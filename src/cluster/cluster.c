@@ -78,8 +78,9 @@ void drey_cluster_set_addresses(drey_cluster *c, const char *advertise, const ch
 }
 
 int drey_cluster_join(drey_cluster *c, char *err, size_t cap) {
-    if (drey_cluster__table_open(c, err, cap) != 0)
-        return -1;
+    int r = drey_cluster__table_open(c, err, cap);
+    if (r != 0)
+        return r;
     /* Before anything moves: a partition's move then costs its entries. */
     if (c->opts.store != NULL)
         drey_partition_index(c->opts.store, c->n_parts);

@@ -124,8 +124,10 @@ void drey_cluster__control(drey_cluster *c) {
     if (ok && st.assigned > 0)
         DREY_LOG_INFO("partitions assigned", DREY_LOG_UINT("partitions", st.assigned),
                       DREY_LOG_UINT("nodes", pl.n_live));
+    /* A failover's line is the failover summary every node logs (table.c);
+     * backups planned and dropped pass by the dozen. */
     if (ok && (st.promoted > 0 || st.dropped > 0 || st.synced > 0))
-        DREY_LOG_INFO("partition table repaired", DREY_LOG_UINT("promoted", st.promoted),
+        DREY_LOG_(st.promoted > 0 ? DREY_LOG_LEVEL_INFO : DREY_LOG_LEVEL_DEBUG, "partition table repaired", DREY_LOG_UINT("promoted", st.promoted),
                       DREY_LOG_UINT("backups_dropped", st.dropped), DREY_LOG_UINT("backups_planned", st.synced),
                       DREY_LOG_UINT("without_live_copy", st.stranded));
     if (ok && (st.moves > 0 || st.handovers > 0 || st.cancelled > 0 || st.placed > 0 || st.surplus > 0))

@@ -72,6 +72,7 @@ typedef struct drey_cluster__shrink {
     int64_t epoch;
     char backup[DREY_CLUSTER_MAX_ID];
     char why[200];
+    bool starting; /* the backup answered that it is still starting (RECOVERING) */
 } drey_cluster__shrink;
 
 /* What a backup last said it has room for, and what was sent to it since
@@ -203,6 +204,23 @@ typedef struct drey_cluster__backup_counts {
  * its line's mu; lease_mu and the primary's rooms_mu and shrink_mu are
  * leaves. No lock is held while calling etcd or a peer.
  */
+/* A member that left while leading partitions, followed until each has
+ * another primary (or it returns): one line when it left, one when its
+ * partitions have failed over, saying to whom and how long it took
+ * (table.c; under the cluster's mu). */
+#define DREY_CLUSTER_DEPARTURES 4
+#define DREY_CLUSTER_HEIRS 8
+typedef struct drey_cluster__departure {
+    char id[DREY_CLUSTER_MAX_ID]; /* "": a free slot */
+    int64_t left_ns;
+    uint32_t led, taken;          /* partitions it led when it left; of them, led by another since */
+    struct {
+        char id[DREY_CLUSTER_MAX_ID];
+        uint32_t n;
+    } heirs[DREY_CLUSTER_HEIRS];
+    size_t n_heirs;
+} drey_cluster__departure;
+
 struct drey_cluster {
     drey_cluster_options opts;
     char *prefix;
@@ -230,6 +248,8 @@ struct drey_cluster {
     int64_t revision;
     bool watch_ended, lease_lost, leaving, stopping;
     bool draining; /* this node's member entry says so */
+    bool loaded;   /* the table was read whole: from here on changes are news (logged) */
+    drey_cluster__departure departures[DREY_CLUSTER_DEPARTURES];
     drey_cluster__topology *topo; /* the published table (a reference) */
     topo_watcher *watchers;        /* WatchTopology streams */
 

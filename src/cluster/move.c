@@ -99,10 +99,8 @@ static void sync_done(void *arg, const drey_answer *a) {
     sync_call *s = arg;
     pthread_mutex_lock(&s->mu);
     s->code = a->code;
-    size_t n = a->message_len < sizeof s->message - 1 ? a->message_len : sizeof s->message - 1;
-    if (n > 0)
-        memcpy(s->message, a->message, n);
-    s->message[n] = '\0';
+    drey_log_clip(s->message, sizeof s->message, a->message != NULL ? a->message : "",
+                  a->message != NULL ? a->message_len : 0);
     drey_cluster__answer_reason(a, s->reason, sizeof s->reason);
     s->done = true;
     pthread_cond_signal(&s->cond);
@@ -698,14 +696,14 @@ static bool run(mover *mv) {
     atomic_fetch_add(&c->mover.moved_bytes, mv->bytes);
     if (h != FLIPPED) {
         atomic_fetch_add(&c->mover.moves_failed, 1);
-        DREY_LOG_WARN("a partition's move did not complete; this node keeps leading it",
+        DREY_LOG_DEBUG("a partition's move did not complete; this node keeps leading it",
                       DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                       DREY_LOG_STR("to", mv->target), DREY_LOG_STR("error", mv->err));
         return false;
     }
     atomic_fetch_add(mv->kind == SYNC ? &c->mover.backups_added : mv->kind == MOVE ? &c->mover.moves_done : &c->mover.handovers_done,
                      1);
-    DREY_LOG_INFO(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
+    DREY_LOG_DEBUG(mv->kind == SYNC ? "partition copied to a new backup" : "partition handed over",
                   DREY_LOG_STR("kind", kind_name(mv->kind)), DREY_LOG_UINT("partition", p),
                   DREY_LOG_STR("to", mv->target), DREY_LOG_UINT("entries", mv->entries),
                   DREY_LOG_UINT("bytes", mv->bytes), DREY_LOG_UINT("pause_us", atomic_load(&c->mover.pause_last_us)),
@@ -763,9 +761,71 @@ static bool next_move(drey_cluster *c, const int64_t *retry_at, mover *mv) {
     return false;
 }
 
+/* One line per run of moves (from the first after an idle spell until
+ * none was to do for BATCH_QUIET_MS), not one per partition: a join, a
+ * drain or a failover's new backups move tens of partitions at once, in
+ * waves the controller plans a few at a time. */
+#define BATCH_TARGETS 8
+#define BATCH_QUIET_MS 1000
+
+typedef struct batch {
+    uint32_t done[3], failed; /* by kind */
+    uint64_t entries, bytes;
+    int64_t started_ns;
+    struct {
+        char id[DREY_CLUSTER_MAX_ID];
+        uint32_t n;
+    } to[BATCH_TARGETS];
+    size_t n_to;
+    char error[200]; /* the last failure's */
+} batch;
+
+static void batch_add(batch *b, const mover *mv, bool ok) {
+    if (b->started_ns == 0)
+        b->started_ns = drey_mono_ns();
+    if (!ok) {
+        b->failed++;
+        drey_log_clip(b->error, sizeof b->error, mv->err, strlen(mv->err));
+        return;
+    }
+    b->done[mv->kind]++;
+    b->entries += mv->entries;
+    b->bytes += mv->bytes;
+    size_t i = 0;
+    while (i < b->n_to && strcmp(b->to[i].id, mv->target) != 0)
+        i++;
+    if (i == b->n_to && b->n_to < BATCH_TARGETS)
+        snprintf(b->to[b->n_to++].id, sizeof b->to[0].id, "%s", mv->target);
+    if (i < b->n_to)
+        b->to[i].n++;
+}
+
+static void batch_flush(batch *b) {
+    if (b->started_ns == 0)
+        return;
+    char to[512] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < b->n_to && n < sizeof to; i++)
+        n += (size_t)snprintf(to + n, sizeof to - n, "%s%s:%u", i > 0 ? "," : "", b->to[i].id, b->to[i].n);
+    int64_t took_ms = (drey_mono_ns() - b->started_ns) / 1000000;
+    if (b->failed > 0)
+        DREY_LOG_WARN("partition moves from this node: some did not complete (retried)", DREY_LOG_UINT("moves", b->done[MOVE]),
+                      DREY_LOG_UINT("handovers", b->done[HANDOVER]), DREY_LOG_UINT("new_backups", b->done[SYNC]),
+                      DREY_LOG_UINT("failed", b->failed), DREY_LOG_STR("to", to), DREY_LOG_INT("took_ms", took_ms),
+                      DREY_LOG_STR("last_error", b->error));
+    else
+        DREY_LOG_INFO("partition moves from this node finished", DREY_LOG_UINT("moves", b->done[MOVE]),
+                      DREY_LOG_UINT("handovers", b->done[HANDOVER]), DREY_LOG_UINT("new_backups", b->done[SYNC]),
+                      DREY_LOG_STR("to", to), DREY_LOG_UINT("entries", b->entries), DREY_LOG_UINT("bytes", b->bytes),
+                      DREY_LOG_INT("took_ms", took_ms));
+    *b = (batch){0};
+}
+
 void *drey_cluster__mover_main(void *arg) {
     drey_cluster *c = arg;
     int64_t *retry_at = drey_xcalloc(c->n_parts, sizeof *retry_at);
+    batch b = {0};
+    int64_t idle_since_ns = 0;
     pthread_mutex_lock(&c->mu);
     while (!c->leaving) {
         mover mv = {.c = c};
@@ -777,17 +837,30 @@ void *drey_cluster__mover_main(void *arg) {
                 if (c->leaving)
                     break;
             }
-            drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(RETRY_MS));
+            int64_t now = drey_mono_ns();
+            if (b.started_ns != 0 && idle_since_ns == 0)
+                idle_since_ns = now;
+            if (b.started_ns != 0 && now - idle_since_ns >= BATCH_QUIET_MS * 1000000LL) {
+                pthread_mutex_unlock(&c->mu);
+                batch_flush(&b);
+                pthread_mutex_lock(&c->mu);
+                continue; /* the table may have moved on meanwhile */
+            }
+            drey_cond_wait_until(&c->cond, &c->mu, drey_deadline_after_ms(b.started_ns != 0 ? 100 : RETRY_MS));
             continue;
         }
+        idle_since_ns = 0;
         pthread_mutex_unlock(&c->mu);
-        if (!run(&mv))
+        bool ok = run(&mv);
+        if (!ok)
             retry_at[mv.partition] = drey_mono_ms() + RETRY_MS;
+        batch_add(&b, &mv, ok);
         free((char *)mv.target);
         free((char *)mv.address);
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
+    batch_flush(&b);
     free(retry_at);
     return NULL;
 }

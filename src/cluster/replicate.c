@@ -390,11 +390,24 @@ static void local_durable(void *arg, const drey_journal_record *jr, int err) {
     drain(rec->c, rec->partition);
 }
 
+/* Why a backup's answer (not OK) takes it out of a set: the transport's or
+ * the backup's words, cut after a whole word; and whether it said it is
+ * still starting (a member whose chain is not serving yet). */
+static void failure_of(const drey_answer *a, const char *what, char *why, size_t cap, bool *starting) {
+    char msg[150], reason[64];
+    drey_log_clip(msg, sizeof msg, a->message != NULL ? a->message : "", a->message != NULL ? a->message_len : 0);
+    snprintf(why, cap, "%s%s (code %d)", what, msg, a->code);
+    drey_cluster__answer_reason(a, reason, sizeof reason);
+    *starting = strcmp(reason, "RECOVERING") == 0;
+}
+
 /* Asks the replication thread to take a backup out of p's in-sync set. */
-static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int64_t epoch, const char *why) {
+static void request_shrink(drey_cluster *c, uint32_t p, const char *backup, int64_t epoch, const char *why,
+                           bool starting) {
     drey_cluster__shrink *s = drey_xcalloc(1, sizeof *s);
     s->partition = p;
     s->epoch = epoch;
+    s->starting = starting;
     snprintf(s->backup, sizeof s->backup, "%s", backup);
     snprintf(s->why, sizeof s->why, "%s", why);
     pthread_mutex_lock(&c->primary.shrink_mu);
@@ -424,10 +437,10 @@ static void acked(void *arg, const drey_answer *a) {
     } else {
         /* The record waits until the backup is out of the set. */
         char why[200];
-        snprintf(why, sizeof why, "%.*s (code %d)", (int)(a->message_len < 150 ? a->message_len : 150),
-                 a->message != NULL ? a->message : "", a->code);
+        bool starting;
+        failure_of(a, "", why, sizeof why, &starting);
         atomic_fetch_add(&c->primary.replica_failures, 1);
-        request_shrink(c, rec->partition, rec->backups[*index], rec->epoch, why);
+        request_shrink(c, rec->partition, rec->backups[*index], rec->epoch, why, starting);
     }
     rec_unref(rec);
 }
@@ -634,18 +647,80 @@ static int shrink_once(drey_cluster *c, const drey_cluster__shrink *s) {
     drey_cluster__cas r = drey_cluster__cas_entry(c, s->partition, epoch, &e, err, sizeof err);
     if (r == DREY_CLUSTER_CAS_APPLIED) {
         atomic_fetch_add(&c->primary.isr_shrinks, 1);
-        DREY_LOG_WARN("a backup was taken out of a partition's in-sync set", DREY_LOG_UINT("partition", s->partition),
-                      DREY_LOG_STR("backup", s->backup), DREY_LOG_STR("reason", s->why));
+        DREY_LOG_DEBUG("a backup was taken out of a partition's in-sync set", DREY_LOG_UINT("partition", s->partition),
+                       DREY_LOG_STR("backup", s->backup), DREY_LOG_STR("reason", s->why));
         return 1;
     }
     return 0;
 }
 
+/* One line per backup and burst, not one per partition: a backup that
+ * stops answering is taken out of every partition this node leads with it
+ * within milliseconds. A burst ends once no shrink came for TALLY_QUIET_MS. */
+#define TALLY_QUIET_MS 200
+#define TALLY_MAX 8
+
+typedef struct shrink_tally {
+    char backup[DREY_CLUSTER_MAX_ID];
+    char why[200];      /* the first reason */
+    uint32_t partitions;
+    bool starting;      /* every one answered that the backup is still starting */
+    int64_t first_ns, last_ns;
+} shrink_tally;
+
+static void tally_flush(shrink_tally *t, size_t *n) {
+    for (size_t i = 0; i < *n; i++) {
+        int64_t took_ms = (t[i].last_ns - t[i].first_ns) / 1000000;
+        /* A member that registered and does not serve yet (a clean start's
+         * last node): expected, and it is synced again once it serves. */
+        if (t[i].starting)
+            DREY_LOG_INFO("a backup still starting was taken out of the in-sync sets of partitions this node leads; "
+                          "it gets them again once it serves",
+                          DREY_LOG_STR("backup", t[i].backup), DREY_LOG_UINT("partitions", t[i].partitions));
+        else
+            DREY_LOG_WARN("a backup stopped answering: taken out of the in-sync sets of partitions this node leads",
+                          DREY_LOG_STR("backup", t[i].backup), DREY_LOG_UINT("partitions", t[i].partitions),
+                          DREY_LOG_INT("took_ms", took_ms), DREY_LOG_STR("reason", t[i].why));
+    }
+    *n = 0;
+}
+
+static void tally_add(shrink_tally *t, size_t *n, const drey_cluster__shrink *s) {
+    size_t i = 0;
+    while (i < *n && strcmp(t[i].backup, s->backup) != 0)
+        i++;
+    if (i == *n) {
+        if (*n == TALLY_MAX) {
+            tally_flush(t, n);
+            i = 0;
+        }
+        t[i] = (shrink_tally){.starting = true, .first_ns = drey_mono_ns()};
+        snprintf(t[i].backup, sizeof t[i].backup, "%s", s->backup);
+        snprintf(t[i].why, sizeof t[i].why, "%s", s->why);
+        (*n)++;
+    }
+    t[i].partitions++;
+    t[i].last_ns = drey_mono_ns();
+    t[i].starting = t[i].starting && s->starting;
+}
+
 void *drey_cluster__shrinker_main(void *arg) {
     drey_cluster *c = arg;
+    shrink_tally tally[TALLY_MAX];
+    size_t n_tally = 0;
     pthread_mutex_lock(&c->primary.shrink_mu);
     while (!c->primary.shrink_stop) {
         drey_cluster__shrink *s = c->primary.shrinks;
+        if (s == NULL && n_tally > 0) {
+            if (drey_cond_wait_until(&c->primary.shrink_cond, &c->primary.shrink_mu,
+                                     drey_deadline_after_ms(TALLY_QUIET_MS)) == ETIMEDOUT &&
+                c->primary.shrinks == NULL) {
+                pthread_mutex_unlock(&c->primary.shrink_mu);
+                tally_flush(tally, &n_tally);
+                pthread_mutex_lock(&c->primary.shrink_mu);
+            }
+            continue;
+        }
         if (s == NULL) {
             pthread_cond_wait(&c->primary.shrink_cond, &c->primary.shrink_mu);
             continue;
@@ -661,12 +736,15 @@ void *drey_cluster__shrinker_main(void *arg) {
                 break;
             drey_nap_ms(50); /* etcd, or our table, has to move on */
         }
+        if (done == 1)
+            tally_add(tally, &n_tally, s);
         if (done != 0)
             settle(c, s->partition, done == 1 ? s->backup : NULL, done < 0);
         free(s);
         pthread_mutex_lock(&c->primary.shrink_mu);
     }
     pthread_mutex_unlock(&c->primary.shrink_mu);
+    tally_flush(tally, &n_tally);
     return NULL;
 }
 
@@ -704,10 +782,10 @@ static void beat_done(void *arg, const drey_answer *a) {
         beat_granted(b, a->response, a->response_len);
     } else if (a->code == GRPC_STATUS_DEADLINE_EXCEEDED || a->code == GRPC_STATUS_UNAVAILABLE) {
         char why[200];
-        snprintf(why, sizeof why, "no heartbeat answer: %.*s (code %d)",
-                 (int)(a->message_len < 150 ? a->message_len : 150), a->message != NULL ? a->message : "", a->code);
+        bool starting;
+        failure_of(a, "no heartbeat answer: ", why, sizeof why, &starting);
         for (size_t i = 0; i < b->n; i++)
-            request_shrink(b->c, b->partitions[i], b->room->id, b->epochs[i], why);
+            request_shrink(b->c, b->partitions[i], b->room->id, b->epochs[i], why, starting);
     }
     atomic_store(&b->room->beating, false);
     free(b);

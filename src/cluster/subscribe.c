@@ -29,10 +29,16 @@
  * subscriptions of partitions that did not move go on untouched: their
  * events never stop, so none is missed. A subscription that ends without
  * being asked to (the owner died or restarted, the connection broke, the
- * owner refused) is OWNER_LOST: RESYNC_REQUIRED, then it is opened again,
- * at whatever owner the table names, backing off from RETRY_MIN_MS to
- * RETRY_MAX_MS, and WATCHING once it is in place. So a change is either
- * reported or covered by a RESYNC_REQUIRED; never silently missed.
+ * owner could not serve it yet) is OWNER_LOST: RESYNC_REQUIRED, then it is
+ * opened again, at whatever owner the table names, backing off from
+ * RETRY_MIN_MS to RETRY_MAX_MS, and WATCHING once it is in place. So a
+ * change is either reported or covered by a RESYNC_REQUIRED; never silently
+ * missed.
+ *
+ * Each subscription carries the client's authorization header: the owner
+ * checks the caller again with its own keys and policy (src/watch/
+ * cluster.c), and its refusal (PERMISSION_DENIED, UNAUTHENTICATED) is no
+ * loss to retry: the client's watch ends with the owner's status as it came.
  *
  * Resuming after an event is not offered across nodes: sequences are each
  * owner's own feed, and a watch that asks to resume starts with
@@ -89,6 +95,7 @@ typedef struct osub {
     bool cancelled;      /* asked to end: its end is no loss */
     bool ended;
     tag start_tag, recv_tag, status_tag;
+    grpc_metadata token;  /* the client's authorization, for the owner's own check */
     grpc_metadata_array initial_md, trailing_md;
     grpc_byte_buffer *send_buf, *recv_buf;
     grpc_status_code code;
@@ -101,12 +108,15 @@ struct cwatch {
     cwatch *prev, *next;
     drey_watch_stream *ws;
     Drey__Cache__V1__WatchRequest *req; /* a copy, resume fields cleared */
+    char *authorization; /* the client's header (NULL: none), carried to every owner */
+    size_t authorization_len;
     uint32_t n_parts;
     uint8_t *covered;   /* n_parts */
     osub **owner;       /* n_parts: whose events of it are taken; NULL: none now */
     osub *subs;
     int refs;           /* open (until closed), one per osub */
     bool closed;
+    bool refused;       /* an owner refused the caller: the client's watch ends with its status */
     bool announced;     /* the first WATCHING went */
     bool owed;          /* a RESYNC_REQUIRED went; its WATCHING is owed */
     bool missing;       /* some covered partition has no subscription (a retry is due at retry_at_ns) */
@@ -130,6 +140,7 @@ static void cwatch_unref_locked(cwatch *cw) {
     if (--cw->refs > 0)
         return;
     drey__cache__v1__watch_request__free_unpacked(cw->req, NULL);
+    free(cw->authorization);
     free(cw->covered);
     free(cw->owner);
     free(cw);
@@ -141,6 +152,7 @@ static void osub_unref_locked(osub *os) {
     grpc_metadata_array_destroy(&os->initial_md);
     grpc_metadata_array_destroy(&os->trailing_md);
     grpc_slice_unref(os->details);
+    grpc_slice_unref(os->token.value);
     if (os->send_buf != NULL)
         grpc_byte_buffer_destroy(os->send_buf);
     if (os->call != NULL)
@@ -163,7 +175,7 @@ static void osub_cancel_locked(osub *os) {
 /* The client hears WATCHING once every covered partition's events come
  * from a subscription in place: first, and after each RESYNC_REQUIRED. */
 static void check_ready_locked(cwatch *cw) {
-    if (cw->closed || (cw->announced && !cw->owed))
+    if (cw->closed || cw->refused || (cw->announced && !cw->owed))
         return;
     for (uint32_t p = 0; p < cw->n_parts; p++) {
         if (cw->covered[p] && (cw->owner[p] == NULL || !cw->owner[p]->ready))
@@ -177,7 +189,7 @@ static void check_ready_locked(cwatch *cw) {
 /* Some covered partition's events may be missed from here until its new
  * subscription is in place. Before the first WATCHING nothing was promised. */
 static void lost_locked(cwatch *cw, const char *reason) {
-    if (cw->closed || !cw->announced || cw->owed)
+    if (cw->closed || cw->refused || !cw->announced || cw->owed)
         return;
     drey_watch_mark(cw->ws, false, reason);
     cw->owed = true;
@@ -261,12 +273,43 @@ static void on_recv(tag *t, bool ok) {
     }
     grpc_byte_buffer_destroy(os->recv_buf);
     os->recv_buf = NULL;
-    if (!os->cancelled && !os->cw->closed)
+    if (!os->cancelled && !os->cw->closed && !os->cw->refused)
         handle_locked(os, GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body));
     grpc_slice_unref(body);
     start_recv_locked(os);
     osub_unref_locked(os); /* this batch's; the next one holds its own */
     pthread_mutex_unlock(&S->mu);
+}
+
+/* Codes by which an owner refuses the caller itself (its own check of the
+ * token and the grants): asking again, here or elsewhere, would only be
+ * refused again, so the client hears it. Any other end is a loss. */
+static bool refusal(grpc_status_code code) {
+    return code == GRPC_STATUS_PERMISSION_DENIED || code == GRPC_STATUS_UNAUTHENTICATED;
+}
+
+/* The client's watch ends with the owner's refusal as it came (code,
+ * message, details); its other subscriptions end with it. */
+static void refused_locked(cwatch *cw, osub *os) {
+    cw->refused = true;
+    drey_call_answer a = {.code = os->code};
+    char *msg = grpc_slice_to_c_string(os->details);
+    a.message = msg;
+    a.message_len = strlen(msg);
+    for (size_t i = 0; i < os->trailing_md.count; i++) {
+        if (grpc_slice_str_cmp(os->trailing_md.metadata[i].key, "grpc-status-details-bin") == 0) {
+            a.details = GRPC_SLICE_START_PTR(os->trailing_md.metadata[i].value);
+            a.details_len = GRPC_SLICE_LENGTH(os->trailing_md.metadata[i].value);
+        }
+    }
+    DREY_LOG_DEBUG("an owner refused a watch's caller; ending the watch", DREY_LOG_STR("peer", os->node),
+                   DREY_LOG_INT("code", os->code), DREY_LOG_STR("message", msg));
+    drey_watch_end(cw->ws, &a);
+    gpr_free(msg);
+    for (osub *o = cw->subs; o != NULL; o = o->next)
+        osub_cancel_locked(o);
+    for (uint32_t p = 0; p < cw->n_parts; p++)
+        cw->owner[p] = NULL;
 }
 
 static void on_status(tag *t, bool ok) {
@@ -276,7 +319,9 @@ static void on_status(tag *t, bool ok) {
     drey_cluster__subs *S = cw->S;
     pthread_mutex_lock(&S->mu);
     os->ended = true;
-    if (!os->cancelled && !cw->closed) {
+    if (!os->cancelled && !cw->closed && !cw->refused && refusal(os->code)) {
+        refused_locked(cw, os);
+    } else if (!os->cancelled && !cw->closed && !cw->refused) {
         /* Lost: its partitions are followed again from the table, after a
          * pause (the owner may be down for a while). Said once per loss, not
          * per failed retry. */
@@ -347,6 +392,12 @@ static void osub_open_locked(cwatch *cw, const drey_cluster__node *node, const u
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (cw->authorization != NULL) {
+        os->token.key = grpc_slice_from_static_string("authorization");
+        os->token.value = grpc_slice_from_copied_buffer(cw->authorization, cw->authorization_len);
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &os->token;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = os->send_buf;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -382,7 +433,7 @@ static const drey_cluster__node *owner_of(const drey_cluster__topology *t, uint3
  * watch wants) and get one new subscription per new owner; partitions
  * without a subscription get one when their retry is due. */
 static void follow_locked(cwatch *cw, const drey_cluster__topology *t, int64_t now) {
-    if (cw->closed || t->n_parts != cw->n_parts)
+    if (cw->closed || cw->refused || t->n_parts != cw->n_parts)
         return;
     cw->revision = t->revision;
     bool due = now >= cw->retry_at_ns, changed = false;
@@ -472,11 +523,17 @@ static void *subs_main(void *arg) {
 
 /* --- the watch hub's hooks ----------------------------------------------------------------- */
 
-static void *watch_open(void *ctx, drey_watch_stream *ws, const Drey__Cache__V1__WatchRequest *req) {
+static void *watch_open(void *ctx, drey_watch_stream *ws, const Drey__Cache__V1__WatchRequest *req,
+                        const char *authorization, size_t authorization_len) {
     drey_cluster__subs *S = ctx;
     cwatch *cw = drey_xcalloc(1, sizeof *cw);
     cw->S = S;
     cw->ws = ws;
+    if (authorization != NULL) {
+        cw->authorization = drey_xmalloc(authorization_len + 1);
+        memcpy(cw->authorization, authorization, authorization_len);
+        cw->authorization_len = authorization_len;
+    }
     cw->refs = 1;
     cw->backoff_ms = RETRY_MIN_MS;
     cw->revision = -1;

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
@@ -66,6 +67,92 @@ static void remove_member_locked(drey_cluster *c, const char *id, size_t len) {
     }
 }
 
+/* --- what an operator reads: members coming and going, failovers ------------ */
+
+static const Drey__Internal__V1__Member *member_locked(const drey_cluster *c, const char *id, size_t len) {
+    for (size_t i = 0; i < c->n_members; i++) {
+        if (strlen(c->members[i]->id) == len && memcmp(c->members[i]->id, id, len) == 0)
+            return c->members[i];
+    }
+    return NULL;
+}
+
+static void failover_done_locked(drey_cluster__departure *d, const char *how) {
+    char to[512] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < d->n_heirs && n < sizeof to; i++)
+        n += (size_t)snprintf(to + n, sizeof to - n, "%s%s:%u", i > 0 ? "," : "", d->heirs[i].id, d->heirs[i].n);
+    DREY_LOG_INFO(how, DREY_LOG_STR("node", d->id), DREY_LOG_UINT("partitions", d->led),
+                  DREY_LOG_UINT("failed_over", d->taken), DREY_LOG_STR("to", to),
+                  DREY_LOG_INT("took_ms_after_it_left", (drey_mono_ns() - d->left_ns) / 1000000));
+    d->id[0] = '\0';
+}
+
+/* A member's entry went (its lease expired, or it gave it back leaving):
+ * said once, on every node, naming it; its partitions are followed until
+ * each has another primary. */
+static void member_left_locked(drey_cluster *c, const Drey__Internal__V1__Member *m) {
+    uint32_t led = 0, held = 0;
+    for (uint32_t p = 0; p < c->n_parts; p++) {
+        const Drey__Internal__V1__PartitionEntry *e = c->entries[p];
+        if (e == NULL)
+            continue;
+        if (strcmp(e->primary, m->id) == 0)
+            led++;
+        for (size_t i = 0; i < e->n_replicas; i++)
+            held += strcmp(e->replicas[i], m->id) == 0;
+    }
+    if (m->draining)
+        DREY_LOG_INFO("a member left after draining", DREY_LOG_STR("node", m->id), DREY_LOG_UINT("partitions_led", led),
+                      DREY_LOG_UINT("backups_held", held));
+    else
+        DREY_LOG_WARN("a member left the membership: its lease expired (or it stopped without draining)",
+                      DREY_LOG_STR("node", m->id), DREY_LOG_UINT("partitions_led", led),
+                      DREY_LOG_UINT("backups_held", held));
+    if (led == 0)
+        return;
+    drey_cluster__departure *d = &c->departures[0];
+    for (size_t i = 0; i < DREY_CLUSTER_DEPARTURES; i++) {
+        if (c->departures[i].id[0] == '\0' || strcmp(c->departures[i].id, m->id) == 0) {
+            d = &c->departures[i];
+            break;
+        }
+        if (c->departures[i].left_ns < d->left_ns)
+            d = &c->departures[i]; /* all taken: the oldest is forgotten */
+    }
+    *d = (drey_cluster__departure){.left_ns = drey_mono_ns(), .led = led};
+    snprintf(d->id, sizeof d->id, "%s", m->id);
+}
+
+static void member_joined_locked(drey_cluster *c, const char *id) {
+    for (size_t i = 0; i < DREY_CLUSTER_DEPARTURES; i++) {
+        if (c->departures[i].id[0] != '\0' && strcmp(c->departures[i].id, id) == 0)
+            failover_done_locked(&c->departures[i], "a member that left came back before all its partitions failed over");
+    }
+    if (strcmp(id, c->opts.node_id) != 0)
+        DREY_LOG_INFO("a node joined the membership", DREY_LOG_STR("node", id));
+}
+
+/* Partition p's primary went from was to now: one of a departed member's
+ * partitions failed over, perhaps the last. */
+static void primary_changed_locked(drey_cluster *c, const char *was, const char *now) {
+    for (size_t i = 0; i < DREY_CLUSTER_DEPARTURES; i++) {
+        drey_cluster__departure *d = &c->departures[i];
+        if (d->id[0] == '\0' || strcmp(d->id, was) != 0)
+            continue;
+        d->taken++;
+        size_t h = 0;
+        while (h < d->n_heirs && strcmp(d->heirs[h].id, now) != 0)
+            h++;
+        if (h == d->n_heirs && d->n_heirs < DREY_CLUSTER_HEIRS)
+            snprintf(d->heirs[d->n_heirs++].id, sizeof d->heirs[0].id, "%s", now);
+        if (h < d->n_heirs)
+            d->heirs[h].n++;
+        if (d->taken >= d->led)
+            failover_done_locked(d, "a departed member's partitions have failed over");
+    }
+}
+
 /* Applies one key's new value (NULL: deleted) to the table; needs c->mu. */
 static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool deleted) {
     size_t plen = strlen(c->prefix);
@@ -74,6 +161,14 @@ static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool de
     const char *rest = (const char *)kv->key.data + plen;
     size_t rlen = kv->key.len - plen;
     if (rlen > 6 && memcmp(rest, "nodes/", 6) == 0) {
+        const Drey__Internal__V1__Member *was = member_locked(c, rest + 6, rlen - 6);
+        if (c->loaded && was != NULL && deleted && strcmp(was->id, c->opts.node_id) != 0)
+            member_left_locked(c, was);
+        if (c->loaded && was == NULL && !deleted) {
+            char id[DREY_CLUSTER_MAX_ID];
+            snprintf(id, sizeof id, "%.*s", (int)(rlen - 6 < sizeof id ? rlen - 6 : sizeof id - 1), rest + 6);
+            member_joined_locked(c, id);
+        }
         remove_member_locked(c, rest + 6, rlen - 6);
         if (deleted)
             return;
@@ -100,14 +195,18 @@ static void apply_kv_locked(drey_cluster *c, const Mvccpb__KeyValue *kv, bool de
         unsigned long p = strtoul(digits, &end, 10);
         if (*end != '\0' || p >= c->n_parts)
             return;
-        if (c->entries[p] != NULL)
-            drey__internal__v1__partition_entry__free_unpacked(c->entries[p], NULL);
+        Drey__Internal__V1__PartitionEntry *old = c->entries[p];
         c->entries[p] = NULL;
         c->epochs[p] = 0;
-        if (deleted)
-            return;
-        c->entries[p] = drey__internal__v1__partition_entry__unpack(NULL, kv->value.len, kv->value.data);
-        c->epochs[p] = kv->mod_revision;
+        if (!deleted) {
+            c->entries[p] = drey__internal__v1__partition_entry__unpack(NULL, kv->value.len, kv->value.data);
+            c->epochs[p] = kv->mod_revision;
+        }
+        if (c->loaded && old != NULL && old->primary[0] != '\0' && c->entries[p] != NULL &&
+            c->entries[p]->primary[0] != '\0' && strcmp(old->primary, c->entries[p]->primary) != 0)
+            primary_changed_locked(c, old->primary, c->entries[p]->primary);
+        if (old != NULL)
+            drey__internal__v1__partition_entry__free_unpacked(old, NULL);
     }
 }
 
@@ -171,6 +270,7 @@ static int64_t load_table(drey_cluster *c, char *err, size_t cap) {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < resp->n_kvs; i++)
         apply_kv_locked(c, resp->kvs[i], false);
+    c->loaded = true;
     rev = resp->header != NULL ? resp->header->revision : 0;
     c->revision = rev;
     drey_cluster__publish_locked(c);
@@ -295,15 +395,20 @@ static int register_node(drey_cluster *c, int64_t wait_ms, char *err, size_t cap
     }
 }
 
-static bool check_config(drey_cluster *c, char *err, size_t cap) {
+/* 0: the cluster's config fits this node; 1: etcd did not answer (worth
+ * another try); -1: the answer says no. */
+static int check_config(drey_cluster *c, char *err, size_t cap) {
     drey_arena a;
     drey_arena_init(&a, NULL, 0);
-    bool ok = false;
+    int ok = -1;
     Etcdserverpb__RangeResponse *resp;
     drey_etcd_status st;
     const char *key = drey_cluster__key(c, &a, "config");
-    if (drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st) != GRPC_STATUS_OK) {
+    grpc_status_code code = drey_etcd_get(c->etcd, key, false, CALL_MS, &a, &resp, &st);
+    if (code != GRPC_STATUS_OK) {
         snprintf(err, cap, "cannot reach etcd at %s: %s", c->opts.etcd, st.message);
+        if (code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED)
+            ok = 1;
         goto out;
     }
     if (resp->n_kvs == 0) {
@@ -336,10 +441,65 @@ static bool check_config(drey_cluster *c, char *err, size_t cap) {
     c->n_parts = cfg->partitions;
     c->rf = cfg->replication_factor;
     c->initial_nodes = cfg->initial_nodes > 0 ? cfg->initial_nodes : 1;
-    ok = true;
+    ok = 0;
 out:
     drey_arena_destroy(&a);
     return ok;
+}
+
+int64_t drey_cluster_start_backoff_ms(unsigned attempt, double random) {
+    int64_t ms = 250;
+    for (unsigned i = 1; i < attempt && ms < 10000; i++)
+        ms *= 2;
+    if (ms > 10000)
+        ms = 10000;
+    return (int64_t)((double)ms * (0.75 + 0.5 * random));
+}
+
+static double next_random(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return (double)(*x >> 11) * 0x1.0p-53;
+}
+
+/* Under Kubernetes etcd may come up after the nodes: a node keeps asking
+ * for up to start_timeout_ms instead of exiting into a crash loop, one
+ * line per failed attempt, backing off so that those lines come at most
+ * every few seconds. */
+static int reach_etcd(drey_cluster *c, char *err, size_t cap) {
+    int64_t started = drey_mono_ms(), until = started + c->opts.start_timeout_ms;
+    uint64_t x = (uint64_t)drey_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
+    for (unsigned attempt = 1;; attempt++) {
+        int r = check_config(c, err, cap);
+        if (r <= 0)
+            return r;
+        int64_t now = drey_mono_ms();
+        if (now >= until) {
+            if (c->opts.start_timeout_ms > 0) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", err);
+                snprintf(err, cap, "gave up after %lld s and %u attempts (--cluster-start-timeout): %s",
+                         (long long)((now - started + 500) / 1000), attempt, why);
+            }
+            return -1;
+        }
+        int64_t wait = drey_cluster_start_backoff_ms(attempt, next_random(&x));
+        if (wait > until - now)
+            wait = until - now;
+        DREY_LOG_WARN("etcd does not answer yet; trying again", DREY_LOG_STR("etcd", c->opts.etcd),
+                      DREY_LOG_UINT("attempt", attempt), DREY_LOG_INT("retry_in_ms", wait),
+                      DREY_LOG_INT("gives_up_in_s", (until - now + 999) / 1000), DREY_LOG_STR("error", err));
+        bool go_on = true;
+        if (c->opts.pause != NULL)
+            go_on = c->opts.pause(c->opts.pause_ctx, wait);
+        else
+            drey_nap_ms(wait);
+        if (!go_on) {
+            snprintf(err, cap, "asked to stop while waiting for etcd at %s", c->opts.etcd);
+            return DREY_CLUSTER_STOPPED;
+        }
+    }
 }
 
 int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
@@ -348,8 +508,11 @@ int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap) {
                                                   .user = c->opts.etcd_user,
                                                   .password_file = c->opts.etcd_password_file},
                              err, cap);
-    if (c->etcd == NULL || !check_config(c, err, cap))
+    if (c->etcd == NULL)
         return -1;
+    int r = reach_etcd(c, err, cap);
+    if (r != 0)
+        return r;
     c->entries = drey_xcalloc(c->n_parts, sizeof *c->entries);
     c->epochs = drey_xcalloc(c->n_parts, sizeof *c->epochs);
     return 0;

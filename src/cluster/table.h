@@ -14,7 +14,7 @@ char *drey_cluster__partition_key(const drey_cluster *c, drey_arena *a, uint32_t
 /* Join: etcd opened and the cluster's config checked (n_parts, rf known);
  * then registered under a lease kept alive, the table read and watched:
  * the revision read at, or -1 (err says why). */
-int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap);
+int drey_cluster__table_open(drey_cluster *c, char *err, size_t cap); /* 0, -1 or DREY_CLUSTER_STOPPED */
 int64_t drey_cluster__table_start(drey_cluster *c, char *err, size_t cap);
 /* After a lost lease: a new lease and registration (false: not yet). */
 bool drey_cluster__register_again(drey_cluster *c, char *err, size_t cap);

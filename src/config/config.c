@@ -181,6 +181,10 @@ static const option options[] = {
     {"cluster-lease-ttl", OPT_DURATION, FIELD(cluster_lease_ttl_ms), "5s", 2000, 3600 * 1000,
      "Lease of this node's membership, kept alive on a stream: a node that stops renewing it leaves the "
      "membership this long after (etcd's minimum is 2s)."},
+    {"cluster-start-timeout", OPT_DURATION, FIELD(cluster_start_timeout_ms), "5m", 0, 24 * 3600 * 1000,
+     "At start, how long a node keeps trying an etcd that does not answer (backing off up to 10 s between "
+     "attempts, one log line each) before it exits: under Kubernetes etcd may come up after the nodes. 0: "
+     "one attempt."},
     {"cluster-partitions", OPT_INT, FIELD(cluster_partitions), "0", 0, 65536,
      "Partitions this node expects the cluster to have; it refuses to join one with another count. 0: any."},
     {"cluster-move-rate", OPT_BYTES, FIELD(cluster_move_rate), "64MiB", 64 * 1024, (int64_t)1 << 40,

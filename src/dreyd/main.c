@@ -68,13 +68,29 @@
  * enough for the purging and keeps the thread count flat on small nodes. */
 const char *malloc_conf = "background_thread:true,max_background_threads:1,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
-/* gRPC core's own log lines, as JSON like everything else on stderr. */
+/* gRPC core's own log lines, as JSON like everything else on stderr. It
+ * says the same thing again at each retry (a peer whose certificate does
+ * not match: three times a second): one text at most every
+ * GRPC_REPEAT_MS, the next one saying how many were held back. Made once,
+ * never freed: gRPC may log until the process ends. */
+#define GRPC_REPEAT_MS 10000
+static drey_log_repeat *grpc_repeats;
+
 static void grpc_log_to_json(gpr_log_func_args *args) {
     drey_log_level level = args->severity == GPR_LOG_SEVERITY_ERROR ? DREY_LOG_LEVEL_ERROR
                            : args->severity == GPR_LOG_SEVERITY_INFO ? DREY_LOG_LEVEL_INFO
                                                                       : DREY_LOG_LEVEL_DEBUG;
-    DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
-              DREY_LOG_INT("line", args->line));
+    if (level < drey_log_min_level)
+        return;
+    uint64_t repeated = 0;
+    if (!drey_log_repeat_admit(grpc_repeats, args->message, drey_mono_ms(), &repeated))
+        return;
+    if (repeated > 0)
+        DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
+                  DREY_LOG_INT("line", args->line), DREY_LOG_UINT("repeated", repeated));
+    else
+        DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
+                  DREY_LOG_INT("line", args->line));
 }
 
 /* The README's error table, from the catalogue in src/status/status.c. */
@@ -264,6 +280,8 @@ static int configure(node *n, int argc, char **argv, char **envp) {
     /* First, so every log says what wrote it. */
     DREY_LOG_INFO("dreyd", DREY_LOG_STR("version", drey_version()), DREY_LOG_STR("revision", drey_version_revision()),
                   DREY_LOG_STR("build", drey_version_build()));
+    if (grpc_repeats == NULL)
+        grpc_repeats = drey_log_repeat_create(GRPC_REPEAT_MS);
     gpr_set_log_function(grpc_log_to_json);
     n->jwt = cfg->jwt_jwks_file[0] != '\0' || cfg->jwt_keys_dir[0] != '\0';
     if (!n->jwt && !drey_config_listen_is_loopback(cfg->listen) && !cfg->insecure_allow_anonymous_remote) {
@@ -423,6 +441,21 @@ static void build(node *n) {
 
 /* A cluster node's internal listener and its cluster (not joined yet); 0,
  * or 1 when the cluster cannot be set up. */
+/* Joining: waits up to ms before trying etcd again; false once SIGTERM or
+ * SIGINT asks the node to stop (a pod deleted while etcd is away must not
+ * wait out its grace period). */
+static bool pause_unless_stopped(void *ctx, int64_t ms) {
+    node *n = ctx;
+    int64_t until = drey_mono_ms() + ms;
+    for (int64_t left = ms; left > 0; left = until - drey_mono_ms()) {
+        int sig = wait_signal(&n->signals, left);
+        if (sig == SIGTERM || sig == SIGINT)
+            return false;
+        /* SIGHUP: the keys and the policy are read again when serving */
+    }
+    return true;
+}
+
 static int build_cluster(node *n) {
     const drey_config *cfg = &n->cfg;
     drey_server_options io = {
@@ -465,6 +498,9 @@ static int build_cluster(node *n) {
         .replication_timeout_ms = cfg->replication_timeout_ms,
         .min_in_sync = (uint32_t)cfg->min_in_sync,
         .metrics = n->metrics,
+        .start_timeout_ms = cfg->cluster_start_timeout_ms,
+        .pause = pause_unless_stopped,
+        .pause_ctx = n,
     };
     n->cluster = drey_cluster_create(&co, n->err, sizeof n->err);
     if (n->cluster == NULL) {
@@ -589,7 +625,9 @@ static int recover(node *n) {
 
 /* A cluster node joins at the addresses peers and clients reach it at
  * (with a policy, its tenants' quotas shared through etcd), and the chain
- * routes and replicates from then on; 0, or 1 when it cannot join. */
+ * routes and replicates from then on; 0, 1 when it cannot join, or
+ * STOPPED when a signal asked it to stop while it waited for etcd. */
+#define STOPPED (-2)
 static int join(node *n) {
     const drey_config *cfg = &n->cfg;
     if (n->cluster == NULL)
@@ -598,7 +636,14 @@ static int join(node *n) {
     reachable_at(advertise, sizeof advertise, cfg->advertise, cfg->listen, n->port);
     reachable_at(internal_at, sizeof internal_at, cfg->internal_advertise, cfg->internal_listen, n->internal_port);
     drey_cluster_set_addresses(n->cluster, advertise, internal_at);
-    bool joined = drey_cluster_join(n->cluster, n->err, sizeof n->err) == 0;
+    int rc = drey_cluster_join(n->cluster, n->err, sizeof n->err);
+    if (rc == DREY_CLUSTER_STOPPED) {
+        DREY_LOG_INFO("asked to stop before the cluster could be joined", DREY_LOG_STR("reason", n->err));
+        drey_server_shutdown(n->server, 0);
+        drey_server_shutdown(n->internal, 0);
+        return STOPPED;
+    }
+    bool joined = rc == 0;
     if (!joined ||
         (n->authz != NULL && drey_cluster_attach_tenants(n->cluster, n->tenants, n->err, sizeof n->err) != 0)) {
         DREY_LOG_ERROR(joined ? "cannot share tenants' quotas: the node will not start"
@@ -730,6 +775,8 @@ int main(int argc, char **argv, char **envp) {
         if (rc == 0)
             drain_and_stop(&n, serve(&n));
         tear_down(&n);
+        if (rc == STOPPED)
+            rc = 0;
         if (rc == 0)
             DREY_LOG_INFO("stopped");
     }

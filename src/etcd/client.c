@@ -25,6 +25,7 @@
 
 #include "drey/alloc.h"
 #include "drey/clock.h"
+#include "drey/log.h"
 #include "drey/rpc.h"
 #include "drey/thread.h"
 #include "internal.h"
@@ -388,7 +389,9 @@ static grpc_status_code unary(drey_etcd *e, int method, const ProtobufCMessage *
             /* This endpoint failed or hung: the next call starts elsewhere. */
             atomic_store(&e->current, (ep + 1) % e->n_endpoints);
             if (st->code == GRPC_STATUS_UNAVAILABLE && idempotent) {
-                snprintf(last, sizeof last, "%.100s: %.150s", e->endpoints[ep].target, st->message);
+                char why[150];
+                drey_log_clip(why, sizeof why, st->message, strlen(st->message));
+                snprintf(last, sizeof last, "%.100s: %s", e->endpoints[ep].target, why);
                 continue;
             }
             st->may_have_applied = !idempotent;

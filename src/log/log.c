@@ -9,8 +9,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -154,6 +156,9 @@ void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *
         len = put(line, end, cap, "\"", 1);
     }
     for (size_t i = 0; i < n && !cut; i++) {
+        if (fields[i].type == DREY_LOG_FIELD_STR && (fields[i].v.s == NULL || fields[i].v.s[0] == '\0') &&
+            fields[i].key != NULL && strcmp(fields[i].key, "error") == 0)
+            continue;
         size_t mark = len;
         len = put(line, len, cap, ",", 1);
         len = put_str(line, len, cap, fields[i].key);
@@ -192,4 +197,102 @@ void drey_log_emit(drey_log_level level, const char *msg, const drey_log_field *
         p += w;
         len -= (size_t)w;
     }
+}
+
+/* --- clipping ---------------------------------------------------------------- */
+
+size_t drey_log_clip(char *out, size_t cap, const char *s, size_t len) {
+    static const char more[] = "...";
+    if (cap == 0)
+        return 0;
+    if (len < cap) {
+        memcpy(out, s, len);
+        out[len] = '\0';
+        return len;
+    }
+    if (cap <= sizeof more) {
+        out[0] = '\0';
+        return 0;
+    }
+    size_t room = cap - sizeof more; /* the text before "...", its NUL counted in sizeof */
+    size_t cut = room;
+    while (cut > 0 && s[cut] != ' ' && s[cut - 1] != ' ')
+        cut--;
+    while (cut > 0 && s[cut - 1] == ' ')
+        cut--;
+    if (cut < room / 2) { /* one long word: cut inside it, on a character boundary */
+        cut = room;
+        while (cut > 0 && ((unsigned char)s[cut] & 0xc0) == 0x80)
+            cut--;
+    }
+    memcpy(out, s, cut);
+    memcpy(out + cut, more, sizeof more);
+    return cut + sizeof more - 1;
+}
+
+/* --- repeated lines -------------------------------------------------------------- */
+
+typedef struct repeat_slot {
+    uint64_t hash;    /* 0: free */
+    int64_t last_ms;  /* when it last went out */
+    int64_t used_ms;  /* when it was last seen: the oldest goes first */
+    uint64_t held;    /* held back since */
+} repeat_slot;
+
+struct drey_log_repeat {
+    pthread_mutex_t mu;
+    int64_t interval_ms;
+    repeat_slot slots[DREY_LOG_REPEAT_SLOTS];
+};
+
+drey_log_repeat *drey_log_repeat_create(int64_t interval_ms) {
+    drey_log_repeat *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        abort();
+    pthread_mutex_init(&r->mu, NULL);
+    r->interval_ms = interval_ms;
+    return r;
+}
+
+void drey_log_repeat_destroy(drey_log_repeat *r) {
+    if (r == NULL)
+        return;
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static uint64_t text_hash(const char *s) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s != '\0'; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h != 0 ? h : 1;
+}
+
+bool drey_log_repeat_admit(drey_log_repeat *r, const char *text, int64_t now_ms, uint64_t *repeated) {
+    uint64_t h = text_hash(text != NULL ? text : "");
+    *repeated = 0;
+    pthread_mutex_lock(&r->mu);
+    repeat_slot *slot = NULL, *oldest = &r->slots[0];
+    for (size_t i = 0; i < DREY_LOG_REPEAT_SLOTS && slot == NULL; i++) {
+        if (r->slots[i].hash == h)
+            slot = &r->slots[i];
+        else if (r->slots[i].hash == 0 || (oldest->hash != 0 && r->slots[i].used_ms < oldest->used_ms))
+            oldest = &r->slots[i];
+    }
+    bool admit;
+    if (slot == NULL) { /* a text not seen lately: it goes, and is watched from here */
+        *oldest = (repeat_slot){.hash = h, .last_ms = now_ms, .used_ms = now_ms};
+        admit = true;
+    } else if (now_ms - slot->last_ms < r->interval_ms) {
+        slot->held++;
+        slot->used_ms = now_ms;
+        admit = false;
+    } else {
+        *repeated = slot->held;
+        slot->held = 0;
+        slot->last_ms = slot->used_ms = now_ms;
+        admit = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return admit;
 }

@@ -84,6 +84,7 @@ static void call_free(drey_call *c) {
     if (c->reply_bb != NULL)
         grpc_byte_buffer_destroy(c->reply_bb);
     free(c->finish_status);
+    free(c->finish_answer);
     for (size_t i = 0; i < c->n_trailers; i++)
         grpc_slice_unref(c->trailers[i].value);
     grpc_slice_unref(c->status_msg); /* a zeroed slice is inline: a no-op */
@@ -211,14 +212,28 @@ void drey_call_reply(drey_call *c, const ProtobufCMessage *response) {
     unary_finish(c, response, NULL);
 }
 
+/* The status op of another server's answer (a, not OK): its code, message
+ * and google.rpc.Status bytes as they came. */
+static void answer_status_op(drey_call *c, const drey_call_answer *a, grpc_op *op) {
+    drey_server *s = c->server;
+    if (s->observer != NULL && c->method != NULL)
+        s->observer(s->observer_ctx, c->method->index, a->code, drey_mono_ns() - c->started_ns);
+    op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op->data.send_status_from_server.status = (grpc_status_code)a->code;
+    if (a->code == GRPC_STATUS_OK)
+        return;
+    c->status_msg = grpc_slice_from_copied_buffer(a->message != NULL ? a->message : "", a->message_len);
+    op->data.send_status_from_server.status_details = &c->status_msg;
+    /* The deadline that counts is this call's: the caller's, less the hop. */
+    int64_t delay = a->details != NULL ? drey_status_retry_delay_ms(a->details, a->details_len) : -1;
+    set_trailers(c, op, a->details, a->details_len, delay);
+}
+
 void drey_call_relay(drey_call *c, const drey_call_answer *a) {
     pthread_mutex_lock(&c->mu);
     c->replied = true;
     c->cancel_hook = NULL;
     pthread_mutex_unlock(&c->mu);
-    drey_server *s = c->server;
-    if (s->observer != NULL && c->method != NULL)
-        s->observer(s->observer_ctx, c->method->index, a->code, drey_mono_ns() - c->started_ns);
     grpc_op ops[3];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
@@ -228,16 +243,7 @@ void drey_call_relay(drey_call *c, const drey_call_answer *a) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = c->reply_bb;
     }
-    grpc_op *op = &ops[n++];
-    op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    op->data.send_status_from_server.status = (grpc_status_code)a->code;
-    if (a->code != GRPC_STATUS_OK) {
-        c->status_msg = grpc_slice_from_copied_buffer(a->message != NULL ? a->message : "", a->message_len);
-        op->data.send_status_from_server.status_details = &c->status_msg;
-        /* The deadline that counts is this call's: the caller's, less the hop. */
-        int64_t delay = a->details != NULL ? drey_status_retry_delay_ms(a->details, a->details_len) : -1;
-        set_trailers(c, op, a->details, a->details_len, delay);
-    }
+    answer_status_op(c, a, &ops[n++]);
     c->status_sent = true;
     start_batch(c, ops, n, &c->send_tag);
     call_unref(c); /* the handler's reference */
@@ -303,7 +309,10 @@ static void pump_locked(drey_call *c) {
         memset(ops, 0, sizeof ops);
         if (!c->md_sent)
             ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        n += status_ops(c, c->finish_status, &ops[n]);
+        if (c->finish_answer != NULL)
+            answer_status_op(c, c->finish_answer, &ops[n++]);
+        else
+            n += status_ops(c, c->finish_status, &ops[n]);
         c->status_sent = true;
         c->sending = true;
         start_batch(c, ops, n, &c->send_tag);
@@ -343,6 +352,31 @@ void drey_call_finish(drey_call *c, const drey_status *st) {
             c->finish_status = drey_xmalloc(sizeof *st);
             memcpy(c->finish_status, st, sizeof *st);
         }
+        pump_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void drey_call_finish_relay(drey_call *c, const drey_call_answer *a) {
+    if (a->code == GRPC_STATUS_OK) {
+        drey_call_finish(c, NULL);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->finish_wanted) {
+        c->finish_wanted = true;
+        /* One allocation: the answer, its message and its details. */
+        drey_call_answer *copy = drey_xmalloc(sizeof *copy + a->message_len + a->details_len + 1);
+        char *tail = (char *)(copy + 1);
+        *copy = (drey_call_answer){.code = a->code, .message = tail, .message_len = a->message_len};
+        if (a->message_len > 0)
+            memcpy(tail, a->message, a->message_len);
+        if (a->details != NULL) {
+            copy->details = (const uint8_t *)tail + a->message_len;
+            copy->details_len = a->details_len;
+            memcpy(tail + a->message_len, a->details, a->details_len);
+        }
+        c->finish_answer = copy;
         pump_locked(c);
     }
     pthread_mutex_unlock(&c->mu);

@@ -84,6 +84,7 @@ struct drey_call {
     bool read_paused;   /* drey_call_pause_reading(): read no more for now */
     bool read_parked;   /* paused with no RECV_MESSAGE in flight */
     drey_status *finish_status;
+    drey_call_answer *finish_answer; /* drey_call_finish_relay(): another server's status, one allocation */
 
     /* Storage the status batch points into until it completes. */
     grpc_byte_buffer *reply_bb;

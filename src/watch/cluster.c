@@ -38,7 +38,7 @@ void drey_watch__attach_remote(drey_watch *w, stream *s, drey_request *r) {
         /* Outside the hub's mutex: the cluster feeds streams while holding
          * its own. The client may be gone meanwhile: whoever comes second,
          * this or on_done, closes. */
-        void *h = cl.open(cl.ctx, (drey_watch_stream *)s, s->msg);
+        void *h = cl.open(cl.ctx, (drey_watch_stream *)s, s->msg, s->authorization, s->authorization_len);
         pthread_mutex_lock(&s->mu);
         s->handle = h;
         s->opening = false;
@@ -61,10 +61,51 @@ static void sub_refuse(drey_call *call, drey_error e) {
     drey_call_finish(call, &st);
 }
 
+/* Ends a subscription refused after its stream was made (the call's
+ * reference stays until on_done), and lets go of the caller's. */
+static void sub_end(stream *s, const drey_status *st) {
+    pthread_mutex_lock(&s->mu);
+    s->state = S_REFUSED;
+    if (!s->done)
+        drey_call_finish(s->call, st);
+    pthread_mutex_unlock(&s->mu);
+    drey_watch__stream_unref(s);
+}
+
+/* The subscription as the principal and authz stages see it: the
+ * ingress's call, carrying the client's token, forwarded by the node its
+ * request names (checked against its certificate before). Used only while
+ * on_subscribe runs, when the call surely lives. */
+typedef struct sub_check {
+    drey_call *call;
+    const char *node;
+} sub_check;
+
+static const char *sub_metadata(void *door, const char *key, size_t *len) {
+    sub_check *c = door;
+    if (strcmp(key, DREY_FORWARDED_BY) == 0) {
+        *len = strlen(c->node);
+        return c->node;
+    }
+    return drey_call_metadata(c->call, key, len);
+}
+
+static const char *sub_peer(void *door) {
+    return drey_call_connection(((sub_check *)door)->call);
+}
+
+static bool sub_peer_is(void *door, const char *id, size_t len) {
+    return drey_call_peer_is(((sub_check *)door)->call, id, len);
+}
+
+static const drey_request_ops sub_door = {.metadata = sub_metadata, .peer = sub_peer, .peer_is = sub_peer_is};
+
 /* An ingress node subscribes for one client's watch: attached to this
- * node's feed like a watch of its own, outside the chain (the ingress
- * admitted the caller; the peer is a node, by its certificate) and outside
- * every principal's count. */
+ * node's feed like a watch of its own, outside the chain and outside every
+ * principal's count (the ingress admitted and counts the watch; the peer
+ * is a node, by its certificate). The caller is checked again here all
+ * the same, with this node's keys and policy, as a forwarded call is: the
+ * ingress's check is an optimisation, this one the guard. */
 static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *request) {
     drey_watch *w = ctx;
     if (request == NULL || drey_call_user(call) != NULL)
@@ -84,6 +125,15 @@ static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *req
     }
     stream *s = drey_watch__stream_new(w, call, 2, in->watch); /* the call's (until on_done), and this function's */
     s->sub = true;
+    drey_call_set_user(call, s);
+    sub_check check = {.call = call, .node = in->node};
+    drey_request_init(&s->req, &sub_door, &check, &s->arena, &w->method, &s->msg->base, s->bytes, s->len);
+    const drey_status *refused = drey_pipeline_authorize(w->opts.pipeline, &s->req);
+    s->req.door = NULL; /* check lives in this frame only */
+    if (refused != NULL) {
+        sub_end(s, refused);
+        return;
+    }
     uint8_t *parts = drey_arena_calloc(&s->arena, n_parts / 8 + 1);
     for (size_t i = 0; i < in->n_partitions; i++) {
         if (in->partitions[i] < n_parts)
@@ -92,18 +142,14 @@ static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *req
     s->parts = parts;
     s->n_parts = n_parts;
     drey_watch__set_filter(s);
-    drey_call_set_user(call, s);
     pthread_mutex_lock(&w->mu);
     /* The ingress may have gone meanwhile (on_done): then never touch the call. */
     if (w->stopping || !w->started) {
-        drey_error e = w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING;
+        drey_status st;
+        drey_status_init(&st);
+        drey_status_set(&st, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING);
         pthread_mutex_unlock(&w->mu);
-        pthread_mutex_lock(&s->mu);
-        s->state = S_REFUSED;
-        if (!s->done)
-            sub_refuse(call, e);
-        pthread_mutex_unlock(&s->mu);
-        drey_watch__stream_unref(s);
+        sub_end(s, &st);
         return;
     }
     drey_watch__recording_begin_locked(w);
@@ -210,3 +256,10 @@ void drey_watch_mark(drey_watch_stream *ws, bool watching, const char *reason) {
     remote_push(s, e, watching, true, reason);
 }
 
+void drey_watch_end(drey_watch_stream *ws, const drey_call_answer *owner_status) {
+    stream *s = (stream *)ws;
+    pthread_mutex_lock(&s->mu);
+    if (!s->done) /* a call ends once: whatever ended it first stands */
+        drey_call_finish_relay(s->call, owner_status);
+    pthread_mutex_unlock(&s->mu);
+}

@@ -141,6 +141,8 @@ struct stream {
     const uint8_t *parts; /* subscription: bitmap of the partitions asked for */
     uint32_t n_parts;
 
+    const char *authorization; /* remote: the client's header (NULL: none), for the owners */
+    size_t authorization_len;
     uint8_t *bytes;     /* the request as it came (the chain validates them) */
     size_t len;
     drey_link link;     /* in the hub's streams, or its remotes */

@@ -332,6 +332,16 @@ void drey_watch__on_watch(void *ctx, drey_call *call, const ProtobufCMessage *re
      * copy that outlives this callback, and the bytes for validation. */
     stream *s = drey_watch__stream_new(w, call, 2, (const Drey__Cache__V1__WatchRequest *)request); /* the call's and the chain's */
     drey_call_set_user(call, s);
+    if (w->opts.clustered) {
+        /* The owners check the caller again (cluster.c): its token, read
+         * now, while the call surely lives. */
+        size_t len;
+        const char *auth = drey_call_metadata(call, "authorization", &len);
+        if (auth != NULL) {
+            s->authorization = drey_arena_strndup(&s->arena, auth, len);
+            s->authorization_len = len;
+        }
+    }
     drey_subdoor_init(&s->sd, &watch_stream, &s->mu, drey_call_deadline_mono_ns(call));
     drey_request_init(&s->req, &drey_subdoor_ops, &s->sd, &s->arena, &w->method, &s->msg->base, s->bytes, s->len);
     drey_pipeline_submit(w->opts.pipeline, &s->req);

@@ -5,6 +5,12 @@
   unchanged, NOT_PERMITTED) when the owner's policy does not grant it: for
   single-key calls, GetMany's scattered parts, Scan and Clear reaching every
   node, and a Pipeline's operations.
+* The owner checks a cluster Watch again too: the ingress subscribes at each
+  owner with the caller's token, the owner verifies it with its own keys
+  (a token it does not know: UNAUTHENTICATED) and asks its own policy for
+  watch on the keys, the prefix or the whole cache; its refusal ends the
+  client's watch with the owner's status (PERMISSION_DENIED NOT_PERMITTED,
+  counted and listed on the owner), and a watch both grant sees its events.
 * A tenant's quota holds for the sum of its bytes on the partitions'
   primaries: a tenant writing through every node at once is refused
   TENANT_MEMORY_QUOTA once the cluster holds its quota, and the primaries'
@@ -18,7 +24,7 @@ import threading
 
 import grpc
 
-from drey_cluster import Cluster, partition
+from drey_cluster import Cluster, metric, partition
 from drey_harness import DreyTestCase, RpcFailure, main, make_value
 from drey_tokens import KeyDir, bearer, details, mint, poll, write_atomic
 
@@ -33,7 +39,7 @@ OPEN = {
     "tenants": {"claim": "tenant", "maxBytes": {"acme": QUOTA}},
 }
 STRICT = {
-    "roles": {"some": [{"caches": ["*"], "keys": ["ok:*"], "verbs": ["read", "write", "delete"]}]},
+    "roles": {"some": [{"caches": ["*"], "keys": ["ok:*"], "verbs": ["read", "write", "delete", "watch"]}]},
     "bindings": [{"claim": "role", "equals": "app", "roles": ["some"]}],
     "tenants": {"claim": "tenant", "maxBytes": {"acme": QUOTA}},
 }
@@ -105,6 +111,60 @@ class ClusterAuthzTest(DreyTestCase):
             denials = details(owner.server)["authz"]["lastDenials"]
             self.assertIn(("write", "/drey.cache.v1.Cache/Set"), [(d["verb"], d["method"]) for d in denials])
             self.assertEqual({d["principal"] for d in denials}, {"jwt:app-1"}, "the caller, not the forwarding node")
+
+    def test_the_owner_checks_a_watch_again(self):
+        open_path, strict_path = self.policy_file("open-w.json", OPEN), self.policy_file("strict-w.json", STRICT)
+        # The ingress knows a key the owner does not.
+        both = KeyDir()
+        both.install(self.key)
+        stranger = mint(both.rsa("k2"), sub="app-2", role="app")
+        with Cluster(partitions=8, initial_nodes=2) as cl:
+            ingress = cl.start_node("n1", flags=["--jwt-keys-dir=" + both.path, "--authz-policy=" + open_path])
+            owner = cl.start_node("n2", flags=["--jwt-keys-dir=" + self.keys.path, "--authz-policy=" + strict_path])
+            owners = cl.agreed_owners([ingress, owner])
+
+            def key_on(node_id, prefix):
+                return next(k for k in ("%s%d" % (prefix, i) for i in range(10000))
+                            if cl.owner_of(owners, k) == node_id)
+            theirs, theirs_ok, mine_ok = key_on("n2", "no:"), key_on("n2", "ok:"), key_on("n1", "ok:")
+
+            def watch(token=self.token, timeout=RPC_TIMEOUT, **fields):
+                fn, req_cls, _ = ingress.cache.methods["Watch"]
+                return fn(req_cls(**fields), metadata=bearer(token), timeout=timeout)
+
+            # Refused by the owner: a key of its own, a key of each node's
+            # (the whole watch), the whole cache. Without the owner's check
+            # they would be served.
+            for fields in ({"keys": [theirs]}, {"keys": [mine_ok, theirs]}, {}):
+                with self.assertRpcError(DENIED, "NOT_PERMITTED", secret=theirs,
+                                         metadata={"verb": "watch", "cache": "default",
+                                                   "method": "/drey.cache.v1.Cache/Watch"}):
+                    list(watch(timeout=10, **fields))
+            # A token the ingress accepts and the owner does not know.
+            with self.assertRpcError(grpc.StatusCode.UNAUTHENTICATED, "TOKEN_UNKNOWN_KEY"):
+                list(watch(token=stranger, timeout=10, keys=[theirs_ok]))
+
+            # Both grant it: the owner's events arrive, and the ingress's own.
+            kind = self.pb.cache.WatchEvent.Kind
+            stream = watch(prefix="ok:")
+            try:
+                self.assertEqual(next(stream).kind, kind.Value("WATCHING"))
+                self.call(ingress, "Set", key=theirs_ok, value=make_value("w1"))
+                self.call(ingress, "Set", key=mine_ok, value=make_value("w2"))
+                seen = set()
+                while seen != {theirs_ok, mine_ok}:
+                    ev = next(stream)
+                    if ev.kind == kind.Value("SET"):
+                        seen.add(ev.key)
+            finally:
+                stream.cancel()
+
+            # The owner refused and counted them; the ingress granted them.
+            self.assertGreaterEqual(metric(owner, "drey_authz_denied_total", 'verb="watch"'), 3)
+            self.assertEqual(metric(ingress, "drey_authz_denied_total", 'verb="watch"'), 0)
+            denials = [d for d in details(owner.server)["authz"]["lastDenials"] if d["verb"] == "watch"]
+            self.assertEqual([(d["principal"], d["method"]) for d in denials],
+                             [("jwt:app-1", "/drey.cache.v1.Cache/Watch")])
 
     def test_a_tenants_quota_holds_across_the_cluster(self):
         open_path = self.policy_file("open-quota.json", OPEN)

@@ -516,3 +516,86 @@ Test(log, concurrent_lines_never_interleave, .timeout = 60) {
     cr_assert(eq(sz, lines, (size_t)WRITERS * LINES_PER_WRITER));
     free(d.buf);
 }
+
+/* --- an empty error says nothing ------------------------------------------- */
+
+Test(log, an_empty_error_field_is_left_out) {
+    DREY_LOG_WARN("w", DREY_LOG_STR("error", ""), DREY_LOG_STR("peer", ""), DREY_LOG_STR("error", NULL));
+    one_line();
+    cr_assert_null(json_get(&obj, "error"), "%s", cap_buf);
+    assert_raw("peer", "\"\""); /* other empty fields stay: their key may be the news */
+    DREY_LOG_WARN("w", DREY_LOG_STR("error", "disk full"));
+    one_line();
+    assert_raw("error", "\"disk full\"");
+}
+
+/* --- clipping messages into fixed buffers ------------------------------------ */
+
+static const char *clip(size_t cap, const char *s) {
+    static char out[256];
+    cr_assert_leq(cap, sizeof out);
+    size_t n = drey_log_clip(out, cap, s, strlen(s));
+    cr_assert_eq(n, strlen(out));
+    cr_assert_lt(n, cap, "room for the NUL");
+    return out;
+}
+
+Test(log, a_message_that_fits_is_copied_whole) {
+    cr_assert_str_eq(clip(32, "Connection refused"), "Connection refused");
+    cr_assert_str_eq(clip(19, "Connection refused"), "Connection refused", "exactly the room");
+    cr_assert_str_eq(clip(8, ""), "");
+}
+
+Test(log, a_long_message_is_cut_after_a_whole_word) {
+    const char *m = "Failed to connect to remote host: Connection refused";
+    /* 40 bytes of room: the old %.*s cut gave "...remote host: Connecti" */
+    cr_assert_str_eq(clip(40, m), "Failed to connect to remote host:...");
+    cr_assert_str_eq(clip(45, m), "Failed to connect to remote host:...");
+    cr_assert_str_eq(clip(48, m), "Failed to connect to remote host: Connection...");
+    cr_assert_str_eq(clip(13, m), "Failed to...");
+    cr_assert_str_eq(clip(12, m), "Failed...", "\"Failed to\" needs 9 bytes and the mark 3");
+}
+
+Test(log, a_single_long_word_is_cut_inside_it) {
+    cr_assert_str_eq(clip(10, "abcdefghijklmnop"), "abcdef...");
+    cr_assert_str_eq(clip(16, "ab cdefghijklmnopqrstuvwxyz"), "ab cdefghijk...", "a word before the half");
+}
+
+Test(log, a_cut_never_splits_a_utf8_character) {
+    /* "ééééé" is 10 bytes; 6 bytes of room would end inside the fourth */
+    const char *out = clip(10, "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9");
+    cr_assert_str_eq(out, "\xc3\xa9\xc3\xa9\xc3\xa9...");
+    cr_assert_str_eq(clip(4, "abcdef"), "", "no room for any of it and the mark");
+}
+
+/* --- repeated lines ----------------------------------------------------------- */
+
+Test(log, the_same_text_goes_once_per_interval_with_a_count) {
+    drey_log_repeat *r = drey_log_repeat_create(1000);
+    uint64_t k = 99;
+    cr_assert(drey_log_repeat_admit(r, "No match found for server name", 0, &k));
+    cr_assert_eq(k, 0);
+    for (int i = 1; i <= 5; i++)
+        cr_assert_not(drey_log_repeat_admit(r, "No match found for server name", i * 100, &k), "held back");
+    cr_assert(drey_log_repeat_admit(r, "another text", 600, &k), "another text is not held back");
+    cr_assert_eq(k, 0);
+    cr_assert(drey_log_repeat_admit(r, "No match found for server name", 1000, &k), "after the interval");
+    cr_assert_eq(k, 5, "says how many were held back");
+    cr_assert_not(drey_log_repeat_admit(r, "No match found for server name", 1500, &k));
+    cr_assert(drey_log_repeat_admit(r, "No match found for server name", 5000, &k));
+    cr_assert_eq(k, 1);
+    drey_log_repeat_destroy(r);
+}
+
+Test(log, more_texts_than_slots_forget_the_least_recent) {
+    drey_log_repeat *r = drey_log_repeat_create(1000);
+    char text[32];
+    uint64_t k;
+    for (int i = 0; i <= DREY_LOG_REPEAT_SLOTS; i++) { /* one more than fits: text 0 is forgotten */
+        snprintf(text, sizeof text, "text %d", i);
+        cr_assert(drey_log_repeat_admit(r, text, i, &k));
+    }
+    cr_assert(drey_log_repeat_admit(r, "text 0", 100, &k), "forgotten: it goes again");
+    cr_assert_not(drey_log_repeat_admit(r, "text 5", 101, &k), "still watched");
+    drey_log_repeat_destroy(r);
+}

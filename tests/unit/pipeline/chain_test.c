@@ -1124,6 +1124,75 @@ Test(chain, the_internal_listener_serves_only_the_peer_its_certificate_names) {
     door_free(d);
 }
 
+/* An owner's share of a cluster Watch is checked outside the chain with
+ * the chain's own principal and authz stages: the forwarding peer proven,
+ * the token verified here, the grants asked here; nothing answered, nothing
+ * held, a denial counted. */
+#define WATCH_POLICY                                                                                               \
+    "{\"roles\": {\"users\": [{\"caches\": [\"c\"], \"keys\": [\"user:*\"], \"verbs\": [\"watch\"]}]},"         \
+    " \"bindings\": [{\"claim\": \"sub\", \"equals\": \"alice\", \"roles\": [\"users\"]}]}"
+
+static drey_error authorize_watch(via v, const char *key, const char *prefix) {
+    static const drey_method watch = {.path = "/drey.cache.v1.Cache/Watch", .flags = DREY_METHOD_READ};
+    door *d = calloc(1, sizeof *d);
+    cr_assert_not_null(d);
+    drey_arena_init(&d->arena, NULL, 0);
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cond, NULL);
+    d->authorization = v.authorization;
+    d->forwarded_by = v.forwarded_by;
+    d->peer_id = v.peer_id;
+    Drey__Cache__V1__WatchRequest w = DREY__CACHE__V1__WATCH_REQUEST__INIT;
+    w.cache = "c";
+    char *keys[1] = {(char *)key};
+    if (key != NULL) {
+        w.n_keys = 1;
+        w.keys = keys;
+    } else
+        w.prefix = (char *)prefix;
+    drey_request_init(&d->r, &internal_ops, d, &d->arena, &watch, &w.base, NULL, 0);
+    const drey_status *st = drey_pipeline_authorize(f.p, &d->r);
+    cr_assert(!door_answered(d), "the check answers nothing");
+    cr_assert_null(d->r.grants, "and holds nothing");
+    drey_error e = st != NULL ? st->error : DREY_ERR_NONE;
+    if (st == NULL)
+        cr_assert_str_eq(d->r.principal, "node:n1");
+    door_free(d);
+    return e;
+}
+
+Test(chain, a_subscription_is_checked_with_this_nodes_keys_and_policy) {
+    fixture_open(&(fixture_opts){.policy = WATCH_POLICY, .auth_required = true});
+    char *alice = mint("alice", ""), *bob = mint("bob", "");
+    via from_n1 = {.internal = true, .forwarded_by = "n1", .peer_id = "n1", .authorization = alice};
+    cr_assert_eq(authorize_watch(from_n1, "user:1", NULL), DREY_ERR_NONE);
+    cr_assert_eq(authorize_watch(from_n1, NULL, "user:"), DREY_ERR_NONE);
+    cr_assert_eq(authorize_watch(from_n1, "other", NULL), DREY_ERR_NOT_PERMITTED);
+    cr_assert_eq(authorize_watch(from_n1, NULL, ""), DREY_ERR_NOT_PERMITTED, "the whole cache");
+    via as_bob = from_n1;
+    as_bob.authorization = bob;
+    cr_assert_eq(authorize_watch(as_bob, "user:1", NULL), DREY_ERR_NOT_PERMITTED, "no binding names bob");
+    drey_authz_stats as;
+    drey_authz_get_stats(f.authz, &as);
+    cr_assert_eq(as.denied[DREY_AUTHZ_WATCH], 3);
+    cr_assert_str_eq(as.denials[0].principal, "jwt:bob");
+    cr_assert_str_eq(as.denials[0].method, "/drey.cache.v1.Cache/Watch");
+    /* A token this node does not accept, none at all, another node's word. */
+    via forged = from_n1;
+    forged.authorization = "Bearer not-a-token";
+    cr_assert_eq(authorize_watch(forged, "user:1", NULL), DREY_ERR_TOKEN_MALFORMED);
+    via bare = from_n1;
+    bare.authorization = NULL;
+    cr_assert_eq(authorize_watch(bare, "user:1", NULL), DREY_ERR_TOKEN_MISSING);
+    via impostor = from_n1;
+    impostor.peer_id = "n2";
+    cr_assert_eq(authorize_watch(impostor, "user:1", NULL), DREY_ERR_PEER_UNAUTHENTICATED);
+    drey_authz_get_stats(f.authz, &as);
+    cr_assert_eq(as.denied[DREY_AUTHZ_WATCH], 3, "refused before the policy: not a denial");
+    free(alice);
+    free(bob);
+}
+
 /* On the owner a forwarded call counts against its peer (node:<id>), not
  * against whoever it forwards for: the peer's limits are its own. */
 Test(chain, a_forwarded_call_is_admitted_as_its_peer) {
