@@ -12,6 +12,7 @@
 #ifndef DREY_LOG_H
 #define DREY_LOG_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,9 +86,18 @@ size_t drey_log_clip(char *out, size_t cap, const char *s, size_t len);
  * times a second) at most once per interval. Keeps the last
  * DREY_LOG_REPEAT_SLOTS distinct texts; thread-safe. */
 #define DREY_LOG_REPEAT_SLOTS 64
-typedef struct drey_log_repeat drey_log_repeat;
-drey_log_repeat *drey_log_repeat_create(int64_t interval_ms);
-void drey_log_repeat_destroy(drey_log_repeat *r);
+typedef struct drey_log_repeat {
+    pthread_mutex_t mu;
+    int64_t interval_ms;
+    struct drey_log_repeat_slot {
+        uint64_t hash;   /* 0: free */
+        int64_t last_ms; /* when it last went out */
+        int64_t used_ms; /* when it was last seen: the oldest goes first */
+        uint64_t held;   /* held back since */
+    } slots[DREY_LOG_REPEAT_SLOTS];
+} drey_log_repeat;
+/* A static one: static drey_log_repeat r = DREY_LOG_REPEAT_INIT(10000); */
+#define DREY_LOG_REPEAT_INIT(ms) {.mu = PTHREAD_MUTEX_INITIALIZER, .interval_ms = (ms)}
 /* Whether a line of text may go out at now_ms; when it may, *repeated is
  * how many times the same text was held back since it last went (0: none:
  * the line then says "repeated": K). */

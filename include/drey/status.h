@@ -138,6 +138,11 @@ typedef struct drey_status {
 } drey_status;
 
 void drey_status_init(drey_status *st);
+/* A status of e and nothing more (init, then set): the error paths that
+ * add no detail. */
+drey_status drey_status_of(drey_error e);
+/* The same in the arena (a request's refusal, which outlives the stage). */
+drey_status *drey_status_new(drey_arena *a, drey_error e);
 static inline bool drey_status_ok(const drey_status *st) {
     return st->error == DREY_ERR_NONE;
 }

@@ -51,9 +51,7 @@ void drey_admin_set_draining(drey_admin *a) {
 }
 
 static void fail(drey_request *r, drey_error e) {
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, e);
+    drey_status st = drey_status_of(e);
     drey_request_fail(r, &st);
 }
 

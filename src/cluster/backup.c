@@ -99,9 +99,7 @@ static drey_cluster__holding holding(const drey_cluster__topology *t, uint32_t p
 static drey_stage_result refuse(drey_request *r, drey_error e, uint32_t p, const drey_cluster__topology *t,
                                 _Atomic uint64_t *count) {
     atomic_fetch_add(count, 1);
-    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-    drey_status_init(r->status);
-    drey_status_set(r->status, e);
+    r->status = drey_status_new(r->arena, e);
     drey_status_add_metadata(r->status, "partition", "%u", p);
     if (p < t->n_parts)
         drey_status_add_metadata(r->status, "epoch", "%lld", (long long)t->parts[p].epoch);

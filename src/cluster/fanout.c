@@ -131,9 +131,7 @@ static drey_stage_result fan_out(drey_cluster *c, drey_request *r, const drey_cl
     }
     if (f->n == 0) {
         fan_free(f);
-        r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-        drey_status_init(r->status);
-        drey_status_set(r->status, DREY_ERR_PARTITION_UNAVAILABLE);
+        r->status = drey_status_new(r->arena, DREY_ERR_PARTITION_UNAVAILABLE);
         r->status->retry_delay_ms = 500;
         return DREY_STAGE_REJECT;
     }
@@ -192,9 +190,7 @@ static void stats_gathered(fan *f) {
         add_stats(sum, s);
     }
     if (sum == NULL) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_INTERNAL);
+        drey_status st = drey_status_of(DREY_ERR_INTERNAL);
         drey_request_fail(f->r, &st);
         return;
     }
@@ -333,9 +329,7 @@ static drey_stage_result local_figures(drey_cluster *c, drey_request *r, const d
 /* Partitions moved since the call's table was read: its shares would not
  * add up to the whole cache. */
 static drey_stage_result refuse_moved(drey_cluster *c, drey_request *r) {
-    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-    drey_status_init(r->status);
-    drey_status_set(r->status, DREY_ERR_PARTITION_MOVING);
+    r->status = drey_status_new(r->arena, DREY_ERR_PARTITION_MOVING);
     drey_status_add_metadata(r->status, "node", "%s", c->opts.node_id);
     drey_status_add_metadata(r->status, "outcome", "not_applied");
     r->status->retry_delay_ms = 200;
@@ -375,9 +369,7 @@ static void clear_gathered(fan *f) {
     char reason[48];
     drey_answer a = {.code = first->code, .details = first->bytes, .details_len = first->len};
     drey_cluster__answer_reason(&a, reason, sizeof reason);
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, DREY_ERR_CLEAR_INCOMPLETE);
+    drey_status st = drey_status_of(DREY_ERR_CLEAR_INCOMPLETE);
     drey_status_add_metadata(&st, "cause", "%s", reason[0] != '\0' ? reason : "UNREACHABLE");
     drey_status_add_metadata(&st, "causeMessage", "%.200s", first->message != NULL ? first->message : "");
     drey_status_add_metadata(&st, "outcome", "unknown");
@@ -472,9 +464,7 @@ typedef struct scan_call {
 } scan_call;
 
 static drey_stage_result scan_refused(drey_request *r, const char *why) {
-    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-    drey_status_init(r->status);
-    drey_status_set(r->status, DREY_ERR_INVALID_CURSOR);
+    r->status = drey_status_new(r->arena, DREY_ERR_INVALID_CURSOR);
     drey_status_add_metadata(r->status, "why", "%s", why);
     drey_status_add_violation(r->status, DREY_ERR_INVALID_CURSOR, "cursor");
     return DREY_STAGE_REJECT;
@@ -539,9 +529,7 @@ static drey_stage_result route_scan(drey_cluster *c, drey_request *r, const drey
     }
     const drey_cluster__node *to = &t->nodes[owners[index]];
     if (!to->member || to->internal[0] == '\0') {
-        r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-        drey_status_init(r->status);
-        drey_status_set(r->status, DREY_ERR_PARTITION_UNAVAILABLE);
+        r->status = drey_status_new(r->arena, DREY_ERR_PARTITION_UNAVAILABLE);
         drey_status_add_metadata(r->status, "node", "%s", to->id);
         r->status->retry_delay_ms = 500;
         return DREY_STAGE_REJECT;

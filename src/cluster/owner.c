@@ -32,9 +32,7 @@
 
 static drey_stage_result not_primary(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p) {
     atomic_fetch_add(&c->route.not_primary, 1);
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, DREY_ERR_NOT_PRIMARY);
+    drey_status *st = drey_status_new(r->arena, DREY_ERR_NOT_PRIMARY);
     drey_status_add_metadata(st, "partition", "%u", p);
     drey_status_add_metadata(st, "epoch", "%lld", (long long)t->parts[p].epoch);
     drey_status_add_metadata(st, "primary", "%s", t->parts[p].primary >= 0 ? t->nodes[t->parts[p].primary].id : "");
@@ -47,9 +45,7 @@ drey_status *drey_cluster__unavailable(drey_cluster *c, drey_request *r, uint32_
                                        const char *primary, bool maybe_applied) {
     if (e == DREY_ERR_PARTITION_UNAVAILABLE)
         atomic_fetch_add(&c->route.unavailable, 1);
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, e);
+    drey_status *st = drey_status_new(r->arena, e);
     drey_status_add_metadata(st, "partition", "%u", p);
     drey_status_add_metadata(st, "primary", "%s", primary);
     drey_status_add_metadata(st, "cause", "%s", cause);

@@ -311,16 +311,12 @@ static void drain(drey_cluster *c, uint32_t p) {
              * top of that copy (a cut primary hearing of its successor as
              * the copy to it begins). Whether the others have it is for a
              * retry with the request_id to find out. */
-            drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-            drey_status_init(st);
-            drey_status_set(st, DREY_ERR_LEASE_EXPIRED);
+            drey_status *st = drey_status_new(r->arena, DREY_ERR_LEASE_EXPIRED);
             drey_status_add_metadata(st, "outcome", "unknown");
             drey_request_fail(r, st);
         } else if (rec->local_err != 0 && rec->n_durable == 0) {
             /* No copy has it durable (a dropped backup's copy is replaced): refused. */
-            drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-            drey_status_init(st);
-            drey_status_set(st, DREY_ERR_JOURNAL_WRITE_FAILED);
+            drey_status *st = drey_status_new(r->arena, DREY_ERR_JOURNAL_WRITE_FAILED);
             drey_status_add_metadata(st, "errno", "%d", -rec->local_err);
             drey_request_fail(r, st);
         } else {
@@ -448,9 +444,7 @@ static void acked(void *arg, const drey_answer *a) {
 /* --- the chain's rows ---------------------------------------------------------- */
 
 static drey_stage_result refuse(drey_request *r, drey_error e, uint32_t p) {
-    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-    drey_status_init(r->status);
-    drey_status_set(r->status, e);
+    r->status = drey_status_new(r->arena, e);
     drey_status_add_metadata(r->status, "partition", "%u", p);
     r->status->retry_delay_ms = 200;
     return DREY_STAGE_REJECT;

@@ -221,9 +221,7 @@ static bool batch_partition(drey_request *r, const drey_cluster__topology *t, ui
         if (partition_of(t, cache, drey_method_request_key(r->msg, i)) == p0)
             continue;
         if (st == NULL) {
-            st = drey_arena_alloc(r->arena, sizeof *st);
-            drey_status_init(st);
-            drey_status_set(st, DREY_ERR_CROSS_PARTITION);
+            st = drey_status_new(r->arena, DREY_ERR_CROSS_PARTITION);
         }
         drey_status_add_violation(st, DREY_ERR_CROSS_PARTITION, entries ? "entries[%zu].key" : "keys[%zu]", i);
     }
@@ -343,9 +341,7 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
 }
 
 static drey_stage_result refuse_malformed(drey_request *r, const char *field) {
-    r->status = drey_arena_alloc(r->arena, sizeof *r->status);
-    drey_status_init(r->status);
-    drey_status_set(r->status, DREY_ERR_MALFORMED_REQUEST);
+    r->status = drey_status_new(r->arena, DREY_ERR_MALFORMED_REQUEST);
     drey_status_add_violation(r->status, DREY_ERR_MALFORMED_REQUEST, "%s", field);
     return DREY_STAGE_REJECT;
 }

@@ -71,10 +71,10 @@ const char *malloc_conf = "background_thread:true,max_background_threads:1,dirty
 /* gRPC core's own log lines, as JSON like everything else on stderr. It
  * says the same thing again at each retry (a peer whose certificate does
  * not match: three times a second): one text at most every
- * GRPC_REPEAT_MS, the next one saying how many were held back. Made once,
+ * GRPC_REPEAT_MS, the next one saying how many were held back. Static:
  * never freed: gRPC may log until the process ends. */
 #define GRPC_REPEAT_MS 10000
-static drey_log_repeat *grpc_repeats;
+static drey_log_repeat grpc_repeats = DREY_LOG_REPEAT_INIT(GRPC_REPEAT_MS);
 
 static void grpc_log_to_json(gpr_log_func_args *args) {
     drey_log_level level = args->severity == GPR_LOG_SEVERITY_ERROR ? DREY_LOG_LEVEL_ERROR
@@ -83,7 +83,7 @@ static void grpc_log_to_json(gpr_log_func_args *args) {
     if (level < drey_log_min_level)
         return;
     uint64_t repeated = 0;
-    if (!drey_log_repeat_admit(grpc_repeats, args->message, drey_mono_ms(), &repeated))
+    if (!drey_log_repeat_admit(&grpc_repeats, args->message, drey_mono_ms(), &repeated))
         return;
     if (repeated > 0)
         DREY_LOG_(level, "grpc", DREY_LOG_STR("detail", args->message), DREY_LOG_STR("file", args->file),
@@ -280,8 +280,6 @@ static int configure(node *n, int argc, char **argv, char **envp) {
     /* First, so every log says what wrote it. */
     DREY_LOG_INFO("dreyd", DREY_LOG_STR("version", drey_version()), DREY_LOG_STR("revision", drey_version_revision()),
                   DREY_LOG_STR("build", drey_version_build()));
-    if (grpc_repeats == NULL)
-        grpc_repeats = drey_log_repeat_create(GRPC_REPEAT_MS);
     gpr_set_log_function(grpc_log_to_json);
     n->jwt = cfg->jwt_jwks_file[0] != '\0' || cfg->jwt_keys_dir[0] != '\0';
     if (!n->jwt && !drey_config_listen_is_loopback(cfg->listen) && !cfg->insecure_allow_anonymous_remote) {

@@ -232,34 +232,7 @@ size_t drey_log_clip(char *out, size_t cap, const char *s, size_t len) {
 
 /* --- repeated lines -------------------------------------------------------------- */
 
-typedef struct repeat_slot {
-    uint64_t hash;    /* 0: free */
-    int64_t last_ms;  /* when it last went out */
-    int64_t used_ms;  /* when it was last seen: the oldest goes first */
-    uint64_t held;    /* held back since */
-} repeat_slot;
-
-struct drey_log_repeat {
-    pthread_mutex_t mu;
-    int64_t interval_ms;
-    repeat_slot slots[DREY_LOG_REPEAT_SLOTS];
-};
-
-drey_log_repeat *drey_log_repeat_create(int64_t interval_ms) {
-    drey_log_repeat *r = calloc(1, sizeof *r);
-    if (r == NULL)
-        abort();
-    pthread_mutex_init(&r->mu, NULL);
-    r->interval_ms = interval_ms;
-    return r;
-}
-
-void drey_log_repeat_destroy(drey_log_repeat *r) {
-    if (r == NULL)
-        return;
-    pthread_mutex_destroy(&r->mu);
-    free(r);
-}
+typedef struct drey_log_repeat_slot repeat_slot;
 
 static uint64_t text_hash(const char *s) {
     uint64_t h = 1469598103934665603ULL; /* FNV-1a */

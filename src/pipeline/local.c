@@ -106,9 +106,7 @@ void drey_pipeline_call_local(drey_pipeline *p, const drey_method *m, const uint
     ProtobufCMessage *msg = protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&lc->arena),
                                                       len, copy);
     if (msg == NULL) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_MALFORMED_REQUEST);
+        drey_status st = drey_status_of(DREY_ERR_MALFORMED_REQUEST);
         local_fail(&lc->sd, &st);
         return;
     }

@@ -226,9 +226,7 @@ static void cancel_locked(stream *s, door *d) {
 }
 
 static void refuse(door *d, drey_error e) {
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, e);
+    drey_status st = drey_status_of(e);
     fail_status(d, &st);
 }
 

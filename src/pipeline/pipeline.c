@@ -148,9 +148,7 @@ void drey_pipeline__set_stream_binding(drey_pipeline *p, struct stream_binding *
 }
 
 drey_status *drey_pipeline__status(drey_request *r, drey_error e) {
-    drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-    drey_status_init(st);
-    drey_status_set(st, e);
+    drey_status *st = drey_status_new(r->arena, e);
     r->status = st;
     return st;
 }

@@ -288,9 +288,7 @@ static void door_relay(drey_subdoor *door, const drey_answer *a) {
             *(uint32_t *)(void *)((char *)res + k->response->quantifier_offset) = k->response->id;
             *(ProtobufCMessage **)(void *)((char *)res + k->response->offset) = m;
         } else {
-            drey_status st;
-            drey_status_init(&st);
-            drey_status_set(&st, DREY_ERR_INTERNAL);
+            drey_status st = drey_status_of(DREY_ERR_INTERNAL);
             op_fail_status(o, res, &st);
         }
     } else {
@@ -585,9 +583,7 @@ static pop *op_new(pstream *s, const Drey__Cache__V1__PipelineOperation *in, int
     drey_request_init(&o->r, &drey_subdoor_ops, &o->sd, &o->arena, k->method, msg, bytes, len);
     o->write = (k->method->flags & DREY_METHOD_WRITE) != 0;
     if (msg == NULL) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_MALFORMED_REQUEST);
+        drey_status st = drey_status_of(DREY_ERR_MALFORMED_REQUEST);
         Drey__Cache__V1__PipelineResult *res = result_of(o);
         op_fail_status(o, res, &st);
         o->result = res;

@@ -188,15 +188,21 @@ static size_t status_ops(drey_call *c, const drey_status *st, grpc_op *ops) {
 
 /* Unary replies: initial metadata, the message (if any) and the status in
  * one batch. The batch inherits the handler's reference. */
-static void unary_finish(drey_call *c, const ProtobufCMessage *response, const drey_status *st) {
+/* An answer's batch begins alike: replied (no cancel hook from now on),
+ * then the initial metadata. ops holds 3. */
+static size_t begin_answer(drey_call *c, grpc_op *ops) {
     pthread_mutex_lock(&c->mu);
     c->replied = true;
     c->cancel_hook = NULL;
     pthread_mutex_unlock(&c->mu);
+    memset(ops, 0, 3 * sizeof *ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    return 1;
+}
+
+static void unary_finish(drey_call *c, const ProtobufCMessage *response, const drey_status *st) {
     grpc_op ops[3];
-    size_t n = 0;
-    memset(ops, 0, sizeof ops);
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    size_t n = begin_answer(c, ops);
     if (response != NULL) {
         c->reply_bb = drey_rpc_pack(response);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
@@ -230,14 +236,8 @@ static void answer_status_op(drey_call *c, const drey_call_answer *a, grpc_op *o
 }
 
 void drey_call_relay(drey_call *c, const drey_call_answer *a) {
-    pthread_mutex_lock(&c->mu);
-    c->replied = true;
-    c->cancel_hook = NULL;
-    pthread_mutex_unlock(&c->mu);
     grpc_op ops[3];
-    size_t n = 0;
-    memset(ops, 0, sizeof ops);
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    size_t n = begin_answer(c, ops);
     if (a->code == GRPC_STATUS_OK) {
         c->reply_bb = drey_rpc_copy(a->response, a->response_len);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
@@ -449,9 +449,7 @@ static void on_recv(drey_server__tag *t, bool ok) {
     ProtobufCMessage *msg = decode(&c->arena, c->method, s);
     grpc_slice_unref(s);
     if (msg == NULL) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, DREY_ERR_MALFORMED_REQUEST);
+        drey_status st = drey_status_of(DREY_ERR_MALFORMED_REQUEST);
         drey_call_finish(c, &st);
         call_unref(c);
         return;
@@ -487,9 +485,7 @@ void drey_call_resume_reading(drey_call *c) {
 }
 
 static void fail_new(drey_call *c, drey_error e) {
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, e);
+    drey_status st = drey_status_of(e);
     if (is_streaming(c))
         drey_call_finish(c, &st);
     else

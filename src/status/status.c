@@ -151,6 +151,20 @@ void drey_status_init(drey_status *st) {
     st->retry_delay_ms = -1;
 }
 
+drey_status *drey_status_new(drey_arena *a, drey_error e) {
+    drey_status *st = drey_arena_alloc(a, sizeof *st);
+    drey_status_init(st);
+    drey_status_set(st, e);
+    return st;
+}
+
+drey_status drey_status_of(drey_error e) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_status_set(&st, e);
+    return st;
+}
+
 grpc_status_code drey_status_code(const drey_status *st) {
     return drey_error_lookup(st->error)->code;
 }

@@ -8,6 +8,7 @@
  * the counters are atomics, and a cluster node's per-partition counters
  * hang off the record once it joined.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,47 +333,49 @@ size_t drey_tenants_top(drey_tenants *t, drey_tenant_stats *top, size_t cap, dre
 
 #define TOP_TENANTS 10
 
+/* A value of drey_tenant_stats by its offset. */
+static double stat_at(const drey_tenant_stats *st, size_t field) {
+    if (field == offsetof(drey_tenant_stats, refused_writes))
+        return (double)st->refused_writes;
+    return (double)*(const int64_t *)(const void *)((const char *)st + field);
+}
+
+/* One series for the top tenants, and for the rest when a sum of them
+ * means something (`other`). */
+static void tenant_series(FILE *out, const char *name, const char *type, const char *help,
+                          const drey_tenant_stats *top, size_t n, size_t field, const drey_tenant_stats *other) {
+    char labels[300];
+    drey_metrics_header(out, name, type, help);
+    for (size_t i = 0; i < n; i++) {
+        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
+        drey_metrics_sample(out, name, labels, stat_at(&top[i], field));
+    }
+    if (other != NULL)
+        drey_metrics_sample(out, name, "tenant=\"other\"", stat_at(other, field));
+}
+
 void drey_tenants_collect_metrics(void *ctx, FILE *out) {
     drey_tenants *t = ctx;
     drey_tenant_stats top[TOP_TENANTS];
     drey_tenants_summary sum;
     size_t n = drey_tenants_top(t, top, TOP_TENANTS, &sum);
-    char labels[300];
     drey_metrics_header(out, "drey_tenants", "gauge", "Tenants with entries here.");
     drey_metrics_sample(out, "drey_tenants", NULL, (double)sum.tenants);
-    drey_metrics_header(out, "drey_tenant_used_bytes", "gauge",
-                        "Accounted bytes of each tenant's entries here (a cluster node: in the partitions it "
-                        "leads), for the 10 largest tenants; tenant=\"other\" sums the rest.");
-    for (size_t i = 0; i < n; i++) {
-        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
-        drey_metrics_sample(out, "drey_tenant_used_bytes", labels, (double)top[i].used_bytes);
-    }
-    drey_metrics_sample(out, "drey_tenant_used_bytes", "tenant=\"other\"", (double)sum.other.used_bytes);
-    drey_metrics_header(out, "drey_tenant_limit_bytes", "gauge",
-                        "The memory quota of each of the same tenants (-1: none).");
-    for (size_t i = 0; i < n; i++) {
-        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
-        drey_metrics_sample(out, "drey_tenant_limit_bytes", labels, (double)top[i].limit_bytes);
-    }
-    drey_metrics_header(out, "drey_tenant_refused_writes_total", "counter",
-                        "Writes refused TENANT_MEMORY_QUOTA here, for the same tenants and the rest.");
-    for (size_t i = 0; i < n; i++) {
-        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
-        drey_metrics_sample(out, "drey_tenant_refused_writes_total", labels, (double)top[i].refused_writes);
-    }
-    drey_metrics_sample(out, "drey_tenant_refused_writes_total", "tenant=\"other\"", (double)sum.other.refused_writes);
+    tenant_series(out, "drey_tenant_used_bytes", "gauge",
+                  "Accounted bytes of each tenant's entries here (a cluster node: in the partitions it leads), for "
+                  "the 10 largest tenants; tenant=\"other\" sums the rest.",
+                  top, n, offsetof(drey_tenant_stats, used_bytes), &sum.other);
+    tenant_series(out, "drey_tenant_limit_bytes", "gauge", "The memory quota of each of the same tenants (-1: none).",
+                  top, n, offsetof(drey_tenant_stats, limit_bytes), NULL);
+    tenant_series(out, "drey_tenant_refused_writes_total", "counter",
+                  "Writes refused TENANT_MEMORY_QUOTA here, for the same tenants and the rest.", top, n,
+                  offsetof(drey_tenant_stats, refused_writes), &sum.other);
     if (t->ledger == NULL)
         return;
-    drey_metrics_header(out, "drey_tenant_granted_bytes", "gauge",
-                        "A cluster node: the share of each of the same tenants' quota it holds (etcd ledger).");
-    for (size_t i = 0; i < n; i++) {
-        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
-        drey_metrics_sample(out, "drey_tenant_granted_bytes", labels, (double)top[i].granted_bytes);
-    }
-    drey_metrics_header(out, "drey_tenant_cluster_used_bytes", "gauge",
-                        "A cluster node: each of the same tenants' bytes on every primary, as last heard.");
-    for (size_t i = 0; i < n; i++) {
-        drey_metrics_labels(labels, sizeof labels, "tenant", top[i].tenant, NULL);
-        drey_metrics_sample(out, "drey_tenant_cluster_used_bytes", labels, (double)top[i].cluster_used_bytes);
-    }
+    tenant_series(out, "drey_tenant_granted_bytes", "gauge",
+                  "A cluster node: the share of each of the same tenants' quota it holds (etcd ledger).", top, n,
+                  offsetof(drey_tenant_stats, granted_bytes), NULL);
+    tenant_series(out, "drey_tenant_cluster_used_bytes", "gauge",
+                  "A cluster node: each of the same tenants' bytes on every primary, as last heard.", top, n,
+                  offsetof(drey_tenant_stats, cluster_used_bytes), NULL);
 }

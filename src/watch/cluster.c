@@ -55,9 +55,7 @@ void drey_watch__attach_remote(drey_watch *w, stream *s, drey_request *r) {
 /* --- clusters: the owner's end of a subscription ------------------------- */
 
 static void sub_refuse(drey_call *call, drey_error e) {
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, e);
+    drey_status st = drey_status_of(e);
     drey_call_finish(call, &st);
 }
 
@@ -145,9 +143,7 @@ static void on_subscribe(void *ctx, drey_call *call, const ProtobufCMessage *req
     pthread_mutex_lock(&w->mu);
     /* The ingress may have gone meanwhile (on_done): then never touch the call. */
     if (w->stopping || !w->started) {
-        drey_status st;
-        drey_status_init(&st);
-        drey_status_set(&st, w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING);
+        drey_status st = drey_status_of(w->stopping ? DREY_ERR_CANCELLED : DREY_ERR_RECOVERING);
         pthread_mutex_unlock(&w->mu);
         sub_end(s, &st);
         return;

@@ -211,9 +211,7 @@ static void door_fail(drey_subdoor *door, const drey_status *st) {
 
 static void door_relay(drey_subdoor *door, const drey_answer *a) {
     (void)a; /* Watch is never forwarded: the route row passes it by (a cluster watch follows its owners) */
-    drey_status st;
-    drey_status_init(&st);
-    drey_status_set(&st, DREY_ERR_INTERNAL);
+    drey_status st = drey_status_of(DREY_ERR_INTERNAL);
     door_fail(door, &st);
 }
 
@@ -266,9 +264,7 @@ void drey_watch__handle(void *ctx, drey_request *r, const ProtobufCMessage *msg)
     }
     if (w->opts.max_streams > 0 && drey_watch__clients_locked(w) >= w->opts.max_streams) {
         pthread_mutex_unlock(&w->mu);
-        drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-        drey_status_init(st);
-        drey_status_set(st, DREY_ERR_NODE_WATCH_LIMIT);
+        drey_status *st = drey_status_new(r->arena, DREY_ERR_NODE_WATCH_LIMIT);
         drey_status_add_metadata(st, "limitWatches", "%u", w->opts.max_streams);
         snprintf(st->quota_subject, sizeof st->quota_subject, "node:%s", w->opts.node_id ? w->opts.node_id : "");
         st->quota_description = "the node has --max-watches watches open";
@@ -278,9 +274,7 @@ void drey_watch__handle(void *ctx, drey_request *r, const ProtobufCMessage *msg)
     }
     if (!drey_watch__principal_take(w, r->principal)) {
         pthread_mutex_unlock(&w->mu);
-        drey_status *st = drey_arena_alloc(r->arena, sizeof *st);
-        drey_status_init(st);
-        drey_status_set(st, DREY_ERR_PRINCIPAL_WATCH_LIMIT);
+        drey_status *st = drey_status_new(r->arena, DREY_ERR_PRINCIPAL_WATCH_LIMIT);
         drey_status_add_metadata(st, "limitWatches", "%u", w->opts.max_per_principal);
         snprintf(st->quota_subject, sizeof st->quota_subject, "principal:%s", r->principal);
         st->quota_description = "the caller has --principal-max-watches watches open";

@@ -571,7 +571,8 @@ Test(log, a_cut_never_splits_a_utf8_character) {
 /* --- repeated lines ----------------------------------------------------------- */
 
 Test(log, the_same_text_goes_once_per_interval_with_a_count) {
-    drey_log_repeat *r = drey_log_repeat_create(1000);
+    static drey_log_repeat repeats = DREY_LOG_REPEAT_INIT(1000);
+    drey_log_repeat *r = &repeats;
     uint64_t k = 99;
     cr_assert(drey_log_repeat_admit(r, "No match found for server name", 0, &k));
     cr_assert_eq(k, 0);
@@ -584,11 +585,11 @@ Test(log, the_same_text_goes_once_per_interval_with_a_count) {
     cr_assert_not(drey_log_repeat_admit(r, "No match found for server name", 1500, &k));
     cr_assert(drey_log_repeat_admit(r, "No match found for server name", 5000, &k));
     cr_assert_eq(k, 1);
-    drey_log_repeat_destroy(r);
 }
 
 Test(log, more_texts_than_slots_forget_the_least_recent) {
-    drey_log_repeat *r = drey_log_repeat_create(1000);
+    static drey_log_repeat repeats = DREY_LOG_REPEAT_INIT(1000);
+    drey_log_repeat *r = &repeats;
     char text[32];
     uint64_t k;
     for (int i = 0; i <= DREY_LOG_REPEAT_SLOTS; i++) { /* one more than fits: text 0 is forgotten */
@@ -597,5 +598,4 @@ Test(log, more_texts_than_slots_forget_the_least_recent) {
     }
     cr_assert(drey_log_repeat_admit(r, "text 0", 100, &k), "forgotten: it goes again");
     cr_assert_not(drey_log_repeat_admit(r, "text 5", 101, &k), "still watched");
-    drey_log_repeat_destroy(r);
 }
