@@ -96,7 +96,8 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
                                                   c->opts.node_id, false);
             r->status->retry_delay_ms = wait_ns / 1000000 + 1;
             *refusal = DREY_STAGE_REJECT;
-            return -1;
+            bool fits = drey_mono_ns() + wait_ns < r->ops->deadline_mono_ns(r->door);
+            return may_await && fits && c->opts.timers != NULL ? DREY_CLUSTER_OWNER_HOLD : -1;
         }
         return 1;
     }

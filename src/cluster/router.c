@@ -134,10 +134,10 @@ static void retry(void *arg) {
 }
 
 /* Routes f's request again once this node's table is at least revision
- * (or a second has passed), on the timer thread. */
-static void await_table(fwd *f, int64_t revision) {
+ * (or wait_ns has passed), on the timer thread. */
+static void await_table(fwd *f, int64_t revision, int64_t wait_ns) {
     f->await_revision = revision;
-    f->retry_until_ns = drey_mono_ns() + RETRY_WAIT_NS;
+    f->retry_until_ns = drey_mono_ns() + wait_ns;
     f->timer = (drey_timer){.at_ns = drey_mono_ns(), .fn = retry, .arg = f};
     drey_timer_arm(f->c->opts.timers, &f->timer);
 }
@@ -164,7 +164,7 @@ static void forwarded_done(void *arg, const drey_answer *a) {
     if (!f->retried && is_not_primary(a) && f->c->opts.timers != NULL &&
         atomic_compare_exchange_strong(&f->call, &done, NULL)) {
         f->retried = true;
-        await_table(f, f->revision + 1);
+        await_table(f, f->revision + 1, RETRY_WAIT_NS);
         return;
     }
     if (a->code == GRPC_STATUS_UNAVAILABLE && a->details == NULL) {
@@ -321,6 +321,18 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
         o = 0; /* its primary cannot answer: a backup may */
         r->status = NULL;
     }
+    if (o == DREY_CLUSTER_OWNER_HOLD) {
+        /* Held until this node may serve it (a second routing refuses
+         * instead of holding again): a failover's wait, invisible but for
+         * the time it takes. */
+        int64_t wait_ns = r->status->retry_delay_ms * 1000000LL;
+        r->status = NULL;
+        f = fwd_of(c, r, f);
+        f->revision = t->revision;
+        f->awaited = true;
+        await_table(f, INT64_MAX, wait_ns);
+        return DREY_STAGE_PARKED;
+    }
     if (o < 0)
         return res;
     if (o == 1)
@@ -329,7 +341,7 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
     f->revision = t->revision;
     if (o == DREY_CLUSTER_OWNER_AWAIT) {
         f->awaited = true;
-        await_table(f, drey_cluster__forwarded_epoch(r));
+        await_table(f, drey_cluster__forwarded_epoch(r), RETRY_WAIT_NS);
     } else {
         /* A stale read may go to a backup; a refusal names the primary. */
         int32_t primary = t->parts[p].primary;

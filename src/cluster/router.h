@@ -11,8 +11,12 @@
 
 /* The owner of p when a call may go to it: 1 this node, 0 another (*node),
  * -1 refused (*refusal, r->status set), DREY_CLUSTER_OWNER_AWAIT (only when
- * may_await: a forwarded call from a newer table than this node's). */
+ * may_await: a forwarded call from a newer table than this node's),
+ * DREY_CLUSTER_OWNER_HOLD (only when may_await: this node was just promoted
+ * and serves once the lease it granted ran out, within the call's
+ * deadline: r->status says when, should the call not wait). */
 #define DREY_CLUSTER_OWNER_AWAIT 2
+#define DREY_CLUSTER_OWNER_HOLD 3
 int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
                         const drey_cluster__node **node, drey_stage_result *refusal, bool may_await);
 

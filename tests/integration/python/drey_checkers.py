@@ -451,6 +451,20 @@ class Client:
         return None, ("unknown" if ambiguous else "fail"), last
 
 
+def read_retrying(call, timeout=30):
+    """A final read for a checker: a transient UNAVAILABLE (a peer's
+    channel reconnecting after a restart) is retried, never taken for
+    data; anything else is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 class Workload:
     """Threads running step(thread, i) until stop(), recording into
     self.history."""
@@ -566,7 +580,7 @@ class SetWorkload(Workload):
         present = set()
         fn, req_cls, _ = node.cache.methods["GetMany"]
         for k in range(0, len(keys), chunk):
-            resp = fn(req_cls(cache="set", keys=keys[k:k + chunk]), timeout=30)
+            resp = read_retrying(lambda: fn(req_cls(cache="set", keys=keys[k:k + chunk]), timeout=30))
             present.update(res.key for res in resp.results if res.found)
         return present
 
@@ -595,7 +609,7 @@ class CounterWorkload(Workload):
         out = {}
         fn, req_cls, _ = node.cache.methods["Get"]
         for key in self.counters:
-            r = fn(req_cls(cache="ctr", key=key), timeout=30)
+            r = read_retrying(lambda: fn(req_cls(cache="ctr", key=key), timeout=30))
             out[key] = value_of(r.value) if r.found else 0
         return out
 
