@@ -142,10 +142,13 @@ bool drey_cluster__may_serve(drey_cluster *c, const drey_cluster__topology *t, u
         *wait_ns = from - now; /* promoted: the old primary may still hold this node's grant */
         return false;
     }
-    if (t->revision < atomic_load(&c->registered_revision))
-        return false;
-    if (drey_cluster__lease_valid(c))
+    /* A node that lost its lease and registered again may have been
+     * replaced meanwhile: it leads nothing until its table says whether. */
+    int64_t registered = atomic_load(&c->registered_revision);
+    if (drey_cluster__may_lead_at(drey_cluster__lease_valid(c), t->revision, registered))
         return true;
+    if (t->revision < registered)
+        return false;
     int64_t until[DREY_CLUSTER_MAX_REPLICAS];
     for (uint8_t i = 0; i < part->n_replicas; i++) {
         drey_cluster__room *r = room_of(c, t->nodes[part->replicas[i]].id);

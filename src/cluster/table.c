@@ -595,7 +595,3 @@ bool drey_cluster__lease_valid(drey_cluster *c) {
     return drey_cluster__lease_holds(until, c->lease_margin_ns, drey_mono_ns());
 }
 
-bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t) {
-    return drey_cluster__may_lead_at(drey_cluster__lease_valid(c), t->revision, atomic_load(&c->registered_revision));
-}
-

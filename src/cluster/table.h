@@ -28,11 +28,6 @@ void drey_cluster__table_free(drey_cluster *c);
 
 /* This node's lease is valid by its own clock. */
 bool drey_cluster__lease_valid(drey_cluster *c);
-/* This node may lead the partitions t names it primary of: its lease is
- * valid, and t is at least as new as its registration under that lease (a
- * node that lost its lease and registered again may have been replaced
- * meanwhile: it leads nothing until its table says whether). */
-bool drey_cluster__may_lead(drey_cluster *c, const drey_cluster__topology *t);
 
 /* Applies a key's value written by this node (the handover) as the watch
  * would, so routing follows at once. */
