@@ -69,6 +69,7 @@ typedef struct fwd {
     int64_t await_revision; /* the retry waits for a table at least this new */
     int64_t retry_until_ns;
     bool retried, awaited;
+    bool primary_failed; /* a stale read's forward to the primary broke: ask a backup */
     uint32_t partition;                /* of the last forward */
     char primary[DREY_CLUSTER_MAX_ID]; /* the partition's then */
     drey_timer timer;
@@ -167,11 +168,22 @@ static void forwarded_done(void *arg, const drey_answer *a) {
         await_table(f, f->revision + 1, RETRY_WAIT_NS);
         return;
     }
+    drey_request *r = f->r;
+    if (a->code == GRPC_STATUS_UNAVAILABLE && a->details == NULL && !f->primary_failed &&
+        drey_method_request_allows_stale(r->msg) && r->forwarded_by == NULL && f->c->opts.timers != NULL &&
+        atomic_compare_exchange_strong(&f->call, &done, NULL)) {
+        /* The table still names a primary that cannot be reached (killed,
+         * and its lease not out yet): a stale read may be answered by a
+         * live backup meanwhile. Routed again on the timer thread, as a
+         * retry is, so that this peer's thread never waits on another. */
+        f->primary_failed = true;
+        await_table(f, 0, 0);
+        return;
+    }
     if (a->code == GRPC_STATUS_UNAVAILABLE && a->details == NULL) {
         /* The transport's, not the owner's (whose refusals carry details):
          * the owner could not be reached, or its stream broke. A write may
          * have reached its journal before the stream broke. */
-        drey_request *r = f->r;
         drey_status *st = drey_cluster__unavailable(f->c, r, f->partition, DREY_ERR_PARTITION_UNAVAILABLE,
                                                     "OWNER_UNREACHABLE", f->primary,
                                                     (r->method->flags & DREY_METHOD_WRITE) != 0);
@@ -180,7 +192,7 @@ static void forwarded_done(void *arg, const drey_answer *a) {
         drey_request_fail(r, st);
         return;
     }
-    drey_request_relay(f->r, a);
+    drey_request_relay(r, a);
 }
 
 static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64_t epoch) {
@@ -306,6 +318,17 @@ static drey_stage_result hold_write(drey_cluster *c, drey_request *r, fwd **fp, 
 
 /* --- the row, continued ------------------------------------------------------------ */
 
+/* Held until this node may serve it (a second routing refuses instead of
+ * holding again): a failover's wait, invisible but for the time it takes. */
+static drey_stage_result hold_for(drey_cluster *c, drey_request *r, fwd *f, const drey_cluster__topology *t,
+                                  int64_t wait_ns) {
+    f = fwd_of(c, r, f);
+    f->revision = t->revision;
+    f->awaited = true;
+    await_table(f, INT64_MAX, wait_ns);
+    return DREY_STAGE_PARKED;
+}
+
 /* A request for partition p: run here, forward once, wait for the table,
  * or refuse. */
 static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *f, const drey_cluster__topology *t,
@@ -317,21 +340,17 @@ static drey_stage_result route_partition(drey_cluster *c, drey_request *r, fwd *
     if (stale && drey_cluster__stale_copy(c, t, p, &lag_ms))
         return answer_stale(r, lag_ms);
     int o = drey_cluster__owner(c, r, t, p, &to, &res, f == NULL || !f->awaited);
-    if (o < 0 && stale && r->forwarded_by == NULL && (to = drey_cluster__live_backup(t, p)) != NULL) {
+    const drey_cluster__node *backup;
+    if ((o < 0 || (o == 0 && f != NULL && f->primary_failed && strcmp(to->id, f->primary) == 0)) && stale && r->forwarded_by == NULL &&
+        (backup = drey_cluster__live_backup(t, p)) != NULL) {
         o = 0; /* its primary cannot answer: a backup may */
+        to = backup;
         r->status = NULL;
     }
     if (o == DREY_CLUSTER_OWNER_HOLD) {
-        /* Held until this node may serve it (a second routing refuses
-         * instead of holding again): a failover's wait, invisible but for
-         * the time it takes. */
         int64_t wait_ns = r->status->retry_delay_ms * 1000000LL;
         r->status = NULL;
-        f = fwd_of(c, r, f);
-        f->revision = t->revision;
-        f->awaited = true;
-        await_table(f, INT64_MAX, wait_ns);
-        return DREY_STAGE_PARKED;
+        return hold_for(c, r, f, t, wait_ns);
     }
     if (o < 0)
         return res;
@@ -365,6 +384,7 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
     const char *cache = drey_method_request_cache(r->msg);
     const char *key = drey_method_request_key(r->msg, 0);
     uint32_t p;
+    int64_t hold_ns = 0;
     if (t->n_parts == 0)
         goto out; /* not in a table yet: nothing is partitioned */
     switch (r->method->route) {
@@ -378,7 +398,9 @@ static drey_stage_result route_request(drey_cluster *c, drey_request *r, fwd *f)
         break;
     case DREY_ROUTE_KEYS:
         if (cache != NULL)
-            res = drey_cluster__route_keys(c, r, t);
+            res = drey_cluster__route_keys(c, r, t, f == NULL || !f->awaited, &hold_ns);
+        if (hold_ns > 0)
+            res = hold_for(c, r, f, t, hold_ns);
         break;
     case DREY_ROUTE_BATCH:
         if (!batch_partition(r, t, &p))

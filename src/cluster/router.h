@@ -45,7 +45,10 @@ const drey_cluster__node *drey_cluster__live_backup(const drey_cluster__topology
 ProtobufCMessage *drey_cluster__read_here(drey_request *r, const ProtobufCMessage *msg);
 
 /* DREY_ROUTE_KEYS: scatter to the owners, gather in order (gather.c). */
-drey_stage_result drey_cluster__route_keys(drey_cluster *c, drey_request *r, const drey_cluster__topology *t);
+/* *hold_ns > 0 (with DREY_STAGE_PARKED, nothing sent): a key's partition was
+ * just promoted here and may be served after that wait (may_await). */
+drey_stage_result drey_cluster__route_keys(drey_cluster *c, drey_request *r, const drey_cluster__topology *t,
+                                          bool may_await, int64_t *hold_ns);
 
 
 /* Scan, Clear, ListCaches, GetCacheStats: every node's share (fanout.c). */

@@ -303,27 +303,32 @@ class StaleReads(DreyTestCase):
             p = 5
             key = s.key_in(p, "gone")
             primary, backup, other = self.roles(s, p)
+            # a key of a partition the killed node has no copy of
+            q = next(q for q, (pr, bs) in s.table(other).items() if primary.id not in [pr] + list(bs))
+            elsewhere = s.key_in(q, "elsewhere")
             set_, sreq, _ = primary.cache.methods["Set"]
             last = set_(sreq(key=key, value=make_value("last")), timeout=10)
+            set_any, sreq_any, _ = other.cache.methods["Set"]
+            set_any(sreq_any(key=elsewhere, value=make_value("there")), timeout=10)
             acked = [(last.version, time.monotonic())]
+            gm, gmreq, _ = other.cache.methods["GetMany"]
             s.cl.kill(primary.id)
             killed = time.monotonic()
             # Until a new primary takes the partition, the backup answers,
-            # through itself or through a node with no copy, with a lag
-            # that grows from the primary's last word.
+            # through itself or through a node with no copy (whose table
+            # still names the dead primary: its forward there fails, and a
+            # stale read asks the backup instead), with a lag that grows
+            # from the primary's last word. A GetMany answers every key.
             answers = []
             while not answers or answers[-1].from_backup:
                 for n in (backup, other):
                     sent = time.monotonic()
-                    try:
-                        got = self.stale_get(n, key)
-                    except grpc.RpcError as e:
-                        # the node with no copy may still route to the dead primary
-                        self.assertIs(n, other, RpcFailure(e).reason)
-                        continue
+                    got = self.stale_get(n, key)
                     self.assertEqual((value_of(got.value), got.version), ("last", last.version))
                     self.check_bound(acked, sent, got, "primary gone")
                     answers.append(got)
+                many = gm(gmreq(keys=[elsewhere, key], allow_stale=True), timeout=10)
+                self.assertEqual([value_of(r.value) for r in many.results], ["there", "last"])
                 self.assertLess(time.monotonic() - killed, 60, "no failover")
             lags = [a.lag_ms for a in answers if a.from_backup]
             self.assertTrue(lags, "no stale answer while the primary was gone")
@@ -331,6 +336,43 @@ class StaleReads(DreyTestCase):
             # promoted: the backup now answers as the primary
             wait_until(lambda: s.table(backup)[p][0] == backup.id, timeout=30, what="the backup promoted")
             self.assertFalse(self.stale_get(backup, key).from_backup)
+
+    def test_a_read_whose_primary_is_unreachable_is_refused_typed(self):
+        """Without allow_stale, a read forwarded to a primary that cannot be
+        reached (killed, its lease not out yet) is refused UNAVAILABLE
+        PARTITION_UNAVAILABLE with the cause, the primary, outcome
+        not_applied and RetryInfo, counted in the metric; a GetMany too."""
+        with Scenario(self, durable=False) as s:
+            s.stop_workloads()
+            s.settle()
+            p = 6
+            key = s.key_in(p, "unreachable")
+            primary, backup, other = self.roles(s, p)
+            get, greq, _ = other.cache.methods["Get"]
+            gm, gmreq, _ = other.cache.methods["GetMany"]
+            before = metric(other, "drey_cluster_unavailable_total")
+            # killed: its lease (2 s) runs on, so the table names it a while
+            s.cl.kill(primary.id)
+            refusals = []
+            deadline = time.monotonic() + 30
+            while len(refusals) < 2 and time.monotonic() < deadline:
+                for call in (lambda: get(greq(key=key), timeout=10),
+                             lambda: gm(gmreq(keys=[key]), timeout=10)):
+                    try:
+                        call()
+                    except grpc.RpcError as e:
+                        refusals.append(RpcFailure(e))
+                if s.table(other)[p][0] != primary.id:
+                    break  # failed over before a call met the dead primary
+            for f in refusals:
+                self.assertEqual(f.code, grpc.StatusCode.UNAVAILABLE, f.message)
+                self.assertEqual(f.reason, "PARTITION_UNAVAILABLE", f.message)
+                md = f.metadata
+                self.assertIn(md["cause"], ("OWNER_UNREACHABLE", "LEASE_EXPIRED", "FAILOVER_IN_PROGRESS"), md)
+                self.assertEqual((md["partition"], md["outcome"]), (str(p), "not_applied"), md)
+                self.assertIsNotNone(f.retry_info, md)
+            self.assertTrue(refusals, "no read met the dead primary")
+            self.assertGreater(metric(other, "drey_cluster_unavailable_total"), before)
 
 
 class Heartbeats(DreyTestCase):
