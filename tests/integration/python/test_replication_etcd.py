@@ -16,7 +16,7 @@ import signal
 import grpc
 
 from drey_cluster import partition, wait_until
-from drey_harness import DreyTestCase, main, make_value
+from drey_harness import DreyTestCase, RpcFailure, main, make_value
 from drey_replication import LEASE_TTL_S, PARTS, Scenario, details
 
 
@@ -99,6 +99,71 @@ class EtcdAway(DreyTestCase):
             s.progress()
             s.stop_and_check()
             self.assertEqual(partition("", key, PARTS), led[0])
+
+    def test_a_primary_cut_from_its_backup_while_etcd_is_away_waits_for_etcd(self):
+        """Dropping an unreachable backup from the in-sync set is a table
+        change: with etcd away the primary may not do it, so the
+        partitions that n1 and n2 back for each other stop taking writes
+        (refused, typed; never acknowledged on one copy), the others go
+        on, and once etcd returns the cut is repaired by the table."""
+        with Scenario(self) as s:
+            s.progress()
+            n1, n2 = s.cl.nodes["n1"], s.cl.nodes["n2"]
+            table = s.table(n1)
+            shared = [p for p, (primary, backups) in table.items()
+                      if {primary, *backups} == {"n1", "n2"}]
+            apart = [p for p, (primary, backups) in table.items() if "n3" in (primary, *backups)
+                     and p not in shared]
+            self.assertTrue(shared and apart, table)
+            shrinks = details(n1)["inSyncShrinks"] + details(n2)["inSyncShrinks"]
+            etcd = s.cl.etcd.proc
+            etcd.send_signal(signal.SIGSTOP)
+            try:
+                wait_until(lambda: etcd_leases_lapsed(s), timeout=10 * LEASE_TTL_S,
+                           what="every node's etcd lease lapsed")
+                s.cl.cut("n1", "n2", mode="blackhole")
+                s.cl.cut("n2", "n1", mode="blackhole")
+                # a write to a partition the two share: its primary cannot
+                # reach its backup and may not drop it, so the write waits
+                # (its outcome unknown when the caller gives up)...
+                p = shared[0]
+                primary = s.cl.nodes[table[p][0]]
+                set_, sreq, _ = primary.cache.methods["Set"]
+                key = s.key_in(p, "cut-away")
+                with self.assertRaises(grpc.RpcError) as cm:
+                    set_(sreq(key=key, value=make_value(b"x")), timeout=3)
+                self.assertIn(cm.exception.code(), (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE))
+                # ...and once the backup's grant ran out, the next ones are
+                # refused before the journal, typed
+                def refused_typed():
+                    try:
+                        set_(sreq(key=s.key_in(p, "cut-later"), value=make_value(b"z")), timeout=3)
+                    except grpc.RpcError as e:
+                        f = RpcFailure(e)
+                        return f.reason is not None and f.metadata.get("outcome") == "not_applied" and f
+                    self.fail("a write acknowledged by a primary cut from its backup while etcd was away")
+                f = wait_until(refused_typed, timeout=30, what="writes refused up front")
+                self.assertEqual(f.code, grpc.StatusCode.UNAVAILABLE, f.message)
+                self.assertIsNotNone(f.retry_info, f.message)
+                print("a write to a partition cut from its backup, etcd away:", f.reason, f.metadata)
+                # the others, through n3, go on
+                set3, sreq3, _ = s.cl.nodes["n3"].cache.methods["Set"]
+                for q in apart[:4]:
+                    set3(sreq3(key=s.key_in(q, "cut-away"), value=make_value(b"y")), timeout=10)
+                s.progress(ops=50, timeout=120)
+                self.assertEqual(details(n1)["inSyncShrinks"] + details(n2)["inSyncShrinks"], shrinks,
+                                 "an in-sync set changed while etcd was away")
+            finally:
+                etcd.send_signal(signal.SIGCONT)
+            # etcd back, the cut still there: the table repairs it
+            wait_until(lambda: all({s.table(n1)[q][0], *s.table(n1)[q][1]} != {"n1", "n2"} or
+                                   len(s.table(n1)[q][1]) == 0 for q in shared),
+                       timeout=60, what="the shared partitions repaired once etcd returned")
+            s.progress()
+            s.cl.heal()
+            s.progress()
+            s.stop_and_check()
+            self.assertEqual(partition("", key, PARTS), p)
 
 
 if __name__ == "__main__":
