@@ -6,7 +6,9 @@
   signal meanwhile stops it at once (exit 0); with a short
   --cluster-start-timeout it gives up and exits 1, saying why.
 * A clean start of three nodes with two copies of each partition logs no
-  warning and no error.
+  warning and no error, and takes no backup out of an in-sync set (a node
+  takes its primaries' records from the moment it joined, not only once it
+  serves clients).
 * A node's death: each survivor logs a line naming it as it leaves the
   membership, one saying its partitions failed over (to whom, how many),
   and a line per backup and per run of moves, not one per partition (the
@@ -15,7 +17,7 @@
 import signal
 import time
 
-from drey_tokens import poll
+from drey_tokens import details, poll
 
 from drey_cluster import Cluster
 from drey_harness import DreyTestCase, main, make_value
@@ -90,6 +92,8 @@ class ClusterStart(DreyTestCase):
                 return [r for r in node.server.log_records()[since:] if r.get("level") in ("warn", "error")]
             for n in nodes:
                 self.assertEqual(loud(n), [], "%s warned on a clean start" % n.id)
+                # no backup was refused as still starting and dropped
+                self.assertEqual(details(n.server)["cluster"]["inSyncShrinks"], 0, n.server.log_text()[-3000:])
 
             survivors, dead = nodes[:2], nodes[2]
             marks = [len(n.server.log_records()) for n in survivors]
