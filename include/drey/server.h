@@ -138,6 +138,9 @@ typedef struct drey_call_answer {
     size_t details_len;
     const uint8_t *response; /* code OK only */
     size_t response_len;
+    /* A client's: the call never left (no connection to the server was
+     * ever made for it), so the server did nothing of it. */
+    bool unsent;
 } drey_call_answer;
 void drey_call_relay(drey_call *c, const drey_call_answer *a);
 

@@ -68,6 +68,7 @@
 #define BATCH_BYTES (256 * 1024)
 #define MAX_HEADERS 8
 #define FORWARD_PATH "/drey.internal.v1.Peer/Forward"
+#define NO_CONNECTION "failed to connect to all addresses"
 
 typedef struct tag {
     void (*done)(struct tag *t, bool ok);
@@ -336,7 +337,7 @@ static void on_kick(tag *t, bool ok) {
     pthread_mutex_unlock(&p->mu);
 }
 
-static void run_finished(pcall *list, const char *peer_message) {
+static void run_finished(pcall *list, const char *peer_message, bool unsent) {
     while (list != NULL) {
         pcall *c = list;
         list = c->next_finished;
@@ -344,7 +345,7 @@ static void run_finished(pcall *list, const char *peer_message) {
                           : c->code == GRPC_STATUS_DEADLINE_EXCEEDED ? "Deadline Exceeded"
                           : peer_message != NULL                      ? peer_message
                                                                       : "the stream to the peer broke";
-        drey_answer a = {.code = c->code, .message = msg, .message_len = strlen(msg)};
+        drey_answer a = {.code = c->code, .message = msg, .message_len = strlen(msg), .unsent = unsent};
         c->done(c->arg, &a);
         pcall_unref(c);
     }
@@ -443,8 +444,12 @@ static void on_status(tag *t, bool ok) {
     stream_unref_locked(s); /* the batch's */
     stream_unref_locked(s); /* the peer's */
     pthread_mutex_unlock(&p->mu);
+    /* The C core's words when no connection could be picked for the
+     * stream: nothing of it went out (a transparent retry re-picks only
+     * when the server had not seen the first attempt). */
+    bool unsent = strncmp(details, NO_CONNECTION, strlen(NO_CONNECTION)) == 0;
     gpr_free(details);
-    run_finished(failed, msg);
+    run_finished(failed, msg, unsent);
 }
 
 typedef struct answered {
@@ -548,7 +553,7 @@ static void sweep(drey_cluster__peers *p) {
     pcall *list = p->finished;
     p->finished = NULL;
     pthread_mutex_unlock(&p->mu);
-    run_finished(list, NULL);
+    run_finished(list, NULL, false);
 }
 
 static void *peers_main(void *arg) {

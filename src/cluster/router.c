@@ -183,10 +183,11 @@ static void forwarded_done(void *arg, const drey_answer *a) {
     if (a->code == GRPC_STATUS_UNAVAILABLE && a->details == NULL) {
         /* The transport's, not the owner's (whose refusals carry details):
          * the owner could not be reached, or its stream broke. A write may
-         * have reached its journal before the stream broke. */
+         * have reached its journal before the stream broke; not one that
+         * never left. */
         drey_status *st = drey_cluster__unavailable(f->c, r, f->partition, DREY_ERR_PARTITION_UNAVAILABLE,
                                                     "OWNER_UNREACHABLE", f->primary,
-                                                    (r->method->flags & DREY_METHOD_WRITE) != 0);
+                                                    (r->method->flags & DREY_METHOD_WRITE) != 0 && !a->unsent);
         drey_status_add_metadata(st, "transport", "%.*s", (int)(a->message_len < 200 ? a->message_len : 200),
                                  a->message != NULL ? a->message : "");
         drey_request_fail(r, st);

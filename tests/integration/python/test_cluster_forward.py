@@ -324,6 +324,14 @@ class Forwarding(unittest.TestCase):
             self.assertIsNotNone(f.retry_info)
             self.assertLess(time.monotonic() - t0, RPC / 2, "failed when the stream broke, not at the deadline")
             self.assertEqual(details(n1.server)["cluster"].get("notPrimaryRetries", 0), 0, "never retried")
+            # The next write finds no connection to n2 (its lease, 2 s, not
+            # out yet): it never left n1, so it was not applied anywhere.
+            with self.assertRaises(grpc.RpcError) as e:
+                set_fn(set_req(key=key, value=make_value("never sent")), timeout=RPC)
+            f = RpcFailure(e.exception)
+            self.assertEqual((f.code, f.reason), (grpc.StatusCode.UNAVAILABLE, "PARTITION_UNAVAILABLE"), f.message)
+            self.assertEqual((f.metadata["cause"], f.metadata["outcome"]), ("OWNER_UNREACHABLE", "not_applied"),
+                             f.metadata)
             # n2 returns on the same internal address: the channel reconnects, a new stream carries calls.
             # (Once its old registration is gone: a node that has to wait for it can lose the lease it
             # took meanwhile, a join bug of its own.)
