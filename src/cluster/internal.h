@@ -247,6 +247,11 @@ struct drey_cluster {
     char controller[DREY_CLUSTER_MAX_ID];
     int64_t revision;
     bool watch_ended, lease_lost, leaving, stopping;
+    /* Until then (drey_mono_ns) a member missing from the membership may
+     * only be registering again: this node lost its own lease (etcd was
+     * away, and revokes every lapsed lease at its return) and registered
+     * again less than a lease ago. Its primaries are still asked. */
+    _Atomic int64_t members_unsure_until_ns;
     bool draining; /* this node's member entry says so */
     bool loaded;   /* the table was read whole: from here on changes are news (logged) */
     drey_cluster__departure departures[DREY_CLUSTER_DEPARTURES];

@@ -107,7 +107,8 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
         *refusal = not_primary(c, r, t, p);
         return -1;
     }
-    if (o < 0 || !t->nodes[o].member || t->nodes[o].internal[0] == '\0') {
+    if (o < 0 || t->nodes[o].internal[0] == '\0' ||
+        (!t->nodes[o].member && drey_mono_ns() >= atomic_load(&c->members_unsure_until_ns))) {
         *refusal = unavailable(c, r, t, p, DREY_ERR_PARTITION_UNAVAILABLE);
         return -1;
     }

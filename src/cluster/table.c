@@ -294,6 +294,7 @@ static void on_lease_lost(void *user, drey_etcd_lease_loss why) {
     drey_cluster *c = user;
     DREY_LOG_ERROR("this node's etcd lease is lost; it will register again once etcd answers",
                    DREY_LOG_STR("why", why == DREY_ETCD_LEASE_EXPIRED ? "expired" : "unconfirmed"));
+    atomic_store(&c->members_unsure_until_ns, INT64_MAX);
     pthread_mutex_lock(&c->mu);
     c->lease_lost = true;
     pthread_cond_broadcast(&c->cond);
@@ -542,6 +543,7 @@ bool drey_cluster__register_again(drey_cluster *c, char *err, size_t cap) {
     if (register_node(c, 0, err, cap) != 0)
         return false;
     set_keepalive(c, drey_etcd_keepalive_start(c->etcd, &c->lease, on_lease_lost, c));
+    atomic_store(&c->members_unsure_until_ns, drey_mono_ns() + c->opts.lease_ttl_s * 1000000000LL);
     pthread_mutex_lock(&c->mu);
     c->lease_lost = false;
     pthread_mutex_unlock(&c->mu);

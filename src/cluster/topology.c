@@ -114,6 +114,21 @@ void drey_cluster__publish_locked(drey_cluster *c) {
                            : e->handover[0] != '\0' ? node_index(t, &cap, e->handover)
                                                      : -1;
     }
+    /* A node the table names whose membership lapsed keeps the internal
+     * address it had: etcd revokes every lease after an outage longer
+     * than their TTL, and until the members register again their
+     * primaries still send them records and beats (the table, not the
+     * membership, says who backs a partition). Clients are not given it. */
+    const drey_cluster__topology *was = c->topo;
+    for (size_t i = 0; was != NULL && i < t->n_nodes; i++) {
+        drey_cluster__node *n = &t->nodes[i];
+        for (size_t j = 0; !n->member && j < was->n_nodes; j++) {
+            if (strcmp(was->nodes[j].id, n->id) == 0 && was->nodes[j].internal[0] != '\0') {
+                free(n->internal);
+                n->internal = xstrdup(was->nodes[j].internal);
+            }
+        }
+    }
     t->self = -1;
     for (size_t i = 0; i < t->n_nodes; i++) {
         if (strcmp(t->nodes[i].id, c->opts.node_id) == 0)

@@ -70,7 +70,8 @@ def etcd_outage(cl, how, seconds):
             cl.etcd.start()
     after = bench(target, 10)
     return {"how": how, "seconds": seconds,
-            "phases": {name: {"calls": r["calls"], "errors": r["errors"], "throughput": r["throughput"]}
+            "phases": {name: {"calls": r["calls"], "errors": r["errors"], "throughput": r["throughput"],
+                              "errors_by_status": r["errors_by_status"]}
                        for name, r in (("before", before), ("during", during), ("after", after))}}
 
 
@@ -122,6 +123,7 @@ def failover(cl, victim):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--outage", type=int, default=30, help="seconds etcd is away")
+    ap.add_argument("--how", default="frozen,stopped", help="etcd outages to run: frozen, stopped")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     results = {}
@@ -129,7 +131,7 @@ def main():
                  replication_factor=2) as cl:
         cl.start(3)
         cl.wait_assigned(3)
-        for how in ("frozen", "stopped"):
+        for how in args.how.split(","):
             log("etcd %s for %d s" % (how, args.outage))
             results["etcd_" + how] = etcd_outage(cl, how, args.outage)
             time.sleep(10)  # let the cluster settle between scenarios; paces the benchmark only
@@ -138,12 +140,14 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    for how in ("frozen", "stopped"):
+    for how in args.how.split(","):
         r = results["etcd_" + how]
         print("etcd %s %d s:" % (how, r["seconds"]))
         for name, ph in r["phases"].items():
             print("  %-6s %7d calls  %5d errors (%.2f%%)  %8.0f calls/s" %
                   (name, ph["calls"], ph["errors"], 100.0 * ph["errors"] / max(ph["calls"], 1), ph["throughput"]))
+            for e in ph["errors_by_status"]:
+                print("         %6d x %s %s %s" % (e["count"], e["op"], e["code"], e["reason"]))
     f = results["failover"]
     print("failover of n1 (lease %s): %d of %d partitions took writes again" %
           (DEFAULT_LEASE, f["recovered"], f["partitions"]))

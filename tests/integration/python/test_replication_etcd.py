@@ -12,12 +12,47 @@ After each, the checkers: no acknowledged write lost, every copy alike,
 every table transition legal.
 """
 import signal
+import threading
 
 import grpc
 
 from drey_cluster import partition, wait_until
 from drey_harness import DreyTestCase, RpcFailure, main, make_value
 from drey_replication import LEASE_TTL_S, PARTS, Scenario, details
+
+
+class Prober:
+    """Gets of keys through one node, by four threads, until stopped."""
+
+    def __init__(self, node, keys):
+        self.get, self.req, _ = node.cache.methods["Get"]
+        self.keys = keys
+        self.calls = 0
+        self.refusals = []
+        self.done = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(4)]
+
+    def run(self, i):
+        while not self.done.is_set():
+            key = self.keys[(self.calls + i) % len(self.keys)]
+            try:
+                self.get(self.req(key=key), timeout=5)
+            except grpc.RpcError as e:
+                f = RpcFailure(e)
+                self.refusals.append((f.reason, f.metadata.get("cause")))
+            self.calls += 1
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def run_for(self, seconds):
+        self.done.wait(seconds)  # the probe's length, not a synchronisation
+
+    def stop(self):
+        self.done.set()
+        for t in self.threads:
+            t.join(30)
 
 
 def etcd_leases_lapsed(s):
@@ -42,22 +77,53 @@ class EtcdAway(DreyTestCase):
         self.assertGreater(calls, 0)
         self.assertLessEqual(refused, self.MAX_REFUSED * calls, "%s: calls refused while etcd was away" % what)
 
+    def check_nothing_changed(self, s, before, shrinks):
+        """Back, etcd revokes every lease that lapsed while it was away;
+        the members register again, and nothing fails over meanwhile: the
+        table and every in-sync set stay (a member between its lease and
+        its new one is still its partitions' backup, at its address)."""
+        wait_until(lambda: all(details(n).get("leaseValid", False) for n in s.running()), timeout=30,
+                   what="every node registered again")
+        s.progress()
+        self.assertEqual(s.table(s.cl.nodes["n1"]), before, "the table changed after etcd returned")
+        self.assertEqual(sum(details(n)["inSyncShrinks"] for n in s.running()), shrinks,
+                         "a backup was taken out of an in-sync set after etcd returned")
+
     def test_a_frozen_etcd_costs_no_calls(self):
         with Scenario(self) as s:
             s.progress()
+            n1 = s.cl.nodes["n1"]
+            before = s.table(n1)
+            shrinks = sum(details(n)["inSyncShrinks"] for n in s.running())
             etcd = s.cl.etcd.proc
             etcd.send_signal(signal.SIGSTOP)
             try:
                 calls, refused = self.hold_outage(s)
+                # Reads through n1 of partitions n2 and n3 lead, hammered
+                # across etcd's return: every lease is revoked at once then,
+                # and a member between its lease and its new one is not gone
+                prober = Prober(n1, [s.key_in(p, "probe") for p, (primary, _) in before.items() if primary != "n1"])
+                prober.start()
             finally:
                 etcd.send_signal(signal.SIGCONT)
+            try:
+                wait_until(lambda: all(details(n).get("leaseValid", False) for n in s.running()), timeout=30,
+                           what="every node registered again")
+                prober.run_for(1.0)
+            finally:
+                prober.stop()
+            print("reads across etcd's return: %d, refused %d %s" % (prober.calls, len(prober.refusals),
+                                                                     prober.refusals[:3]))
+            self.assertEqual(prober.refusals, [], "reads refused across etcd's return")
             self.check_outage_cost(calls, refused, "etcd frozen")
-            s.progress()
+            self.check_nothing_changed(s, before, shrinks)
             s.stop_and_check()
 
     def test_a_stopped_etcd_costs_no_calls(self):
         with Scenario(self) as s:
             s.progress()
+            before = s.table(s.cl.nodes["n1"])
+            shrinks = sum(details(n)["inSyncShrinks"] for n in s.running())
             s.cl.etcd.proc.kill()
             s.cl.etcd.proc.wait(30)
             try:
@@ -66,7 +132,7 @@ class EtcdAway(DreyTestCase):
                 s.cl.etcd.log.close()
                 s.cl.etcd.start()  # the same data directory and ports
             self.check_outage_cost(calls, refused, "etcd stopped")
-            s.progress()
+            self.check_nothing_changed(s, before, shrinks)
             s.stop_and_check()
 
     def test_a_primary_killed_while_etcd_is_away_waits_for_etcd(self):
