@@ -149,21 +149,51 @@ class Replication(DreyTestCase):
             s.cl.restart("n2", env={"FAKETIME": "+0"})  # its own clock again
             s.stop_and_check()
 
-    def test_a_join_and_a_drain_while_clients_write(self):
+    def assert_copies_balanced(self, s, what):
+        """Once the factor is restored on every partition (the workloads
+        still writing), copies per node (primaries and in-sync backups)
+        come within 1.25x of each other."""
+        seen = {}
+
+        def balanced():
+            if not s.restored():
+                return False
+            copies = {n.id: 0 for n in s.running()}
+            for primary, backups in s.table(s.running()[0]).values():
+                for i in (primary,) + backups:
+                    copies[i] += 1
+            seen["copies"] = copies
+            return max(copies.values()) <= 1.25 * min(copies.values())
+
+        wait_until(balanced, timeout=90, what=lambda: "%s: copies per node within 1.25x (%s)" % (what, seen))
+        print("%s: copies per node %s" % (what, seen["copies"]))
+
+    def test_a_join_a_restart_and_a_drain_while_clients_write(self):
         with Scenario(self, ids=("n1", "n2", "n3", "n4"), started=3,
                       extra_flags=("--cluster-drain-timeout=60s",)) as s:
             s.cl.launch("n4")
             s.progress()
-            n1 = s.cl.nodes["n1"]
-            wait_until(lambda: any("n4" in (pr,) + r for pr, r in s.table(n1).values()), timeout=60,
-                       what="n4 to hold partitions")
-            # SIGTERM moves its partitions to the others before it leaves
-            s.cl.nodes["n2"].server.signal(signal.SIGTERM)
-            s.cl.nodes["n2"].server.wait(timeout=90)
+            self.assert_copies_balanced(s, "after n4 joined")
+            # a restart: its copies were given to others; it gets its share back
+            s.cl.restart("n3")
             s.progress()
+            self.assert_copies_balanced(s, "after n3 restarted")
+            # SIGTERM moves its copies to the others before it leaves: no
+            # partition is ever short of its factor meanwhile
+            n2 = s.cl.nodes["n2"]
+            n2.server.signal(signal.SIGTERM)
+            short = []
+            while n2.server.proc.poll() is None:
+                for n in s.running():
+                    if n is not n2:
+                        for p, (primary, backups) in s.table(n).items():
+                            if 1 + len(backups) < s.rf:
+                                short.append((n.id, p, primary, backups))
+            n2.server.wait(timeout=90)
+            self.assertEqual(short, [], "a partition went under-replicated during the drain")
+            s.progress()
+            self.assert_copies_balanced(s, "after n2 drained")
             s.stop_and_check()
-
-
 
 if __name__ == "__main__":
     main()
