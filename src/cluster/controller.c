@@ -199,13 +199,20 @@ void *drey_cluster__controller_main(void *arg) {
         bool leader = strcmp(c->controller, c->opts.node_id) == 0;
         bool vacant = c->controller[0] == '\0';
         pthread_mutex_unlock(&c->mu);
-        if (lost)
-            drey_cluster__register_again(c, err, sizeof err);
-        else
+        /* Registered again after losing its lease: etcd was away (or this
+         * node was cut from it). After an outage longer than a lease etcd
+         * revokes every member's lease at its return, and each registers
+         * again within a moment: a look before they all have would fail
+         * over partitions whose primaries are well, so none for a lease.
+         * A controller that kept its lease acts at once (a killed node's
+         * partitions fail over within a TTL). */
+        if (lost && drey_cluster__register_again(c, err, sizeof err))
+            c->ctl.quiet_until_ms = drey_mono_ms() + c->opts.lease_ttl_s * 1000;
+        else if (!lost)
             hand_off_if_journal_failed(c);
         if (!lost && vacant)
             leader = campaign(c);
-        if (leader && !lost)
+        if (leader && !lost && drey_mono_ms() >= c->ctl.quiet_until_ms)
             drey_cluster__control(c);
         pthread_mutex_lock(&c->mu);
         if (c->leaving)

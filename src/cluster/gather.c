@@ -163,11 +163,7 @@ static void scatter_done(void *arg, const drey_answer *a) {
             drey_cluster__topology *t = drey_cluster__acquire(g->c);
             uint32_t p = t->n_parts > 0 ? partition_of_key(r, sp->index[0], t->n_parts) : 0;
             drey_cluster__topology_unref(t);
-            g->unreachable = drey_cluster__unavailable(g->c, r, p, DREY_ERR_PARTITION_UNAVAILABLE,
-                                                       "OWNER_UNREACHABLE", sp->node, false);
-            drey_status_add_metadata(g->unreachable, "transport", "%.*s",
-                                     (int)(a->message_len < 200 ? a->message_len : 200),
-                                     a->message != NULL ? a->message : "");
+            g->unreachable = drey_cluster__unreachable(g->c, r, p, sp->node, a, false);
         }
         g->failure = *a;
         if (a->code == GRPC_STATUS_OK)

@@ -181,6 +181,7 @@ typedef struct drey_cluster__ctl {
     _Atomic uint32_t moves_waiting;
     _Atomic uint64_t failovers; /* partitions given a new primary */
     bool journal_failed;        /* this node's: marked draining for it (the thread's own) */
+    int64_t quiet_until_ms;     /* no look before (drey_mono_ms; the thread's own) */
 } drey_cluster__ctl;
 
 /* The router's counts (router.c, owner.c). */

@@ -54,6 +54,15 @@ drey_status *drey_cluster__unavailable(drey_cluster *c, drey_request *r, uint32_
     return st;
 }
 
+drey_status *drey_cluster__unreachable(drey_cluster *c, drey_request *r, uint32_t p, const char *primary,
+                                       const drey_answer *a, bool maybe_applied) {
+    drey_status *st = drey_cluster__unavailable(c, r, p, DREY_ERR_PARTITION_UNAVAILABLE, "OWNER_UNREACHABLE",
+                                                primary, maybe_applied);
+    drey_status_add_metadata(st, "transport", "%.*s", (int)(a->message_len < 200 ? a->message_len : 200),
+                             a->message != NULL ? a->message : "");
+    return st;
+}
+
 /* Refused at routing, before any journal: not applied anywhere. */
 static drey_stage_result unavailable(drey_cluster *c, drey_request *r, const drey_cluster__topology *t, uint32_t p,
                                      drey_error e) {

@@ -185,12 +185,8 @@ static void forwarded_done(void *arg, const drey_answer *a) {
          * the owner could not be reached, or its stream broke. A write may
          * have reached its journal before the stream broke; not one that
          * never left. */
-        drey_status *st = drey_cluster__unavailable(f->c, r, f->partition, DREY_ERR_PARTITION_UNAVAILABLE,
-                                                    "OWNER_UNREACHABLE", f->primary,
-                                                    (r->method->flags & DREY_METHOD_WRITE) != 0 && !a->unsent);
-        drey_status_add_metadata(st, "transport", "%.*s", (int)(a->message_len < 200 ? a->message_len : 200),
-                                 a->message != NULL ? a->message : "");
-        drey_request_fail(r, st);
+        drey_request_fail(r, drey_cluster__unreachable(f->c, r, f->partition, f->primary, a,
+                                                       (r->method->flags & DREY_METHOD_WRITE) != 0 && !a->unsent));
         return;
     }
     drey_request_relay(r, a);

@@ -30,6 +30,10 @@ int64_t drey_cluster__forwarded_epoch(drey_request *r);
  * journal), with a RetryInfo; counted (drey_cluster_unavailable_total). */
 drey_status *drey_cluster__unavailable(drey_cluster *c, drey_request *r, uint32_t p, drey_error e, const char *cause,
                                        const char *primary, bool maybe_applied);
+/* PARTITION_UNAVAILABLE OWNER_UNREACHABLE for a call to primary that the
+ * transport failed (a: its answer, whose message is kept as `transport`). */
+drey_status *drey_cluster__unreachable(drey_cluster *c, drey_request *r, uint32_t p, const char *primary,
+                                       const drey_answer *a, bool maybe_applied);
 
 /* Whether a read that allows it may be answered from this node's backup
  * copy of p (in sync, not broken, once known current), and how stale it
