@@ -128,7 +128,12 @@ int drey_cluster__owner(drey_cluster *c, drey_request *r, const drey_cluster__to
 /* --- stale reads ---------------------------------------------------------------------- */
 
 bool drey_cluster__stale_copy(drey_cluster *c, const drey_cluster__topology *t, uint32_t p, uint64_t *lag_ms) {
-    if (t->self < 0 || !drey_cluster__in_sync(t, p, t->self))
+    /* An in-sync backup; or a primary just promoted from one, waiting out
+     * its grant: its copy is as current as when it last backed it. */
+    bool waiting = t->self >= 0 && t->parts[p].primary == t->self &&
+                   drey_mono_ns() < drey_cluster__serve_from(atomic_load(&c->partitions[p].granted_ns),
+                                                             c->opts.lease_ttl_s * 1000000000LL, c->lease_margin_ns);
+    if (t->self < 0 || (!drey_cluster__in_sync(t, p, t->self) && !waiting))
         return false;
     const drey_cluster__partition *ps = &c->partitions[p];
     int64_t at = atomic_load(&ps->current_ns);
