@@ -221,10 +221,12 @@ def _watch(b, s, workdir, bench_mod):
                                stderr=subprocess.PIPE, timeout=600)
             if p.returncode != 0:
                 raise RuntimeError("watch_latency: %s" % p.stderr.decode()[-1000:])
-            row = {"watchers": watchers, "writes": s["watch_writes"]}
+            row = {"watchers": watchers, "writes": s["watch_writes"], "output": p.stdout.decode()}
             for line in p.stdout.decode().splitlines():
-                m = re.match(r"(Set latency|ack -> event delay)\s+n=(\d+) mean=([\d.]+) p50=([\d.]+) "
-                             r"p90=([\d.]+) p99=([\d.]+) max=([\d.]+)", line)
+                # an event can reach a watcher before the writer sees its acknowledgement: delays < 0
+                num = r"(-?[\d.]+)"
+                m = re.match(r"(Set latency|ack -> event delay)\s+n=(\d+) mean=%s p50=%s p90=%s p99=%s max=%s"
+                             % ((num,) * 5), line)
                 if m:
                     key = "set" if m.group(1) == "Set latency" else "delay"
                     row[key] = {"n": int(m.group(2)), "mean_us": float(m.group(3)), "p50_us": float(m.group(4)),

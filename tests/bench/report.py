@@ -303,6 +303,9 @@ def markdown(res, rows, ratios, images):
                  s["warmup_ms"] / 1000, format(s["keys"], ","), s["key_bytes"], s["value_bytes"],
                  res.get("elapsed_s", "?")))
     L.append("")
+    if s["mode"] == "quick":
+        L += ["**A quick run:** one short round of each scenario, so no round makes up for a slow moment of "
+              "the machine: its figures are noisy, and only rough ratios can be read from it.", ""]
     v = m["versions"]
     L.append("Versions: %s; %s; %s; libgrpc %s." % (v["etcd"].replace("\n", " "), v["redis"], v["h2load"], v["libgrpc"]))
     L.append("")
@@ -517,7 +520,7 @@ def cluster_markdown(res, rows):
               "|---:|---:|---:|---:|---:|---:|"]
         for r in jd:
             L.append("| %s | %d | %.2f s | %s | %.2f s | %.2f s |" % (
-                format(r["entries"], ","), r["rf"], r["join_s"], format(r["join_moved_entries"], ","), r["drain_s"],
+                format(r["entries"], ","), r["rf"], r["join_s"], format(int(r["join_moved_entries"]), ","), r["drain_s"],
                 r["drain_exit_s"]))
         L.append("")
     return "\n".join(L)
