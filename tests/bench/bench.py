@@ -33,6 +33,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import bench_cluster  # noqa: E402
 import payloads  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -57,6 +58,7 @@ SERIES = {
     "redis_get": "Redis GET",
     "set_dur_default_admission": "drey Set durable, default admission",
 }
+SERIES.update(bench_cluster.SERIES)
 
 
 def log(msg):
@@ -388,6 +390,8 @@ class Bench:
     def redis_benchmark(self, server, test, clients, requests):
         argv = ["redis-benchmark", "-p", str(server.port), "-t", test, "-c", str(clients), "-d",
                 str(self.s["value_bytes"]), "-r", str(self.s["keys"]), "-n", str(requests), "--csv"]
+        if getattr(server, "cluster", False):
+            argv.append("--cluster")
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
         lines = [l for l in p.stdout.decode().splitlines() if l.startswith('"%s"' % test.upper())]
         if p.returncode != 0 or not lines:
@@ -557,16 +561,20 @@ def machine_info(workdir):
 # --- the run --------------------------------------------------------------------------------
 
 def settings_for(quick):
-    """Full: three rounds of every scenario (medians), 1,000,000 entries for memory and recovery,
-    about 7 minutes on 2 cores. Quick: one round, 100,000 entries, about 80 seconds."""
+    """Full: three rounds of every single-node scenario and two of the cluster's, 1,000,000 entries
+    for memory and recovery. Quick: one round of each, 50,000 entries, about 3 minutes on 2 cores."""
     common = {"levels": [(1, 1), (4, 16), (16, 64)], "key_bytes": 8, "value_bytes": 256, "redis_clients": [1, 50],
-              "warmup_ms": 500}
+              "warmup_ms": 500, "cluster_levels": [(10, 5), (16, 64)]}
     if quick:
-        return dict(common, mode="quick", rounds=1, duration_ms=1500, keys=20000, memory_entries=100000,
-                    fdatasync_iterations=300, quiet_wait_budget_s=5,
+        return dict(common, mode="quick", rounds=1, duration_ms=1500, keys=20000, memory_entries=50000,
+                    fdatasync_iterations=300, quiet_wait_budget_s=5, cluster_rounds=1, watch_writes=500,
+                    join_drain_entries=[20000],
+                    eviction={"keys": 1000, "ops": 2000, "cpu_writes": 2000, "workloads": "stationary"},
                     h2load=[("health", 16, 64), ("get", 16, 64)])
     return dict(common, mode="full", rounds=3, duration_ms=2500, keys=100000, memory_entries=1000000,
-                fdatasync_iterations=1000, quiet_wait_budget_s=45,
+                fdatasync_iterations=1000, quiet_wait_budget_s=45, cluster_rounds=2, watch_writes=2000,
+                join_drain_entries=[100000, 1000000],
+                eviction={"keys": 20000, "ops": 100000, "cpu_writes": 100000, "workloads": "stationary,shifting"},
                 h2load=[("health", 1, 1), ("get", 1, 1), ("health", 16, 64), ("get", 16, 64), ("set_dur", 16, 64)])
 
 
@@ -714,6 +722,13 @@ def _run(b, s, workdir, results):
 
     results["memory"], results["recovery"] = _memory_and_recovery(b, s, workdir, snapshot_frame)
 
+    # Clusters beside Redis Cluster, replication, forwarding, eviction, watch, join/drain.
+    try:
+        bench_cluster.run(b, s, workdir, results, sys.modules[__name__])
+    except Exception as e:
+        b.fail("cluster part", e)
+        stop_all()
+
 
 def _redis_preload(redis, keys, value_bytes):
     """SET key:<12 digits> (redis-benchmark's -r key format) for the whole key space."""
@@ -839,6 +854,7 @@ def main():
     ap.add_argument("--out", required=True, help="results directory")
     ap.add_argument("--dreyd", required=True)
     ap.add_argument("--drey-bench", dest="drey_bench", required=True)
+    ap.add_argument("--watch-latency", dest="watch_latency", required=True, help="tests/bench:watch_latency")
     ap.add_argument("--repo", required=True, help="the drey checkout (for proto/)")
     ap.add_argument("--workdir", default=None, help="where data directories go (a disk, not tmpfs)")
     ap.add_argument("--command", default="tests/bench/run.sh", help="the command line, for the report")

@@ -13,12 +13,16 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True
+import bench_cluster  # noqa: E402
+
 ORDER = ["health", "get", "get_jwt", "set_eph", "set_dur", "set_dur_default_admission", "etcd_put", "etcd_range",
          "redis_set_always", "redis_set_no", "redis_get"]
 PLOTTED = [s for s in ORDER if s != "set_dur_default_admission"]
 METRICS = ["throughput", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms",
            "server_cpu_us_per_call", "client_cpu_us_per_call", "server_cpu_cores", "client_cpu_cores",
-           "other_cpu_cores", "steal_cores"]
+           "other_cpu_cores", "steal_cores", "forwarded_share"]
 
 
 def median(values):
@@ -247,11 +251,11 @@ def plots(outdir, rows):
 
 # --- markdown -----------------------------------------------------------------------------------
 
-def results_table(rows):
+def results_table(rows, order=ORDER):
     lines = ["| Scenario | conns × streams | calls/s | worst round | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | "
              "server CPU µs/call | client CPU µs/call | other load |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for s in ORDER:
+    for s in order:
         for r in sorted((r for r in rows.values() if r["scenario"] == s), key=lambda r: r["concurrency"]):
             conc = "%d × %d" % (r["connections"], r["streams"]) if r["tool"] != "redis-benchmark" \
                 else "%d client%s" % (r["connections"], "" if r["connections"] == 1 else "s")
@@ -299,6 +303,9 @@ def markdown(res, rows, ratios, images):
                  s["warmup_ms"] / 1000, format(s["keys"], ","), s["key_bytes"], s["value_bytes"],
                  res.get("elapsed_s", "?")))
     L.append("")
+    if s["mode"] == "quick":
+        L += ["**A quick run:** one short round of each scenario, so no round makes up for a slow moment of "
+              "the machine: its figures are noisy, and only rough ratios can be read from it.", ""]
     v = m["versions"]
     L.append("Versions: %s; %s; %s; libgrpc %s." % (v["etcd"].replace("\n", " "), v["redis"], v["h2load"], v["libgrpc"]))
     L.append("")
@@ -398,6 +405,127 @@ def markdown(res, rows, ratios, images):
                                      for f in res["failures"]] + [""]
     return "\n".join(L)
 
+# --- the cluster part (tests/bench/bench_cluster.py) and issue #25's targets ----------------------
+
+NOT_MEASURED = "not measured in this run"
+
+
+def server_cpu(x):
+    return x and x.get("server_cpu_us_per_call")
+
+
+def issue25_targets(res, rows):
+    """Every target of issue #25, as ratio rows: measured, or said not to be."""
+    c = res.get("cluster")
+    out = []
+    if not c:
+        return [ratio("the cluster part", None, None, note="the cluster part did not run")]
+    levels = [tuple(l) for l in c["levels"]]
+    top = max(levels, key=lambda l: l[0] * l[1])
+    row = lambda sc, l: row_of(rows, sc, *l)  # noqa: E731
+    for l in levels:
+        lvl = "%d×%d" % l
+        a, b = row("c3_get", l), row("one_get", l)
+        out.append(ratio("3-node RF 2 cluster Get (--cluster) ÷ one node's Get, %s, throughput" % lvl,
+                         a and a["throughput"], b and b["throughput"], 0.9, cost=(a, b)))
+        a, b = row("c3_set", l), row("one_set", l)
+        out.append(ratio("3-node RF 2 cluster durable Set ÷ one node's durable Set, %s, throughput" % lvl,
+                         a and a["throughput"], b and b["throughput"], 0.6, cost=(a, b),
+                         note="the cluster's Set waits for the backup's fsync"))
+    for l in levels:
+        a, b = row("c3_get", l), row_of(rows, "rc_get", l[0] * l[1], 1)
+        out.append(ratio("3-node RF 2 cluster Get (%d×%d) ÷ Redis Cluster 3+3 GET (%d clients), throughput"
+                         % (l[0], l[1], l[0] * l[1]), a and a["throughput"], b and b["throughput"], 0.5, cost=(a, b)))
+        a, b = row("c3_set", l), row_of(rows, "rc_set", l[0] * l[1], 1)
+        out.append(ratio("3-node RF 2 cluster durable Set (%d×%d) ÷ Redis Cluster 3+3 SET appendfsync always "
+                         "(%d clients), throughput" % (l[0], l[1], l[0] * l[1]), a and a["throughput"],
+                         b and b["throughput"], cost=(a, b),
+                         note="no target: Redis replicates asynchronously, drey waits for the backup's fsync"))
+    pipe = c.get("pipeline_scenarios") or []
+    out.append(ratio("forwarded pipelined operation ÷ local one, server CPU per operation (all nodes)",
+                     None, None, 1.5, higher_is_better=False,
+                     note=NOT_MEASURED if not pipe else "see the pipeline rows"))
+    out.append(ratio("topology-aware pipelined load, 3 nodes ÷ one node, by CPU per operation", None, None, 0.9,
+                     note=NOT_MEASURED + " (needs drey-bench --pipeline --cluster: "
+                          "tests/bench/bench_cluster.py PIPELINE_SCENARIOS)" if not pipe else "see the pipeline rows"))
+    a, b = row("c3_set", top), row("c3rf1_set", top)
+    out.append(ratio("durable Set RF 2 ÷ RF 1, %d×%d, by server CPU per write (RF 1's ÷ RF 2's, 3 nodes)" % top,
+                     server_cpu(b), server_cpu(a), 0.85,
+                     note="throughput RF 2 ÷ RF 1: %s" % _fmt(a and b and a["throughput"] / b["throughput"])))
+    for l in levels:
+        for op, name in (("get", "Get"), ("set", "durable Set")):
+            a, b = row("c1_" + op, l), row("one_" + op, l)
+            out.append(ratio("one-node cluster ÷ standalone node, %s %d×%d, server CPU per call" % (name, l[0], l[1]),
+                             server_cpu(a), server_cpu(b), 1.05, higher_is_better=False))
+    out.append(ratio("pipelined Get and durable Set, server CPU per operation ÷ Redis -P 16", None, None, 1.5,
+                     higher_is_better=False, note=NOT_MEASURED + " (tests/bench/pipeline.py measures it alone)"))
+    for op, name in (("get", "Get"), ("set", "durable Set")):
+        fwd, direct = row("c3_fwd_" + op, top), row("c3_" + op, top)
+        share = fwd and fwd.get("forwarded_share")
+        one = None
+        if share and server_cpu(fwd) and server_cpu(direct):
+            one = (server_cpu(fwd) - server_cpu(direct) * (1 - share)) / share
+        out.append(ratio("one forwarded %s ÷ a directly routed one, %d×%d, server CPU per call (3 nodes)"
+                         % (name, top[0], top[1]), one, server_cpu(direct),
+                         note="derived from the run through n1 (%s of its calls forwarded); no target"
+                              % ("—" if not share else "%.0f%%" % (100 * share))))
+    return out
+
+
+def cluster_markdown(res, rows):
+    c = res.get("cluster")
+    if not c:
+        return ""
+    L = ["", "## Clusters, beside Redis Cluster", "",
+         "In rounds like the single node's (every system once per round and level, interleaved): a 3-node drey "
+         "cluster with RF 2 under `drey-bench --cluster`, the same cluster entered through n1 by a plain client "
+         "(forwarding), a 3-node cluster with RF 1, a standalone dreyd and a one-node cluster (all durable, "
+         "fsync always, admission limits opened as in tests/bench/cluster.py), and Redis Cluster with 3 masters "
+         "and 3 replicas (`appendfsync always`, `redis-benchmark --cluster`, clients = connections × streams). "
+         "Server CPU per call counts every node of a cluster.", ""]
+    L += results_table(rows, bench_cluster.ORDER)
+    L += ["", "## Targets of issue #25", "",
+          "Every target of the issue, measured in this run or said not to be. *By CPU per call* is the "
+          "denominator's CPU per call (server and load tool) ÷ the numerator's.", ""]
+    L += ratios_table(res.get("targets") or [])
+    L.append("")
+    ev = c.get("eviction")
+    if ev:
+        L += ["## Eviction hit ratio", "",
+              "tests/bench/eviction.py: %s keys, %s reads and writes (zipf 0.99, 90%% cache-aside reads), memory "
+              "for about 10%% of the keys." % (format(ev["keys"], ","), format(ev["ops"], ",")), "",
+              "| system and policy | workload | hit ratio | keys held |", "|---|---|---:|---:|"]
+        for h in ev.get("hit_ratio", []):
+            L.append("| %s %s | %s | %s | %s |" % (h.get("system", ""), h.get("policy", ""), h.get("workload", ""),
+                                                   _fmt(h.get("hit_ratio"), 3), format(int(h.get("keys_held") or 0), ",")))
+        L += ["", "dreyd's CPU per write while every write evicts, by policy: " + ", ".join(
+            "%s %s µs" % (r["policy"], _fmt(r.get("cpu_us_per_write"), 1)) for r in ev.get("cpu", [])) + ".", ""]
+    w = c.get("watch")
+    if w:
+        L += ["## Watch latency", "",
+              "tests/bench/watch_latency against a durable dreyd: from a Set's acknowledgement to its event at "
+              "every watcher.", "", "| watchers | writes | ack → event p50 µs | p99 µs | Set p50 µs |",
+              "|---:|---:|---:|---:|---:|"]
+        for r in w:
+            L.append("| %d | %d | %s | %s | %s |" % (r["watchers"], r["writes"], _fmt(r.get("delay", {}).get("p50_us"), 1),
+                                                   _fmt(r.get("delay", {}).get("p99_us"), 1),
+                                                   _fmt(r.get("set", {}).get("p50_us"), 1)))
+        L.append("")
+    jd = c.get("join_drain")
+    if jd:
+        L += ["## Join and drain against store size", "",
+              "tests/bench/join_drain.py: two ephemeral nodes loaded, a third joins, then n1 drains (RF 2, 256 "
+              "partitions, 100-byte values).", "",
+              "| entries | RF | join settles | entries moved | drain settles | drained node exits |",
+              "|---:|---:|---:|---:|---:|---:|"]
+        for r in jd:
+            L.append("| %s | %d | %.2f s | %s | %.2f s | %.2f s |" % (
+                format(r["entries"], ","), r["rf"], r["join_s"], format(int(r["join_moved_entries"]), ","), r["drain_s"],
+                r["drain_exit_s"]))
+        L.append("")
+    return "\n".join(L)
+
+
 
 def main():
     if len(sys.argv) != 2:
@@ -409,12 +537,16 @@ def main():
     rows = aggregate(res.get("runs", []))
     ratios = compute_ratios(res, rows)
     images = plots(outdir, rows)
-    res["summary"] = sorted(rows.values(), key=lambda r: (ORDER.index(r["scenario"]), r["concurrency"]))
+    every = ORDER + bench_cluster.ORDER
+    res["summary"] = sorted(rows.values(), key=lambda r: (every.index(r["scenario"]) if r["scenario"] in every
+                                                          else len(every), r["concurrency"]))
+    res["targets"] = issue25_targets(res, rows)
     res["ratios"] = ratios
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     with open(os.path.join(outdir, "report.md"), "w") as f:
         f.write(markdown(res, rows, ratios, images))
+        f.write(cluster_markdown(res, rows))
     print("\n".join(ratios_table(ratios)))
     return 0
 

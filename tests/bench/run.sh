@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The drey benchmark in one command: drey against etcd and Redis, and against the gRPC
-# transport's own ceiling (Health/Check), in one run on this machine.
+# transport's own ceiling (Health/Check), then drey clusters beside Redis Cluster, replication,
+# forwarding, eviction, watch latency and join/drain (tests/bench/bench_cluster.py), in one run on
+# this machine.
 #
-#   tests/bench/run.sh            full run: 3 concurrency levels x 2 rounds, 1,000,000 entries
-#                                 for memory and recovery (under 10 minutes on 2 cores)
-#   tests/bench/run.sh --quick    one short round, 100,000 entries (under 2 minutes)
+#   tests/bench/run.sh            full run: 3 concurrency levels x 3 rounds, 1,000,000 entries
+#                                 for memory and recovery, 2 cluster rounds
+#   tests/bench/run.sh --quick    one short round of each, 50,000 entries (about 3 minutes)
 #   tests/bench/run.sh --out DIR  results elsewhere (default tests/bench/results/<date>[-quick])
 #
-# Installs the Debian packages it needs when missing (etcd, Redis, h2load, gnuplot), builds dreyd and
-# drey-bench, starts every server on free loopback ports, stops all of them at the end (also on
-# failure or Ctrl-C) and writes report.md, results.json, throughput.{png,svg} and p99.{png,svg}.
+# Installs the Debian packages it needs when missing (etcd, Redis, h2load, gnuplot), builds dreyd,
+# drey, drey-bench and watch_latency, starts every server on free loopback ports, stops all of them
+# at the end (also on failure or Ctrl-C) and writes report.md, results.json, throughput.{png,svg}
+# and p99.{png,svg}.
 # It prints numbers and never fails on them.
 set -euo pipefail
 
@@ -21,7 +24,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=(--quick) ;;
     --out) out="$2"; shift ;;
     --out=*) out="${1#--out=}" ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (--quick, --out DIR)" >&2; exit 2 ;;
   esac
   shift
@@ -51,7 +54,7 @@ fi
 # --- binaries ----------------------------------------------------------------------------------
 cd "$top"
 log "building dreyd and drey-bench"
-bazel build //:dreyd //:drey-bench 2>&1 | tail -1 >&2
+bazel build //:dreyd //:drey //:drey-bench //tests/bench:watch_latency 2>&1 | tail -1 >&2
 # bazel-bin follows whichever configuration built last (other engineers share this Bazel), so the
 # binaries are copied from the default configuration's output and checked for sanitizers.
 bin=$(bazel info bazel-bin 2>/dev/null)
@@ -66,8 +69,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
-cp "$bin/dreyd" "$bin/drey-bench" "$work/"
-for b in dreyd drey-bench; do
+cp "$bin/dreyd" "$bin/drey" "$bin/drey-bench" "$bin/tests/bench/watch_latency" "$work/"
+for b in dreyd drey drey-bench watch_latency; do
   if ldd "$work/$b" | grep -q 'libasan\|libubsan'; then
     echo "run.sh: $bin/$b is a sanitizer build" >&2
     exit 1
@@ -81,7 +84,7 @@ mkdir -p "$out"
 
 # --- the run -------------------------------------------------------------------------------------
 /usr/bin/python3 -B "$top/tests/bench/bench.py" "${quick[@]}" --out "$out" --dreyd "$work/dreyd" \
-  --drey-bench "$work/drey-bench" --repo "$top" --workdir "${TMPDIR:-/var/tmp}" \
+  --drey-bench "$work/drey-bench" --watch-latency "$work/watch_latency" --repo "$top" --workdir "${TMPDIR:-/var/tmp}" \
   --command "tests/bench/run.sh${quick[*]:+ ${quick[*]}}" &
 child=$!
 status=0
