@@ -25,10 +25,11 @@ cd "$top"
 # The container image (deploy/image/build.sh, tests/deploy/test_image.py):
 # mmdebstrap, and podman with runc named, as crun refuses the hybrid cgroup
 # layout some machines have.
-# What building and serving need: the compiler, Bazel and the libraries
+# What building and serving need: the compilers (g++ for dreyd's one C++ file,
+# src/dreyd/absl.cc), Bazel and the libraries
 # dreyd and drey link (libedit: drey's interactive mode).
 serve_packages=(
-  bazel-bootstrap gcc libc6-dev pkg-config
+  bazel-bootstrap gcc g++ libc6-dev pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev grpc-proto
   libssl-dev libjemalloc-dev libjwt-dev libjansson-dev libmicrohttpd-dev libedit-dev
 )
