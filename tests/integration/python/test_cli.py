@@ -455,7 +455,10 @@ class ClusterView(unittest.TestCase):
             a = nodes[1].server.address
             doc = poll(lambda: json.loads(run("drey cluster status -o json", addr=a)[1]),
                        lambda d: d["underReplicatedPartitions"] == 0 and not d["moves"] and
-                       all(n["state"] == "serving" for n in d["nodes"]), timeout=60, what="a settled cluster")
+                       all(n["state"] == "serving" for n in d["nodes"]) and
+                       # every backup has heard its primary (a new one's lag is not known yet)
+                       all(r.get("lagMs", 0) is not None for r in d["table"]),
+                       timeout=60, what="a settled cluster")
             self.assertEqual(doc["source"], "node")
             self.assertEqual((doc["partitions"], doc["replicationFactor"]), (8, 2))
             self.assertEqual(sorted(n["id"] for n in doc["nodes"]), ["n1", "n2", "n3"])
