@@ -447,6 +447,14 @@ static void resume_locked(pstream *s) {
     }
 }
 
+/* Drops a reference taken under s->mu, and the lock. */
+static void unref_unlock(pstream *s) {
+    bool last = --s->refs == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (last)
+        stream_free(s);
+}
+
 /* Submits what the queue holds; one thread at a time, so an op answered at
  * once (a read) that frees the next does not recurse into it. The caller
  * holds a reference on the stream for it (taken under s->mu), which this
@@ -485,10 +493,7 @@ static void drain(pstream *s) {
         emit_locked(s);
         resume_locked(s);
     }
-    bool last = --s->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last)
-        stream_free(s);
+    unref_unlock(s);
     drey_pipeline_batch_end();
 }
 
@@ -499,10 +504,7 @@ static void emit_later(void *arg) {
     s->emit_deferred = false;
     emit_locked(s);
     resume_locked(s);
-    bool last = --s->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last)
-        stream_free(s);
+    unref_unlock(s);
 }
 
 /* An op is answered (any thread). */
