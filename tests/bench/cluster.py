@@ -22,8 +22,16 @@ cost of one forwarded call is derived from it as
 with share the forwarded fraction the nodes counted. drey-bench shares the two cores with the servers, so compare the
 ratios of one run, not the absolute numbers.
 
+Pipelined (--pipelines runs only this; it also ends a full run): a
+standalone node and a 3-node cluster, ephemeral, 16 connections with
+--pipeline=64, Get then Set, interleaved per round: the cluster entered
+through n1 (2/3 of the operations forwarded) and topology-aware (drey-bench
+--cluster --pipeline: each operation on its owner's stream, the local
+cost). A forwarded operation's CPU is derived as above; it prints forwarded
+against local, and 3 nodes against 1 node, by CPU per operation.
+
   bazel build //:dreyd //:drey //:drey-bench
-  DREY_BIN=bazel-bin/dreyd /usr/bin/python3 tests/bench/cluster.py [--duration=4]
+  DREY_BIN=bazel-bin/dreyd /usr/bin/python3 tests/bench/cluster.py [--duration=4] [--pipelines] [--rounds=2]
 """
 import argparse
 import json
