@@ -286,6 +286,22 @@ bool drey_pipeline_serve(drey_pipeline *p, drey_server *s, bool internal);
  * timeout. */
 void drey_pipeline_drain_peers(drey_pipeline *p);
 
+/* --- batches: work done once for many requests ------------------------------
+ *
+ * A door that submits or answers many requests in a row on one thread (the
+ * operations of one Pipeline message, the answers of one peer message)
+ * opens a batch around them; a part that would write to the network once
+ * per request (a peer stream's write, a Pipeline stream's response) defers
+ * the write to the batch's end instead, so one message carries them all.
+ * Batches nest (the outermost end runs what was deferred) and are per
+ * thread: nothing deferred may be waited for inside the batch. */
+void drey_pipeline_batch_begin(void);
+void drey_pipeline_batch_end(void);
+/* Runs fn(arg) at the end of this thread's batch; false when no batch is
+ * open (or too much is deferred): then the caller does it now. The caller
+ * defers an arg once (a flag of its own) and keeps it alive until fn runs. */
+bool drey_pipeline_batch_defer(void (*fn)(void *arg), void *arg);
+
 /* A door's request: fills the door's part of r (which the door allocates,
  * typically zeroed in its own arena). */
 void drey_request_init(drey_request *r, const drey_request_ops *ops, void *door, drey_arena *arena,

@@ -31,7 +31,8 @@ static const char usage[] =
     "                         distribution stops after one pass over the keys anyway)\n"
     "  --timeout=D            deadline of every call (default 10s)\n"
     "  --pipeline=N           send the operations through drey.cache.v1.Cache/Pipeline: each\n"
-    "                         connection has one stream and sends N operations in one message,\n"
+    "                         connection has one stream (with --cluster one per owner, each\n"
+    "                         operation on its owner's) and sends N operations in one message,\n"
     "                         then waits for their N results (as redis-benchmark -P N does);\n"
     "                         latency is the batch's; --streams is ignored\n"
     "  --cluster              --target is a seed node of a drey cluster: read its table\n"
@@ -332,8 +333,8 @@ void drey_bench_options_parse(drey_bench_options *o, int argc, char **argv) {
     /* "k" + digits: the largest index must fit. */
     char digits[32];
     int need = snprintf(digits, sizeof digits, "%llu", (unsigned long long)(o->keys - 1)) + 1;
-    if (o->pipeline > 0 && (o->cluster || o->raw_method != NULL || o->mix[DREY_BENCH_HEALTH] > 0))
-        die("%s", "--pipeline carries cache operations only: not with --cluster, --raw-method or health");
+    if (o->pipeline > 0 && (o->raw_method != NULL || o->mix[DREY_BENCH_HEALTH] > 0))
+        die("%s", "--pipeline carries cache operations only: not with --raw-method or health");
     if (o->cluster && o->raw_method != NULL)
         die("%s", "--cluster routes cache calls by key: not with --raw-method");
     if (o->raw_method == NULL && need > o->key_bytes)

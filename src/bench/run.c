@@ -178,66 +178,123 @@ static void record(conn_thread *t, drey_bench_op op, int64_t elapsed_ns, int cod
     }
 }
 
-/* --pipeline: batches of N operations in one message on one stream, each
- * batch waited for whole (redis-benchmark -P's loop). */
-static void pipeline_loop(drey_client *c, drey_bench_gen *g, conn_thread *t) {
-    run_shared *sh = t->sh;
-    const drey_bench_options *o = sh->o;
+/* --pipeline: one stream per node the operations go to (the target's;
+ * with --cluster each owner's, opened when first routed to) and one batch
+ * of N operations, each on its owner's stream, waited for whole
+ * (redis-benchmark -P's loop). */
+#define MAX_LANES 64
+
+typedef struct lane {
+    drey_client *c;
+    drey_client_pipeline *p;
+    size_t *ops;   /* the batch's operations sent on it, by index */
+    size_t n, got;
+} lane;
+
+typedef struct lanes {
+    lane l[MAX_LANES];
+    size_t n;
+} lanes;
+
+/* The lane of req's owner (opened if new); NULL with t->err when it could
+ * not be opened. */
+static lane *lane_of(lanes *ls, conn *k, const drey_bench_request *req, size_t batch, conn_thread *t) {
+    const char *cache = t->sh->o->cache;
+    drey_client *c = k->cc != NULL ? drey_client_cluster_route(k->cc, cache, strlen(cache), req->key, req->key_len)
+                                   : k->c;
+    for (size_t i = 0; i < ls->n; i++) {
+        if (ls->l[i].c == c)
+            return &ls->l[i];
+    }
+    if (ls->n == MAX_LANES) {
+        snprintf(t->err, sizeof t->err, "Pipeline: more than %d nodes", MAX_LANES);
+        return NULL;
+    }
     drey_client_status st;
     drey_client_pipeline *p = drey_client_pipeline_open(c, DREY_CLIENT_NO_DEADLINE, &st);
     if (p == NULL) {
         snprintf(t->err, sizeof t->err, "Pipeline: %s", st.message);
-        return;
+        return NULL;
     }
+    lane *l = &ls->l[ls->n++];
+    *l = (lane){.c = c, .p = p, .ops = drey_xcalloc(batch, sizeof *l->ops)};
+    return l;
+}
+
+/* Reads lane l's results of the batch; false (t->err) when some did not come. */
+static bool lane_collect(lane *l, const drey_bench_op *ops, int64_t t0, drey_arena *arena, conn_thread *t) {
+    run_shared *sh = t->sh;
+    while (l->got < l->n) {
+        Drey__Cache__V1__PipelineResponse *resp;
+        if (!drey_client_pipeline_next(l->p, sh->o->timeout_ms + 1000, arena, &resp))
+            break;
+        int64_t now = mono_ns();
+        bool measured = now >= sh->window_start_ns && now < sh->window_end_ns;
+        for (size_t i = 0; i < resp->n_results && l->got < l->n; i++, l->got++) {
+            if (!measured)
+                continue;
+            const Drey__Cache__V1__PipelineResult *r = resp->results[i];
+            drey_bench_op op = ops[l->ops[l->got]];
+            drey_client_status rs;
+            drey_client_pipeline_result_status(r, arena, &rs);
+            int found = op == DREY_BENCH_GET && r->get != NULL ? r->get->found : -1;
+            record(t, op, now - t0, rs.code, drey_client_status_reason(&rs), found);
+            t->last_done_ns = now;
+        }
+    }
+    if (l->got < l->n) {
+        snprintf(t->err, sizeof t->err, "Pipeline: %zu of %zu results did not come", l->n - l->got, l->n);
+        return false;
+    }
+    return true;
+}
+
+static void pipeline_loop(conn *k, drey_bench_gen *g, conn_thread *t) {
+    run_shared *sh = t->sh;
+    const drey_bench_options *o = sh->o;
     size_t n = (size_t)o->pipeline;
+    lanes ls = {.n = 0};
     drey_bench_op *ops = drey_xcalloc(n, sizeof *ops);
     drey_arena arena;
     drey_arena_init(&arena, NULL, 0);
     uint64_t started = 0, id = 0;
-    bool exhausted = false;
-    while (started < t->quota && !exhausted && mono_ns() < sh->window_end_ns) {
-        size_t k = 0;
-        while (k < n && started < t->quota) {
+    bool exhausted = false, failed = false;
+    while (!failed && started < t->quota && !exhausted && mono_ns() < sh->window_end_ns) {
+        size_t b = 0;
+        for (size_t i = 0; i < ls.n; i++)
+            ls.l[i].n = ls.l[i].got = 0;
+        while (b < n && started < t->quota) {
             drey_bench_request req;
             if (!drey_bench_next_request(g, &req)) {
                 exhausted = true;
                 break;
             }
-            ops[k++] = req.op;
-            started++;
-            drey_client_pipeline_add_raw(p, ++id, req.method, req.data, req.len, o->timeout_ms);
-        }
-        if (k == 0 || !drey_client_pipeline_flush(p))
-            break;
-        int64_t t0 = mono_ns();
-        size_t got = 0;
-        while (got < k) {
-            Drey__Cache__V1__PipelineResponse *resp;
-            if (!drey_client_pipeline_next(p, o->timeout_ms + 1000, &arena, &resp))
+            lane *l = lane_of(&ls, k, &req, n, t);
+            if (l == NULL) {
+                failed = true;
                 break;
-            int64_t now = mono_ns();
-            bool measured = now >= sh->window_start_ns && now < sh->window_end_ns;
-            for (size_t i = 0; i < resp->n_results && got < k; i++, got++) {
-                if (!measured)
-                    continue;
-                const Drey__Cache__V1__PipelineResult *r = resp->results[i];
-                drey_bench_op op = ops[got];
-                drey_client_status rs;
-                drey_client_pipeline_result_status(r, &arena, &rs);
-                int found = op == DREY_BENCH_GET && r->get != NULL ? r->get->found : -1;
-                record(t, op, now - t0, rs.code, drey_client_status_reason(&rs), found);
-                t->last_done_ns = now;
             }
+            ops[b] = req.op;
+            l->ops[l->n++] = b++;
+            started++;
+            drey_client_pipeline_add_raw(l->p, ++id, req.method, req.data, req.len, o->timeout_ms);
         }
+        if (failed || b == 0)
+            break;
+        for (size_t i = 0; i < ls.n && !failed; i++)
+            failed = ls.l[i].n > 0 && !drey_client_pipeline_flush(ls.l[i].p);
+        int64_t t0 = mono_ns();
+        for (size_t i = 0; i < ls.n && !failed; i++)
+            failed = !lane_collect(&ls.l[i], ops, t0, &arena, t);
         if (arena.allocated > ARENA_RESET_BYTES)
             drey_arena_reset(&arena);
-        if (got < k) {
-            snprintf(t->err, sizeof t->err, "Pipeline: %zu of %zu results did not come", k - got, k);
-            break;
-        }
     }
     t->ran_out = exhausted || started >= t->quota;
-    drey_client_pipeline_finish(p, &arena, &st);
+    for (size_t i = 0; i < ls.n; i++) {
+        drey_client_status st;
+        drey_client_pipeline_finish(ls.l[i].p, &arena, &st);
+        free(ls.l[i].ops);
+    }
     drey_arena_destroy(&arena);
     free(ops);
 }
@@ -263,8 +320,9 @@ static void *conn_main(void *arg) {
     drey_bench_gen g;
     drey_bench_gen_init(&g, &sh->w, t->index);
     if (o->pipeline > 0) {
-        pipeline_loop(k.c, &g, t);
+        pipeline_loop(c, &g, t);
         drey_client_close(k.c);
+        drey_client_cluster_close(k.cc);
         drey_bench_gen_free(&g);
         return NULL;
     }

@@ -98,6 +98,7 @@ struct pstream {
     int refs;       /* the peer's (until it ends), one per batch in flight */
     bool ended;     /* its status came: no more frames */
     bool writing;
+    bool write_deferred; /* to the end of the caller's batch (it holds a reference) */
     bool retiring;  /* its peer's channel was replaced: it takes no new calls */
     bool closing;   /* retiring and idle: the close was sent */
     grpc_channel *channel; /* a retiring stream's: destroyed with it */
@@ -246,13 +247,26 @@ static void write_locked(pstream *s) {
 /* A retiring stream whose calls are all answered closes its side; the peer
  * then ends it, and it goes with its channel. */
 static void retire_if_idle_locked(pstream *s) {
-    if (!s->retiring || s->closing || s->ended || s->live > 0 || s->writing || s->out_head != NULL)
+    if (!s->retiring || s->closing || s->ended || s->live > 0 || s->writing || s->write_deferred ||
+        s->out_head != NULL)
         return;
     s->closing = true;
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     start_batch_locked(s, &op, 1, &s->close_tag);
+}
+
+/* The end of the batch whose calls were queued on s (drey_cluster__peers_call). */
+static void write_later(void *arg) {
+    pstream *s = arg;
+    drey_cluster__peers *p = s->p; /* s may go with its last reference */
+    pthread_mutex_lock(&p->mu);
+    s->write_deferred = false;
+    write_locked(s);
+    retire_if_idle_locked(s);
+    stream_unref_locked(s);
+    pthread_mutex_unlock(&p->mu);
 }
 
 static void send_cancel_locked(pstream *s, uint64_t id) {
@@ -514,6 +528,9 @@ static void on_recv(tag *t, bool ok) {
     start_recv_locked(s);
     stream_unref_locked(s); /* this batch's; the next one holds its own */
     pthread_mutex_unlock(&p->mu);
+    /* What the answers lead to (a Pipeline stream's response) is written
+     * once for all of them. */
+    drey_pipeline_batch_begin();
     for (size_t i = 0; i < n_done; i++) {
         const Drey__Internal__V1__Answer *an = done[i].a;
         drey_answer a = {
@@ -528,6 +545,7 @@ static void on_recv(tag *t, bool ok) {
         done[i].c->done(done[i].c->arg, &a);
         pcall_unref(done[i].c);
     }
+    drey_pipeline_batch_end();
     if (done != stack)
         free(done);
     drey__internal__v1__frames__free_unpacked(fs, NULL);
@@ -835,7 +853,16 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
     slot_put_locked(s, c);
     f.id = c->id;
     append_locked(s, &f);
-    write_locked(s);
+    if (s->writing || s->write_deferred) {
+        /* goes with the write in flight's successor, or the batch's */
+    } else if (drey_pipeline_batch_defer(write_later, s)) {
+        /* the caller's batch (a Pipeline message's operations) queues more:
+         * they go in one message at its end */
+        s->write_deferred = true;
+        s->refs++;
+    } else {
+        write_locked(s);
+    }
     kick_locked(p, pe->channel);
     pthread_mutex_unlock(&p->mu);
     return c;

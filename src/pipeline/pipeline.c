@@ -99,6 +99,44 @@ drey_journal *drey_pipeline_journal(const drey_pipeline *p) {
     return p->journal;
 }
 
+/* --- batches --------------------------------------------------------------------- */
+
+#define BATCH_DEFERRED 32
+
+static _Thread_local struct {
+    int depth;
+    size_t n;
+    struct {
+        void (*fn)(void *arg);
+        void *arg;
+    } deferred[BATCH_DEFERRED];
+} batch;
+
+void drey_pipeline_batch_begin(void) {
+    batch.depth++;
+}
+
+bool drey_pipeline_batch_defer(void (*fn)(void *arg), void *arg) {
+    if (batch.depth == 0 || batch.n == BATCH_DEFERRED)
+        return false;
+    batch.deferred[batch.n].fn = fn;
+    batch.deferred[batch.n].arg = arg;
+    batch.n++;
+    return true;
+}
+
+void drey_pipeline_batch_end(void) {
+    if (--batch.depth > 0)
+        return;
+    /* What runs now is outside this batch (a batch it opens is its own). */
+    size_t n = batch.n;
+    __typeof__(batch.deferred) run;
+    memcpy(run, batch.deferred, n * sizeof run[0]);
+    batch.n = 0;
+    for (size_t i = 0; i < n; i++)
+        run[i].fn(run[i].arg);
+}
+
 void drey_pipeline_set_route(drey_pipeline *p, drey_stage_result (*route)(void *ctx, drey_request *r), void *ctx) {
     p->route = route;
     p->route_ctx = ctx;

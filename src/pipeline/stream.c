@@ -137,6 +137,7 @@ struct pstream {
     bool submitting;         /* a thread is draining the submit queue */
     pthread_t drainer;       /* which (while submitting) */
     bool sending;            /* a response message is at the transport */
+    bool emit_deferred;      /* to the end of a batch answering ops (it holds a reference) */
     bool paused;             /* reading paused at the window */
     bool half_closed;
     bool finished;
@@ -446,11 +447,21 @@ static void resume_locked(pstream *s) {
     }
 }
 
+/* Drops a reference taken under s->mu, and the lock. */
+static void unref_unlock(pstream *s) {
+    bool last = --s->refs == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (last)
+        stream_free(s);
+}
+
 /* Submits what the queue holds; one thread at a time, so an op answered at
  * once (a read) that frees the next does not recurse into it. The caller
  * holds a reference on the stream for it (taken under s->mu), which this
  * drops. */
 static void drain(pstream *s) {
+    /* The ops forwarded to one owner go in one peer message. */
+    drey_pipeline_batch_begin();
     pthread_mutex_lock(&s->mu);
     if (!s->submitting) {
         s->submitting = true;
@@ -482,10 +493,18 @@ static void drain(pstream *s) {
         emit_locked(s);
         resume_locked(s);
     }
-    bool last = --s->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last)
-        stream_free(s);
+    unref_unlock(s);
+    drey_pipeline_batch_end();
+}
+
+/* The end of a batch that answered ops of s (complete). */
+static void emit_later(void *arg) {
+    pstream *s = arg;
+    pthread_mutex_lock(&s->mu);
+    s->emit_deferred = false;
+    emit_locked(s);
+    resume_locked(s);
+    unref_unlock(s);
 }
 
 /* An op is answered (any thread). */
@@ -507,10 +526,19 @@ static void complete(pop *o, Drey__Cache__V1__PipelineResult *res) {
     }
     release_locked(s, o);
     schedule_locked(s);
-    if (!s->submitting || !pthread_equal(s->drainer, pthread_self())) {
+    if (s->submitting && pthread_equal(s->drainer, pthread_self())) {
+        /* answered inside a submit: drain emits when it is done */
+    } else if (s->emit_deferred) {
+        /* a batch answering ops of this stream emits at its end */
+    } else if (drey_pipeline_batch_defer(emit_later, s)) {
+        /* answered among others (a peer's message of answers): they
+         * leave together, in one response message */
+        s->emit_deferred = true;
+        s->refs++;
+    } else {
         emit_locked(s); /* may free o */
         resume_locked(s);
-    } /* else answered inside a submit: drain emits when it is done */
+    }
     bool more = !drey_list_empty(&s->submits);
     if (more)
         s->refs++; /* drain's */

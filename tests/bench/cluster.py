@@ -22,8 +22,16 @@ cost of one forwarded call is derived from it as
 with share the forwarded fraction the nodes counted. drey-bench shares the two cores with the servers, so compare the
 ratios of one run, not the absolute numbers.
 
+Pipelined (--pipelines runs only this; it also ends a full run): a
+standalone node and a 3-node cluster, ephemeral, 16 connections with
+--pipeline=64, Get then Set, interleaved per round: the cluster entered
+through n1 (2/3 of the operations forwarded) and topology-aware (drey-bench
+--cluster --pipeline: each operation on its owner's stream, the local
+cost). A forwarded operation's CPU is derived as above; it prints forwarded
+against local, and 3 nodes against 1 node, by CPU per operation.
+
   bazel build //:dreyd //:drey //:drey-bench
-  DREY_BIN=bazel-bin/dreyd /usr/bin/python3 tests/bench/cluster.py [--duration=4]
+  DREY_BIN=bazel-bin/dreyd /usr/bin/python3 tests/bench/cluster.py [--duration=4] [--pipelines] [--rounds=2]
 """
 import argparse
 import json
@@ -55,11 +63,13 @@ def cpu_s(pids):
     return total / TICK
 
 
-def bench(target, op, duration, cluster_flag, extra=(), streams=64):
+def bench(target, op, duration, cluster_flag, extra=(), streams=64, pipeline=0):
     argv = [drey_bench(), "--target=" + target, "--connections=16", "--streams=%d" % streams, "--mix=%s:1" % op,
             "--keys=%d" % KEYS, "--value-bytes=256", "--json"] + list(extra)
     if cluster_flag:
         argv.append("--cluster")
+    if pipeline:
+        argv.append("--pipeline=%d" % pipeline)
     if not extra:
         argv += ["--duration=%gs" % duration, "--warmup=0"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -76,11 +86,11 @@ def forwarded(servers):
     return sum(int(details(s)["cluster"].get("forwardedCalls", 0)) for s in servers)
 
 
-def measure(label, target, servers, op, duration, cluster_flag, in_cluster, streams=64):
+def measure(label, target, servers, op, duration, cluster_flag, in_cluster, streams=64, pipeline=0):
     pids = [s.proc.pid for s in servers]
     f0 = forwarded(servers) if in_cluster else 0
     c0 = cpu_s(pids)
-    r = bench(target, op, duration, cluster_flag, streams=streams)
+    r = bench(target, op, duration, cluster_flag, streams=streams, pipeline=pipeline)
     c1 = cpu_s(pids)
     f1 = forwarded(servers) if in_cluster else 0
     calls = r["calls"]
@@ -138,10 +148,59 @@ def one_node(ephemeral, duration):
     return rows
 
 
+def pipelines(duration, depth, rounds):
+    """Pipelined loads (--pipeline=depth per connection), ephemeral: a
+    standalone node, and a 3-node cluster entered through n1 (about 2/3 of
+    the operations forwarded) and topology-aware (drey-bench --cluster: each
+    operation on its owner's stream, none forwarded). Rounds interleave
+    the three; every round is printed."""
+    rows = []
+    single = DreyServer(*(list(LIMITS) + ["--ephemeral"]), name="single")
+    single.start()
+    try:
+        with Cluster(partitions=256, initial_nodes=3, ephemeral=True, extra_flags=LIMITS) as c:
+            nodes = c.start(3)
+            c.wait_assigned(3)
+            for n in nodes:
+                poll(lambda n=n: c.owners(n), lambda o: all(o.values()), what="a full table at " + n.id)
+            servers = [n.server for n in nodes]
+            seed = nodes[0].server.address
+            prefill(seed, True)
+            prefill(single.address, False)
+            for rnd in range(rounds):
+                for op in ("get", "set"):
+                    one = measure("1 node, pipelined", single.address, [single], op, duration, False, False, 1, depth)
+                    plain = measure("3 nodes, pipelined through n1", seed, servers, op, duration, False, True, 1,
+                                    depth)
+                    routed = measure("3 nodes, pipelined --cluster", seed, servers, op, duration, True, True, 1,
+                                     depth)
+                    rows += [one, plain, routed]
+                    share = plain["forwarded_share"]
+                    local = routed["cpu_us_per_call"]
+                    fwd = (plain["cpu_us_per_call"] - local * (1 - share)) / share
+                    print("# pipelined %s (depth %d, round %d): CPU per op: local %.2f us, forwarded %.2f us, "
+                          "forwarded/local %.2f (forwarded share %.2f; 1 node %.2f us, forwarded/1 node %.2f); "
+                          "topology-aware 3 nodes/1 node %.2f; throughput 3 nodes --cluster/1 node %.2f" % (
+                              op, depth, rnd + 1, local, fwd, fwd / local, share, one["cpu_us_per_call"],
+                              fwd / one["cpu_us_per_call"], local / one["cpu_us_per_call"],
+                              routed["throughput"] / one["throughput"]), flush=True)
+            for s in servers:
+                s.stop()
+    finally:
+        single.stop()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per run")
+    ap.add_argument("--pipelines", action="store_true", help="only the pipelined scenario")
+    ap.add_argument("--depth", type=int, default=64, help="operations per Pipeline message")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the pipelined scenario")
     a = ap.parse_args()
+    if a.pipelines:
+        print(json.dumps(pipelines(a.duration, a.depth, a.rounds)))
+        return
     results = {}
     for mode, ephemeral in (("ephemeral", True), ("durable", False)):
         print("# %s" % mode, flush=True)
@@ -165,6 +224,7 @@ def main():
                       fwd["throughput"] / single["throughput"], direct["throughput"] / single["throughput"],
                       d / single["cpu_us_per_call"], d / small["cpu_us_per_call"],
                       one_cluster["cpu_us_per_call"] / single["cpu_us_per_call"]), flush=True)
+    results["pipelined"] = pipelines(a.duration, a.depth, a.rounds)
     print(json.dumps(results))
 
 

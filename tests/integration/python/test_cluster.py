@@ -575,6 +575,26 @@ class Faults(unittest.TestCase):
                 self.assertEqual(f.metadata["primary"], "n2")
                 from drey_tokens import details
                 self.assertEqual(details(n3.server)["cluster"]["notPrimaryRetries"], 1, "routed once more, once")
+                # The same write in a Pipeline message beside operations for
+                # n2 (forwarded in the same peer message) and n3 itself: only
+                # it is refused, with the unary call's reason, in its place.
+                pb = cl.pb.cache
+                other = next(k for k in ("o%d" % i for i in range(500)) if owners[partition("", k, 8)] == "n2")
+                local = next(k for k in ("l%d" % i for i in range(500)) if owners[partition("", k, 8)] == "n3")
+                ops = [pb.PipelineOperation(id=1, set=pb.SetRequest(key=other, value=make_value("o"))),
+                       pb.PipelineOperation(id=2, set=pb.SetRequest(key=key, value=make_value("v"))),
+                       pb.PipelineOperation(id=3, set=pb.SetRequest(key=local, value=make_value("l"))),
+                       pb.PipelineOperation(id=4, get=pb.GetRequest(key=other))]
+                got = []
+                for resp in n3.cache.Pipeline(iter([pb.PipelineRequest(operations=ops)]), timeout=RPC):
+                    got += list(resp.results)
+                self.assertEqual([r.id for r in got], [1, 2, 3, 4])
+                self.assertEqual([r.status.code for r in got], [0, UNAVAILABLE.value[0], 0, 0])
+                info = cl.pb.error_details.ErrorInfo()
+                self.assertTrue(any(d.Unpack(info) for d in got[1].status.details if d.Is(info.DESCRIPTOR)))
+                self.assertEqual((info.reason, info.metadata["primary"]), ("NOT_PRIMARY", "n2"))
+                self.assertEqual(value_of(got[3].get.value), "o")
+                self.assertEqual(details(n3.server)["cluster"]["notPrimaryRetries"], 2, "the operation once more")
                 proxy.unblock()
                 poll(lambda: cl.owners(n3)[p], lambda o: o == "n2", what="n3 catching up")
                 fn(req_cls(key=key, value=make_value("v")), timeout=RPC)

@@ -166,6 +166,36 @@ class ClusterAuthzTest(DreyTestCase):
             self.assertEqual([(d["principal"], d["method"]) for d in denials],
                              [("jwt:app-1", "/drey.cache.v1.Cache/Watch")])
 
+    def test_the_owner_verifies_a_pipelines_token_again(self):
+        """A token the ingress accepts and the owner does not know: the
+        Pipeline operations the owner runs are refused there, each in its
+        place, and the ingress's own are answered."""
+        both = KeyDir()
+        both.install(self.key)
+        stranger = mint(both.rsa("k2"), sub="app-2", role="app")
+        with Cluster(partitions=8, initial_nodes=2) as cl:
+            ingress = cl.start_node("n1", flags=["--jwt-keys-dir=" + both.path])
+            owner = cl.start_node("n2", flags=["--jwt-keys-dir=" + self.keys.path])
+            owners = cl.agreed_owners([ingress, owner])
+            keys = ["pipe%d" % i for i in range(40)]
+            theirs = [k for k in keys if cl.owner_of(owners, k) == "n2"]
+            self.assertTrue(theirs and len(theirs) < len(keys), owners)
+            p = self.pb.cache
+            ops = [p.PipelineOperation(id=i, set=p.SetRequest(key=k, value=make_value("v")))
+                   for i, k in enumerate(keys)]
+            results = []
+            for resp in ingress.cache.Pipeline(iter([p.PipelineRequest(operations=ops)]),
+                                               metadata=bearer(stranger), timeout=RPC_TIMEOUT):
+                results += list(resp.results)
+            self.assertEqual([r.id for r in results], list(range(len(keys))))
+            unauthenticated = grpc.StatusCode.UNAUTHENTICATED.value[0]
+            self.assertEqual([r.status.code for r in results],
+                             [unauthenticated if k in theirs else 0 for k in keys])
+            info = self.pb.error_details.ErrorInfo()
+            refused = results[keys.index(theirs[0])].status
+            self.assertTrue(any(d.Unpack(info) for d in refused.details if d.Is(info.DESCRIPTOR)))
+            self.assertEqual(info.reason, "TOKEN_UNKNOWN_KEY")
+
     def test_a_tenants_quota_holds_across_the_cluster(self):
         open_path = self.policy_file("open-quota.json", OPEN)
         with Cluster(partitions=16, initial_nodes=3,

@@ -86,6 +86,15 @@ class Routing(DreyTestCase):
         self.assertTrue(r["cluster"])
         self.assertEqual(self.delta(before), {n.id: 0 for n in self.nodes}, "a routed run forwards nothing")
 
+    def test_drey_bench_cluster_pipeline_sends_every_operation_on_its_owners_stream(self):
+        before = self.totals()
+        r = self.bench("--cluster", "--pipeline=16")
+        self.assertTrue(r["cluster"])
+        self.assertEqual(self.delta(before), {n.id: 0 for n in self.nodes}, "a routed pipeline forwards nothing")
+        before = self.totals()
+        self.bench("--pipeline=16")
+        self.assertGreater(self.delta(before)["n1"], 0, "the same load through n1 alone is forwarded")
+
     def test_plain_drey_bench_through_one_node_is_forwarded_for_the_keys_it_does_not_own(self):
         before = self.totals()
         r = self.bench()
