@@ -34,6 +34,7 @@ against local, and 3 nodes against 1 node, by CPU per operation.
   DREY_BIN=bazel-bin/dreyd /usr/bin/python3 tests/bench/cluster.py [--duration=4] [--pipelines] [--rounds=2]
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -102,8 +103,11 @@ def measure(label, target, servers, op, duration, cluster_flag, in_cluster, stre
     return row
 
 
-def three_nodes(ephemeral, duration):
-    rows = []
+@contextlib.contextmanager
+def three_node_cluster(ephemeral):
+    """Three nodes, 256 partitions, every node routing with a full table
+    and the keys prefilled: (the seed's address, the servers), stopped at
+    the end."""
     with Cluster(partitions=256, initial_nodes=3, ephemeral=ephemeral, extra_flags=LIMITS) as c:
         nodes = c.start(3)
         c.wait_assigned(3)
@@ -112,11 +116,17 @@ def three_nodes(ephemeral, duration):
         servers = [n.server for n in nodes]
         seed = nodes[0].server.address
         prefill(seed, True)
+        yield seed, servers
+        for s in servers:
+            s.stop()
+
+
+def three_nodes(ephemeral, duration):
+    rows = []
+    with three_node_cluster(ephemeral) as (seed, servers):
         for op in ("get", "set"):
             rows.append(measure("3 nodes, plain (through n1)", seed, servers, op, duration, False, True))
             rows.append(measure("3 nodes, --cluster (direct)", seed, servers, op, duration, True, True))
-        for s in servers:
-            s.stop()
     return rows
 
 
@@ -158,14 +168,7 @@ def pipelines(duration, depth, rounds):
     single = DreyServer(*(list(LIMITS) + ["--ephemeral"]), name="single")
     single.start()
     try:
-        with Cluster(partitions=256, initial_nodes=3, ephemeral=True, extra_flags=LIMITS) as c:
-            nodes = c.start(3)
-            c.wait_assigned(3)
-            for n in nodes:
-                poll(lambda n=n: c.owners(n), lambda o: all(o.values()), what="a full table at " + n.id)
-            servers = [n.server for n in nodes]
-            seed = nodes[0].server.address
-            prefill(seed, True)
+        with three_node_cluster(True) as (seed, servers):
             prefill(single.address, False)
             for rnd in range(rounds):
                 for op in ("get", "set"):
@@ -184,8 +187,6 @@ def pipelines(duration, depth, rounds):
                               op, depth, rnd + 1, local, fwd, fwd / local, share, one["cpu_us_per_call"],
                               fwd / one["cpu_us_per_call"], local / one["cpu_us_per_call"],
                               routed["throughput"] / one["throughput"]), flush=True)
-            for s in servers:
-                s.stop()
     finally:
         single.stop()
     return rows

@@ -196,6 +196,13 @@ class StaleReads(DreyTestCase):
         other = next(i for i in s.cl.ids if i not in (primary, backup))
         return s.cl.nodes[primary], s.cl.nodes[backup], s.cl.nodes[other]
 
+    def quiet_roles(self, s, p, prefix):
+        """The workloads stopped and the table settled: a key of p, and
+        p's primary, its backup and the node with no copy."""
+        s.stop_workloads()
+        s.settle()
+        return (s.key_in(p, prefix),) + self.roles(s, p)
+
     def stale_get(self, node, key):
         get, greq, _ = node.cache.methods["Get"]
         return get(greq(key=key, allow_stale=True), timeout=10)
@@ -213,11 +220,8 @@ class StaleReads(DreyTestCase):
 
     def test_a_backup_answers_stale_reads_and_says_how_stale(self):
         with Scenario(self, durable=False) as s:
-            s.stop_workloads()
-            s.settle()
             p = 3
-            key = s.key_in(p, "stale")
-            primary, backup, other = self.roles(s, p)
+            key, primary, backup, other = self.quiet_roles(s, p, "stale")
             set_, sreq, _ = primary.cache.methods["Set"]
             # An in-sync backup has every acknowledged write: read right
             # after each acknowledgement, it returns it.
@@ -298,11 +302,8 @@ class StaleReads(DreyTestCase):
 
     def test_stale_reads_go_on_while_a_primary_is_gone(self):
         with Scenario(self, durable=False) as s:
-            s.stop_workloads()
-            s.settle()
             p = 5
-            key = s.key_in(p, "gone")
-            primary, backup, other = self.roles(s, p)
+            key, primary, backup, other = self.quiet_roles(s, p, "gone")
             # a key of a partition the killed node has no copy of
             q = next(q for q, (pr, bs) in s.table(other).items() if primary.id not in [pr] + list(bs))
             elsewhere = s.key_in(q, "elsewhere")
@@ -349,11 +350,8 @@ class StaleReads(DreyTestCase):
         PARTITION_UNAVAILABLE with the cause, the primary, outcome
         not_applied and RetryInfo, counted in the metric; a GetMany too."""
         with Scenario(self, durable=False) as s:
-            s.stop_workloads()
-            s.settle()
             p = 6
-            key = s.key_in(p, "unreachable")
-            primary, backup, other = self.roles(s, p)
+            key, primary, backup, other = self.quiet_roles(s, p, "unreachable")
             get, greq, _ = other.cache.methods["Get"]
             gm, gmreq, _ = other.cache.methods["GetMany"]
             before = metric(other, "drey_cluster_unavailable_total")
