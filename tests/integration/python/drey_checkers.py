@@ -413,6 +413,7 @@ class Client:
         self.lock = threading.Lock()
         self.calls = 0    # RPCs made (each attempt counts)
         self.refused = 0  # of which failed (a retryable code)
+        self.gave_up = 0  # calls that ran out of attempts
 
     def counts(self):
         with self.lock:
@@ -448,6 +449,8 @@ class Client:
                     ambiguous = ambiguous or (e.code() in AMBIGUOUS and
                                               last.metadata.get("outcome") != "not_applied")
             time.sleep(self.backoff)  # a client's retry backoff
+        with self.lock:
+            self.gave_up += 1
         return None, ("unknown" if ambiguous else "fail"), last
 
 

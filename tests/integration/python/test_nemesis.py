@@ -216,7 +216,9 @@ class Nemesis(DreyTestCase):
     def test_the_checkers_stay_clean_through_a_kill_and_restart(self):
         cl, owners = self.cluster()
         # few attempts: an operation on the dead node's partitions gives up
-        # while it is down (its outcome unknown), as the checkers must see
+        # while it is down, as the checkers must see: "fail" when the
+        # refusal says not_applied (no connection to the owner), "unknown"
+        # when it was in flight at the kill
         client = Client(cl.live, rpc_timeout=RPC, attempts=4, backoff=0.05)
         loads = [RegisterWorkload(client, threads=2, keys=3), SetWorkload(client, threads=2, name="add"),
                  CounterWorkload(client, threads=2, counters=3)]
@@ -229,7 +231,7 @@ class Nemesis(DreyTestCase):
             acked(50)
             cl.kill("n2")
             # (a CAS refused VERSION_MISMATCH is a definitive failure any time)
-            poll(lambda: sum(w.count("unknown") for w in loads), lambda c: c > 0, timeout=30,
+            poll(lambda: client.gave_up, lambda c: c > 0, timeout=30,
                  what="operations on n2's partitions giving up while it is down")
             done = [w.count("ok") for w in loads]
             cl.restart("n2")
