@@ -23,19 +23,15 @@ def drey_module(name, deps = []):
         visibility = ["//visibility:public"],
     )
 
-def drey_unit_tests(module, deps = [], data = [], size = "small", exclusive = []):
-    """One cc_test per tests/unit/<module>/*_test.c, linked with Criterion.
-    exclusive: the tests (by file stem) that run with no other test beside
-    them."""
+def drey_unit_tests(module, deps = [], data = [], size = "small"):
+    """One cc_test per tests/unit/<module>/*_test.c, linked with Criterion."""
     for src in native.glob(["%s/*_test.c" % module]):
-        stem = src[len(module) + 1:-len("_test.c")]
         native.cc_test(
             name = src[:-len(".c")].replace("/", "_"),
             srcs = [src] + native.glob(["%s/*.h" % module, "*.h"]),
             deps = deps + ["@system_libs//:criterion"],
             data = data,
             size = size,
-            tags = ["exclusive"] if stem in exclusive else [],
         )
 
 def drey_py_test(name, src, data = [], size = "medium", tags = [], dreyd = "//:dreyd"):

@@ -126,8 +126,24 @@ static void on_call_end(drey_etcd__stream *s, grpc_status_code code, const char 
     w->s.timer_ns = drey_etcd__call_retry_at(s, BACKOFF_MAX_NS);
 }
 
+/* etcd checks the token only when a watch is created, and answers one it
+ * does not know by cancelling the watch, not by a status: a token that
+ * expired unused, or that a member lost with its restart (simple tokens
+ * live in its memory; replaying its log brings them back only for a
+ * while), or none yet. A new token fixes those; a role without the
+ * key does not ("permission denied"). */
+static bool token_refused(const drey_etcd_watch *w, const char *reason) {
+    return w->s.e->user != NULL && reason != NULL &&
+           (strstr(reason, "invalid auth token") != NULL || strstr(reason, "user name is empty") != NULL ||
+            strstr(reason, "revision of auth store is old") != NULL);
+}
+
 /* One WatchResponse. Returns false when the stream must stop. */
 static bool handle(drey_etcd_watch *w, const Etcdserverpb__WatchResponse *r) {
+    if (r->canceled && r->compact_revision == 0 && token_refused(w, r->cancel_reason)) {
+        drey_etcd__token_stale(w->s.e, w->s.token_gen);
+        return false; /* cancelled here: on_call_end reopens it after its backoff */
+    }
     if (r->canceled) {
         drey_etcd_watch_end end = {.message = r->cancel_reason != NULL ? r->cancel_reason : ""};
         if (r->compact_revision > 0) {
