@@ -414,6 +414,10 @@ class Client:
         self.calls = 0    # RPCs made (each attempt counts)
         self.refused = 0  # of which failed (a retryable code)
         self.gave_up = 0  # calls that ran out of attempts
+        # set while workloads stop: a call then makes no further attempt
+        # (its outcome as far as it got), so stopping takes one RPC timeout,
+        # not a whole retry budget spent against a fault still in place
+        self.stopping = threading.Event()
 
     def counts(self):
         with self.lock:
@@ -427,7 +431,9 @@ class Client:
         node was up). A failure not worth retrying (VERSION_MISMATCH, a bad
         request) is raised as grpc.RpcError."""
         ambiguous, last = False, None
-        for _ in range(self.attempts):
+        for attempt in range(self.attempts):
+            if attempt > 0 and self.stopping.is_set():
+                break
             live = self.nodes()
             if not live:
                 ambiguous = True

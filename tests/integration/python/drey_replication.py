@@ -72,7 +72,11 @@ class Scenario:
 
     def stop_workloads(self):
         for w in self.workloads:
+            w.stop_flag.set()
+        self.client.stopping.set()
+        for w in self.workloads:
             w.stop()
+        self.client.stopping.clear()
 
     def progress(self, ops=30, timeout=60):
         """Until the workloads have completed `ops` more operations (whatever
