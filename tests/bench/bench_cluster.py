@@ -8,14 +8,15 @@ In rounds (every system once per round and level, interleaved like the single-no
     forwarded), at 16x64;
   - a 3-node cluster with RF 1 (durable Set at 16x64: replication's cost, RF 2 ÷ RF 1);
   - one standalone dreyd and a one-node cluster, both durable (the one node the cluster is compared
-    with, and cluster mode's own cost on the request path).
+    with, and cluster mode's own cost on the request path);
+  - pipelined (16 connections, --pipeline=64, once per round): the RF 1 cluster entered through n1
+    (2/3 of the operations forwarded) and under drey-bench --cluster --pipeline (each operation on
+    its owner's stream), and the standalone node: what a forwarded pipelined operation costs against
+    a local one, and three nodes against one, without replication in either.
 The clusters and the nodes come from tests/integration/python/drey_cluster.py and the flags from
 tests/bench/cluster.py. After the rounds: eviction hit ratio (tests/bench/eviction.py), watch
 latency (tests/bench/watch_latency, as tests/bench/watch.sh runs it) and join/drain against store
 size (tests/bench/join_drain.py), each run once with the sizes of the mode.
-
-Forwarded pipelines (issue #25) are measured by `drey-bench --pipeline --cluster` once it exists:
-PIPELINE_SCENARIOS below is the hook (drey-bench options per scenario; empty until then).
 """
 import contextlib
 import json
@@ -41,14 +42,18 @@ SERIES = {
     "one_set": "1 node Set durable (standalone)",
     "c1_get": "1-node cluster Get",
     "c1_set": "1-node cluster Set durable",
+    "c3rf1_pipe_get": "3-node cluster RF 1 pipelined Get (--cluster --pipeline=64)",
+    "c3rf1_pipe_set": "3-node cluster RF 1 pipelined Set durable (--cluster --pipeline=64)",
+    "c3rf1_pipe_fwd_get": "3-node cluster RF 1 pipelined Get through n1 (--pipeline=64, forwarding)",
+    "c3rf1_pipe_fwd_set": "3-node cluster RF 1 pipelined Set durable through n1 (--pipeline=64, forwarding)",
+    "one_pipe_get": "1 node pipelined Get (standalone, durable, --pipeline=64)",
+    "one_pipe_set": "1 node pipelined Set durable (standalone, --pipeline=64)",
     "rc_set": "Redis Cluster 3+3 SET appendfsync always",
     "rc_get": "Redis Cluster 3+3 GET",
 }
 ORDER = list(SERIES)
 
-# Forwarded pipelines: scenario -> drey-bench options, run against the RF 2 cluster at 16x64 once
-# drey-bench routes --pipeline by owner (--pipeline --cluster). Empty: "not measured in this run".
-PIPELINE_SCENARIOS = {}
+PIPELINE_DEPTH = 64
 
 
 class Group:
@@ -153,6 +158,17 @@ def run(b, s, workdir, results, bench_mod):
 
         cl = ["--cluster"]
         redis_rates = {}
+
+        def forwarding(scenario, group, extra, conns, streams, rnd):
+            """A run through n1 by a plain client, with the share of its calls (or pipelined
+            operations) that the nodes forwarded."""
+            g, servers = group
+            f0 = _forwarded(servers)
+            run = b.record_drey_bench(scenario, g, extra, conns, streams, rnd, "drey")
+            if run:  # the counter counts the warmup's calls too, as the CPU figures do
+                window = (s["warmup_ms"] + s["duration_ms"]) / s["duration_ms"]
+                run["forwarded_share"] = (_forwarded(servers) - f0) / max(1.0, (run["ok"] + run["errors"]) * window)
+
         for rnd in range(1, s["cluster_rounds"] + 1):
             bench_mod.log("cluster round %d of %d" % (rnd, s["cluster_rounds"]))
             for conns, streams in levels:
@@ -162,24 +178,20 @@ def run(b, s, workdir, results, bench_mod):
                     b.record_drey_bench("one_" + op, groups["one"][0], ["--mix=" + op], conns, streams, rnd, "drey")
                     b.record_drey_bench("c1_" + op, groups["c1"][0], ["--mix=" + op], conns, streams, rnd, "drey")
                     if (conns, streams) == top:
-                        servers = groups["c3"][1]
-                        f0 = _forwarded(servers)
-                        run = b.record_drey_bench("c3_fwd_" + op, groups["c3"][0], ["--mix=" + op], conns, streams,
-                                                  rnd, "drey")
-                        if run:  # the counter counts the warmup's calls too, as the CPU figures do
-                            window = (s["warmup_ms"] + s["duration_ms"]) / s["duration_ms"]
-                            run["forwarded_share"] = (_forwarded(servers) - f0) / max(
-                                1.0, (run["ok"] + run["errors"]) * window)
+                        forwarding("c3_fwd_" + op, groups["c3"], ["--mix=" + op], conns, streams, rnd)
                 if (conns, streams) == top:
                     b.record_drey_bench("c3rf1_set", groups["c3rf1"][0], ["--mix=set"] + cl, conns, streams, rnd,
                                         "drey")
-                    for scenario, extra in PIPELINE_SCENARIOS.items():
-                        b.record_drey_bench(scenario, groups["c3"][0], extra, conns, streams, rnd, "drey")
+                    for op in ("get", "set"):
+                        pipe = ["--mix=" + op, "--pipeline=%d" % PIPELINE_DEPTH]
+                        b.record_drey_bench("one_pipe_" + op, groups["one"][0], pipe, conns, 1, rnd, "drey")
+                        b.record_drey_bench("c3rf1_pipe_" + op, groups["c3rf1"][0], pipe + cl, conns, 1, rnd, "drey")
+                        forwarding("c3rf1_pipe_fwd_" + op, groups["c3rf1"], pipe, conns, 1, rnd)
                 clients = conns * streams
                 b.record_redis("rc_set", rc, "set", clients, rnd, redis_rates)
                 b.record_redis("rc_get", rc, "get", clients, rnd, redis_rates)
     out["levels"] = levels
-    out["pipeline_scenarios"] = sorted(PIPELINE_SCENARIOS)
+    out["pipeline_depth"] = PIPELINE_DEPTH
 
     for what, fn in (("eviction", _eviction), ("watch", _watch), ("join_drain", _join_drain)):
         try:

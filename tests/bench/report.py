@@ -414,6 +414,16 @@ def server_cpu(x):
     return x and x.get("server_cpu_us_per_call")
 
 
+def forwarded_cost(mixed, direct):
+    """Server CPU of one forwarded call (or pipelined operation), from a run through one node whose
+    share of forwarded calls the nodes counted and a directly routed run: the mixed run's cost is
+    share × forwarded + (1 − share) × direct."""
+    share = mixed and mixed.get("forwarded_share")
+    if not share or not server_cpu(mixed) or not server_cpu(direct):
+        return None
+    return (server_cpu(mixed) - server_cpu(direct) * (1 - share)) / share
+
+
 def issue25_targets(res, rows):
     """Every target of issue #25, as ratio rows: measured, or said not to be."""
     c = res.get("cluster")
@@ -441,13 +451,18 @@ def issue25_targets(res, rows):
                          "(%d clients), throughput" % (l[0], l[1], l[0] * l[1]), a and a["throughput"],
                          b and b["throughput"], cost=(a, b),
                          note="no target: Redis replicates asynchronously, drey waits for the backup's fsync"))
-    pipe = c.get("pipeline_scenarios") or []
-    out.append(ratio("forwarded pipelined operation ÷ local one, server CPU per operation (all nodes)",
-                     None, None, 1.5, higher_is_better=False,
-                     note=NOT_MEASURED if not pipe else "see the pipeline rows"))
-    out.append(ratio("topology-aware pipelined load, 3 nodes ÷ one node, by CPU per operation", None, None, 0.9,
-                     note=NOT_MEASURED + " (needs drey-bench --pipeline --cluster: "
-                          "tests/bench/bench_cluster.py PIPELINE_SCENARIOS)" if not pipe else "see the pipeline rows"))
+    depth = c.get("pipeline_depth")
+    for op, name in (("get", "Get"), ("set", "durable Set")):
+        fwd, local, one = (row_of(rows, sc + op) for sc in ("c3rf1_pipe_fwd_", "c3rf1_pipe_", "one_pipe_"))
+        share = fwd and fwd.get("forwarded_share")
+        f = forwarded_cost(fwd, local)
+        out.append(ratio("forwarded pipelined %s ÷ a local one, depth %s, server CPU per operation (3 nodes, RF 1)"
+                         % (name, depth or "—"), f, server_cpu(local), 1.5, higher_is_better=False,
+                         note=NOT_MEASURED if not depth else "derived from the run through n1 (%s of its operations "
+                         "forwarded)" % ("—" if not share else "%.0f%%" % (100 * share))))
+        out.append(ratio("topology-aware pipelined %s, 3 nodes (RF 1) ÷ one node, by server CPU per operation "
+                         "(one node's ÷ the 3 nodes')" % name, server_cpu(one), server_cpu(local), 0.9,
+                         note=NOT_MEASURED if not depth else ""))
     a, b = row("c3_set", top), row("c3rf1_set", top)
     out.append(ratio("durable Set RF 2 ÷ RF 1, %d×%d, by server CPU per write (RF 1's ÷ RF 2's, 3 nodes)" % top,
                      server_cpu(b), server_cpu(a), 0.85,
@@ -462,9 +477,7 @@ def issue25_targets(res, rows):
     for op, name in (("get", "Get"), ("set", "durable Set")):
         fwd, direct = row("c3_fwd_" + op, top), row("c3_" + op, top)
         share = fwd and fwd.get("forwarded_share")
-        one = None
-        if share and server_cpu(fwd) and server_cpu(direct):
-            one = (server_cpu(fwd) - server_cpu(direct) * (1 - share)) / share
+        one = forwarded_cost(fwd, direct)
         out.append(ratio("one forwarded %s ÷ a directly routed one, %d×%d, server CPU per call (3 nodes)"
                          % (name, top[0], top[1]), one, server_cpu(direct),
                          note="derived from the run through n1 (%s of its calls forwarded); no target"
