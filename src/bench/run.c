@@ -259,6 +259,7 @@ static void pipeline_loop(conn *k, drey_bench_gen *g, conn_thread *t) {
     drey_arena_init(&arena, NULL, 0);
     uint64_t started = 0, id = 0;
     bool exhausted = false, failed = false;
+    size_t failed_lane = SIZE_MAX;
     while (!failed && started < t->quota && !exhausted && mono_ns() < sh->window_end_ns) {
         size_t b = 0;
         for (size_t i = 0; i < ls.n; i++)
@@ -284,15 +285,26 @@ static void pipeline_loop(conn *k, drey_bench_gen *g, conn_thread *t) {
         for (size_t i = 0; i < ls.n && !failed; i++)
             failed = ls.l[i].n > 0 && !drey_client_pipeline_flush(ls.l[i].p);
         int64_t t0 = mono_ns();
-        for (size_t i = 0; i < ls.n && !failed; i++)
+        for (size_t i = 0; i < ls.n && !failed; i++) {
             failed = !lane_collect(&ls.l[i], ops, t0, &arena, t);
+            failed_lane = failed ? i : failed_lane;
+        }
         if (arena.allocated > ARENA_RESET_BYTES)
             drey_arena_reset(&arena);
     }
     t->ran_out = exhausted || started >= t->quota;
     for (size_t i = 0; i < ls.n; i++) {
         drey_client_status st;
+        /* The stream whose results did not come says why, if it ended: a
+         * cancel changes nothing on an ended call. */
+        if (i == failed_lane)
+            drey_client_pipeline_cancel(ls.l[i].p);
         drey_client_pipeline_finish(ls.l[i].p, &arena, &st);
+        if (i == failed_lane && st.code != GRPC_STATUS_CANCELLED) {
+            size_t used = strlen(t->err);
+            snprintf(t->err + used, sizeof t->err - used, "; the stream ended %s: %s", drey_client_code_name(st.code),
+                     st.message);
+        }
         free(ls.l[i].ops);
     }
     drey_arena_destroy(&arena);

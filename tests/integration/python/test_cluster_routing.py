@@ -205,5 +205,26 @@ class LearnsTheTable(DreyTestCase):
                 n.server.stop()
 
 
+class PipelineLanes(DreyTestCase):
+    def test_a_pipeline_lane_whose_owner_is_gone_says_why(self):
+        """drey-bench --cluster --pipeline keeps a stream per owner; when one
+        cannot be had (its owner killed, the table still naming it for the
+        lease's time), the failure says what the stream ended with, not only
+        that its results did not come."""
+        with Cluster(partitions=16, initial_nodes=2, lease_ttl="60s") as c:
+            n1, n2 = c.start(2)
+            c.wait_assigned(2)
+            poll(lambda: c.owners(n1), lambda o: all(o.values()), what="a full table at n1")
+            n2.server.kill()
+            out = subprocess.run(
+                [drey_bench(), "--target=" + n1.server.address, "--cluster", "--pipeline=16", "--connections=1",
+                 "--count=200", "--mix=set:1", "--keys=1000", "--timeout=5s", "--json"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertRegex(out.stderr, r"Pipeline: \d+ of \d+ results did not come; the stream ended UNAVAILABLE: "
+                                         r"failed to connect")
+            n1.server.stop()
+
+
 if __name__ == "__main__":
     main()
