@@ -14,6 +14,7 @@ import http.client
 import sys
 import json
 import os
+import random
 import select
 import shutil
 import socket
@@ -38,6 +39,41 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def quiet_ports(n):
+    """n distinct free loopback ports below the ephemeral range when there
+    is room, for a server that is stopped and started again on the same
+    ports (etcd): a port bind(0) gave out, once released, can be taken as
+    the local port of some other test's outgoing connection (or a
+    self-connect to it) before the server binds it again, and the restart
+    fails with "address already in use". bind(0) and connect never hand
+    out a port below the range. The sockets stay bound until all n are
+    picked, so the ports differ."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    held = []
+    try:
+        while len(held) < n:
+            s = socket.socket()
+            for _ in range(200 if low > 11000 else 0):
+                try:
+                    s.bind(("127.0.0.1", rng.randrange(10000, low)))
+                    break
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 # --- the partition rule (independent of drey's C code) -------------------------------
@@ -88,8 +124,7 @@ def tag_for(cache, p, n):
 class Etcd:
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="drey-etcd-")
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = quiet_ports(2)
         self.proc = None
 
     @property
@@ -110,7 +145,10 @@ class Etcd:
 
     def healthy(self):
         if self.proc.poll() is not None:
-            raise RuntimeError("etcd exited: see %s" % os.path.join(self.tmp, "etcd.log"))
+            # the tail says why (the directory is gone once the test ends)
+            with open(os.path.join(self.tmp, "etcd.log"), "rb") as f:
+                tail = f.read()[-2000:].decode(errors="replace")
+            raise RuntimeError("etcd exited (%s), its log ends:\n%s" % (self.proc.returncode, tail))
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=2)
             c.request("GET", "/health")
