@@ -276,22 +276,30 @@ static void door_fail(drey_subdoor *door, const drey_status *st) {
     complete(o, res);
 }
 
-/* A forwarded op's answer: the owner's response or status, as it came. */
+/* A forwarded op's answer: the owner's response or status, as it came.
+ * The owner's response is not decoded here to be encoded again: its bytes
+ * become the result's response field as an unknown field, which protobuf-c
+ * packs verbatim (tag, then the data: the length prefix and the bytes).
+ * The owner encoded it with the same schema, as a unary relay's bytes. */
 static void door_relay(drey_subdoor *door, const drey_answer *a) {
     pop *o = (pop *)door;
     Drey__Cache__V1__PipelineResult *res = result_of(o);
     if (a->code == 0) {
-        const op_kind *k = o->kind;
-        ProtobufCMessage *m = protobuf_c_message_unpack(k->response->descriptor,
-                                                        drey_arena_protobuf_allocator(&o->arena), a->response_len,
-                                                        a->response);
-        if (m != NULL) {
-            *(uint32_t *)(void *)((char *)res + k->response->quantifier_offset) = k->response->id;
-            *(ProtobufCMessage **)(void *)((char *)res + k->response->offset) = m;
-        } else {
-            drey_status st = drey_status_of(DREY_ERR_INTERNAL);
-            op_fail_status(o, res, &st);
-        }
+        uint8_t prefix[10];
+        size_t n = 0;
+        for (size_t v = a->response_len; n == 0 || v != 0; v >>= 7)
+            prefix[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+        uint8_t *data = drey_arena_alloc(&o->arena, n + a->response_len);
+        memcpy(data, prefix, n);
+        if (a->response_len > 0)
+            memcpy(data + n, a->response, a->response_len);
+        ProtobufCMessageUnknownField *f = drey_arena_alloc(&o->arena, sizeof *f);
+        *f = (ProtobufCMessageUnknownField){.tag = o->kind->response->id,
+                                            .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                                            .len = n + a->response_len,
+                                            .data = data};
+        res->base.n_unknown_fields = 1;
+        res->base.unknown_fields = f;
     } else {
         set_status(o, res, a->details, a->details_len, a->code, a->message, a->message_len);
     }

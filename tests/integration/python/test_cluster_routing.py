@@ -136,7 +136,10 @@ class Routing(DreyTestCase):
         self.assertEqual([r.id for r in got], [o.id for o in ops])
         for i in range(len(keys)):
             self.assertEqual(got[2 * i].status.code, 0, got[2 * i])
+            self.assertEqual(got[2 * i].WhichOneof("response"), "set", got[2 * i])
             self.assertEqual(value_of(got[2 * i + 1].get.value), b"v%d" % i, "a get sees the set before it")
+            self.assertEqual(got[2 * i + 1].get.version, got[2 * i].set.version, got[2 * i + 1])
+            self.assertGreater(got[2 * i].set.version, 0)
         refused = got[-1].status
         self.assertEqual(refused.code, unary.code.value[0])
         self.assertEqual(refused.SerializeToString(), unary.status.SerializeToString(),
@@ -144,6 +147,13 @@ class Routing(DreyTestCase):
         self.assertEqual(s.close(), [])
         d = self.delta(before)
         self.assertEqual(d["n1"], 2 * len(remote) + 1, "one forward per operation on another node's key")
+        # An owner's answer is relayed as the owner encoded it: the bytes
+        # of a forwarded result decode as the owner's unary answer does.
+        k = remote[0]
+        i = keys.index(k)
+        owner = next(n for n in self.nodes if n.id == self.owners[partition("", k, PARTITIONS)])
+        direct = owner.cache.Get(pb.GetRequest(key=k), timeout=RPC)
+        self.assertEqual(got[2 * i + 1].get.SerializeToString(), direct.SerializeToString())
 
     def test_the_python_router_goes_to_the_owner(self):
         router = Router(self.cluster, self.nodes[1])
