@@ -17,7 +17,7 @@ def drey_module(name, deps = []):
     )
     native.cc_library(
         name = name,
-        srcs = native.glob(["src/%s/*.c" % name]),
+        srcs = native.glob(["src/%s/*.c" % name, "src/%s/*.cc" % name]),
         hdrs = native.glob(["src/%s/*.h" % name]),
         deps = [":%s_api" % name] + deps,
         visibility = ["//visibility:public"],

@@ -14,6 +14,7 @@
 #include <grpc/grpc_security.h>
 
 #include "drey/alloc.h"
+#include "drey/rpc.h"
 #include "internal.h"
 
 drey_client *drey_client_open(const drey_client_options *opts, char *err, size_t err_cap) {
@@ -86,7 +87,7 @@ drey_client *drey_client__open_on(const drey_client_options *opts, grpc_completi
         return NULL;
     }
     drey_client *c = drey_xcalloc(1, sizeof *c);
-    grpc_init();
+    drey_rpc_init();
     if (!drey_client__headers_build(&c->headers, opts->token, opts->headers, opts->n_headers, err, err_cap)) {
         free(c);
         grpc_shutdown();

@@ -27,6 +27,7 @@
 #include "drey/clock.h"
 #include "drey/cluster/v1/cluster.pb-c.h"
 #include "drey/placement.h"
+#include "drey/rpc.h"
 #include "internal.h"
 
 #define WATCH_METHOD "/drey.cluster.v1.Cluster/WatchTopology"
@@ -264,7 +265,7 @@ drey_client_cluster *drey_client_cluster_open(drey_client_topology *t, const dre
     drey_client_cluster *cc = drey_xcalloc(1, sizeof *cc);
     cc->topo = t;
     cc->opts = *opts;
-    grpc_init(); /* for the queue: balanced in close, after the clients' own */
+    drey_rpc_init(); /* for the queue: balanced in close, after the clients' own */
     cc->cq = grpc_completion_queue_create_for_next(NULL);
     cc->seed = open_node(cc, opts->target, err, err_cap);
     if (cc->seed == NULL) {

@@ -55,6 +55,7 @@
 #include "drey/internal/v1/peer.pb-c.h"
 #include "drey/log.h"
 #include "drey/pem.h"
+#include "drey/rpc.h"
 #include "internal.h"
 #include "google/rpc/error_details.pb-c.h"
 #include "google/rpc/status.pb-c.h"
@@ -606,7 +607,7 @@ drey_cluster__peers *drey_cluster__peers_create(const char *node_id, const char 
     drey_cluster__peers *p = drey_xcalloc(1, sizeof *p);
     snprintf(p->node_id, sizeof p->node_id, "%s", node_id);
     drey_pem_files_init(&p->files, cert, key, ca);
-    grpc_init();
+    drey_rpc_init();
     drey_pem_id ids[3];
     drey_pem_files_changed(&p->files, ids);
     p->creds = load_creds(p, ids, err, err_cap);

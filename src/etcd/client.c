@@ -531,7 +531,7 @@ drey_etcd *drey_etcd_open(const drey_etcd_options *opts, char *err, size_t err_c
         return NULL;
     }
 
-    grpc_init();
+    drey_rpc_init();
     grpc_channel_credentials *tls = NULL;
     if (any_tls && (tls = drey_etcd__tls_credentials(t, err, err_cap)) == NULL) {
         free(e);

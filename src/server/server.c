@@ -20,6 +20,7 @@
 #include "drey/alloc.h"
 #include "drey/clock.h"
 #include "drey/log.h"
+#include "drey/rpc.h"
 #include "drey/thread.h"
 #include "internal.h"
 #include "wire.h"
@@ -111,7 +112,7 @@ static void *worker_main(void *arg) {
 }
 
 drey_server *drey_server_create(const drey_server_options *opts) {
-    grpc_init();
+    drey_rpc_init();
     drey_server *s = drey_xmalloc(sizeof *s);
     memset(s, 0, sizeof *s);
     s->opts = *opts;

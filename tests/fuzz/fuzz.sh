@@ -48,14 +48,15 @@ declare -A max_len=(
 say() { printf 'fuzz.sh: %s\n' "$*" >&2; }
 
 cc=${CC_FUZZ:-clang-14}
+cxx=${CXX_FUZZ:-clang++-14}
 cflags=(-std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-braces -g -O1 -fno-omit-frame-pointer
         -Iinclude -Igen -I. -I"$work/gen_build_info")
-libs=(-lgrpc -lgpr -lprotobuf-c -ljwt -ljansson -lssl -lcrypto -lmicrohttpd -lpthread -lm)
+libs=(-lgrpc -lgpr -labsl_base -lprotobuf-c -ljwt -ljansson -lssl -lcrypto -lmicrohttpd -lpthread -lm)
 
 # Every module's sources (not the programs' mains), compiled once per build
 # into an archive; a target links only the objects it reaches.
 sources() {
-  find src gen -name '*.c' | grep -v -e '^src/dreyd/' -e '^src/cli/' -e '^src/bench/' | sort
+  find src gen -name '*.c' -o -name '*.cc' | grep -v -e '^src/dreyd/' -e '^src/cli/' -e '^src/bench/' | sort
 }
 
 # build VARIANT FLAGS...: fuzz (ASan+UBSan) or cov (source-based coverage).
@@ -81,8 +82,11 @@ build() {
   if [ ! -f "$stamp" ] || [ -n "$(find src gen include "$work/gen_build_info" -newer "$stamp" -print -quit)" ] ||
      [ "$(cat "$out/flags" 2>/dev/null)" != "${flags[*]}" ]; then
     rm -f "$obj"/*.o
+    # C++ (a module's abseil calls): the same flags but the C standard
     sources | xargs -P "${DREY_FUZZ_JOBS:-2}" -I{} sh -c \
-      'o="$1/$(printf %s "$2" | tr / _).o"; exec "$3" -c "$2" -o "$o" $4' _ "$obj" {} "$cc" "${flags[*]}"
+      'o="$1/$(printf %s "$2" | tr / _).o"
+       case $2 in *.cc) exec "$5" -c "$2" -o "$o" $(printf %s "$4" | sed "s/-std=c11/-std=c++17/") ;; esac
+       exec "$3" -c "$2" -o "$o" $4' _ "$obj" {} "$cc" "${flags[*]}" "$cxx"
     rm -f "$stamp"
     ar rcs "$stamp" "$obj"/*.o
     printf '%s' "${flags[*]}" > "$out/flags"

@@ -5,6 +5,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <errno.h>
 #include <string.h>
 
 #include <grpc/byte_buffer.h>
@@ -12,6 +13,7 @@
 
 #include "drey/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "src/rpc/absl.h"
 
 static Grpc__Health__V1__HealthCheckRequest *roundtrip(grpc_byte_buffer *bb) {
     return (Grpc__Health__V1__HealthCheckRequest *)drey_rpc_unpack(
@@ -71,4 +73,16 @@ Test(rpc, code_names_are_grpcs_and_null_outside) {
     cr_assert(eq(str, (char *)drey_rpc_code_name(GRPC_STATUS_UNAUTHENTICATED), "UNAUTHENTICATED"));
     cr_assert(eq(ptr, (void *)drey_rpc_code_name((grpc_status_code)17), NULL));
     cr_assert(eq(ptr, (void *)drey_rpc_code_name((grpc_status_code)-1), NULL));
+}
+
+/* Once drey_rpc_init has run, abseil's CPU measurement is done: no later
+ * use of it (the gRPC core's, between a connect() and the check of its
+ * errno) sets errno. It can tell only where the measurement's sysfs file
+ * is missing (this machine, most VMs); elsewhere it never sets errno. */
+Test(rpc, after_init_abseils_cpu_measurement_leaves_errno_alone) {
+    drey_rpc_init();
+    errno = 0;
+    drey_rpc__absl_cpu_frequency();
+    cr_assert(eq(int, errno, 0), "errno %d (%s): a connect in progress would fail with it", errno, strerror(errno));
+    grpc_shutdown();
 }
