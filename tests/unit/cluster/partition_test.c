@@ -129,23 +129,34 @@ typedef struct racer {
 
 static racer race;
 
+/* A writer's own parked write. Its own flag says it was woken: counters
+ * shared by the writers could balance while it is still in the list, and
+ * parking it again would make the list a cycle (a thaw that never ends). */
+typedef struct race_waiter {
+    drey_cluster__parked parked; /* first */
+    _Atomic bool woken;
+} race_waiter;
+
 static void race_wake(drey_cluster__parked *w) {
-    (void)w;
     atomic_fetch_add(&race.woken, 1);
+    atomic_store(&((race_waiter *)w)->woken, true);
 }
 
 static void *writer(void *arg) {
     (void)arg;
-    drey_cluster__parked mine = {.wake = race_wake};
+    race_waiter mine = {.parked = {.wake = race_wake}};
     while (!atomic_load(&race.stop)) {
         if (drey_cluster__partition_enter(&part)) {
             if (atomic_load(&race.frozen_done))
                 atomic_fetch_add(&race.in_while_frozen, 1);
             drey_cluster__partition_leave(&part);
-        } else if (drey_cluster__partition_park(&part, &mine)) {
+            continue;
+        }
+        atomic_store(&mine.woken, false);
+        if (drey_cluster__partition_park(&part, &mine.parked)) {
             atomic_fetch_add(&race.parked, 1);
-            /* The thaw wakes it; the test ends the run before re-using it. */
-            while (atomic_load(&race.woken) < atomic_load(&race.parked) && !atomic_load(&race.stop)) {
+            /* The thaw wakes it (the last round thaws before the stop). */
+            while (!atomic_load(&mine.woken)) {
             }
         }
     }
