@@ -201,4 +201,10 @@ uint64_t drey_journal_room(drey_journal *j);
 void drey_journal_set_batch_observer(drey_journal *j, void (*fn)(void *ctx, size_t records, int64_t fsync_us),
                                      void *ctx);
 
+/* Runs begin before a batch's first `done` and end after its last, on the
+ * writer thread (NULL: nothing). The pipeline opens its batch there
+ * (drey_pipeline_batch_begin): what one fdatasync completes is answered in
+ * one message per stream, not one per record. */
+void drey_journal_set_done_bracket(drey_journal *j, void (*begin)(void), void (*end)(void));
+
 #endif

@@ -67,6 +67,7 @@ struct drey_journal {
     uint64_t refused_need; /* frame size of the last refused append; 0: none */
     void (*observer)(void *ctx, size_t records, int64_t fsync_us);
     void *observer_ctx;
+    void (*done_begin)(void), (*done_end)(void);
 
     /* The writer thread's own. */
     int fd;
@@ -380,12 +381,18 @@ static void *writer_main(void *arg) {
         }
         void (*observer)(void *, size_t, int64_t) = j->observer;
         void *observer_ctx = j->observer_ctx;
+        void (*done_begin)(void) = j->done_begin, (*done_end)(void) = j->done_end;
         pthread_mutex_unlock(&j->mu);
 
         /* Tasks see the state after the previous batch, before this one. */
         run_tasks(j, tasks);
-        if (batch != NULL)
+        if (batch != NULL) {
+            if (done_begin != NULL)
+                done_begin();
             write_batch(j, batch, time_ms, observer, observer_ctx);
+            if (done_end != NULL)
+                done_end();
+        }
         if (interval && j->dirty && drey_mono_ms() >= j->last_sync_ms + j->opts.fsync_interval_ms) {
             int rc;
             sync_now(j, &rc);
@@ -744,5 +751,12 @@ void drey_journal_set_batch_observer(drey_journal *j, void (*fn)(void *ctx, size
     pthread_mutex_lock(&j->mu);
     j->observer = fn;
     j->observer_ctx = ctx;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void drey_journal_set_done_bracket(drey_journal *j, void (*begin)(void), void (*end)(void)) {
+    pthread_mutex_lock(&j->mu);
+    j->done_begin = begin;
+    j->done_end = end;
     pthread_mutex_unlock(&j->mu);
 }

@@ -12,8 +12,9 @@
  *
  * Answers go back as Answer frames. Those produced while the stream's
  * message is being handled (a Get answers inside the chain) are collected
- * and written as one stream message after the last frame; the others (a
- * write answered after its fsync) are written as they come.
+ * and written as one stream message after the last frame; those produced
+ * in a batch (the writes one fdatasync made durable: a backup's records)
+ * at the batch's end; the others as they come.
  *
  * The request is cancelled (its on_cancel hook runs) by a Cancel frame for
  * its id, or when the stream ends before it is answered: the opener has
@@ -55,8 +56,10 @@ struct stream {
     bool half_closed;    /* the opener sends no more: finish once all are answered */
     drey_list doors;     /* requests in flight */
     char conn[32];
-    /* Answers collected while a stream message is handled (under mu). */
+    /* Answers collected while a stream message is handled, or until the
+     * end of a batch (which holds a reference), under mu. */
     bool collecting;
+    bool flush_deferred;
     uint8_t *out;
     size_t out_len, out_cap;
 };
@@ -127,6 +130,16 @@ static void finish_if_done_locked(stream *s) {
 }
 
 
+/* The end of a batch that answered requests of s. */
+static void flush_later(void *arg) {
+    stream *s = arg;
+    pthread_mutex_lock(&s->mu);
+    s->flush_deferred = false;
+    flush_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    stream_unref(s);
+}
+
 /* Sends the answer for d's frame and lets the request go. */
 static void answer(door *d, const Drey__Internal__V1__Answer *a) {
     stream *s = d->s;
@@ -139,8 +152,14 @@ static void answer(door *d, const Drey__Internal__V1__Answer *a) {
     drey_list_remove(&s->doors, &d->link);
     if (!s->closed) {
         append_locked(s, &f);
-        if (handling != s)
+        if (handling == s || s->flush_deferred) {
+            /* written at the end of the message or of the batch */
+        } else if (drey_pipeline_batch_defer(flush_later, s)) {
+            s->flush_deferred = true;
+            atomic_fetch_add(&s->refs, 1);
+        } else {
             flush_locked(s);
+        }
     }
     finish_if_done_locked(s);
     pthread_mutex_unlock(&s->mu);

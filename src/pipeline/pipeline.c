@@ -74,6 +74,8 @@ void drey_pipeline_destroy(drey_pipeline *p) {
 
 void drey_pipeline_set_journal(drey_pipeline *p, drey_journal *j) {
     p->journal = j;
+    if (j != NULL)
+        drey_journal_set_done_bracket(j, drey_pipeline_batch_begin, drey_pipeline_batch_end);
 }
 
 void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep) {

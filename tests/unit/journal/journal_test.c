@@ -220,6 +220,51 @@ Test(journal, records_queued_while_the_writer_is_busy_share_one_batch) {
     waiter_destroy(&w);
 }
 
+/* The done bracket, as the pipeline sets it to answer a batch at once. */
+static _Atomic int bracket_depth, bracket_begins;
+static pending bracket_p[100];
+static int depth_at_done[100];
+
+static void bracket_begin(void) {
+    atomic_fetch_add(&bracket_depth, 1);
+    atomic_fetch_add(&bracket_begins, 1);
+}
+
+static void bracket_end(void) {
+    atomic_fetch_sub(&bracket_depth, 1);
+}
+
+static void done_in_bracket(void *arg, const drey_journal_record *rec, int err) {
+    depth_at_done[(pending *)arg - bracket_p] = atomic_load(&bracket_depth);
+    on_done(arg, rec, err);
+}
+
+Test(journal, a_batch_completes_between_one_begin_and_one_end) {
+    drey_journal_options o = jopts();
+    drey_journal *j = jopen(&o, 0, NULL);
+    drey_journal_set_done_bracket(j, bracket_begin, bracket_end);
+    gate g;
+    gate_close(&g, j);
+    waiter w;
+    waiter_init(&w);
+    for (size_t i = 0; i < 100; i++) {
+        char payload[32];
+        snprintf(payload, sizeof payload, "bracketed-%zu", i);
+        pending_set(&bracket_p[i], &w, payload);
+        bracket_p[i].e.done = done_in_bracket;
+        append_or_done(j, &bracket_p[i].e);
+    }
+    gate_open(&g);
+    wait_done(&w, 100);
+    gate_destroy(&g);
+    drey_journal_close(j); /* the writer has left the bracket */
+    cr_assert_eq(atomic_load(&bracket_begins), 1, "one batch, one bracket: %d", atomic_load(&bracket_begins));
+    cr_assert_eq(atomic_load(&bracket_depth), 0);
+    for (size_t i = 0; i < 100; i++)
+        cr_assert_eq(depth_at_done[i], 1, "record %zu completed outside the bracket", i);
+    waiter_destroy(&w);
+}
+
 Test(journal, batch_max_bytes_closes_a_batch) {
     drey_journal_options o = jopts();
     o.batch_max_bytes = 500;
