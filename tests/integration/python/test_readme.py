@@ -27,6 +27,7 @@ breaks fails here. Every ```sh block of the README must be one of the
 above: a new one fails the test until it is run here too.
 """
 import fcntl
+import glob
 import os
 import queue
 import re
@@ -213,7 +214,13 @@ class Shell:
         if output is None or not os.path.exists(output):
             return ""
         with open(output, errors="replace") as f:
-            return "; its output (%s) ends:\n%s" % (output, "".join(f.readlines()[-40:]))
+            said = "; its output (%s) ends:\n%s" % (output, "".join(f.readlines()[-40:]))
+        # The logs of what it started (the cluster recipe's nodes and etcd,
+        # in its mktemp -d directory): the directory goes with the test.
+        for log in sorted(glob.glob(os.path.join(self.tmp, "tmp", "*", "*.log"))):
+            with open(log, errors="replace") as f:
+                said += "\n--- %s ends:\n%s" % (log, "".join(f.readlines()[-15:]))
+        return said
 
     def run(self, script, timeout=BLOCK_TIMEOUT):
         """Sources script (xtrace on, so its output shows each command);
