@@ -291,9 +291,10 @@ void drey_pipeline_drain_peers(drey_pipeline *p);
  * A door that submits or answers many requests in a row on one thread (the
  * operations of one Pipeline message, the answers of one peer message), and
  * the journal's writer around the writes one fdatasync made durable
- * (drey_pipeline_set_journal), open a batch around them; a part that would write to the network once
- * per request (a peer stream's write, a Pipeline stream's response) defers
- * the write to the batch's end instead, so one message carries them all.
+ * (drey_pipeline_set_journal), open a batch around them; a part that would
+ * write to the network once per request (a peer stream's write, a Pipeline
+ * stream's response) defers the write to the batch's end instead, so one
+ * message carries them all.
  * Batches nest (the outermost end runs what was deferred) and are per
  * thread: nothing deferred may be waited for inside the batch. */
 void drey_pipeline_batch_begin(void);

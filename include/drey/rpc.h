@@ -20,11 +20,10 @@
  * after connect() only once it has made the socket's fd object, and that
  * can run the measurement (strace: the connecting thread opened the file
  * right after connect), whose failed open of a sysfs file sets errno
- * ENOENT. The connection in progress then fails
- * at once ("No such file or directory") and its channel backs off for a
- * second: seen as drey-bench --cluster runs whose first calls to one node
- * failed UNAVAILABLE. Measured here, before any connect, it never runs
- * there. */
+ * ENOENT. The connection in progress then fails at once ("No such file or
+ * directory") and its channel backs off for a second: seen as drey-bench
+ * --cluster runs whose first calls to one node failed UNAVAILABLE.
+ * Measured here, before any connect, it never runs there. */
 void drey_rpc_init(void);
 
 /* m packed into a new byte buffer of one slice (the caller destroys it). */

@@ -1,7 +1,5 @@
 /*
  * rpc — starting the gRPC core; see drey_rpc_init in include/drey/rpc.h.
- * Apart from the message helpers: only what starts the core links abseil's
- * C++ side (the fuzz targets link the helpers alone).
  */
 #include "drey/rpc.h"
 
