@@ -570,11 +570,13 @@ def settings_for(quick):
                     fdatasync_iterations=300, quiet_wait_budget_s=5, cluster_rounds=1, watch_writes=500,
                     join_drain_entries=[20000],
                     eviction={"keys": 1000, "ops": 2000, "cpu_writes": 2000, "workloads": "stationary"},
+                    pipeline={"duration_s": 1, "rounds": 1},
                     h2load=[("health", 16, 64), ("get", 16, 64)])
     return dict(common, mode="full", rounds=3, duration_ms=2500, keys=100000, memory_entries=1000000,
                 fdatasync_iterations=1000, quiet_wait_budget_s=45, cluster_rounds=2, watch_writes=2000,
                 join_drain_entries=[100000, 1000000],
                 eviction={"keys": 20000, "ops": 100000, "cpu_writes": 100000, "workloads": "stationary,shifting"},
+                pipeline={"duration_s": 3, "rounds": 3},
                 h2load=[("health", 1, 1), ("get", 1, 1), ("health", 16, 64), ("get", 16, 64), ("set_dur", 16, 64)])
 
 

@@ -14,7 +14,8 @@ In rounds (every system once per round and level, interleaved like the single-no
     its owner's stream), and the standalone node: what a forwarded pipelined operation costs against
     a local one, and three nodes against one, without replication in either.
 The clusters and the nodes come from tests/integration/python/drey_cluster.py and the flags from
-tests/bench/cluster.py. After the rounds: eviction hit ratio (tests/bench/eviction.py), watch
+tests/bench/cluster.py. After the rounds: pipelined drey beside pipelined Redis on one node
+(tests/bench/pipeline.py), eviction hit ratio (tests/bench/eviction.py), watch
 latency (tests/bench/watch_latency, as tests/bench/watch.sh runs it) and join/drain against store
 size (tests/bench/join_drain.py), each run once with the sizes of the mode.
 """
@@ -193,7 +194,8 @@ def run(b, s, workdir, results, bench_mod):
     out["levels"] = levels
     out["pipeline_depth"] = PIPELINE_DEPTH
 
-    for what, fn in (("eviction", _eviction), ("watch", _watch), ("join_drain", _join_drain)):
+    for what, fn in (("pipeline", _pipeline), ("eviction", _eviction), ("watch", _watch),
+                     ("join_drain", _join_drain)):
         try:
             t = time.monotonic()
             out[what] = fn(b, s, workdir, bench_mod)
@@ -210,6 +212,16 @@ def _script(b, argv, timeout):
         raise RuntimeError("%s failed (%d): %s" % (os.path.basename(argv[0]), p.returncode,
                                                    p.stderr.decode()[-2000:]))
     return p
+
+
+def _pipeline(b, s, workdir, bench_mod):
+    """Pipelined drey beside pipelined Redis on one node (tests/bench/pipeline.py)."""
+    path = os.path.join(workdir, "pipeline.json")
+    p = s["pipeline"]
+    _script(b, [os.path.join(HERE, "pipeline.py"), "--duration=%d" % p["duration_s"], "--rounds=%d" % p["rounds"],
+                "--json=" + path], 3600)
+    with open(path) as f:
+        return json.load(f)
 
 
 def _eviction(b, s, workdir, bench_mod):

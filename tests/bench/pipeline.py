@@ -20,7 +20,8 @@ Every scenario runs in --rounds rounds (default 3) interleaved across the
 systems, and the round with the most operations/s is kept.
 
 usage: tests/bench/pipeline.py [--duration=S] [--rounds=N] [--json=FILE]
-  (build first: bazel build //:dreyd //:drey-bench)
+  (build first: bazel build //:dreyd //:drey-bench; DREY_BIN and DREY_BENCH_BIN
+  override where they are, as tests/bench/run.sh sets them)
 """
 
 import json
@@ -39,6 +40,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 KEYS = 100000
 VALUE = 256
 CONNS = 16
+DREYD = os.environ.get("DREY_BIN", os.path.join(TOP, "bazel-bin/dreyd"))
+DREY_BENCH = os.environ.get("DREY_BENCH_BIN", os.path.join(TOP, "bazel-bin/drey-bench"))
 LIMITS = ("--max-inflight=4096", "--max-queued=4096", "--slowdown-at=4096", "--principal-max-inflight=4096",
           "--principal-max-queued=4096", "--pipeline-window=128")
 
@@ -70,7 +73,7 @@ def wait_for(pred, timeout, what):
 
 def start_dreyd(work):
     log_path = os.path.join(work, "dreyd.log")
-    argv = [os.path.join(TOP, "bazel-bin/dreyd"), "--listen=127.0.0.1:0", "--ops-listen=",
+    argv = [DREYD, "--listen=127.0.0.1:0", "--ops-listen=",
             "--data-dir=" + os.path.join(work, "data")] + list(LIMITS)
     proc = subprocess.Popen(argv, stderr=open(log_path, "wb"), stdin=subprocess.DEVNULL)
     port = []
@@ -105,7 +108,7 @@ def start_redis(work, name, appendfsync):
 
 
 def drey_bench(target, op, duration, streams=1, pipeline=0, extra=()):
-    argv = [os.path.join(TOP, "bazel-bin/drey-bench"), "--target=" + target, "--connections=%d" % CONNS,
+    argv = [DREY_BENCH, "--target=" + target, "--connections=%d" % CONNS,
             "--streams=%d" % streams, "--mix=%s:1" % op, "--keys=%d" % KEYS, "--value-bytes=%d" % VALUE,
             "--duration=%ds" % duration, "--warmup=1s", "--json"] + list(extra)
     if pipeline:

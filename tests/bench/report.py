@@ -472,8 +472,12 @@ def issue25_targets(res, rows):
             a, b = row("c1_" + op, l), row("one_" + op, l)
             out.append(ratio("one-node cluster ÷ standalone node, %s %d×%d, server CPU per call" % (name, l[0], l[1]),
                              server_cpu(a), server_cpu(b), 1.05, higher_is_better=False))
-    out.append(ratio("pipelined Get and durable Set, server CPU per operation ÷ Redis -P 16", None, None, 1.5,
-                     higher_is_better=False, note=NOT_MEASURED + " (tests/bench/pipeline.py measures it alone)"))
+    pipe = c.get("pipeline") or []
+    for op, name, redis in (("get", "Get", "redis"), ("set", "durable Set", "redis appendfsync always")):
+        a, b = (pipeline_row(pipe, op, sys_, mode) for sys_, mode in (("drey", "Pipeline depth 16"), (redis, "-P 16")))
+        out.append(ratio("pipelined %s, depth 16 ÷ Redis -P 16 (%s), server CPU per operation, one node" % (name, redis),
+                         a and a["server_cpu_us_per_op"], b and b["server_cpu_us_per_op"], 1.5,
+                         higher_is_better=False, note="" if pipe else NOT_MEASURED))
     for op, name in (("get", "Get"), ("set", "durable Set")):
         fwd, direct = row("c3_fwd_" + op, top), row("c3_" + op, top)
         share = fwd and fwd.get("forwarded_share")
@@ -483,6 +487,23 @@ def issue25_targets(res, rows):
                          note="derived from the run through n1 (%s of its calls forwarded); no target"
                               % ("—" if not share else "%.0f%%" % (100 * share))))
     return out
+
+
+def pipeline_row(pipe, op, system, mode):
+    return next((r for r in pipe if (r["op"], r["system"], r["mode"]) == (op, system, mode)), None)
+
+
+def pipeline_markdown(pipe):
+    L = ["## Pipelines, one node beside Redis", "",
+         "tests/bench/pipeline.py: one durable dreyd under drey-bench, 16 connections, unary with 1, 16 and 64 calls "
+         "in flight per connection and through Pipeline at depths 1, 16 and 64; Redis under redis-benchmark -c 16 "
+         "-P N (SET with appendfsync always, GET without persistence). Best round of each.", "",
+         "| op | system | mode | ops/s | server CPU µs/op | p50 ms | p99 ms |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in sorted(pipe, key=lambda r: (r["op"], r["system"] != "drey", r["system"])):
+        L.append("| %s | %s | %s | %s | %s | %s | %s |" % (r["op"], r["system"], r["mode"], _fmt(r["throughput"], 0),
+                                                           _fmt(r["server_cpu_us_per_op"], 2), _fmt(r.get("p50_ms"), 3),
+                                                           _fmt(r.get("p99_ms"), 3)))
+    return L + [""]
 
 
 def cluster_markdown(res, rows):
@@ -502,6 +523,8 @@ def cluster_markdown(res, rows):
           "denominator's CPU per call (server and load tool) ÷ the numerator's.", ""]
     L += ratios_table(res.get("targets") or [])
     L.append("")
+    if c.get("pipeline"):
+        L += pipeline_markdown(c["pipeline"])
     ev = c.get("eviction")
     if ev:
         L += ["## Eviction hit ratio", "",
