@@ -28,7 +28,8 @@ def drey_unit_tests(module, deps = [], data = [], size = "small"):
     for src in native.glob(["%s/*_test.c" % module]):
         native.cc_test(
             name = src[:-len(".c")].replace("/", "_"),
-            srcs = [src] + native.glob(["%s/*.h" % module, "*.h"]),
+            # A module's tests may have C++ helpers (abseil has no C API).
+            srcs = [src] + native.glob(["%s/*.h" % module, "%s/*.cc" % module, "*.h"]),
             deps = deps + ["@system_libs//:criterion"],
             data = data,
             size = size,

@@ -28,7 +28,6 @@
 
 #include <grpc/support/log.h>
 
-#include "absl.h"
 #include "drey/admin.h"
 #include "drey/auth.h"
 #include "drey/authz.h"
@@ -756,7 +755,6 @@ static void tear_down(node *n) {
 }
 
 int main(int argc, char **argv, char **envp) {
-    dreyd_absl_deadlock_detection_off(); /* first: before any thread or gRPC */
     if (argc >= 2 && strcmp(argv[1], "storage") == 0)
         return drey_storage_tool(argc - 2, argv + 2, stdout, stderr);
     static node n; /* large (the options, every part's handle): not on the stack */
