@@ -79,6 +79,9 @@ def table(path, res):
             L.append("| %s | %s | %s %s | %s |" % (t["name"], fmt(t["value"], 2),
                                                   "≥" if t.get("higher_is_better", True) else "≤",
                                                   fmt(t["target"], 2), verdict))
+        if res.get("notes"):
+            L += ["", "Why each missed target is missed, with the profiles: [tests/bench/results/%s/%s]"
+                      "(tests/bench/results/%s/%s)." % (run_dir, res["notes"], run_dir, res["notes"])]
     return "\n".join(L)
 
 

@@ -522,6 +522,8 @@ def cluster_markdown(res, rows):
           "Every target of the issue, measured in this run or said not to be. *By CPU per call* is the "
           "denominator's CPU per call (server and load tool) ÷ the numerator's.", ""]
     L += ratios_table(res.get("targets") or [])
+    if res.get("notes"):
+        L += ["", "Why each missed target is missed, with the profiles: [%s](%s)." % (res["notes"], res["notes"])]
     L.append("")
     if c.get("pipeline"):
         L += pipeline_markdown(c["pipeline"])
@@ -577,6 +579,9 @@ def main():
     res["summary"] = sorted(rows.values(), key=lambda r: (every.index(r["scenario"]) if r["scenario"] in every
                                                           else len(every), r["concurrency"]))
     res["targets"] = issue25_targets(res, rows)
+    # Written by hand after a run: why its missed targets are missed, with profiles.
+    if os.path.exists(os.path.join(outdir, "notes.md")):
+        res["notes"] = "notes.md"
     res["ratios"] = ratios
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
