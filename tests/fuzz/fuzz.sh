@@ -51,7 +51,7 @@ cc=${CC_FUZZ:-clang-14}
 cxx=${CXX_FUZZ:-clang++-14}
 cflags=(-std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-braces -g -O1 -fno-omit-frame-pointer
         -Iinclude -Igen -I. -I"$work/gen_build_info")
-libs=(-lgrpc -lgpr -labsl_base -lprotobuf-c -ljwt -ljansson -lssl -lcrypto -lmicrohttpd -lpthread -lm)
+libs=(-lgrpc -lgpr -labsl_base -labsl_synchronization -lprotobuf-c -ljwt -ljansson -lssl -lcrypto -lmicrohttpd -lpthread -lm)
 
 # Every module's sources (not the programs' mains), compiled once per build
 # into an archive; a target links only the objects it reaches.
