@@ -813,11 +813,12 @@ static pstream *stream_open_locked(drey_cluster__peers *p, peer *pe) {
     return s;
 }
 
-drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address,
-                                              const char *path,
-                              const uint8_t *request, size_t len, const drey_cluster__header *headers,
-                              size_t n_headers, int64_t deadline_mono_ns,
-                              void (*done)(void *arg, const drey_answer *a), void *arg) {
+/* handle NULL: the handle is returned. Otherwise it is published there
+ * (drey_cluster__peers_call_kept). */
+static pcall *call_start(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+                         const uint8_t *request, size_t len, const drey_cluster__header *headers, size_t n_headers,
+                         int64_t deadline_mono_ns, void (*done)(void *arg, const drey_answer *a), void *arg,
+                         _Atomic(drey_cluster__pcall *) *handle) {
     pcall *c = drey_xmalloc(sizeof *c);
     memset(c, 0, sizeof *c);
     atomic_store(&c->refs, 2);
@@ -850,6 +851,15 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
 
     pthread_mutex_lock(&p->mu);
     peer *pe = peer_locked(p, id, address);
+    pcall *none = NULL;
+    if (handle != NULL && !atomic_compare_exchange_strong(handle, &none, c)) {
+        /* The caller gave up on it first: not sent, done says CANCELLED. */
+        atomic_fetch_sub(&c->refs, 1); /* the handle's, never given out */
+        finish_locked(p, c, GRPC_STATUS_CANCELLED);
+        kick_locked(p, pe->channel);
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
     pstream *s = pe->stream != NULL ? pe->stream : stream_open_locked(p, pe);
     slot_put_locked(s, c);
     f.id = c->id;
@@ -867,6 +877,22 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
     kick_locked(p, pe->channel);
     pthread_mutex_unlock(&p->mu);
     return c;
+}
+
+drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char *id, const char *address,
+                                              const char *path, const uint8_t *request, size_t len,
+                                              const drey_cluster__header *headers, size_t n_headers,
+                                              int64_t deadline_mono_ns, void (*done)(void *arg, const drey_answer *a),
+                                              void *arg) {
+    return call_start(p, id, address, path, request, len, headers, n_headers, deadline_mono_ns, done, arg, NULL);
+}
+
+void drey_cluster__peers_call_kept(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+                                   const uint8_t *request, size_t len, const drey_cluster__header *headers,
+                                   size_t n_headers, int64_t deadline_mono_ns,
+                                   void (*done)(void *arg, const drey_answer *a), void *arg,
+                                   _Atomic(drey_cluster__pcall *) *handle) {
+    call_start(p, id, address, path, request, len, headers, n_headers, deadline_mono_ns, done, arg, handle);
 }
 
 struct grpc_call *drey_cluster__peers_new_call(drey_cluster__peers *p, const char *id, const char *address,

@@ -33,6 +33,17 @@ drey_cluster__pcall *drey_cluster__peers_call(drey_cluster__peers *p, const char
                               const uint8_t *request, size_t len, const drey_cluster__header *headers,
                               size_t n_headers, int64_t deadline_mono_ns,
                               void (*done)(void *arg, const drey_answer *a), void *arg);
+/* The same for a caller whose done may free the memory that keeps the
+ * handle (a forwarded request's): the handle is published in *handle
+ * before done can run, so the caller touches nothing of its own after
+ * sending. When *handle is not NULL by then (a mark: the caller gave up on
+ * the call), nothing is sent and done runs with CANCELLED; that handle is
+ * never given out. */
+void drey_cluster__peers_call_kept(drey_cluster__peers *p, const char *id, const char *address, const char *path,
+                                   const uint8_t *request, size_t len, const drey_cluster__header *headers,
+                                   size_t n_headers, int64_t deadline_mono_ns,
+                                   void (*done)(void *arg, const drey_answer *a), void *arg,
+                                   _Atomic(drey_cluster__pcall *) *handle);
 /* A call of path to node id that its caller runs itself on cq (a watch's
  * subscription: a server stream of its own, subscribe.c), on the peer's
  * channel (made if need be): same credentials, same identity check. */

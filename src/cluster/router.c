@@ -192,22 +192,16 @@ static void forwarded_done(void *arg, const drey_answer *a) {
     drey_request_relay(r, a);
 }
 
+/* f may be gone once the call is out (its answer can free the request on
+ * the peers' thread): the handle is kept in f->call before that can happen,
+ * and nothing of f is touched here after. */
 static void forward(drey_cluster *c, fwd *f, const drey_cluster__node *to, int64_t epoch) {
     drey_request *r = f->r;
     drey_cluster__header h[3];
     size_t n = drey_cluster__forward_headers(c, r, epoch, h);
     atomic_fetch_add(&c->route.forwarded, 1);
-    drey_cluster__pcall *p = drey_cluster__peers_call(c->peers, to->id, to->internal, r->method->path, r->bytes,
-                                                      r->len, h, n, r->ops->deadline_mono_ns(r->door),
-                                                      forwarded_done, f);
-    drey_cluster__pcall *none = NULL;
-    if (!atomic_compare_exchange_strong(&f->call, &none, p)) {
-        /* Answered already, or the caller left before the handle was kept. */
-        if (none == CALL_CANCELLED)
-            drey_cluster__pcall_cancel(p);
-        else
-            drey_cluster__pcall_release(p);
-    }
+    drey_cluster__peers_call_kept(c->peers, to->id, to->internal, r->method->path, r->bytes, r->len, h, n,
+                                  r->ops->deadline_mono_ns(r->door), forwarded_done, f, &f->call);
 }
 
 /* --- the row ------------------------------------------------------------------- */
