@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Two (or more) dreyd binaries side by side on what a replicated write costs: three durable
 nodes with replication factor 2, durable Set at 16 x 64 through drey-bench --cluster (every call
-to its partition's primary), binaries alternating within each round. Per Set, over the three
+to its partition's primary), binaries alternating within each round. Per call, over the three
 nodes: server CPU (utime + stime from /proc), and with perf, sendmsg calls and context switches.
-Prints numbers, never fails on them.
+Prints numbers, never fails on them. OP=get, RF=1 and STREAMS=5 (per connection) measure other
+shapes of the same cluster.
 
     bazel build //:dreyd //:drey //:drey-bench    # copy each dreyd out with a drey beside it
     DREY_BENCH_BIN=bazel-bin/drey-bench ROUNDS=2 DUR=6 \\
@@ -44,20 +45,26 @@ def counts(out):
     return got
 
 
+OP = os.environ.get("OP", "set")
+RF = int(os.environ.get("RF", 2))
+STREAMS = int(os.environ.get("STREAMS", 64))
+
+
 def one(binary, duration, out):
     os.environ["DREY_BIN"] = binary
     with Cluster(partitions=256, initial_nodes=3, ephemeral=False, extra_flags=cb.LIMITS,
-                 replication_factor=2) as c:
+                 replication_factor=RF) as c:
         nodes = c.start(3)
         c.wait_assigned(3)
         for n in nodes:
-            poll(lambda n=n: c.topology(n), lambda t: all(p.primary and len(p.replicas) == 1 for p in t.partitions),
+            poll(lambda n=n: c.topology(n),
+                 lambda t: all(p.primary and len(p.replicas) == RF - 1 for p in t.partitions),
                  what="a full table at " + n.id)
         servers = [n.server for n in nodes]
         cb.prefill(servers[0].address, True)
         # perf counts the whole run but the first second (the load tool's start).
         perf = perf_stat([s.proc.pid for s in servers], duration - 1, out)
-        row = cb.measure(binary, servers[0].address, servers, "set", duration, True, True)
+        row = cb.measure(binary, servers[0].address, servers, OP, duration, True, True, streams=STREAMS)
         if perf is not None:
             perf.wait()
             per = row["throughput"] * (duration - 1)
@@ -75,7 +82,8 @@ def main():
     for _ in range(rounds):
         for name, binary in binaries.items():
             rows[name].append(one(binary, duration, "/tmp/replication_ab.%d.perf" % os.getpid()))
-    print("| binary | server CPU us per Set | sendmsg per Set | context switches per Set | Sets/s |")
+    print("%s, RF %d, 16 x %d" % (OP, RF, STREAMS))
+    print("| binary | server CPU us per call | sendmsg per call | context switches per call | calls/s |")
     print("|---|---|---|---|---|")
     for name, rs in rows.items():
         def col(key):
