@@ -56,6 +56,7 @@
 #include "drey/etcd.h"
 #include "drey/method.h"
 #include "drey/metrics.h"
+#include "drey/partition.h"
 #include "drey/pipeline.h"
 #include "drey/server.h"
 #include "drey/store.h"
@@ -93,6 +94,8 @@ typedef struct drey_cluster_options {
     drey_pipeline *pipeline;
     const drey_method_table *methods;
     drey_commit *commit;
+    /* Journals and applies the records this node takes as a backup. */
+    drey_partition_replica *replica;
     int64_t move_rate;     /* bytes per second a move sends; 0: unlimited */
     uint32_t max_moves;    /* as controller: partitions moving off one node at a time; 0: none */
     /* Replication (a cluster whose replication factor is above 1): a

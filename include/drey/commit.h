@@ -61,7 +61,9 @@ typedef struct drey_write {
      * and carried in its journal record; 0: taken from the store's counter
      * as it applies. */
     uint64_t first_version;
-    /* A backup applying its primary's record (drey_commit_replay_copy). */
+    /* A backup applying its primary's record (its journal record's `copy`):
+     * the evictions in it are the primary's, not counted in the cache's
+     * figures again. */
     bool copy;
 } drey_write;
 
@@ -121,12 +123,20 @@ size_t drey_commit_encode_order(const drey_write *w, uint8_t *end);
 /* The store the commit applies to. */
 drey_store *drey_commit_store(const drey_commit *c);
 
-/* Decodes and applies a journal record, giving its keys the versions it
- * carries (first_version; 0: the store's counter); -EINVAL for one that names no
- * write method of the table or does not decode (recovery stops there). */
+/* Decodes a journal record into w, in a (which w then points into): -EINVAL
+ * for one that names no write method of the table or does not decode. */
+int drey_commit_decode(drey_commit *c, const uint8_t *payload, size_t len, drey_arena *a, drey_write *w);
+
+/* Decodes and applies a journal record at its time, giving its keys the
+ * versions it carries (first_version; 0: the store's counter); -EINVAL as
+ * drey_commit_decode (recovery stops there). */
 int drey_commit_replay(drey_commit *c, const drey_journal_record *rec);
-/* The same for a record a backup takes from its primary (live and on
- * replay): its evictions are not counted in the cache's figures again. */
-int drey_commit_replay_copy(drey_commit *c, const drey_journal_record *rec);
+
+/* Marks a journal record a backup's copy of its primary's: appends `copy`
+ * at end, the first of DREY_COMMIT_COPY_ROOM spare bytes after the record
+ * (a field after the others decodes as if it were in its place); returns
+ * the bytes appended. */
+#define DREY_COMMIT_COPY_ROOM 2
+size_t drey_commit_mark_copy(uint8_t *end);
 
 #endif

@@ -51,9 +51,8 @@ void drey_partition_destroy(drey_partition *p);
 bool drey_partition_register(drey_method_table *t, drey_partition *p);
 
 /* drey.internal.v1.Replica on this node: Apply (a primary's record on a
- * backup), applying the record's write through commit with its own time
- * and versions and answering with this node's room (journal, memory),
- * Beat (a primary's heartbeat, answered with the same room) and Hash. */
+ * backup: drey_partition_replica_take), Beat (a primary's heartbeat,
+ * answered with this node's room: journal, memory) and Hash. */
 typedef struct drey_partition_replica drey_partition_replica;
 
 drey_partition_replica *drey_partition_replica_create(drey_commit *commit, drey_memory *memory);
@@ -61,6 +60,31 @@ drey_partition_replica *drey_partition_replica_create(drey_commit *commit, drey_
 void drey_partition_replica_set_journal(drey_partition_replica *rep, drey_journal *j);
 void drey_partition_replica_destroy(drey_partition_replica *rep);
 bool drey_partition_register_replica(drey_method_table *t, drey_partition_replica *rep);
+
+/* A primary's record this node takes as a backup, once the cluster has
+ * checked its epoch and sequence (src/cluster/backup.c). */
+typedef struct drey_partition_take {
+    const uint8_t *record; /* the primary's journal record, as it journaled it */
+    size_t len;
+    int64_t time_ms;   /* the time the primary ordered it at */
+    drey_arena *arena; /* the decoded write and the answer: kept until done */
+    /* Runs once: the answer (this node's room), or NULL with err, -errno,
+     * when this node's journal failed to write the record. */
+    void (*done)(void *arg, const ProtobufCMessage *answer, int err);
+    void *arg;
+    /* The replica's, until done. */
+    drey_partition_replica *rep;
+    drey_write write;
+    drey_journal_entry entry;
+} drey_partition_take;
+
+/* Journals t's record as this node's own and applies it once durable, as
+ * its primary did (see src/partition/replica.c). 0: t->done runs, on the
+ * journal's writer (on an ephemeral node before this returns); -EINVAL: not
+ * a record of a write this node knows; else the journal's refusal
+ * (drey_journal_append). On an error nothing was journaled and done never
+ * runs. */
+int drey_partition_replica_take(drey_partition_replica *rep, drey_partition_take *t);
 
 #define DREY_PARTITION_IMPORT_PATH "/drey.internal.v1.Partitions/Import"
 #define DREY_PARTITION_DROP_PATH "/drey.internal.v1.Partitions/Drop"

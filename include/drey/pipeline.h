@@ -266,6 +266,10 @@ void drey_pipeline_set_replicator(drey_pipeline *p, const drey_replicator *rep);
 bool drey_pipeline_journaled(const drey_request *r);
 /* The journal set by drey_pipeline_set_journal (NULL: an ephemeral node). */
 drey_journal *drey_pipeline_journal(const drey_pipeline *p);
+/* r's status for a journal that refused or failed its record of len bytes
+ * (drey_journal_append's -errno, or the done callback's): JOURNAL_DISK_QUOTA
+ * and JOURNAL_QUEUE_FULL with their figures, else JOURNAL_WRITE_FAILED. */
+drey_status *drey_pipeline_journal_refusal(drey_request *r, int rc, size_t len);
 /* Until ready, cache calls are refused with UNAVAILABLE RECOVERING (health
  * and reflection still answer). */
 void drey_pipeline_set_ready(drey_pipeline *p, bool ready);

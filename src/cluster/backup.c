@@ -13,6 +13,7 @@
  */
 #include "backup.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -114,6 +115,7 @@ static bool known(const drey_cluster__topology *t, uint32_t p, uint32_t partitio
 /* --- the rows ------------------------------------------------------------------------ */
 
 typedef struct taken {
+    drey_partition_take take;
     drey_cluster *c;
     drey_request *r;
     uint32_t partition;
@@ -136,6 +138,18 @@ static void record_done(void *arg) {
     drey_cluster__raise_i64(&ps->current_ns, k->received_ns);
 }
 
+static void record_answered(void *arg, const ProtobufCMessage *answer, int err) {
+    taken *k = arg;
+    if (answer != NULL)
+        drey_request_reply(k->r, answer);
+    else
+        drey_request_fail(k->r, drey_pipeline_journal_refusal(k->r, err, k->take.len));
+}
+
+/* Taken in sequence, the record goes to the replica (partition.h), which
+ * journals and applies it: it was validated and admitted at its primary,
+ * so the chain's later stages (idempotency, quotas, memory, the journal's
+ * ordering) do not run for it here. */
 static drey_stage_result take_record(drey_cluster *c, drey_request *r, const drey_cluster__topology *t) {
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)r->msg;
     uint32_t p = req->partition;
@@ -154,10 +168,25 @@ static drey_stage_result take_record(drey_cluster *c, drey_request *r, const dre
     }
     atomic_fetch_add(&c->backup.records_taken, 1);
     taken *k = drey_arena_alloc(r->arena, sizeof *k);
-    *k = (taken){.c = c, .r = r, .partition = p, .seq = req->sequence, .received_ns = drey_mono_ns()};
+    *k = (taken){
+        .take = {.record = req->record.data, .len = req->record.len, .time_ms = req->time_ms, .arena = r->arena,
+                 .done = record_answered, .arg = k},
+        .c = c,
+        .r = r,
+        .partition = p,
+        .seq = req->sequence,
+        .received_ns = drey_mono_ns(),
+    };
+    /* Taken: from here a record that fails leaves a gap (record_done). */
     r->on_release = record_done;
     r->release_arg = k;
-    return DREY_STAGE_NEXT;
+    int rc = drey_partition_replica_take(c->opts.replica, &k->take);
+    if (rc == 0)
+        return DREY_STAGE_PARKED; /* answered by record_answered, maybe already: r is not ours now */
+    r->status = rc == -EINVAL ? drey_status_new(r->arena, DREY_ERR_MALFORMED_REQUEST)
+                              : drey_pipeline_journal_refusal(r, rc, req->record.len);
+    drey_status_add_metadata(r->status, "partition", "%u", p);
+    return DREY_STAGE_REJECT;
 }
 
 /* Each mark of a primary's heartbeat: a lease granted (noted, so that

@@ -240,7 +240,7 @@ static void list_gathered(fan *f) {
  * nodes counts each partition once however many copies it has (copies a
  * node holds without leading them are the others' to count). Evictions
  * are the node's per cache: a backup does not count the victims its
- * primary's records name (drey_commit_replay_copy), the primary did.
+ * primary's records name (marked copies, drey_write.copy), the primary did.
  * While a partition moves the nodes' tables may disagree for a moment and
  * a sum count it twice or not at all: figures, not a promise. */
 static bool leads(const drey_cluster__topology *t, uint32_t p) {

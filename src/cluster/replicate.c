@@ -476,8 +476,8 @@ drey_stage_result drey_cluster_replicate_prepare(void *cluster, drey_request *r)
         drey_status_add_metadata(r->status, "minInSync", "%u", c->opts.min_in_sync);
         goto out;
     }
-    /* What the backups journal: this record inside an Apply request. */
-    uint64_t journal_need = ((uint64_t)r->entry.len + 128 + 40 + 7) & ~(uint64_t)7;
+    /* What the backups journal: this record marked a copy, in a frame. */
+    uint64_t journal_need = ((uint64_t)r->entry.len + DREY_COMMIT_COPY_ROOM + 40 + 7) & ~(uint64_t)7;
     int64_t memory_need = r->growth > 0 ? r->growth : 0; /* net of what it evicts: every copy evicts it */
     drey_cluster__room *rooms[DREY_CLUSTER_MAX_REPLICAS] = {0};
     for (uint8_t i = 0; i < part->n_replicas; i++) {

@@ -299,6 +299,8 @@ void drey_commit_encode(const drey_write *w, drey_arena *a, uint8_t **out, size_
 
 /* Field 6, varint: the tag, then the value 7 bits at a time. */
 #define FIRST_VERSION_TAG ((6u << 3) | 0u)
+/* Field 8 (copy), varint. */
+#define COPY_TAG ((8u << 3) | 0u)
 
 void drey_commit_encode_unordered(const drey_write *w, drey_arena *a, uint8_t **out, size_t *len) {
     encode(w, false, DREY_COMMIT_ORDER_ROOM, a, out, len);
@@ -324,25 +326,21 @@ drey_store *drey_commit_store(const drey_commit *c) {
     return c->opts.store;
 }
 
-static int replay(drey_commit *c, const drey_journal_record *rec, bool copy) {
-    char scratch[4096];
-    drey_arena a;
-    drey_arena_init(&a, scratch, sizeof scratch);
-    int rc = -EINVAL;
+int drey_commit_decode(drey_commit *c, const uint8_t *payload, size_t len, drey_arena *a, drey_write *w) {
     Drey__Journal__V1__JournalRecord *jr =
-        drey__journal__v1__journal_record__unpack(drey_arena_protobuf_allocator(&a), rec->len, rec->payload);
+        drey__journal__v1__journal_record__unpack(drey_arena_protobuf_allocator(a), len, payload);
     if (jr == NULL)
-        goto out;
+        return -EINVAL;
     char path[512];
     snprintf(path, sizeof path, "/%s", jr->method);
     const drey_method *m = drey_method_find(c->opts.methods, path);
     if (m == NULL || (m->flags & DREY_METHOD_WRITE) == 0)
-        goto out;
-    ProtobufCMessage *req = protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(&a),
-                                                      jr->request.len, jr->request.data);
+        return -EINVAL;
+    ProtobufCMessage *req =
+        protobuf_c_message_unpack(m->desc->input, drey_arena_protobuf_allocator(a), jr->request.len, jr->request.data);
     if (req == NULL)
-        goto out;
-    drey_write w = {
+        return -EINVAL;
+    *w = (drey_write){
         .method = m,
         .request = req,
         .request_bytes = jr->request.data,
@@ -351,36 +349,42 @@ static int replay(drey_commit *c, const drey_journal_record *rec, bool copy) {
         .request_id = jr->request_id,
         .tenant = jr->tenant,
         .first_version = jr->first_version,
-        .copy = copy,
+        .copy = jr->copy,
     };
-    drey_store_victim *ev = NULL;
     if (jr->n_evicted > 0) {
-        ev = drey_arena_alloc(&a, jr->n_evicted * sizeof *ev);
+        drey_store_victim *ev = drey_arena_alloc(a, jr->n_evicted * sizeof *ev);
         for (size_t i = 0; i < jr->n_evicted; i++) {
             const Drey__Journal__V1__Evicted *e = jr->evicted[i];
             size_t cl = strlen(e->cache);
             if (cl > 255 || e->key.len > UINT16_MAX)
-                goto out; /* not a record drey wrote */
+                return -EINVAL; /* not a record drey wrote */
             ev[i] = (drey_store_victim){.cache = e->cache, .cache_len = cl, .key = (const char *)e->key.data,
-                                   .key_len = e->key.len, .version = e->version};
+                                        .key_len = e->key.len, .version = e->version};
         }
-        w.evicted = ev;
-        w.n_evicted = jr->n_evicted;
+        w->evicted = ev;
+        w->n_evicted = jr->n_evicted;
     }
-    drey_status st;
-    drey_status_init(&st);
-    drey_apply ax = {.now_ms = rec->time_ms, .arena = &a, .status = &st};
-    drey_commit_apply(c, &w, &ax);
-    rc = 0;
-out:
+    return 0;
+}
+
+int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
+    char scratch[4096];
+    drey_arena a;
+    drey_arena_init(&a, scratch, sizeof scratch);
+    drey_write w;
+    int rc = drey_commit_decode(c, rec->payload, rec->len, &a, &w);
+    if (rc == 0) {
+        drey_status st;
+        drey_status_init(&st);
+        drey_apply ax = {.now_ms = rec->time_ms, .arena = &a, .status = &st};
+        drey_commit_apply(c, &w, &ax);
+    }
     drey_arena_destroy(&a);
     return rc;
 }
 
-int drey_commit_replay(drey_commit *c, const drey_journal_record *rec) {
-    return replay(c, rec, false);
-}
-
-int drey_commit_replay_copy(drey_commit *c, const drey_journal_record *rec) {
-    return replay(c, rec, true);
+size_t drey_commit_mark_copy(uint8_t *end) {
+    end[0] = COPY_TAG;
+    end[1] = 1;
+    return DREY_COMMIT_COPY_ROOM;
 }

@@ -491,6 +491,7 @@ static int build_cluster(node *n) {
         .pipeline = n->pipeline,
         .methods = n->methods,
         .commit = n->commit,
+        .replica = n->replica,
         .move_rate = cfg->cluster_move_rate,
         .max_moves = (uint32_t)cfg->cluster_max_moves,
         .replication_timeout_ms = cfg->replication_timeout_ms,

@@ -2,20 +2,25 @@
  * replica — drey.internal.v1.Replica/Apply: a partition's write, recorded
  * by its primary, applied on a backup.
  *
- * The backup journals the Apply request (its own journal, its own fsync
- * policy and quota) and then applies the record inside it exactly as the
- * primary does: the same method, at the record's time, with the versions
- * the primary reserved, remembering the same outcome. A write that fails
- * on the primary (a version mismatch) fails the same way here; the record
- * is still taken, so Apply answers it as done. Replay after a restart runs
- * the same function over the journaled Apply.
+ * The record was validated, admitted and ordered at its primary (which
+ * counted this node's room before sending it), so nothing of the public
+ * chain runs for it again here: once the cluster's route row has taken it
+ * in sequence, the backup journals the primary's bytes (marked a copy) in
+ * its own journal, under its own fsync policy and quota, and applies them
+ * once durable exactly as the primary did: at the record's time, with the
+ * versions the primary reserved and the victims it chose, remembering the
+ * same outcome. A write that fails on the primary (a version mismatch)
+ * fails the same way here; the record is still taken, and answered as
+ * done. Replay after a restart is a replay like any other record's.
  */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "drey/alloc.h"
+#include "drey/clock.h"
 
 #include "drey/internal/v1/move.pb-c.h"
 #include "drey/partition.h"
@@ -42,8 +47,8 @@ void drey_partition_replica_destroy(drey_partition_replica *rep) {
 }
 
 /* This node's room, for its primaries' admission. */
-static ProtobufCMessage *room(drey_partition_replica *rep, drey_apply *ax) {
-    Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(ax->arena, sizeof *resp);
+static ProtobufCMessage *room(drey_partition_replica *rep, drey_arena *a) {
+    Drey__Internal__V1__ReplicateResponse *resp = drey_arena_alloc(a, sizeof *resp);
     drey__internal__v1__replicate_response__init(resp);
     drey_journal *j = atomic_load(&rep->journal);
     resp->journal_room_bytes = j != NULL ? drey_journal_room(j) : UINT64_MAX;
@@ -51,15 +56,64 @@ static ProtobufCMessage *room(drey_partition_replica *rep, drey_apply *ax) {
     return &resp->base;
 }
 
+static void apply_taken(drey_partition_take *t, int64_t now_ms) {
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply ax = {.now_ms = now_ms, .arena = t->arena, .status = &st};
+    drey_commit_apply(t->rep->commit, &t->write, &ax);
+    t->done(t->arg, room(t->rep, t->arena), 0);
+}
+
+static void taken_durable(void *arg, const drey_journal_record *rec, int err) {
+    drey_partition_take *t = arg;
+    if (err != 0)
+        t->done(t->arg, NULL, err);
+    else
+        apply_taken(t, rec->time_ms);
+}
+
+int drey_partition_replica_take(drey_partition_replica *rep, drey_partition_take *t) {
+    t->rep = rep;
+    /* Decoded before it is journaled: a record this node could not replay
+     * would stop its recovery. */
+    if (t->record == NULL || drey_commit_decode(rep->commit, t->record, t->len, t->arena, &t->write) != 0)
+        return -EINVAL;
+    t->write.copy = true;
+    drey_journal *j = atomic_load(&rep->journal);
+    if (j == NULL) {
+        apply_taken(t, t->time_ms != 0 ? t->time_ms : drey_wall_ms());
+        return 0;
+    }
+    uint8_t *bytes = drey_arena_alloc(t->arena, t->len + DREY_COMMIT_COPY_ROOM);
+    memcpy(bytes, t->record, t->len);
+    t->entry = (drey_journal_entry){
+        .payload = bytes,
+        .len = t->len + drey_commit_mark_copy(bytes + t->len),
+        .time_ms = t->time_ms,
+        .done = taken_durable,
+        .arg = t,
+    };
+    return drey_journal_append(j, &t->entry);
+}
+
+/* Live, the cluster's route row answers every Apply (the function above).
+ * This is for journals written before backups journaled the record itself:
+ * they hold the Apply request around it, and replay applies the record
+ * inside at its own time. */
 static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     drey_partition_replica *rep = ctx;
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
-    drey_journal_record rec = {.time_ms = req->time_ms, .payload = req->record.data, .len = req->record.len};
-    if (rec.payload == NULL || drey_commit_replay_copy(rep->commit, &rec) != 0) {
+    drey_write w;
+    if (req->record.data == NULL || drey_commit_decode(rep->commit, req->record.data, req->record.len, ax->arena, &w) != 0) {
         drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
         return NULL;
     }
-    return room(rep, ax);
+    w.copy = true;
+    drey_status st;
+    drey_status_init(&st);
+    drey_apply inner = {.now_ms = req->time_ms, .arena = ax->arena, .status = &st};
+    drey_commit_apply(rep->commit, &w, &inner);
+    return room(rep, ax->arena);
 }
 
 /* The marks of a heartbeat are the route row's (src/cluster/backup.c),
@@ -68,7 +122,7 @@ static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufC
  * room and the partitions of the marks taken: the leases it grants. */
 static ProtobufCMessage *beat(void *ctx, drey_apply *ax, const ProtobufCMessage *msg) {
     const Drey__Internal__V1__BeatRequest *req = (const void *)msg;
-    Drey__Internal__V1__ReplicateResponse *resp = (Drey__Internal__V1__ReplicateResponse *)room(ctx, ax);
+    Drey__Internal__V1__ReplicateResponse *resp = (Drey__Internal__V1__ReplicateResponse *)room(ctx, ax->arena);
     resp->granted = drey_arena_alloc(ax->arena, (req->n_marks ? req->n_marks : 1) * sizeof *resp->granted);
     for (size_t i = 0; i < req->n_marks; i++) {
         if (req->marks[i]->epoch > 0)

@@ -32,8 +32,7 @@
 static void on_durable(void *arg, const drey_journal_record *rec, int err) {
     drey_request *r = arg;
     if (err != 0) {
-        drey_status *st = drey_pipeline__status(r, DREY_ERR_JOURNAL_WRITE_FAILED);
-        drey_status_add_metadata(st, "errno", "%d", -err);
+        drey_status *st = drey_pipeline_journal_refusal(r, err, rec->len);
         drey_metrics *m = drey_pipeline__options(r->pipeline)->metrics;
         if (m != NULL)
             drey_metrics_observe_rejection(m, "journal", drey_error_lookup(st->error)->reason);
@@ -128,7 +127,13 @@ drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r) {
         return DREY_STAGE_NEXT; /* ephemeral and not replicated */
     if (rc == 0)
         return DREY_STAGE_PARKED;
-    /* Refused before it reached the journal: no record, no trace. */
+    drey_pipeline_journal_refusal(r, rc, len); /* before it reached the journal: no record, no trace */
+    return DREY_STAGE_REJECT;
+}
+
+drey_status *drey_pipeline_journal_refusal(drey_request *r, int rc, size_t len) {
+    drey_pipeline *p = r->pipeline;
+    drey_journal *j = drey_pipeline__journal_of(p);
     drey_journal_stats js;
     drey_status *st;
     switch (rc) {
@@ -152,8 +157,9 @@ drey_stage_result drey_pipeline__journal(drey_pipeline *p, drey_request *r) {
         st->retry_delay_ms = 10;
         break;
     default:
-        drey_status_add_metadata(drey_pipeline__status(r, DREY_ERR_JOURNAL_WRITE_FAILED), "errno", "%d", -rc);
+        st = drey_pipeline__status(r, DREY_ERR_JOURNAL_WRITE_FAILED);
+        drey_status_add_metadata(st, "errno", "%d", -rc);
         break;
     }
-    return DREY_STAGE_REJECT;
+    return st;
 }

@@ -145,6 +145,8 @@ static int dump_record(void *ctx, const drey_journal_record *rec) {
         fprintf(out, ",\"tenant\":");
         json_string(out, jr->tenant, strlen(jr->tenant));
     }
+    if (jr->copy)
+        fprintf(out, ",\"copy\":true"); /* a backup's copy of its primary's record */
     fprintf(out, ",\"request_bytes\":%zu}\n", jr->request.len);
     drey__journal__v1__journal_record__free_unpacked(jr, NULL);
     return 0;

@@ -6,15 +6,18 @@ backup, idle backups dropped or kept, evictions chosen within a partition,
 whole-cache figures counting each partition once, and Clear ordered with
 each partition's writes on every copy.
 """
+import json
+import shutil
+import tempfile
 import threading
 import time
 
 import grpc
 
-from drey_cluster import metric, peer_channel, wait_until
-from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, value_of
+from drey_cluster import Cluster, metric, partition, peer_channel, wait_until
+from drey_harness import DreyTestCase, RpcFailure, ServiceClient, main, make_value, storage_tool, value_of
 from drey_replication import PARTS, Scenario, details
-from drey_tokens import http_get, ops_port
+from drey_tokens import http_get, ops_port, poll
 
 
 class BackupRoom(DreyTestCase):
@@ -177,6 +180,65 @@ class BackupSide(DreyTestCase):
                        what="the primary to drop the backup that refused its record")
             s.settle()  # a fresh copy replaces the backup's diverged one
             s.assert_replicas_equal()
+
+
+    def test_a_backup_journals_each_record_as_its_primary_wrote_it(self):
+        """Two durable nodes, factor 2: every write is journaled on its
+        backup as the client's own write (its method and request_id, the
+        primary's bytes) marked a copy, never wrapped in the Apply request
+        that carried it (`dreyd storage dump` on both data directories); a
+        record the backup could not replay is refused MALFORMED_REQUEST and
+        leaves nothing in its journal."""
+        flags = ("--fsync=always", "--snapshot-every=0", "--snapshot-every-bytes=0")
+        with Cluster(partitions=PARTS, initial_nodes=2, ephemeral=False, replication_factor=2,
+                     extra_flags=flags) as cl:
+            dirs = {i: tempfile.mkdtemp(prefix="drey-copyjournal-%s-" % i) for i in ("n1", "n2")}
+            for d in dirs.values():
+                self.addCleanup(shutil.rmtree, d, True)
+            nodes = {i: cl.start_node(i, data_dir=dirs[i]) for i in dirs}
+            entries = lambda: {p.id: (p.primary, tuple(p.replicas)) for p in cl.topology(nodes["n1"]).partitions}
+            table = poll(entries, lambda t: all(pr and len(r) == 1 for pr, r in t.values()), timeout=60,
+                         what="every partition led and backed")
+            set_, sreq, _ = nodes["n1"].cache.methods["Set"]
+            written = {}
+            for i in range(40):
+                key, rid = "k-%d" % i, "w-%d" % i
+                set_(sreq(key=key, value=make_value("v%d" % i), request_id=rid), timeout=10)
+                written[rid] = table[partition("", key, PARTS)]
+
+            # A record taken in sequence that the backup could not replay.
+            p, (primary, (backup,)) = next(iter(table.items()))
+            epoch = next(x.epoch for x in cl.topology(nodes["n1"]).partitions if x.id == p)
+            with peer_channel(cl, nodes[backup], "n9") as ch:
+                apply, req, _ = ServiceClient(ch, cl.pb.move, "drey.internal.v1.Replica").methods["Apply"]
+                md = [("drey-forwarded-by", "n9")]
+                with self.assertRaises(grpc.RpcError) as e:
+                    apply(req(partition=p, partitions=PARTS, record=b"\xff\xff\xff", time_ms=1,
+                              epoch=epoch + 1000, sequence=1 << 30), timeout=5, metadata=md)
+                expected = int(RpcFailure(e.exception).metadata["expected"])
+                with self.assertRaises(grpc.RpcError) as e:
+                    apply(req(partition=p, partitions=PARTS, record=b"\xff\xff\xff", time_ms=1,
+                              epoch=epoch + 1000, sequence=expected), timeout=5, metadata=md)
+                self.assertEqual(RpcFailure(e.exception).reason, "MALFORMED_REQUEST")
+            for n in nodes.values():
+                n.server.stop()
+
+            journals = {}
+            for i, d in dirs.items():
+                dump = storage_tool("dump", d)
+                self.assertEqual(dump.returncode, 0, dump.stderr)
+                journals[i] = [r for r in map(json.loads, dump.stdout.splitlines()) if "lsn" in r]
+                self.assertNotIn("drey.internal.v1.Replica/Apply", [r["method"] for r in journals[i]])
+            for rid, (primary, (backup,)) in written.items():
+                mine = lambda i: [r for r in journals[i] if r["request_id"] == rid]
+                self.assertEqual([(r["method"], r.get("copy", False)) for r in mine(primary)],
+                                 [("drey.cache.v1.Cache/Set", False)], rid)
+                self.assertEqual([(r["method"], r.get("copy", False)) for r in mine(backup)],
+                                 [("drey.cache.v1.Cache/Set", True)], rid)
+                self.assertEqual(mine(backup)[0]["request_bytes"], mine(primary)[0]["request_bytes"])
+            copies = sum(1 for r in journals[backup] if r.get("copy"))
+            self.assertEqual(copies, sum(1 for _, (_, (b,)) in written.items() if b == backup),
+                             "the refused record was journaled")
 
 
 class StaleReads(DreyTestCase):

@@ -142,7 +142,7 @@ void   drey__journal__v1__manifest__free_unpacked
   assert(message->base.descriptor == &drey__journal__v1__manifest__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[7] =
+static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_descriptors[8] =
 {
   {
     "method",
@@ -228,8 +228,21 @@ static const ProtobufCFieldDescriptor drey__journal__v1__journal_record__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "copy",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Drey__Journal__V1__JournalRecord, copy),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned drey__journal__v1__journal_record__field_indices_by_name[] = {
+  7,   /* field[7] = copy */
   4,   /* field[4] = evicted */
   5,   /* field[5] = first_version */
   0,   /* field[0] = method */
@@ -241,7 +254,7 @@ static const unsigned drey__journal__v1__journal_record__field_indices_by_name[]
 static const ProtobufCIntRange drey__journal__v1__journal_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
 {
@@ -251,7 +264,7 @@ const ProtobufCMessageDescriptor drey__journal__v1__journal_record__descriptor =
   "Drey__Journal__V1__JournalRecord",
   "drey.journal.v1",
   sizeof(Drey__Journal__V1__JournalRecord),
-  7,
+  8,
   drey__journal__v1__journal_record__field_descriptors,
   drey__journal__v1__journal_record__field_indices_by_name,
   1,  drey__journal__v1__journal_record__number_ranges,

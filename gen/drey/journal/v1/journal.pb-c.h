@@ -71,10 +71,16 @@ struct  Drey__Journal__V1__JournalRecord
    * they counted live. "": none.
    */
   char *tenant;
+  /*
+   * A backup's copy of its primary's record: the primary's bytes, with this
+   * field appended by the backup. The evictions in it are the primary's, so
+   * replay does not count them in the cache's figures again.
+   */
+  protobuf_c_boolean copy;
 };
 #define DREY__JOURNAL__V1__JOURNAL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&drey__journal__v1__journal_record__descriptor) \
-    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, {0,NULL}, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Drey__Journal__V1__Evicted
