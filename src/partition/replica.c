@@ -104,7 +104,8 @@ static ProtobufCMessage *apply_record(void *ctx, drey_apply *ax, const ProtobufC
     drey_partition_replica *rep = ctx;
     const Drey__Internal__V1__ReplicateRequest *req = (const void *)msg;
     drey_write w;
-    if (req->record.data == NULL || drey_commit_decode(rep->commit, req->record.data, req->record.len, ax->arena, &w) != 0) {
+    if (req->record.data == NULL ||
+        drey_commit_decode(rep->commit, req->record.data, req->record.len, ax->arena, &w) != 0) {
         drey_status_set(ax->status, DREY_ERR_MALFORMED_REQUEST);
         return NULL;
     }
