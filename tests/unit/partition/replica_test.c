@@ -176,11 +176,19 @@ static records journaled(void) {
     records r = {0};
     drey_journal_scan scan;
     cr_assert_eq(drey_journal_scan_dir(drey_io_fault_io(fs), "/d", 0, collect, &r, &scan), 0);
+    drey_journal_scan_free(&scan);
     return r;
 }
 
 static int replay_into(void *ctx, const drey_journal_record *rec) {
     return drey_commit_replay(ctx, rec);
+}
+
+/* Recovery's replay of the journal, into another store. */
+static void replay_journal(write_stack *into) {
+    drey_journal_scan scan;
+    cr_assert_eq(drey_journal_scan_dir(drey_io_fault_io(fs), "/d", 0, replay_into, into->commit, &scan), 0);
+    drey_journal_scan_free(&scan);
 }
 
 static int take(const uint8_t *record, size_t len, answered *a, drey_partition_take *t) {
@@ -222,8 +230,7 @@ Test(replica, a_record_is_journaled_as_the_primary_wrote_it_and_applied_once_dur
 
     write_stack again;
     stack_create(&again, 60000);
-    drey_journal_scan scan;
-    cr_assert_eq(drey_journal_scan_dir(drey_io_fault_io(fs), "/d", 0, replay_into, again.commit, &scan), 0);
+    replay_journal(&again);
     cr_assert(has(&again, "k", &version, &expires));
     cr_assert_eq(version, 42);
     cr_assert_eq(expires, T0 + 60000);
@@ -265,8 +272,7 @@ Test(replica, a_copys_victims_go_but_are_not_counted_again_in_the_cache_live_or_
     write_stack again;
     stack_create(&again, 60000);
     set_local(&again, "victim"); /* the same version: the first of a fresh store */
-    drey_journal_scan scan;
-    cr_assert_eq(drey_journal_scan_dir(drey_io_fault_io(fs), "/d", 0, replay_into, again.commit, &scan), 0);
+    replay_journal(&again);
     cr_assert_not(has(&again, "victim", NULL, NULL));
     drey_store_cache_stats(again.store, "c", 1, &cs);
     cr_assert_eq(cs.evictions, 0, "nor on replay");
