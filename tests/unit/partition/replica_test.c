@@ -191,22 +191,26 @@ static void replay_journal(write_stack *into) {
     drey_journal_scan_free(&scan);
 }
 
-static int take(const uint8_t *record, size_t len, answered *a, drey_partition_take *t) {
+/* Takes the primary's Set of key (version 42, with the victims it chose);
+ * a's done is set once it is answered. Returns the primary's record. */
+static const uint8_t *take_set(const char *key, const drey_store_victim *victims, size_t n_victims, answered *a,
+                               drey_partition_take *t, size_t *len) {
+    uint8_t *record;
+    primary_record(key, "v", 42, victims, n_victims, &record, len);
+    watched_key = key;
+    answered_init(a);
     *t = (drey_partition_take){
-        .record = record, .len = len, .time_ms = T0, .arena = &arena, .done = on_done, .arg = a};
-    return drey_partition_replica_take(rep, t);
+        .record = record, .len = *len, .time_ms = T0, .arena = &arena, .done = on_done, .arg = a};
+    cr_assert_eq(drey_partition_replica_take(rep, t), 0);
+    return record;
 }
 
 Test(replica, a_record_is_journaled_as_the_primary_wrote_it_and_applied_once_durable) {
     open_journal(0);
-    uint8_t *record;
-    size_t len;
-    primary_record("k", "v", 42, NULL, 0, &record, &len);
-    watched_key = "k";
     answered a;
-    answered_init(&a);
     drey_partition_take t;
-    cr_assert_eq(take(record, len, &a, &t), 0);
+    size_t len;
+    const uint8_t *record = take_set("k", NULL, 0, &a, &t, &len);
     answered_wait(&a);
     cr_assert_eq(a.err, 0);
     cr_assert(a.applied_when_done, "applied before it is answered");
@@ -254,14 +258,10 @@ Test(replica, a_copys_victims_go_but_are_not_counted_again_in_the_cache_live_or_
     uint64_t victim_version;
     cr_assert(has(&s, "victim", &victim_version, NULL));
     drey_store_victim v = {.cache = "c", .cache_len = 1, .key = "victim", .key_len = 6, .version = victim_version};
-    uint8_t *record;
-    size_t len;
-    primary_record("k", "v", 42, &v, 1, &record, &len);
-    watched_key = "k";
     answered a;
-    answered_init(&a);
     drey_partition_take t;
-    cr_assert_eq(take(record, len, &a, &t), 0);
+    size_t len;
+    take_set("k", &v, 1, &a, &t, &len);
     answered_wait(&a);
     cr_assert_not(has(&s, "victim", NULL, NULL), "the primary's victim is gone here too");
     drey_cache_stats cs;
@@ -328,14 +328,10 @@ Test(replica, a_record_past_the_journals_quota_is_refused_and_applies_nothing) {
 }
 
 Test(replica, an_ephemeral_backup_applies_the_record_at_once) {
-    uint8_t *record;
-    size_t len;
-    primary_record("k", "v", 42, NULL, 0, &record, &len);
-    watched_key = "k";
     answered a;
-    answered_init(&a);
     drey_partition_take t;
-    cr_assert_eq(take(record, len, &a, &t), 0);
+    size_t len;
+    take_set("k", NULL, 0, &a, &t, &len);
     cr_assert(a.done, "answered before take returns");
     answered_wait(&a);
     cr_assert(a.applied_when_done);
