@@ -32,7 +32,7 @@
 static void on_durable(void *arg, const drey_journal_record *rec, int err) {
     drey_request *r = arg;
     if (err != 0) {
-        drey_status *st = drey_pipeline_journal_refusal(r, err, rec->len);
+        drey_status *st = drey_pipeline_journal_refusal(r, err, r->entry.len); /* rec: NULL */
         drey_metrics *m = drey_pipeline__options(r->pipeline)->metrics;
         if (m != NULL)
             drey_metrics_observe_rejection(m, "journal", drey_error_lookup(st->error)->reason);

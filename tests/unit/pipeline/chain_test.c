@@ -982,6 +982,29 @@ Test(chain, a_write_is_answered_and_visible_only_once_durable) {
     door_free(d);
 }
 
+/* The disk fails the write's fdatasync: UNAVAILABLE JOURNAL_WRITE_FAILED
+ * with the errno, and nothing is applied (the journal's failure completes
+ * the record without a record to hand). */
+Test(chain, a_write_the_disk_fails_is_answered_journal_write_failed_and_not_applied) {
+    fixture_open(&(fixture_opts){.durable = true});
+    drey_io_fault_fail_sync(f.fs, 1, EIO, true);
+    door *d = set((set_args){.key = "k1", .value = "v1", .request_id = "r1"});
+    expect_refused(d, DREY_ERR_JOURNAL_WRITE_FAILED);
+    cr_assert_eq(d->st.n_metadata, 1);
+    cr_assert_str_eq(d->st.metadata[0].key, "errno");
+    cr_assert_str_eq(d->st.metadata[0].value, "5");
+    door_free(d);
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.cache = "c";
+    get.key = "k1";
+    door *g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
+    expect_ok(g);
+    Drey__Cache__V1__GetResponse *gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
+    cr_assert(!gr->found, "a write that is not durable is not applied");
+    drey__cache__v1__get_response__free_unpacked(gr, NULL);
+    door_free(g);
+}
+
 /* A replicator standing in for the cluster's: it takes the first write
  * (parked, resumed once durable) and, from released, submits a second
  * write on the same thread, as a Pipeline stream whose answered operation
