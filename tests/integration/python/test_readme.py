@@ -398,7 +398,8 @@ class ReadmeTest(unittest.TestCase):
                          "the README's cluster recipe should be docs/cluster.md's first block, word for word")
         out = printed(shell.run(blocks[0][1]))
         self.assertEqual(out[-1], "hello", "the three-node block should end with the value read through n3")
-        self.assertTrue([l for l in out if l.startswith("n3  127.0.0.1:50053")], "n3 in the table of members")
+        self.assertTrue([l for l in out if l.startswith("n3  127.0.0.1:50053")],
+                        "n3 in the table of members:\n" + "\n".join(out))
         out = printed(shell.run(blocks[1][1]))
         self.assertEqual(out[-1], "hello", "the grown and drained cluster should still serve the value")
 
