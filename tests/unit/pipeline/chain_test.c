@@ -957,28 +957,30 @@ Test(chain, a_request_parked_for_a_slot_resumes_when_one_frees) {
     door_free(d);
 }
 
+/* Whether a Get of key in "c" through the chain finds it. */
+static bool visible(const char *key) {
+    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
+    get.cache = "c";
+    get.key = (char *)key;
+    door *g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
+    expect_ok(g);
+    Drey__Cache__V1__GetResponse *gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
+    cr_assert_not_null(gr);
+    bool found = gr->found;
+    drey__cache__v1__get_response__free_unpacked(gr, NULL);
+    door_free(g);
+    return found;
+}
+
 Test(chain, a_write_is_answered_and_visible_only_once_durable) {
     fixture_open(&(fixture_opts){.durable = true});
     block_writer();
     door *d = set((set_args){.key = "k1", .value = "v1"});
     cr_assert(!door_answered(d));
-    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
-    get.cache = "c";
-    get.key = "k1";
-    door *g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
-    expect_ok(g);
-    Drey__Cache__V1__GetResponse *gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
-    cr_assert(!gr->found, "not visible before it is durable");
-    drey__cache__v1__get_response__free_unpacked(gr, NULL);
+    cr_assert(!visible("k1"), "not visible before it is durable");
     release_writer();
     expect_ok(d);
-    door_free(g);
-    g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
-    expect_ok(g);
-    gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
-    cr_assert(gr->found);
-    drey__cache__v1__get_response__free_unpacked(gr, NULL);
-    door_free(g);
+    cr_assert(visible("k1"));
     door_free(d);
 }
 
@@ -994,15 +996,7 @@ Test(chain, a_write_the_disk_fails_is_answered_journal_write_failed_and_not_appl
     cr_assert_str_eq(d->st.metadata[0].key, "errno");
     cr_assert_str_eq(d->st.metadata[0].value, "5");
     door_free(d);
-    Drey__Cache__V1__GetRequest get = DREY__CACHE__V1__GET_REQUEST__INIT;
-    get.cache = "c";
-    get.key = "k1";
-    door *g = submit("/drey.cache.v1.Cache/Get", &get.base, NULL);
-    expect_ok(g);
-    Drey__Cache__V1__GetResponse *gr = drey__cache__v1__get_response__unpack(NULL, g->resp_len, g->resp);
-    cr_assert(!gr->found, "a write that is not durable is not applied");
-    drey__cache__v1__get_response__free_unpacked(gr, NULL);
-    door_free(g);
+    cr_assert(!visible("k1"), "a write that is not durable is not applied");
 }
 
 /* A replicator standing in for the cluster's: it takes the first write
